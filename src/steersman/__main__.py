@@ -1,0 +1,3 @@
+from steersman.cli import main
+
+main()

@@ -1,0 +1,155 @@
+"""Typed OpenAI request bodies, decoded and validated with msgspec.
+
+Decoding is strict about types (``max_tokens: "5"`` or ``true`` is an error that
+names ``max_tokens``) and lenient about unknown fields, which are forwarded to
+the engine untouched because the gateway forwards the original bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from steersman.api.errors import bad_request
+
+__all__ = [
+    "ChatMessage",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "StreamOptions",
+    "decode_chat",
+    "decode_completion",
+]
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    user: str | None = None
+    ignore_eos: bool = False
+    priority: int = 0
+
+
+class ChatCompletionRequest(_Common, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    continue_final_message: bool = False
+    add_generation_prompt: bool = True
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_Common, kw_only=True):
+    prompt: str | list[str | int | list[int]]
+    echo: bool = False
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_tokens
+
+
+_chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+_completion_decoder = msgspec.json.Decoder(CompletionRequest)
+_AT = re.compile(r" - at `\$\.?([^`]*)`")
+_MISSING = re.compile(r"missing required field `([^`]+)`")
+
+
+def _param_of(msg: str) -> str | None:
+    path = None
+    m = _AT.search(msg)
+    if m:
+        path = m.group(1) or None
+    missing = _MISSING.search(msg)
+    if missing:
+        field = missing.group(1)
+        return f"{path}.{field}" if path else field
+    return path
+
+
+def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as e:
+        msg = str(e)
+        param = _param_of(msg)
+        text = _AT.sub("", msg)
+        raise bad_request(f"Invalid request: {text}" + (f" (field `{param}`)" if param else ""), param) from None
+    except msgspec.DecodeError as e:
+        raise bad_request(f"Request body is not valid JSON: {e}", None, "invalid_json") from None
+    except UnicodeDecodeError:
+        raise bad_request("Request body is not valid UTF-8.", None, "invalid_encoding") from None
+    except RecursionError:
+        raise bad_request("Request body is nested too deeply.", None, "invalid_json") from None
+
+
+def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_tokens_limit: int) -> None:
+    if not req.model:
+        raise bad_request("`model` must be a non-empty string.", "model")
+    if limit_value is not None:
+        if limit_value < 1:
+            raise bad_request(f"`{limit_name}` must be at least 1, got {limit_value}.", limit_name)
+        if limit_value > max_tokens_limit:
+            raise bad_request(
+                f"`{limit_name}` is {limit_value}, more than the limit of {max_tokens_limit} tokens.", limit_name
+            )
+    if not 1 <= req.n <= 128:
+        raise bad_request(f"`n` must be between 1 and 128, got {req.n}.", "n")
+    if req.temperature is not None and not 0.0 <= req.temperature <= 2.0:
+        raise bad_request(f"`temperature` must be between 0 and 2, got {req.temperature}.", "temperature")
+    if req.top_p is not None and not 0.0 < req.top_p <= 1.0:
+        raise bad_request(f"`top_p` must be in (0, 1], got {req.top_p}.", "top_p")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("`stream_options` is only allowed when `stream` is true.", "stream_options")
+    if isinstance(req.stop, list) and any(not isinstance(s, str) or not s for s in req.stop):
+        raise bad_request("`stop` entries must be non-empty strings.", "stop")
+
+
+def decode_chat(body: bytes, max_tokens_limit: int) -> ChatCompletionRequest:
+    """Decode and validate a ``/v1/chat/completions`` body or raise :class:`ApiError`."""
+    req: ChatCompletionRequest = _decode(_chat_decoder, body)
+    if not req.messages:
+        raise bad_request("`messages` must contain at least one message.", "messages")
+    name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    _check_common(req, name, req.output_limit, max_tokens_limit)
+    return req
+
+
+def decode_completion(body: bytes, max_tokens_limit: int) -> CompletionRequest:
+    """Decode and validate a ``/v1/completions`` body or raise :class:`ApiError`."""
+    req: CompletionRequest = _decode(_completion_decoder, body)
+    p = req.prompt
+    if isinstance(p, list):
+        if not p or (isinstance(p[0], list) and not p[0]):
+            raise bad_request("`prompt` must not be empty.", "prompt")
+        kinds = {type(x) for x in p}
+        if len(kinds) != 1:
+            raise bad_request("`prompt` must be a string, a list of strings, a list of token ids or a list of such lists.", "prompt")
+    _check_common(req, "max_tokens", req.max_tokens, max_tokens_limit)
+    return req

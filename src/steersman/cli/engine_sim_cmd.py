@@ -1,0 +1,77 @@
+"""``steersman engine-sim``: serve one simulated replica."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import typer
+
+from steersman.config import DEFAULTS, EngineSettings
+
+__all__ = ["register"]
+
+_S = DEFAULTS.sim_server
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("engine-sim")
+    def engine_sim(
+        gpu: str = typer.Option(_S.gpu, help="GPU profile (H100, A100, H200, B200, L40S, MI300X)."),
+        model: str = typer.Option(_S.model, help="Model profile (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, gemma-3-270m)."),
+        port: int = typer.Option(_S.port, help="Port (0 = any free port, printed in the ready line)."),
+        host: str = typer.Option(_S.host),
+        speedup: float = typer.Option(_S.speedup, help="Divide every delay by this factor."),
+        tp: int = typer.Option(DEFAULTS.engine.tensor_parallel, help="Tensor-parallel degree of the replica."),
+        served_model_name: str | None = typer.Option(None, help="Model id clients use (default: the profile name)."),
+        max_num_seqs: int | None = typer.Option(None),
+        max_num_batched_tokens: int | None = typer.Option(None),
+        mean_output_tokens: float = typer.Option(_S.mean_output_tokens, help="Mean answer length when EOS decides."),
+        cold_start: bool = typer.Option(False, help="Start with weights cold and load them (load time from weight bytes)."),
+        die_after_tokens: int | None = typer.Option(None, help="Fault: crash after this many streamed tokens."),
+        hang: bool = typer.Option(False, help="Fault: make no progress."),
+        slowdown: float = typer.Option(1.0, help="Fault: every step takes this factor longer."),
+        error_rate: float = typer.Option(0.0, help="Fault: share of requests answered with a 5xx."),
+        error_status: int = typer.Option(500, help="Fault: status code of injected errors."),
+        refuse_for: float = typer.Option(0.0, help="Fault: refuse connections for this many seconds at start."),
+        admin_key: str | None = typer.Option(None, envvar="STEERSMAN_SIM_ADMIN_KEY", help="Require this bearer key on /admin."),
+    ) -> None:
+        """Serve one simulated GPU replica over an OpenAI-compatible HTTP API."""
+        from steersman.cli._run import run_service
+        from steersman.enginesim.app import SimServer, SimServerConfig
+        from steersman.enginesim.faults import FaultSpec
+
+        faults = FaultSpec(
+            die_after_tokens=die_after_tokens,
+            hang=hang,
+            slowdown=slowdown,
+            error_rate=error_rate,
+            error_status=error_status,
+            refuse_for_s=refuse_for,
+        )
+        try:
+            faults.validate()
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        cfg = SimServerConfig(
+            gpu=gpu, model=model, host=host, port=port, speedup=speedup, served_model_name=served_model_name,
+            mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
+            admin_key=admin_key, exit_on_crash=True,
+        )
+        try:
+            server = SimServer(cfg)
+        except (KeyError, ValueError) as e:
+            typer.echo(f"engine-sim: {e}", err=True)
+            raise typer.Exit(2) from None
+
+        async def start() -> None:
+            await server.start()
+            if refuse_for > 0:
+                import asyncio
+
+                asyncio.get_running_loop().create_task(server.refuse(refuse_for))
+            print(f"engine-sim ready {server.url} model={server.model_name} gpu={gpu} speedup={speedup}", flush=True)
+
+        run_service(start, server.stop)
+        sys.exit(0)

@@ -1,0 +1,98 @@
+"""``steersman up`` (embedded simulated fleet) and ``steersman serve --config fleet.yaml``."""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from pathlib import Path
+
+import typer
+import yaml
+
+__all__ = ["register"]
+
+
+def _default_fleet():
+    from steersman.fleet.config import parse_fleet
+
+    text = resources.files("steersman.fleet").joinpath("default_fleet.yaml").read_text()
+    return parse_fleet(yaml.safe_load(text), "embedded default fleet")
+
+
+def _banner(gw) -> None:
+    from rich.console import Console
+    from rich.panel import Panel
+    from rich.table import Table
+
+    con = Console(width=max(120, Console().width))
+    models = gw.fleet.models()
+    model = models[0] if models else "MODEL"
+    t = Table("replica", "engine", "gpu", "pool", "models", "$/h", "url", title="fleet", min_width=100)
+    for r in gw.fleet.replicas:
+        t.add_row(r.name, r.engine, r.gpu or "?", r.pool, ", ".join(r.models), f"{r.price_per_hour:.2f}", r.url)
+    con.print(t)
+    curl = (
+        f"curl -N {gw.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"  -d '{{\"model\": \"{model}\", \"stream\": true, \"max_tokens\": 32, "
+        f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
+    )
+    py = (
+        "from openai import OpenAI\n"
+        f"client = OpenAI(base_url=\"{gw.url}/v1\", api_key=\"unused\")\n"
+        f"for chunk in client.chat.completions.create(model=\"{model}\", stream=True, max_tokens=32,\n"
+        "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
+        "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)"
+    )
+    con.print(Panel.fit(f"[bold green]steersman gateway ready[/] at [bold]{gw.url}[/]  (models: {', '.join(models)})\n"
+                        f"metrics: {gw.url}/metrics   health: {gw.url}/health   Ctrl-C stops everything", title="steersman"))
+    # plain print: rich would wrap the examples at the terminal width and break copy-paste
+    print(f"\n# curl\n{curl}\n\n# python\n{py}\n", flush=True)
+    print("steersman ready", gw.url, flush=True)
+
+
+def _run(cfg) -> None:
+    from steersman.api.gateway import Gateway
+    from steersman.cli._run import run_service
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    gw = Gateway(cfg)
+
+    async def start() -> None:
+        await gw.start()
+        _banner(gw)
+
+    run_service(start, gw.stop)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up(
+        port: int | None = typer.Option(None, help="Gateway port (default 8080)."),
+        host: str | None = typer.Option(None, help="Gateway address (default 127.0.0.1)."),
+        speedup: float | None = typer.Option(None, help="Run the simulated fleet this many times faster than real time."),
+    ) -> None:
+        """Start the gateway and an embedded simulated fleet (2x H100 + 2x A100 Llama-3.1-8B, 1x L40S Qwen2.5-7B)."""
+        from steersman.fleet.config import FleetConfig, with_gateway
+
+        cfg = with_gateway(_default_fleet(), port=port, host=host)
+        if speedup is not None and cfg.simulated is not None:
+            import msgspec
+
+            cfg = FleetConfig(cfg.gateway, cfg.policy, cfg.endpoints, msgspec.structs.replace(cfg.simulated, speedup=speedup))
+        _run(cfg)
+
+    @app.command("serve")
+    def serve(
+        config: Path = typer.Option(..., "--config", "-c", help="Fleet file (YAML)."),
+        port: int | None = typer.Option(None, help="Override gateway.port."),
+        host: str | None = typer.Option(None, help="Override gateway.host."),
+    ) -> None:
+        """Start the gateway for the fleet described in a YAML file."""
+        from steersman.fleet.config import FleetConfigError, load_fleet, with_gateway
+
+        try:
+            cfg = with_gateway(load_fleet(config), port=port, host=host)
+        except FleetConfigError as e:
+            typer.echo(f"steersman serve: {e}", err=True)
+            raise typer.Exit(2) from None
+        _run(cfg)

@@ -1,0 +1,27 @@
+"""Every default of steersman, in one frozen object (:data:`DEFAULTS`).
+
+Each field is declared with :func:`~steersman.config._base.setting`, which records
+where its value comes from; ``steersman defaults`` prints the table and
+``tests/test_defaults.py`` pins every value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from steersman.config._base import sources
+from steersman.config.engine import EngineSettings
+from steersman.config.gateway import GatewaySettings
+from steersman.config.simserver import SimServerSettings
+
+__all__ = ["Settings", "DEFAULTS", "EngineSettings", "GatewaySettings", "SimServerSettings", "sources"]
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    engine: EngineSettings = field(default_factory=EngineSettings)
+    gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    sim_server: SimServerSettings = field(default_factory=SimServerSettings)
+
+
+DEFAULTS = Settings()

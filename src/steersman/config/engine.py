@@ -1,0 +1,36 @@
+"""Settings of the engine model (one serving replica), mirroring vLLM v1's knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steersman.config._base import setting
+
+__all__ = ["EngineSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    block_size: int = setting(16, "vLLM CacheConfig.block_size default on CUDA (16 tokens per KV block)")
+    gpu_memory_utilization: float = setting(0.9, "vLLM CacheConfig.gpu_memory_utilization default 0.9")
+    max_num_batched_tokens: int | None = setting(
+        None,
+        "vLLM EngineArgs.get_batch_defaults for the OpenAI server: 8192 on GPUs with >=70 GiB that are not A100, "
+        "else 2048 (None = apply that rule to the replica's GPU)",
+    )
+    max_num_seqs: int | None = setting(
+        None, "vLLM EngineArgs.get_batch_defaults for the OpenAI server: 1024 on >=70 GiB non-A100 GPUs, else 256"
+    )
+    enable_prefix_caching: bool = setting(True, "vLLM v1 enables prefix caching by default")
+    enable_chunked_prefill: bool = setting(True, "vLLM v1 always uses chunked prefill")
+    scheduling_policy: str = setting("fcfs", "vLLM SchedulerConfig.policy default 'fcfs' ('priority' optional)")
+    tensor_parallel: int = setting(1, "vLLM ParallelConfig.tensor_parallel_size default 1")
+    max_model_len: int | None = setting(None, "vLLM uses the model's max_position_embeddings (None = model profile)")
+    step_overhead_s: float = setting(
+        0.002,
+        "per-step CPU overhead (scheduling, sampling, detokenisation) of vLLM v1 with CUDA graphs: "
+        "~1.5-3 ms measured in the vLLM v1 blog (2025-01); 2 ms",
+    )
+    weight_load_gbps: float = setting(
+        2.0, "weights load bandwidth in GB/s from local NVMe into HBM (safetensors, typical 1.5-3 GB/s)"
+    )

@@ -1,0 +1,30 @@
+"""Settings of the gateway process (HTTP front door, upstream pool, metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steersman.config._base import setting
+
+__all__ = ["GatewaySettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    host: str = setting("127.0.0.1", "listen on loopback unless told otherwise (safe default)")
+    port: int = setting(8080, "issue #2: 'steersman up' serves on 127.0.0.1:8080")
+    max_body_bytes: int = setting(10 * 1024 * 1024, "issue #2: body over 10 MB is refused with 413")
+    max_tokens_limit: int = setting(
+        131072, "absurd max_tokens bound: 128k, the longest context of the Llama-3.1 family (max_position_embeddings)"
+    )
+    metrics_interval_s: float = setting(
+        0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)"
+    )
+    metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round")
+    connect_timeout_s: float = setting(2.0, "Envoy cluster connect_timeout is 5 s; 2 s fails over faster on loopback/LAN")
+    upstream_pool_size: int = setting(
+        0, "aiohttp TCPConnector limit: 0 = unlimited connections per replica (concurrency is the scheduler's job)"
+    )
+    unhealthy_after_failures: int = setting(
+        3, "consecutive failed scrapes before a replica is unhealthy: Kubernetes probe failureThreshold default 3"
+    )

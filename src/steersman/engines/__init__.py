@@ -1,0 +1,25 @@
+"""Engine adapters: the gateway's edge towards inference engines."""
+
+from steersman.engines.base import EngineAdapter, EngineMetrics, ReplicaAddress, UpstreamError, UpstreamResponse
+from steersman.engines.openai_http import OpenAIHttpAdapter
+from steersman.plugins import Registry
+
+__all__ = [
+    "ADAPTERS",
+    "EngineAdapter",
+    "EngineMetrics",
+    "OpenAIHttpAdapter",
+    "ReplicaAddress",
+    "UpstreamError",
+    "UpstreamResponse",
+    "adapter_for",
+]
+
+#: Engine kinds by name; each factory takes the kind name and returns an adapter.
+ADAPTERS: Registry = Registry("engine adapter")
+for _kind in ("openai", "vllm", "engine-sim"):
+    ADAPTERS.register(_kind, OpenAIHttpAdapter)
+
+
+def adapter_for(kind: str, **kwargs) -> EngineAdapter:
+    return ADAPTERS.get(kind)(kind, **kwargs)

@@ -1,0 +1,70 @@
+"""OpenAI response bodies as the simulated engine sends them (vLLM's shapes).
+
+Streaming chunks are assembled from pre-encoded byte templates so a token costs
+one ``orjson.dumps`` of its text.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+__all__ = ["ChunkWriter", "full_response", "usage_of"]
+
+
+def usage_of(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+class ChunkWriter:
+    """Byte templates of one request's SSE events (``chat`` or ``completion``)."""
+
+    __slots__ = ("chat", "_head", "_mid_open", "_tail", "_base")
+
+    def __init__(self, chat: bool, rid: str, created: int, model: str) -> None:
+        self.chat = chat
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._base = {"id": rid, "object": obj, "created": created, "model": model}
+        head = orjson.dumps(self._base)[:-1]  # without the closing brace
+        if chat:
+            self._head = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
+            self._mid_open = b'},"logprobs":null,"finish_reason":'
+        else:
+            self._head = b"data: " + head + b',"choices":[{"index":0,"text":'
+            self._mid_open = b',"logprobs":null,"finish_reason":'
+        self._tail = b"}]}\n\n"
+
+    def role(self) -> bytes:
+        """vLLM's first chat chunk: the assistant role with empty content."""
+        d = dict(self._base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+        return b"data: " + orjson.dumps(d) + b"\n\n"
+
+    def token(self, text: str, finish_reason: str | None = None) -> bytes:
+        fr = b"null" if finish_reason is None else orjson.dumps(finish_reason)
+        return self._head + orjson.dumps(text) + self._mid_open + fr + self._tail
+
+    def usage(self, usage: dict) -> bytes:
+        return b"data: " + orjson.dumps(dict(self._base, choices=[], usage=usage)) + b"\n\n"
+
+    @staticmethod
+    def done() -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+def full_response(chat: bool, rid: str, created: int, model: str, text: str, finish_reason: str, usage: dict) -> bytes:
+    if chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return orjson.dumps({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage})

@@ -1,0 +1,92 @@
+"""Starts the engine-sim replicas of a ``simulated:`` fleet as child processes.
+
+Each replica is ``python -m steersman engine-sim --port 0 ...``; the parent reads
+the ``engine-sim ready <url>`` line to learn its address, and stops every child
+on exit (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig
+from steersman.sim import gpu_profile, model_profile
+
+__all__ = ["SimulatedFleet"]
+
+_READY = "engine-sim ready "
+
+
+class SimulatedFleet:
+    def __init__(self, cfg: SimulatedFleetConfig, host: str = "127.0.0.1", ready_timeout_s: float = 60.0) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.ready_timeout_s = ready_timeout_s
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.endpoints: list[EndpointConfig] = []
+
+    async def start(self) -> list[EndpointConfig]:
+        plans = []
+        seen: dict[str, int] = {}
+        for spec in self.cfg.replicas:
+            gpu = gpu_profile(spec.gpu)  # fail fast on a typo, before spawning anything
+            model = model_profile(spec.model)
+            for _ in range(spec.count):
+                stem = spec.pool if spec.pool != "default" else gpu.name.lower()
+                k = seen[stem] = seen.get(stem, -1) + 1
+                plans.append((f"{stem}-{k}", spec, gpu, model))
+        try:
+            results = await asyncio.gather(*(self._spawn(*p) for p in plans))
+        except BaseException:
+            await self.stop()
+            raise
+        self.endpoints = list(results)
+        return self.endpoints
+
+    async def _spawn(self, name, spec, gpu, model) -> EndpointConfig:
+        args = [
+            sys.executable, "-m", "steersman", "engine-sim",
+            "--gpu", gpu.name, "--model", spec.model, "--port", "0", "--host", self.host,
+            "--speedup", str(self.cfg.speedup), "--tp", str(spec.tp),
+        ]
+        if spec.served_model_name:
+            args += ["--served-model-name", spec.served_model_name]
+        if spec.cold_start:
+            args.append("--cold-start")
+        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL)
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        try:
+            while True:
+                line = (await asyncio.wait_for(proc.stdout.readline(), self.ready_timeout_s)).decode()
+                if not line:
+                    raise RuntimeError(f"engine-sim {name} exited before it was ready (code {await proc.wait()})")
+                if line.startswith(_READY):
+                    url = line[len(_READY):].split()[0]
+                    break
+        except TimeoutError:
+            raise RuntimeError(f"engine-sim {name} was not ready within {self.ready_timeout_s:.0f} s") from None
+        asyncio.get_running_loop().create_task(_drain(proc.stdout))
+        return EndpointConfig(
+            url=url, name=name, engine="engine-sim", gpu=gpu.name, pool=spec.pool, tp=spec.tp,
+            models=[spec.served_model_name or spec.model], price_per_hour=gpu.price_per_hour * spec.tp,
+        )
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        for p in self.procs:
+            if p.returncode is None:
+                p.terminate()
+        for p in self.procs:
+            if p.returncode is None:
+                try:
+                    await asyncio.wait_for(p.wait(), grace_s)
+                except TimeoutError:
+                    p.kill()
+                    await p.wait()
+        self.procs = []
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass

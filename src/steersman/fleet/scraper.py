@@ -1,0 +1,60 @@
+"""Polls every replica's ``/metrics`` into the fleet state (the IO edge of observability).
+
+A replica whose scrapes fail ``unhealthy_after_failures`` times in a row is
+marked unhealthy; one good scrape marks it healthy again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from steersman.clock import Clock
+from steersman.config import GatewaySettings
+from steersman.engines.base import UpstreamError
+from steersman.fleet.state import Fleet, Replica
+
+__all__ = ["Scraper"]
+
+log = logging.getLogger("steersman.scraper")
+
+
+class Scraper:
+    def __init__(self, fleet: Fleet, settings: GatewaySettings, clock: Clock) -> None:
+        self.fleet = fleet
+        self.settings = settings
+        self.clock = clock
+        self._tasks: list[asyncio.Task] = []
+        self._failures = [0] * len(fleet.replicas)
+
+    async def scrape_once(self, rep: Replica) -> bool:
+        try:
+            m = await rep.adapter.scrape(rep.address)
+        except UpstreamError as e:
+            self._failures[rep.index] += 1
+            if self._failures[rep.index] >= self.settings.unhealthy_after_failures and self.fleet.healthy[rep.index]:
+                log.warning("replica %s unhealthy: %s", rep.name, e)
+                self.fleet.set_healthy(rep.index, False)
+            return False
+        self._failures[rep.index] = 0
+        self.fleet.update_metrics(rep.index, m)
+        if not self.fleet.healthy[rep.index]:
+            log.info("replica %s healthy again", rep.name)
+            self.fleet.set_healthy(rep.index, True)
+        return True
+
+    async def _loop(self, rep: Replica) -> None:
+        interval = self.settings.metrics_interval_s
+        while True:
+            await self.scrape_once(rep)
+            await self.clock.sleep(interval)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._loop(r), name=f"scrape-{r.name}") for r in self.fleet.replicas]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []

@@ -1,0 +1,41 @@
+"""Engine model: a pure, clock-free model of one LLM serving replica (a vLLM v1 instance).
+
+* :mod:`~steersman.sim.gpus`, :mod:`~steersman.sim.models`: hardware and model profiles.
+* :mod:`~steersman.sim.roofline`: calibrated step-time model (also usable alone to
+  predict a hypothetical batch).
+* :mod:`~steersman.sim.kvcache`, :mod:`~steersman.sim.scheduler`: vLLM v1's paged KV
+  cache with prefix caching and its continuous-batching scheduler.
+* :mod:`~steersman.sim.engine`: :class:`EngineModel`, driven step by step with
+  ``now`` passed in; :mod:`~steersman.sim.macro`: closed-form runs of decode steps.
+"""
+
+from steersman.sim.engine import EngineModel, EngineState, StepResult, WeightsState
+from steersman.sim.gpus import GPUS, GpuProfile, gpu_profile
+from steersman.sim.kvcache import KVPool
+from steersman.sim.macro import MacroStep
+from steersman.sim.memory import batch_limits, num_kv_blocks
+from steersman.sim.models import MODELS, ModelProfile, model_profile
+from steersman.sim.request import SimRequest
+from steersman.sim.roofline import Roofline, StepCost, linear_layer_time, predict_step
+
+__all__ = [
+    "EngineModel",
+    "SimRequest",
+    "StepResult",
+    "EngineState",
+    "WeightsState",
+    "MacroStep",
+    "GpuProfile",
+    "ModelProfile",
+    "gpu_profile",
+    "model_profile",
+    "GPUS",
+    "MODELS",
+    "KVPool",
+    "Roofline",
+    "StepCost",
+    "predict_step",
+    "linear_layer_time",
+    "batch_limits",
+    "num_kv_blocks",
+]

@@ -1,0 +1,12 @@
+"""Public test doubles: a fake clock, a scripted engine with faults, and live fleets.
+
+``LiveFleet`` runs engine-sim replicas and a gateway on real 127.0.0.1 sockets in
+a background thread, so synchronous clients (the official ``openai`` SDK) can
+talk to them from a test.
+"""
+
+from steersman.testing.clock import FakeClock
+from steersman.testing.live import LiveFleet
+from steersman.testing.scripted import Script, ScriptedEngine
+
+__all__ = ["FakeClock", "LiveFleet", "Script", "ScriptedEngine"]

@@ -1,0 +1,150 @@
+"""engine-sim over real HTTP: OpenAI/vLLM response shapes, metrics names, faults."""
+
+import asyncio
+
+import httpx
+import orjson
+import pytest
+
+from steersman.enginesim.faults import FaultSpec
+from steersman.engines.promtext import read_samples
+
+CHAT = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "Say something about GPUs."}]}
+
+
+def sse_events(body: bytes) -> list:
+    out = []
+    for block in body.split(b"\n\n"):
+        if block.startswith(b"data: "):
+            data = block[6:]
+            out.append("[DONE]" if data == b"[DONE]" else orjson.loads(data))
+    return out
+
+
+def test_chat_stream_has_vllm_shape(sim):
+    url = sim.sims[0].url
+    body = dict(CHAT, stream=True, max_tokens=12, ignore_eos=True, stream_options={"include_usage": True})
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    ev = sse_events(r.content)
+    assert ev[-1] == "[DONE]"
+    chunks = ev[:-1]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    content = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert len(content) == 12
+    assert content[-1]["choices"][0]["finish_reason"] == "length"
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["completion_tokens"] == 12
+    # the same request without streaming gives the same text (deterministic engine)
+    r2 = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=12, ignore_eos=True), timeout=30).json()
+    text = "".join(c["choices"][0]["delta"]["content"] for c in content)
+    assert r2["choices"][0]["message"]["content"] == text
+    assert r2["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+    # the second identical prompt hit the prefix cache
+    assert r2["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_completions_and_models(sim):
+    url = sim.sims[0].url
+    r = httpx.post(url + "/v1/completions", json={"model": "llama-3.1-8b", "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True}, timeout=30).json()
+    assert r["object"] == "text_completion" and r["usage"]["completion_tokens"] == 5 and r["choices"][0]["text"]
+    models = httpx.get(url + "/v1/models").json()
+    assert models["data"][0]["id"] == "llama-3.1-8b" and models["data"][0]["max_model_len"] > 0
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_metrics_use_vllm_names(sim):
+    url = sim.sims[0].url
+    httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=4), timeout=30)
+    text = httpx.get(url + "/metrics").text
+    for name in (
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_count", "vllm:request_success_total",
+    ):
+        assert name in text, name
+    v = read_samples(text, {"vllm:prefix_cache_queries_total": "q", "vllm:time_to_first_token_seconds_count": "n"})
+    assert v["q"] > 0 and v["n"] == 1
+
+
+def test_engine_errors_are_openai_format(sim):
+    url = sim.sims[0].url
+    r = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, model="nope"))
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    r = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=10**9))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
+    r = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=200_000 - 10))
+    assert r.status_code == 400
+
+
+def _set_faults(sim, **kw):
+    r = httpx.post(sim.sims[0].url + "/admin/faults", json=kw)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_fault_die_after_tokens_breaks_stream_exactly(sim):
+    _set_faults(sim, die_after_tokens=5)
+    body = dict(CHAT, stream=True, max_tokens=40, ignore_eos=True)
+    got = []
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", sim.sims[0].url + "/v1/chat/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    d = orjson.loads(line[6:])
+                    if d["choices"][0]["delta"].get("content"):
+                        got.append(d)
+    assert len(got) == 5
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(sim.sims[0].url + "/health", timeout=2)
+
+
+def test_fault_error_rate_and_validation(sim):
+    _set_faults(sim, error_rate=1.0, error_status=503)
+    r = httpx.post(sim.sims[0].url + "/v1/chat/completions", json=dict(CHAT, max_tokens=3))
+    assert r.status_code == 503 and r.json()["error"]["code"] == "injected_fault"
+    bad = httpx.post(sim.sims[0].url + "/admin/faults", json={"error_rate": 2})
+    assert bad.status_code == 400
+    bad = httpx.post(sim.sims[0].url + "/admin/faults", json={"explode": True})
+    assert bad.status_code == 400
+    assert httpx.delete(sim.sims[0].url + "/admin/faults").json()["error_rate"] == 0.0
+    assert httpx.post(sim.sims[0].url + "/v1/chat/completions", json=dict(CHAT, max_tokens=3)).status_code == 200
+
+
+def test_fault_hang_then_recover(sim):
+    _set_faults(sim, hang=True)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(sim.sims[0].url + "/v1/chat/completions", json=dict(CHAT, max_tokens=3), timeout=0.5)
+    httpx.delete(sim.sims[0].url + "/admin/faults")
+    assert httpx.post(sim.sims[0].url + "/v1/chat/completions", json=dict(CHAT, max_tokens=3), timeout=30).status_code == 200
+
+
+def test_fault_refuse_connections_then_listen_again(sim):
+    _set_faults(sim, refuse_for_s=0.5)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(sim.sims[0].url + "/health", timeout=2)
+    deadline = 50
+    for _ in range(deadline):
+        try:
+            if httpx.get(sim.sims[0].url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.ConnectError:
+            sim.call(asyncio.sleep, 0.1)
+    else:
+        pytest.fail("engine-sim did not listen again after refuse_for_s")
+
+
+def test_fault_slowdown_stretches_model_time(sim):
+    url = sim.sims[0].url
+
+    def ttft_sum():
+        return read_samples(httpx.get(url + "/metrics").text, {"vllm:e2e_request_latency_seconds_sum": "s"})["s"]
+
+    body = dict(CHAT, max_tokens=30, ignore_eos=True)
+    httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+    base = ttft_sum()
+    _set_faults(sim, slowdown=4.0)
+    httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
+    slow = ttft_sum() - base
+    assert 3.0 < slow / base < 5.0

@@ -1,0 +1,55 @@
+from hypothesis import given, settings, strategies as st
+
+from steersman.enginesim.textgen import generate
+from steersman.text import render_chat, tokenize
+
+MSGS = [{"role": "user", "content": "Tell me about prefix caching."}]
+
+
+def _gen(prompt: str, n: int, **kw):
+    return generate(tokenize(prompt), prompt[-1:], n, 211, **kw)
+
+
+def test_deterministic_and_bounded():
+    p = render_chat(MSGS)
+    a, b = _gen(p, 50, ignore_eos=True), _gen(p, 50, ignore_eos=True)
+    assert a.pieces == b.pieces and len(a.pieces) == 50 and a.finish_reason == "length"
+    assert tokenize(a.text) == [t for piece in a.pieces for t in tokenize(piece)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(min_value=1, max_value=79))
+def test_chat_continuation_is_token_exact(k):
+    p = render_chat(MSGS)
+    full = _gen(p, 80, ignore_eos=True)
+    prefix = "".join(full.pieces[:k])
+    cont_prompt = render_chat(MSGS + [{"role": "assistant", "content": prefix}], continue_final=True)
+    rest = _gen(cont_prompt, 80 - k, ignore_eos=True)
+    assert rest.pieces == full.pieces[k:]
+
+
+def test_completion_continuation_is_token_exact():
+    p = "Once upon a time"
+    full = _gen(p, 60, ignore_eos=True)
+    rest = _gen(p + "".join(full.pieces[:25]), 35, ignore_eos=True)
+    assert rest.pieces == full.pieces[25:]
+
+
+def test_eos_gives_geometric_lengths_near_the_mean():
+    lengths = []
+    for i in range(300):
+        g = generate(tokenize(f"prompt number {i}"), "x", 5000, 50)
+        assert g.finish_reason == "stop"
+        lengths.append(len(g.pieces))
+    mean = sum(lengths) / len(lengths)
+    assert 35 < mean < 65
+
+
+def test_stop_string_truncates_text():
+    p = render_chat(MSGS)
+    full = _gen(p, 60, ignore_eos=True)
+    word = full.pieces[10]
+    g = _gen(p, 60, ignore_eos=True, stop=[word])
+    assert g.finish_reason == "stop"
+    assert word not in g.text and full.text.startswith(g.text)
+    assert "".join(g.pieces) == g.text

@@ -1,0 +1,64 @@
+"""The official openai client through the gateway to engine-sim replicas, over real HTTP."""
+
+import httpx
+
+from steersman.engines.promtext import read_samples
+from steersman.text import count_tokens, render_chat
+
+MSGS = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Explain KV caches."}]
+
+
+def test_chat_non_streaming(client):
+    r = client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_tokens=16, extra_body={"ignore_eos": True})
+    assert r.choices[0].message.content and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 16
+    assert r.usage.prompt_tokens == count_tokens(render_chat(MSGS))
+
+
+def test_chat_streaming_matches_non_streaming_and_reports_usage(client):
+    kw = dict(model="llama-3.1-8b", messages=MSGS, max_tokens=20, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole
+    assert chunks[-1].usage.completion_tokens == 20
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_max_completion_tokens_and_stop(client):
+    r = client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_completion_tokens=7, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 7
+    full = client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_tokens=30, extra_body={"ignore_eos": True}).choices[0].message.content
+    stop_word = full.split()[5]
+    r = client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_tokens=30, stop=[" " + stop_word], extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop" and full.startswith(r.choices[0].message.content)
+    assert (" " + stop_word) not in r.choices[0].message.content
+
+
+def test_completions_both_ways(client):
+    r = client.completions.create(model="qwen2.5-7b", prompt="The fleet", max_tokens=6, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 6
+    s = list(client.completions.create(model="qwen2.5-7b", prompt="The fleet", max_tokens=6, stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in s if c.choices) == r.choices[0].text
+
+
+def test_models_are_the_union_of_the_fleet(client):
+    ids = sorted(m.id for m in client.models.list().data)
+    assert ids == ["llama-3.1-8b", "qwen2.5-7b"]
+
+
+def test_requests_spread_over_replicas_and_metrics_are_counted(fleet, client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i):
+        return client.chat.completions.create(model="llama-3.1-8b", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=24, extra_body={"ignore_eos": True})
+
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(one, range(16)))
+    per = [read_samples(httpx.get(s.url + "/metrics").text, {"vllm:e2e_request_latency_seconds_count": "n"}).get("n", 0) for s in fleet.sims[:2]]
+    assert min(per) >= 4, per
+    g = httpx.get(fleet.url + "/metrics").text
+    ok = read_samples(g, {'steersman:requests_total': "n"})
+    assert ok["n"] >= 16
+    assert "steersman:time_to_first_token_seconds_bucket" in g and "steersman:inter_token_latency_seconds_bucket" in g
+    assert httpx.get(fleet.url + "/health").json()["replicas_healthy"] == 3

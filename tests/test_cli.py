@@ -1,0 +1,78 @@
+"""The commands a user types: `steersman up`, `serve`, `engine-sim`, `defaults`."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+STEERSMAN = [sys.executable, "-m", "steersman"]
+
+
+def _wait_line(proc: subprocess.Popen, prefix: str, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process exited ({proc.poll()}) before printing {prefix!r}")
+        if line.startswith(prefix):
+            return line
+    raise AssertionError(f"no {prefix!r} line within {timeout} s")
+
+
+def test_up_serves_openai_clients_and_stops_everything_on_ctrl_c():
+    from openai import OpenAI
+
+    proc = subprocess.Popen(STEERSMAN + ["up", "--port", "0", "--speedup", "20"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = _wait_line(proc, "steersman ready").split()[-1]
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert len(children) == 5  # 2x H100 + 2x A100 + 1x L40S engine-sim replicas
+        with OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
+            assert sorted(m.id for m in client.models.list().data) == ["llama-3.1-8b", "qwen2.5-7b"]
+            text = "".join(
+                c.choices[0].delta.content or ""
+                for c in client.chat.completions.create(
+                    model="llama-3.1-8b", stream=True, max_tokens=8, messages=[{"role": "user", "content": "Hello!"}]
+                )
+            )
+            assert text
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_serve_rejects_a_bad_fleet_file_clearly(tmp_path):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("endpoints:\n  - {url: 'ftp://x', engine: vllm}\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "endpoints[0].url" in r.stderr and "Traceback" not in r.stderr
+    bad.write_text("gateway: {prot: 1}\nsimulated: {replicas: [{gpu: H100, model: llama-3.1-8b}]}\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "prot" in r.stderr
+
+
+def test_engine_sim_command_prints_ready_and_rejects_unknown_gpu():
+    proc = subprocess.Popen(STEERSMAN + ["engine-sim", "--gpu", "H100", "--model", "llama-3.1-8b", "--port", "0", "--speedup", "10"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = _wait_line(proc, "engine-sim ready")
+        assert "http://127.0.0.1:" in line
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    r = subprocess.run(STEERSMAN + ["engine-sim", "--gpu", "TPU9", "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "TPU9" in r.stderr and "H100" in r.stderr
+
+
+def test_defaults_command_lists_sources():
+    r = subprocess.run(STEERSMAN + ["defaults"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0 and "gateway.max_body_bytes" in r.stdout and "vLLM" in r.stdout

@@ -1,0 +1,39 @@
+"""Pins every default: changing one must be a deliberate edit here, with its source updated."""
+
+from steersman.config import DEFAULTS, sources
+
+PINNED = {
+    "engine.block_size": 16,
+    "engine.gpu_memory_utilization": 0.9,
+    "engine.max_num_batched_tokens": None,
+    "engine.max_num_seqs": None,
+    "engine.enable_prefix_caching": True,
+    "engine.enable_chunked_prefill": True,
+    "engine.scheduling_policy": "fcfs",
+    "engine.tensor_parallel": 1,
+    "engine.max_model_len": None,
+    "engine.step_overhead_s": 0.002,
+    "engine.weight_load_gbps": 2.0,
+    "gateway.host": "127.0.0.1",
+    "gateway.port": 8080,
+    "gateway.max_body_bytes": 10 * 1024 * 1024,
+    "gateway.max_tokens_limit": 131072,
+    "gateway.metrics_interval_s": 0.05,
+    "gateway.metrics_timeout_s": 1.0,
+    "gateway.connect_timeout_s": 2.0,
+    "gateway.upstream_pool_size": 0,
+    "gateway.unhealthy_after_failures": 3,
+    "sim_server.host": "127.0.0.1",
+    "sim_server.port": 8000,
+    "sim_server.speedup": 1.0,
+    "sim_server.mean_output_tokens": 211.0,
+    "sim_server.gpu": "H100-SXM",
+    "sim_server.model": "llama-3.1-8b",
+}
+
+
+def test_every_default_is_pinned_and_sourced():
+    table = sources(DEFAULTS)
+    assert {k: v for k, (v, _) in table.items()} == PINNED
+    missing = [k for k, (_, src) in table.items() if len(src) < 10]
+    assert not missing, f"defaults without a source: {missing}"
