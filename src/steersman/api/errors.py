@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
 
 __all__ = [
     "ApiError",
@@ -21,6 +20,7 @@ __all__ = [
     "unavailable",
     "upstream_failed",
     "sse_error_event",
+    "error_body",
 ]
 
 
@@ -44,10 +44,9 @@ class ApiError(Exception):
             return {}
         return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
-    def response(self) -> web.Response:
-        return web.Response(
-            status=self.status, body=self.body(), content_type="application/json", headers=self.headers()
-        )
+    def header_lines(self) -> bytes:
+        """Extra response header lines (CRLF-terminated) for the raw HTTP server."""
+        return b"".join(f"{k}: {v}\r\n".encode() for k, v in self.headers().items())
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
@@ -74,6 +73,12 @@ def unavailable(message: str, retry_after: float | None = 1.0, code: str = "no_c
 
 def upstream_failed(message: str, status: int = 502, code: str = "upstream_error") -> ApiError:
     return ApiError(status, message, "server_error", None, code)
+
+
+def error_body(status: int, message: str, code: str) -> bytes:
+    """The body of a protocol-level error (404 route, 413 body, 400 malformed HTTP)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return ApiError(status, message, kind, None, code).body()
 
 
 def sse_error_event(err: ApiError) -> bytes:

@@ -12,19 +12,19 @@ import logging
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
 
-from steersman.api.errors import ApiError
+from steersman.api.errors import ApiError, error_body
 from steersman.clock import Clock, WallClock
 from steersman.engines import EngineAdapter, UpstreamError, adapter_for
 from steersman.fleet.config import EndpointConfig, FleetConfig
 from steersman.fleet.embedded import SimulatedFleet
 from steersman.fleet.scraper import Scraper
 from steersman.fleet.state import Fleet, Replica
+from steersman.http.server import HttpRequest, HttpServer
 from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
-from steersman.pipeline.runner import Pipeline
+from steersman.pipeline.runner import Pipeline, send_error
 from steersman.pipeline.stages import ParseRequest, ResolveModel, RouteRequest
 from steersman.policy import make_policy
 from steersman.sim import gpu_profile
@@ -57,15 +57,13 @@ class Gateway:
         self.scraper: Scraper | None = None
         self.pipeline: Pipeline | None = None
         self._seq = 0
-        self._runner: web.AppRunner | None = None
         self.port = self.settings.port
-        self.app = web.Application(client_max_size=self.settings.max_body_bytes + 1)
-        r = self.app.router
-        r.add_post("/v1/chat/completions", self.chat)
-        r.add_post("/v1/completions", self.completions)
-        r.add_get("/v1/models", self.models)
-        r.add_get("/health", self.health)
-        r.add_get("/metrics", self.metrics_handler)
+        self.http = HttpServer(error_body, self.settings.max_body_bytes, self.settings.client_idle_timeout_s)
+        self.http.route("POST", "/v1/chat/completions", self.chat)
+        self.http.route("POST", "/v1/completions", self.completions)
+        self.http.route("GET", "/v1/models", self.models)
+        self.http.route("GET", "/health", self.health)
+        self.http.route("GET", "/metrics", self.metrics_handler)
 
     # ---- lifecycle ---------------------------------------------------------
     def _replica(self, i: int, ep: EndpointConfig) -> Replica:
@@ -83,6 +81,7 @@ class Gateway:
             endpoints += await self.sim_fleet.start()
         replicas = [self._replica(i, ep) for i, ep in enumerate(endpoints)]
         self.fleet = Fleet(replicas, self.clock)
+        self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
         await self._discover_models()
         self.scraper = Scraper(self.fleet, self.settings, self.clock)
         await asyncio.gather(*(self.scraper.scrape_once(r) for r in replicas))
@@ -95,13 +94,7 @@ class Gateway:
                 Forward(self.fleet, self.metrics, self.clock),
             ]
         )
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.settings.host, self.settings.port, reuse_address=True)
-        await site.start()
-        server = site._server  # noqa: SLF001 - the bound port when port 0 was asked
-        if server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        self.port = await self.http.start(self.settings.host, self.settings.port)
 
     async def _discover_models(self) -> None:
         assert self.fleet is not None
@@ -116,9 +109,7 @@ class Gateway:
             self.fleet.set_models(rep.index, models)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        await self.http.stop()
         if self.scraper is not None:
             await self.scraper.stop()
         for a in self.adapters.values():
@@ -131,37 +122,32 @@ class Gateway:
         return f"http://{self.settings.host}:{self.port}"
 
     # ---- handlers ----------------------------------------------------------
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, _CHAT)
+    async def chat(self, request: HttpRequest) -> None:
+        await self._handle(request, _CHAT)
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(request, _COMPLETION)
+    async def completions(self, request: HttpRequest) -> None:
+        await self._handle(request, _COMPLETION)
 
-    async def _handle(self, request: web.Request, ep: _Endpoint) -> web.StreamResponse:
+    async def _handle(self, request: HttpRequest, ep: _Endpoint) -> None:
         assert self.pipeline is not None and self.fleet is not None
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         m = self.metrics
-        m.in_flight.inc()
-        resp: web.StreamResponse | None = None
         try:
-            resp = await self.pipeline.handle(ctx)
-            return resp
+            await self.pipeline.handle(ctx)
         except asyncio.CancelledError:
             ctx.status = 499  # client closed the request
             raise
         except Exception:
             log.exception("internal error on %s", ep.path)
+            send_error(ctx, ApiError(500, "Internal gateway error.", "server_error", None, "internal_error"))
             ctx.status = 500
-            resp = ApiError(500, "Internal gateway error.", "server_error", None, "internal_error").response()
-            return resp
         finally:
-            m.in_flight.dec()
             label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
-            m.count(label, ctx.status or (resp.status if resp is not None else 0))
+            m.count(label, ctx.status)
             m.model(label).e2e.observe(self.clock.now() - ctx.started)
 
-    async def models(self, request: web.Request) -> web.Response:
+    async def models(self, request: HttpRequest) -> None:
         assert self.fleet is not None
         created = int(self.clock.wall())
         counts: dict[str, int] = {}
@@ -169,14 +155,14 @@ class Gateway:
             for mdl in r.models:
                 counts[mdl] = counts.get(mdl, 0) + 1
         data = [{"id": mdl, "object": "model", "created": created, "owned_by": "steersman", "replicas": n} for mdl, n in sorted(counts.items())]
-        return web.Response(body=orjson.dumps({"object": "list", "data": data}), content_type="application/json")
+        request.respond(200, orjson.dumps({"object": "list", "data": data}))
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, request: HttpRequest) -> None:
         fleet = self.fleet
         healthy = int(fleet.healthy.sum()) if fleet is not None else 0
         total = len(fleet.replicas) if fleet is not None else 0
         body = {"status": "ok" if healthy else "unavailable", "replicas_healthy": healthy, "replicas": total}
-        return web.Response(status=200 if healthy else 503, body=orjson.dumps(body), content_type="application/json")
+        request.respond(200 if healthy else 503, orjson.dumps(body))
 
-    async def metrics_handler(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+    async def metrics_handler(self, request: HttpRequest) -> None:
+        request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")

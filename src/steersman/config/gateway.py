@@ -22,9 +22,10 @@ class GatewaySettings:
     )
     metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round")
     connect_timeout_s: float = setting(2.0, "Envoy cluster connect_timeout is 5 s; 2 s fails over faster on loopback/LAN")
-    upstream_pool_size: int = setting(
-        0, "aiohttp TCPConnector limit: 0 = unlimited connections per replica (concurrency is the scheduler's job)"
+    upstream_idle_timeout_s: float = setting(
+        4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s"
     )
+    client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)")
     unhealthy_after_failures: int = setting(
         3, "consecutive failed scrapes before a replica is unhealthy: Kubernetes probe failureThreshold default 3"
     )

@@ -1,6 +1,6 @@
 """Engine adapters: the gateway's edge towards inference engines."""
 
-from steersman.engines.base import EngineAdapter, EngineMetrics, ReplicaAddress, UpstreamError, UpstreamResponse
+from steersman.engines.base import EngineAdapter, EngineMetrics, Exchange, ReplicaAddress, UpstreamError
 from steersman.engines.openai_http import OpenAIHttpAdapter
 from steersman.plugins import Registry
 
@@ -11,7 +11,7 @@ __all__ = [
     "OpenAIHttpAdapter",
     "ReplicaAddress",
     "UpstreamError",
-    "UpstreamResponse",
+    "Exchange",
     "adapter_for",
 ]
 

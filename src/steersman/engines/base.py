@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["EngineMetrics", "UpstreamError", "UpstreamResponse", "EngineAdapter", "ReplicaAddress"]
+from steersman.http.client import Endpoint, Exchange, UpstreamError
+
+__all__ = ["EngineMetrics", "UpstreamError", "EngineAdapter", "ReplicaAddress", "Exchange"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,42 +22,14 @@ class EngineMetrics:
     weights: str | None = None  # "cold" | "loading" | "warm" when the engine says
 
 
-class UpstreamError(Exception):
-    """The engine could not be reached or broke the connection.
-
-    ``connected`` is False when nothing reached the engine (connection refused,
-    DNS, connect timeout): such a failure is always safe to retry elsewhere.
-    """
-
-    def __init__(self, message: str, connected: bool) -> None:
-        super().__init__(message)
-        self.connected = connected
-
-
-@runtime_checkable
-class UpstreamResponse(Protocol):
-    status: int
-    headers: Mapping[str, str]
-
-    def chunks(self) -> AsyncIterator[bytes]:
-        """Body bytes as they arrive (no buffering)."""
-        ...
-
-    async def read(self) -> bytes: ...
-
-    def close(self) -> None:
-        """Drop the connection (cancels the request on the engine)."""
-        ...
-
-    def release(self) -> None:
-        """Return a fully read connection to the pool."""
-        ...
-
-
 @dataclass(frozen=True, slots=True)
 class ReplicaAddress:
     name: str
     url: str
+    endpoint: Endpoint = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoint", Endpoint.parse(self.url))
 
 
 @runtime_checkable
@@ -65,8 +38,11 @@ class EngineAdapter(Protocol):
 
     kind: str
 
-    async def send(self, replica: ReplicaAddress, path: str, body: bytes, headers: Mapping[str, str]) -> UpstreamResponse:
-        """POST ``body`` to ``replica``'s ``path``; raises :class:`UpstreamError`."""
+    async def send(self, replica: ReplicaAddress, path: str, body: bytes) -> Exchange:
+        """POST a JSON ``body`` to ``replica``'s ``path``; returns once response headers arrived.
+
+        Raises :class:`UpstreamError`.
+        """
         ...
 
     async def scrape(self, replica: ReplicaAddress) -> EngineMetrics:

@@ -1,32 +1,38 @@
 """A fast reader of selected samples from Prometheus text exposition.
 
-The gateway scrapes every engine every 50 ms; prometheus_client's parser costs
-milliseconds on a vLLM page (every histogram bucket is a line), so this reads
-only the families asked for, summing samples across label sets (one vLLM
-process may expose several ``engine`` labels).  Label filters select samples of
-families like ``steersman_sim:weights_state{state="warm"}``.
+The gateway scrapes every engine every 50 ms; parsing a whole vLLM page (every
+histogram bucket is a line) costs milliseconds, so this finds only the sample
+names asked for with ``str.find`` and sums their values across label sets (one
+vLLM process may expose several ``engine`` labels).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 __all__ = ["read_samples", "read_labelled"]
 
 
-def _split(line: str) -> tuple[str, str, str] | None:
-    brace = line.find("{")
-    space = line.find(" ")
-    if brace != -1 and (space == -1 or brace < space):
-        close = line.rfind("}")
-        if close == -1:
-            return None
-        name, labels, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
-    elif space != -1:
-        name, labels, rest = line[:space], "", line[space:]
-    else:
-        return None
-    return name, labels, rest
+def _lines_of(text: str, name: str) -> Iterator[tuple[str, str]]:
+    """``(labels, rest)`` of every sample line whose metric name is exactly ``name``."""
+    n = len(name)
+    pos = 0 if text.startswith(name) else text.find("\n" + name) + 1
+    while pos > 0 or (pos == 0 and text.startswith(name)):
+        after = pos + n
+        end = text.find("\n", after)
+        if end == -1:
+            end = len(text)
+        ch = text[after : after + 1]
+        if ch == "{":
+            close = text.rfind("}", after, end)
+            if close != -1:
+                yield text[after + 1 : close], text[close + 1 : end]
+        elif ch == " ":
+            yield "", text[after:end]
+        nxt = text.find("\n" + name, end)
+        if nxt == -1:
+            return
+        pos = nxt + 1
 
 
 def _value(rest: str) -> float | None:
@@ -34,26 +40,20 @@ def _value(rest: str) -> float | None:
     if not parts:
         return None
     try:
-        return float(parts[0])
+        v = float(parts[0])
     except ValueError:
         return None
+    return None if v != v else v  # drop NaN
 
 
 def read_samples(text: str, names: Mapping[str, str]) -> dict[str, float]:
     """``{key: sum of samples}`` for ``names = {sample_name: key}``; absent keys are left out."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        parts = _split(line)
-        if parts is None:
-            continue
-        key = names.get(parts[0])
-        if key is None:
-            continue
-        v = _value(parts[2])
-        if v is not None and v == v:  # drop NaN
-            out[key] = out.get(key, 0.0) + v
+    for sample, key in names.items():
+        for _, rest in _lines_of(text, sample):
+            v = _value(rest)
+            if v is not None:
+                out[key] = out.get(key, 0.0) + v
     return out
 
 
@@ -61,17 +61,12 @@ def read_labelled(text: str, name: str, label: str) -> dict[str, float]:
     """``{label value: sample value}`` for one family, e.g. a one-hot state gauge."""
     out: dict[str, float] = {}
     needle = f'{label}="'
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        parts = _split(line)
-        if parts is None or parts[0] != name:
-            continue
-        i = parts[1].find(needle)
+    for labels, rest in _lines_of(text, name):
+        i = labels.find(needle)
         if i == -1:
             continue
-        j = parts[1].find('"', i + len(needle))
-        v = _value(parts[2])
+        j = labels.find('"', i + len(needle))
+        v = _value(rest)
         if j != -1 and v is not None:
-            out[parts[1][i + len(needle) : j]] = v
+            out[labels[i + len(needle) : j]] = v
     return out

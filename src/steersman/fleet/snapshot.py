@@ -1,8 +1,9 @@
 """A frozen, vectorised view of the fleet at one instant (struct of arrays).
 
 Policies are pure functions of a snapshot and a request; they never see the
-mutable :class:`~steersman.fleet.state.Fleet` or do IO.  Per-replica arrays are
-indexed by replica index; every array is read-only.
+mutable :class:`~steersman.fleet.state.Fleet` or do IO.  The live numeric state
+is one matrix (a row per field, a column per replica) copied once per snapshot;
+every array is read-only.
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FleetSnapshot", "WEIGHTS_CODES"]
+__all__ = ["FleetSnapshot", "WEIGHTS_CODES", "LIVE_FIELDS"]
 
 #: Weights state codes used in :attr:`FleetSnapshot.weights`.
 WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
+
+#: Rows of the live matrix.
+LIVE_FIELDS = ("in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at")
+IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,19 +31,45 @@ class FleetSnapshot:
     pools: tuple[str, ...]
     price_per_hour: np.ndarray
     model_masks: Mapping[str, np.ndarray]
-    healthy: np.ndarray
-    in_flight: np.ndarray
-    running: np.ndarray
-    waiting: np.ndarray
-    kv_usage: np.ndarray
-    prefix_queries: np.ndarray
-    prefix_hits: np.ndarray
-    weights: np.ndarray
-    metrics_age: np.ndarray
+    healthy: np.ndarray  # bool per replica
+    routable: np.ndarray  # healthy and weights warm
+    live: np.ndarray  # LIVE_FIELDS x replicas
 
     @property
     def size(self) -> int:
         return len(self.names)
+
+    @property
+    def in_flight(self) -> np.ndarray:
+        return self.live[IN_FLIGHT]
+
+    @property
+    def running(self) -> np.ndarray:
+        return self.live[RUNNING]
+
+    @property
+    def waiting(self) -> np.ndarray:
+        return self.live[WAITING]
+
+    @property
+    def kv_usage(self) -> np.ndarray:
+        return self.live[KV_USAGE]
+
+    @property
+    def prefix_queries(self) -> np.ndarray:
+        return self.live[PREFIX_QUERIES]
+
+    @property
+    def prefix_hits(self) -> np.ndarray:
+        return self.live[PREFIX_HITS]
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self.live[WEIGHTS]
+
+    @property
+    def metrics_age(self) -> np.ndarray:
+        return self.time - self.live[SCRAPED_AT]
 
     def serves(self, model: str) -> np.ndarray:
         """Boolean mask of replicas configured for ``model`` (healthy or not)."""
@@ -49,5 +80,7 @@ class FleetSnapshot:
 
     def candidates(self, model: str) -> np.ndarray:
         """Indices of healthy replicas with warm weights serving ``model``."""
-        mask = self.serves(model) & self.healthy & (self.weights == WEIGHTS_CODES["warm"])
-        return np.flatnonzero(mask)
+        mask = self.model_masks.get(model)
+        if mask is None:
+            return np.empty(0, dtype=np.intp)
+        return np.flatnonzero(mask & self.routable)

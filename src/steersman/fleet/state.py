@@ -7,16 +7,19 @@ checks.  Readers: policies, through :meth:`Fleet.snapshot` only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
 from steersman.clock import Clock
 from steersman.engines.base import EngineAdapter, EngineMetrics, ReplicaAddress
+from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import WEIGHTS_CODES, FleetSnapshot
 
 __all__ = ["Replica", "Fleet"]
+
+_WARM = WEIGHTS_CODES["warm"]
 
 
 @dataclass(slots=True)
@@ -31,10 +34,10 @@ class Replica:
     price_per_hour: float
     tp: int
     adapter: EngineAdapter
+    address: ReplicaAddress = field(init=False)
 
-    @property
-    def address(self) -> ReplicaAddress:
-        return ReplicaAddress(self.name, self.url)
+    def __post_init__(self) -> None:
+        self.address = ReplicaAddress(self.name, self.url)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -47,15 +50,11 @@ class Fleet:
         self.replicas = list(replicas)
         self.clock = clock
         n = len(self.replicas)
-        self.in_flight = np.zeros(n, dtype=np.int64)
+        self.live = np.zeros((len(S.LIVE_FIELDS), n))
+        self.live[S.WEIGHTS] = _WARM
+        self.live[S.SCRAPED_AT] = -np.inf
         self.healthy = np.ones(n, dtype=bool)
-        self.running = np.zeros(n)
-        self.waiting = np.zeros(n)
-        self.kv_usage = np.zeros(n)
-        self.prefix_queries = np.zeros(n)
-        self.prefix_hits = np.zeros(n)
-        self.weights = np.full(n, WEIGHTS_CODES["warm"], dtype=np.int8)
-        self.scraped_at = np.full(n, -np.inf)
+        self.routable = np.ones(n, dtype=bool)
         self._static()
 
     def _static(self) -> None:
@@ -81,43 +80,46 @@ class Fleet:
     def has_model(self, model: str) -> bool:
         return model in self._masks
 
+    @property
+    def in_flight(self) -> np.ndarray:
+        return self.live[S.IN_FLIGHT]
+
     # ---- request path -----------------------------------------------------
     def begin(self, index: int) -> None:
-        self.in_flight[index] += 1
+        self.live[S.IN_FLIGHT, index] += 1
 
     def end(self, index: int) -> None:
-        self.in_flight[index] -= 1
+        self.live[S.IN_FLIGHT, index] -= 1
 
     # ---- scraper / health -------------------------------------------------
     def update_metrics(self, index: int, m: EngineMetrics) -> None:
-        self.running[index] = m.num_running
-        self.waiting[index] = m.num_waiting
-        self.kv_usage[index] = m.kv_usage
-        self.prefix_queries[index] = m.prefix_queries
-        self.prefix_hits[index] = m.prefix_hits
+        col = self.live[:, index]
+        col[S.RUNNING] = m.num_running
+        col[S.WAITING] = m.num_waiting
+        col[S.KV_USAGE] = m.kv_usage
+        col[S.PREFIX_QUERIES] = m.prefix_queries
+        col[S.PREFIX_HITS] = m.prefix_hits
         if m.weights is not None:
-            self.weights[index] = WEIGHTS_CODES.get(m.weights, WEIGHTS_CODES["warm"])
-        self.scraped_at[index] = self.clock.now()
+            col[S.WEIGHTS] = WEIGHTS_CODES.get(m.weights, _WARM)
+            self._route(index)
+        col[S.SCRAPED_AT] = self.clock.now()
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self.healthy[index] = healthy
+        self._route(index)
+
+    def _route(self, index: int) -> None:
+        self.routable[index] = self.healthy[index] and self.live[S.WEIGHTS, index] == _WARM
 
     def snapshot(self) -> FleetSnapshot:
-        now = self.clock.now()
         return FleetSnapshot(
-            time=now,
+            time=self.clock.now(),
             names=self._names,
             gpus=self._gpus,
             pools=self._pools,
             price_per_hour=self._price,
             model_masks=self._masks,
             healthy=_frozen(self.healthy.copy()),
-            in_flight=_frozen(self.in_flight.copy()),
-            running=_frozen(self.running.copy()),
-            waiting=_frozen(self.waiting.copy()),
-            kv_usage=_frozen(self.kv_usage.copy()),
-            prefix_queries=_frozen(self.prefix_queries.copy()),
-            prefix_hits=_frozen(self.prefix_hits.copy()),
-            weights=_frozen(self.weights.copy()),
-            metrics_age=_frozen(now - self.scraped_at),
+            routable=_frozen(self.routable.copy()),
+            live=_frozen(self.live.copy()),
         )

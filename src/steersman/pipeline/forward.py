@@ -1,26 +1,52 @@
 """The last stage: relay the request to the chosen replica and stream the answer back.
 
-Bytes are written to the client as they arrive from the engine (no buffering).
-A client that disconnects cancels the handler, which closes the upstream
-connection, which makes the engine abort the request.
+Engine bytes are written to the client from the upstream connection's
+``data_received`` (no buffering, no await per chunk); a client that cannot keep
+up pauses reading from the engine.  A client that disconnects cancels the
+handler, which drops the engine connection, which makes the engine abort.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
-
 from steersman.api.errors import ApiError, upstream_failed
 from steersman.clock import Clock
-from steersman.engines.base import UpstreamError, UpstreamResponse
+from steersman.engines.base import Exchange, UpstreamError
 from steersman.fleet.state import Fleet
 from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.context import RequestContext
-from steersman.pipeline.outcome import Fail, Outcome, Respond, Retry
+from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Retry
 
 __all__ = ["Forward"]
 
-_JSON = {"Content-Type": "application/json"}
-_SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+class _Relay:
+    """Body sink: writes engine bytes to the client and times the stream."""
+
+    __slots__ = ("ctx", "now", "ttft", "itl", "last", "prev", "chunk")
+
+    def __init__(self, ctx: RequestContext, clock: Clock, metrics: GatewayMetrics) -> None:
+        self.ctx = ctx
+        self.now = clock.now
+        pm = metrics.model(ctx.model)
+        self.ttft = pm.ttft
+        self.itl = pm.itl
+        self.last: float | None = None
+        self.prev = self.chunk = b""  # the last two chunks: where the final [DONE] is
+
+    def __call__(self, data: bytes) -> None:
+        t = self.now()
+        if self.last is None:
+            self.ttft.observe(t - self.ctx.started)
+            self.ctx.bytes_sent = True
+        elif b"\n\n" in data:
+            self.itl.observe(t - self.last)
+        self.last = t
+        self.prev, self.chunk = self.chunk, data
+        self.ctx.http.send(data)
+
+    @property
+    def saw_done(self) -> bool:
+        return (self.prev[-16:] + self.chunk).rstrip().endswith(b"[DONE]")
 
 
 class Forward:
@@ -36,67 +62,54 @@ class Forward:
         assert index is not None
         rep = self.fleet.replicas[index]
         self.fleet.begin(index)
-        up: UpstreamResponse | None = None
+        ex: Exchange | None = None
         try:
             try:
-                up = await rep.adapter.send(rep.address, ctx.path, ctx.body, _JSON)
+                ex = await rep.adapter.send(rep.address, ctx.path, ctx.body)
             except UpstreamError as e:
-                self.metrics.upstream_error(rep.name, "connect" if not e.connected else "send")
+                self.metrics.upstream_error(rep.name, "send" if e.connected else "connect")
                 if not e.connected:
                     self.fleet.set_healthy(index, False)  # passive detection; the scraper restores it
                 return Fail(upstream_failed(f"Engine {rep.name} is unreachable: {e}", 502), Retry.SAFE)
-            if up.status != 200:
-                return await self._engine_error(ctx, rep.name, up)
+            if ex.status != 200:
+                return await self._engine_error(ctx, rep.name, ex)
             if not ctx.stream:
-                body = await up.read()
-                up.release()
-                up = None
+                body = await ex.read()
                 ctx.status = 200
-                return Respond(web.Response(status=200, body=body, headers=_JSON))
-            return await self._relay(ctx, up)
+                ctx.http.respond(200, body)
+                return RESPONDED
+            return await self._relay(ctx, ex)
         except UpstreamError as e:
             self.metrics.upstream_error(rep.name, "broken")
             retry = Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE
             return Fail(upstream_failed(f"Engine {rep.name} failed mid-response: {e}", 502), retry)
         finally:
             self.fleet.end(index)
-            if up is not None:
-                up.close()
+            if ex is not None:
+                ex.abort()  # no-op when the response completed
 
-    async def _engine_error(self, ctx: RequestContext, name: str, up: UpstreamResponse) -> Outcome:
-        body = await up.read()
-        if up.status >= 500:
-            self.metrics.upstream_error(name, f"http_{up.status}")
-            return Fail(upstream_failed(f"Engine {name} answered {up.status}: {body[:300].decode('utf-8', 'replace')}", 502), Retry.SAFE)
+    async def _engine_error(self, ctx: RequestContext, name: str, ex: Exchange) -> Outcome:
+        body = await ex.read()
+        if ex.status >= 500:
+            self.metrics.upstream_error(name, f"http_{ex.status}")
+            detail = body[:300].decode("utf-8", "replace")
+            return Fail(upstream_failed(f"Engine {name} answered {ex.status}: {detail}", 502), Retry.SAFE)
         # the engine refused the request itself (e.g. context too long): relay its OpenAI error
-        ctx.status = up.status
-        ctype = up.headers.get("Content-Type", "application/json")
-        return Respond(web.Response(status=up.status, body=body, headers={"Content-Type": ctype}))
+        ctx.status = ex.status
+        ctype = ex.headers.get("content-type", "application/json").encode("latin-1")
+        ctx.http.respond(ex.status, body, ctype)
+        return RESPONDED
 
-    async def _relay(self, ctx: RequestContext, up: UpstreamResponse) -> Outcome:
-        resp = web.StreamResponse(status=200, headers=_SSE)
-        await resp.prepare(ctx.http)
-        ctx.response = resp
+    async def _relay(self, ctx: RequestContext, ex: Exchange) -> Outcome:
+        req = ctx.http
+        req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n")
         ctx.status = 200
-        pm = self.metrics.model(ctx.model)
-        now = self.clock.now
-        last = None
-        tail = b""
-        try:
-            async for chunk in up.chunks():
-                tail = (tail + chunk)[-16:]
-                t = now()
-                if last is None:
-                    pm.ttft.observe(t - ctx.started)
-                    ctx.bytes_sent = True
-                elif b"\n\n" in chunk:
-                    pm.itl.observe(t - last)
-                last = t
-                await resp.write(chunk)
-        except (ConnectionResetError, ConnectionError):
-            return Respond(resp)  # the client left; closing upstream (finally) cancels the engine's work
-        if not tail.rstrip().endswith(b"[DONE]"):
+        relay = _Relay(ctx, self.clock, self.metrics)
+        req.producer = ex
+        ex.pipe(relay)
+        await ex.done()
+        if not relay.saw_done:
             err = ApiError(502, "The engine ended the stream without finishing it.", "server_error", None, "incomplete_stream")
             return Fail(err, Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
-        await resp.write_eof()
-        return Respond(resp)
+        req.end_stream()
+        return RESPONDED

@@ -11,11 +11,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from aiohttp import web
-
 from steersman.api.errors import ApiError
 
-__all__ = ["Retry", "Continue", "Respond", "Fail", "Outcome", "CONTINUE"]
+__all__ = ["Retry", "Continue", "Respond", "Fail", "Outcome", "CONTINUE", "RESPONDED"]
 
 
 class Retry(enum.Enum):
@@ -31,7 +29,7 @@ class Continue:
 
 @dataclass(frozen=True, slots=True)
 class Respond:
-    response: web.StreamResponse
+    """The stage answered the client (fully, or a stream it has ended)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,3 +40,4 @@ class Fail:
 
 Outcome = Continue | Respond | Fail
 CONTINUE = Continue()
+RESPONDED = Respond()

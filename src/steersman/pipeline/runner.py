@@ -5,13 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from aiohttp import web
-
 from steersman.api.errors import ApiError, sse_error_event
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import Continue, Fail, Outcome, Respond
 
-__all__ = ["Stage", "Pipeline"]
+__all__ = ["Stage", "Pipeline", "send_error"]
 
 
 @runtime_checkable
@@ -21,31 +19,29 @@ class Stage(Protocol):
     async def run(self, ctx: RequestContext) -> Outcome: ...
 
 
+def send_error(ctx: RequestContext, err: ApiError) -> None:
+    """Answer with ``err``; if a stream already started, end it with an error event instead."""
+    req = ctx.http
+    ctx.status = ctx.status or err.status
+    if not req.started:
+        req.respond(err.status, err.body(), extra=err.header_lines())
+    else:
+        req.send(sse_error_event(err))
+        req.end_stream()
+
+
 class Pipeline:
     def __init__(self, stages: Sequence[Stage]) -> None:
         self.stages = tuple(stages)
 
-    async def handle(self, ctx: RequestContext) -> web.StreamResponse:
+    async def handle(self, ctx: RequestContext) -> None:
         for stage in self.stages:
             out = await stage.run(ctx)
             if isinstance(out, Continue):
                 continue
             if isinstance(out, Respond):
-                return out.response
+                return
             if isinstance(out, Fail):
-                return await self._fail(ctx, out.error)
+                send_error(ctx, out.error)
+                return
         raise RuntimeError("the request path ended without a response")  # a wiring bug, not a request error
-
-    @staticmethod
-    async def _fail(ctx: RequestContext, err: ApiError) -> web.StreamResponse:
-        ctx.status = err.status
-        resp = ctx.response
-        if resp is None:
-            return err.response()
-        # the stream already started: end it with an error event, never restart it
-        try:
-            await resp.write(sse_error_event(err))
-            await resp.write_eof()
-        except ConnectionError:
-            pass
-        return resp

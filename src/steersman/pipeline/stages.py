@@ -1,8 +1,7 @@
-"""The stages of the gateway's request path: parse -> resolve model -> route -> forward."""
+"""The stages of the gateway's request path: parse -> resolve model -> route (-> forward)."""
 
 from __future__ import annotations
 
-from steersman.api.body import read_body
 from steersman.api.errors import ApiError, not_found_model, unavailable
 from steersman.api.schema import decode_chat, decode_completion
 from steersman.config import GatewaySettings
@@ -15,17 +14,15 @@ __all__ = ["ParseRequest", "ResolveModel", "RouteRequest"]
 
 
 class ParseRequest:
-    """Read the body within the size limit and decode it into a typed request."""
+    """Decode the body (already size-limited by the HTTP server) into a typed request."""
 
     name = "parse"
 
     def __init__(self, settings: GatewaySettings) -> None:
-        self.limit = settings.max_body_bytes
         self.max_tokens = settings.max_tokens_limit
 
     async def run(self, ctx: RequestContext) -> Outcome:
         try:
-            ctx.body = await read_body(ctx.http, self.limit)
             if ctx.kind == "chat":
                 ctx.request = decode_chat(ctx.body, self.max_tokens)
             else:

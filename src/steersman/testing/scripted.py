@@ -12,7 +12,9 @@ import asyncio
 from dataclasses import dataclass, field
 
 import orjson
-from aiohttp import web
+
+from steersman.api.errors import error_body
+from steersman.http.server import HttpRequest, HttpServer
 
 __all__ = ["Script", "ScriptedEngine"]
 
@@ -41,73 +43,69 @@ class ScriptedEngine:
         self.host = host
         self.port = 0
         self.seen = _Seen()
-        self._runner: web.AppRunner | None = None
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._chat)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/metrics", self._metrics)
-        self.app = app
+        self.http = HttpServer(error_body, 64 * 1024 * 1024)
+        for path in ("/v1/chat/completions", "/v1/completions"):
+            self.http.route("POST", path, self._generate)
+        self.http.route("GET", "/v1/models", self._models)
+        self.http.route("GET", "/health", self._health)
+        self.http.route("GET", "/metrics", self._metrics)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # noqa: SLF001
+        self.port = await self.http.start(self.host, 0)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self.http.stop()
 
-    async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.script.model, "object": "model"}]})
+    async def _models(self, request: HttpRequest) -> None:
+        request.respond(200, orjson.dumps({"object": "list", "data": [{"id": self.script.model, "object": "model"}]}))
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    async def _health(self, request: HttpRequest) -> None:
+        request.respond(200, b"", b"text/plain")
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text="vllm:num_requests_running{engine=\"0\"} 0\n", content_type="text/plain")
+    async def _metrics(self, request: HttpRequest) -> None:
+        request.respond(200, b'vllm:num_requests_running{engine="0"} 0\n', b"text/plain")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _generate(self, request: HttpRequest) -> None:
         s = self.script
-        body = orjson.loads(await request.read())
+        body = orjson.loads(request.body)
         self.seen.bodies.append(body)
         try:
             if s.status != 200:
-                err = {"error": {"message": "scripted failure", "type": "server_error", "param": None, "code": None}}
-                return web.json_response(err, status=s.status)
+                request.respond(s.status, error_body(s.status, "scripted failure", "scripted"))
+                return
             if s.hang:
                 await asyncio.Event().wait()
             if not body.get("stream"):
                 await asyncio.sleep(s.gap_s * len(s.pieces))
                 text = "".join(s.pieces)
                 self.seen.completed += 1
-                return web.json_response({"id": "x", "object": "chat.completion", "model": s.model,
-                                          "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                                          "usage": {"prompt_tokens": 1, "completion_tokens": len(s.pieces), "total_tokens": 1 + len(s.pieces)}})
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-            await resp.prepare(request)
+                request.respond(200, orjson.dumps({
+                    "id": "x", "object": "chat.completion", "model": s.model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": len(s.pieces), "total_tokens": 1 + len(s.pieces)},
+                }))
+                return
+            request.start_stream()
             if s.malformed is not None:
-                await resp.write(s.malformed)
-                return resp
+                request.send(s.malformed)
+                request.end_stream()
+                return
             for i, p in enumerate(s.pieces):
                 if s.crash_after is not None and i >= s.crash_after:
-                    request.transport.abort()
-                    return resp
+                    request.conn.transport.abort()
+                    return
                 if s.gap_s:
                     await asyncio.sleep(s.gap_s)
                 chunk = {"id": "x", "object": "chat.completion.chunk", "model": s.model,
                          "choices": [{"index": 0, "delta": {"content": p}, "finish_reason": None}]}
-                await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
+                request.send(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            request.send(b"data: [DONE]\n\n")
+            request.end_stream()
             self.seen.completed += 1
-            return resp
         except asyncio.CancelledError:
             self.seen.cancelled += 1
             raise

@@ -1,0 +1,140 @@
+"""The generation endpoints of engine-sim: a request becomes a job in the engine model."""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+
+from steersman.api.errors import ApiError, bad_request, not_found_model
+from steersman.api.schema import ChatCompletionRequest, CompletionRequest, decode_chat, decode_completion
+from steersman.clock import Clock
+from steersman.config import DEFAULTS
+from steersman.enginesim.chunks import ChunkWriter, full_response, usage_of
+from steersman.enginesim.faults import Faults
+from steersman.enginesim.runner import EngineRunner, Job
+from steersman.enginesim.textgen import generate
+from steersman.http.server import HttpRequest
+from steersman.sim import SimRequest
+from steersman.text import block_hashes, render_chat, tokenize
+
+__all__ = ["Generator"]
+
+
+class Generator:
+    """Handles ``/v1/chat/completions`` and ``/v1/completions`` for one replica."""
+
+    def __init__(self, model_name: str, max_model_len: int, block_size: int, mean_output_tokens: float,
+                 runner: EngineRunner, faults: Faults, clock: Clock, on_die) -> None:
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.mean_output_tokens = mean_output_tokens
+        self.runner = runner
+        self.faults = faults
+        self.clock = clock
+        self.on_die = on_die
+        self._ids = itertools.count()
+        self._id_prefix = secrets.token_hex(4)
+
+    async def chat(self, request: HttpRequest) -> None:
+        await self._generate(request, chat=True)
+
+    async def completions(self, request: HttpRequest) -> None:
+        await self._generate(request, chat=False)
+
+    def _prompt(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[list[int], str]:
+        if req.model != self.model_name:
+            raise not_found_model(req.model)
+        if req.n != 1:
+            raise bad_request("engine-sim supports only `n` = 1.", "n")
+        if chat:
+            prompt = render_chat(req.messages, continue_final=req.continue_final_message)
+            return tokenize(prompt), prompt[-1:]
+        p = req.prompt
+        if isinstance(p, list):
+            if len(p) != 1 and not isinstance(p[0], int):
+                raise bad_request("engine-sim supports one prompt per request.", "prompt")
+            if isinstance(p[0], int):
+                return list(p), "x"  # token ids
+            p = p[0]
+            if isinstance(p, list):
+                return list(p), "x"
+        return tokenize(p), p[-1:]
+
+    def _job(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Job:
+        ids, tail = self._prompt(req, chat)
+        room = self.max_model_len - len(ids)
+        want = req.output_limit
+        field = "messages" if chat else "prompt"
+        if room < 1 or (want is not None and want > room):
+            raise bad_request(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(ids) + (want or 1)} tokens ({len(ids)} in the prompt, {want or 1} for the completion).",
+                field,
+            )
+        stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
+        gen = generate(ids, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{next(self._ids):x}"
+        now = self.clock.now()
+        sim = SimRequest(req_id=rid, prompt_len=len(ids), max_output=len(gen.pieces),
+                         block_hashes=block_hashes(ids, self.block_size), priority=req.priority, arrival=now)
+        job = Job(sim=sim, gen=gen, arrival=now)
+        try:
+            self.runner.submit(job)
+        except ValueError as e:
+            raise bad_request(str(e), field) from None
+        return job
+
+    async def _generate(self, request: HttpRequest, chat: bool) -> None:
+        job = None
+        try:
+            limit = DEFAULTS.gateway.max_tokens_limit
+            req = decode_chat(request.body, limit) if chat else decode_completion(request.body, limit)
+            if self.faults.should_error():
+                raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
+            job = self._job(req, chat)
+            created = int(self.clock.wall())
+            if req.stream:
+                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                await self._stream(request, job, ChunkWriter(chat, job.req_id, created, self.model_name), include_usage)
+                return
+            gen = job.gen
+            await self.runner.wait(job, len(gen.pieces))
+            text = "".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text
+            usage = usage_of(job.sim.prompt_len, job.produced, job.sim.num_cached_tokens)
+            request.respond(200, full_response(chat, job.req_id, created, self.model_name, text, gen.finish_reason, usage))
+        except ApiError as e:
+            request.respond(e.status, e.body(), extra=e.header_lines())
+        finally:
+            if job is not None and not job.done:
+                self.runner.cancel(job)
+
+    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool) -> None:
+        request.start_stream()
+        # like vLLM, the assistant-role chunk goes out together with the first token
+        head = w.role() if w.chat else b""
+        pieces = job.gen.pieces
+        total = len(pieces)
+        last = total - 1
+        reason = job.gen.finish_reason
+        sent = 0
+        while sent < total:
+            await self.runner.wait(job, sent)
+            ready = min(job.produced, total)
+            if ready <= sent:
+                if job.done:
+                    break
+                continue
+            n = self.faults.tokens_allowed(ready - sent)
+            request.send(head + b"".join(w.token(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
+            head = b""
+            sent += n
+            if self.faults.streamed(n):
+                await self.on_die()
+                return
+            await request.drain()
+        tail = head
+        if include_usage:
+            tail += w.usage(usage_of(job.sim.prompt_len, sent, job.sim.num_cached_tokens))
+        request.send(tail + w.done())
+        request.end_stream()

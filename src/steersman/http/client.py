@@ -1,0 +1,274 @@
+"""The gateway's HTTP/1.1 client towards engines: pooled keep-alive connections, httptools parsing.
+
+A response body is handed to a callback from ``data_received`` as it arrives
+(:meth:`Exchange.pipe`), so relaying a stream costs no await per chunk.  A
+connection is returned to its pool when its response completed and both sides
+keep it alive; a reused connection that the engine had already closed is
+retried once on a fresh one (nothing had reached the engine's application).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = ["UpstreamError", "Endpoint", "Exchange", "UpstreamPool"]
+
+
+class UpstreamError(Exception):
+    """The engine could not be reached, or broke the connection.
+
+    ``connected`` is False when nothing reached the engine (refused, unreachable,
+    connect timeout): always safe to retry elsewhere.
+    """
+
+    def __init__(self, message: str, connected: bool) -> None:
+        super().__init__(message)
+        self.connected = connected
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str
+    port: int
+    tls: bool
+    base_path: str
+    host_header: bytes
+
+    @classmethod
+    def parse(cls, url: str) -> Endpoint:
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        tls = u.scheme == "https"
+        port = u.port or (443 if tls else 80)
+        return cls(u.hostname, port, tls, u.path.rstrip("/"), u.netloc.encode("idna"))
+
+
+class Exchange:
+    """One request/response on one connection."""
+
+    __slots__ = ("conn", "status", "headers", "_head", "_done", "_buf", "_sink", "complete", "got_bytes")
+
+    def __init__(self, conn: _UpConn) -> None:
+        loop = asyncio.get_running_loop()
+        self.conn = conn
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._head: asyncio.Future = loop.create_future()
+        self._done: asyncio.Future = loop.create_future()
+        self._buf: list[bytes] = []
+        self._sink: Callable[[bytes], None] | None = None
+        self.complete = False
+        self.got_bytes = False
+
+    def pipe(self, sink: Callable[[bytes], None]) -> None:
+        """Deliver body bytes to ``sink`` as they arrive (buffered ones first)."""
+        buf, self._buf = self._buf, []
+        for b in buf:
+            sink(b)
+        self._sink = sink
+
+    async def done(self) -> None:
+        """Wait for the end of the response; raises :class:`UpstreamError` if it broke.
+
+        Cancelling the waiter cancels ``_done``; the connection then only skips
+        resolving it (every resolver checks ``done()`` first).
+        """
+        await self._done
+
+    async def read(self) -> bytes:
+        await self.done()
+        return b"".join(self._buf)
+
+    def pause(self) -> None:
+        t = self.conn.transport
+        if t is not None:
+            t.pause_reading()
+
+    def resume(self) -> None:
+        t = self.conn.transport
+        if t is not None:
+            t.resume_reading()
+
+    def abort(self) -> None:
+        """Drop the connection; the engine sees the client go and cancels the request."""
+        if not self.complete:
+            self.conn.close()
+
+    # -- from the connection ------------------------------------------------------------
+    def _fail(self, err: Exception) -> None:
+        for f in (self._head, self._done):
+            if not f.done():
+                f.set_exception(err)
+                f.exception()  # mark retrieved: not every caller awaits both futures
+
+
+class _UpConn(asyncio.Protocol):
+    __slots__ = ("pool", "key", "transport", "parser", "exchange", "reused", "idle_since")
+
+    def __init__(self, pool: UpstreamPool, key: tuple) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.exchange: Exchange | None = None
+        self.reused = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.pool._forget(self)
+        ex = self.exchange
+        if ex is not None and not ex.complete:
+            self.exchange = None
+            ex._fail(UpstreamError(f"engine closed the connection ({exc or 'EOF'})", connected=True))
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.exchange
+        if ex is None:
+            self.close()  # bytes nobody asked for: the connection is unusable
+            return
+        ex.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.exchange = None
+            ex._fail(UpstreamError(f"malformed HTTP response from engine: {e}", connected=True))
+            self.close()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.exchange.headers[name.decode("latin-1").lower()] = value.decode("latin-1")  # type: ignore[union-attr]
+
+    def on_headers_complete(self) -> None:
+        ex = self.exchange
+        ex.status = self.parser.get_status_code()  # type: ignore[union-attr]
+        if not ex._head.done():  # type: ignore[union-attr]
+            ex._head.set_result(None)  # type: ignore[union-attr]
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.exchange
+        sink = ex._sink  # type: ignore[union-attr]
+        if sink is None:
+            ex._buf.append(body)  # type: ignore[union-attr]
+        else:
+            sink(body)
+
+    def on_message_complete(self) -> None:
+        ex = self.exchange
+        self.exchange = None
+        keep = self.parser.should_keep_alive()
+        self.parser = httptools.HttpResponseParser(self)
+        ex.complete = True  # type: ignore[union-attr]
+        if not ex._done.done():  # type: ignore[union-attr]
+            ex._done.set_result(None)  # type: ignore[union-attr]
+        if keep:
+            self.pool._release(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class UpstreamPool:
+    """Keep-alive connections per endpoint, most recently used first."""
+
+    def __init__(self, connect_timeout_s: float, idle_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._idle: dict[tuple, list[_UpConn]] = {}
+        self._all: set[_UpConn] = set()
+        self._ssl: ssl.SSLContext | None = None
+
+    async def _connect(self, ep: Endpoint, key: tuple) -> _UpConn:
+        loop = asyncio.get_running_loop()
+        ctx = None
+        if ep.tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            ctx = self._ssl
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _UpConn(self, key), ep.host, ep.port, ssl=ctx), self.connect_timeout_s)
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            raise UpstreamError(f"cannot connect to {ep.host}:{ep.port}: {e or type(e).__name__}", connected=False) from None
+        self._all.add(conn)
+        return conn
+
+    def _acquire_idle(self, key: tuple) -> _UpConn | None:
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
+        while idle:
+            conn = idle.pop()
+            if conn.transport is not None and now - conn.idle_since < self.idle_timeout_s:
+                conn.reused = True
+                return conn
+            conn.close()
+        return None
+
+    def _release(self, conn: _UpConn) -> None:
+        if conn.transport is None:
+            return
+        conn.idle_since = asyncio.get_running_loop().time()
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    def _forget(self, conn: _UpConn) -> None:
+        self._all.discard(conn)
+        idle = self._idle.get(conn.key)
+        if idle and conn in idle:
+            idle.remove(conn)
+
+    async def request(self, ep: Endpoint, method: bytes, path: str, body: bytes = b"", headers: bytes = b"") -> Exchange:
+        """Send a request and wait for the response headers.
+
+        ``headers`` are extra pre-encoded header lines ending in CRLF.
+        """
+        key = (ep.host, ep.port, ep.tls)
+        head = b"%b %b HTTP/1.1\r\nHost: %b\r\nContent-Length: %d\r\n%b\r\n" % (
+            method, (ep.base_path + path).encode("latin-1"), ep.host_header, len(body), headers)
+        data = head + body
+        for attempt in (0, 1):
+            conn = self._acquire_idle(key) if attempt == 0 else None
+            if conn is None:
+                conn = await self._connect(ep, key)
+            ex = Exchange(conn)
+            conn.exchange = ex
+            conn.transport.write(data)  # type: ignore[union-attr]
+            try:
+                await ex._head
+                return ex
+            except UpstreamError:
+                if attempt == 0 and conn.reused and not ex.got_bytes:
+                    continue  # the engine had closed this idle connection: once more on a fresh one
+                raise
+            except asyncio.CancelledError:
+                ex.abort()
+                raise
+        raise AssertionError("unreachable")
+
+    async def get(self, ep: Endpoint, path: str) -> tuple[int, bytes]:
+        ex = await self.request(ep, b"GET", path)
+        try:
+            return ex.status, await ex.read()
+        finally:
+            ex.abort()
+
+    async def close(self) -> None:
+        for conn in list(self._all):
+            conn.close()
+        self._idle.clear()

@@ -1,0 +1,105 @@
+"""The upstream client: pooling, stale-connection retry, streaming sink, failures."""
+
+import asyncio
+
+import pytest
+
+from steersman.http.client import Endpoint, UpstreamError, UpstreamPool
+
+
+class _Origin:
+    """A tiny origin server whose behaviour per request is scripted."""
+
+    def __init__(self, replies):
+        self.replies = list(replies)
+        self.connections = 0
+        self.requests = 0
+
+    async def handle(self, r, w):
+        self.connections += 1
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                length = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+                await r.readexactly(length)
+                self.requests += 1
+                reply = self.replies.pop(0) if self.replies else b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+                if reply == b"CLOSE":
+                    w.close()
+                    return
+                w.write(reply)
+                await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+
+    async def start(self):
+        self.srv = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return Endpoint.parse(f"http://127.0.0.1:{self.srv.sockets[0].getsockname()[1]}/base")
+
+
+async def test_pool_reuses_keep_alive_connections():
+    o = _Origin([])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    for _ in range(5):
+        assert await pool.get(ep, "/x") == (200, b"ok")
+    assert o.connections == 1 and o.requests == 5
+    await pool.close()
+    o.srv.close()
+
+
+async def test_stale_idle_connection_is_retried_once_on_a_fresh_one():
+    o = _Origin([b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"CLOSE"])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    assert (await pool.get(ep, "/x"))[0] == 200
+    assert (await pool.get(ep, "/x")) == (200, b"ok")  # first try hit a connection the origin closed
+    assert o.connections == 2
+    await pool.close()
+    o.srv.close()
+
+
+async def test_streaming_sink_gets_dechunked_bytes():
+    body = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    o = _Origin([body])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    got = []
+    ex = await pool.request(ep, b"POST", "/v1/x", b"{}")
+    ex.pipe(got.append)
+    await ex.done()
+    assert b"".join(got) == b"hello world" and ex.complete
+    await pool.close()
+    o.srv.close()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",  # then the origin hangs; we abort
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nZZZ\r\n",  # malformed chunk size
+    ],
+)
+async def test_broken_or_malformed_responses_raise(reply):
+    o = _Origin([reply])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    ex = await pool.request(ep, b"POST", "/v1/x", b"{}")
+    ex.abort()  # a hang is ended by its owner; a malformed reply fails by itself
+    with pytest.raises(UpstreamError):
+        await ex.done()
+    await pool.close()
+    o.srv.close()
+
+
+async def test_connection_refused_is_not_connected():
+    pool = UpstreamPool(2.0, 4.0)
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(UpstreamError) as e:
+        await pool.get(Endpoint.parse(f"http://127.0.0.1:{port}"), "/")
+    assert e.value.connected is False

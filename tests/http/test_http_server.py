@@ -1,0 +1,150 @@
+"""The gateway's HTTP/1.1 server over real sockets: framing, limits, keep-alive, cancellation."""
+
+import asyncio
+
+import orjson
+import pytest
+
+from steersman.api.errors import error_body
+from steersman.http.server import HttpServer
+
+
+async def _server(max_body: int = 1000, idle: float = 75.0) -> HttpServer:
+    srv = HttpServer(error_body, max_body, idle)
+    srv.cancelled = 0
+
+    async def echo(req):
+        req.respond(200, orjson.dumps({"len": len(req.body), "path": req.path, "query": req.query}))
+
+    async def stream(req):
+        req.start_stream()
+        for i in range(3):
+            req.send(b"data: %d\n\n" % i)
+            await asyncio.sleep(0)
+        req.end_stream()
+
+    async def slow(req):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            srv.cancelled += 1
+            raise
+
+    async def boom(req):
+        raise ValueError("bug")
+
+    srv.route("POST", "/echo", echo)
+    srv.route("GET", "/stream", stream)
+    srv.route("GET", "/slow", slow)
+    srv.route("GET", "/boom", boom)
+    await srv.start("127.0.0.1", 0)
+    return srv
+
+
+async def _exchange(port: int, raw: bytes, until: bytes | None = None, read_timeout: float = 5.0) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(raw)
+    await w.drain()
+    out = b""
+    try:
+        while True:
+            chunk = await asyncio.wait_for(r.read(65536), read_timeout)
+            if not chunk:
+                break
+            out += chunk
+            if until is not None and out.count(until) >= 1 and out.endswith(until):
+                break
+    finally:
+        w.close()
+    return out
+
+
+async def test_keep_alive_and_pipelining_answer_in_order():
+    srv = await _server()
+    try:
+        req = b"POST /echo?a=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+        req2 = b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"
+        out = await _exchange(srv.port, req + req2 + req, until=b'"query":"a=1"}')
+        bodies = [orjson.loads(part.split(b"\r\n\r\n", 1)[1]) for part in out.split(b"HTTP/1.1 ")[1:]]
+        assert [b["len"] for b in bodies] == [3, 2, 3] and bodies[0]["query"] == "a=1"
+    finally:
+        await srv.stop()
+
+
+async def test_streaming_is_chunked_and_http10_is_close_delimited():
+    srv = await _server()
+    try:
+        out = await _exchange(srv.port, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n", until=b"0\r\n\r\n")
+        assert b"Transfer-Encoding: chunked" in out and out.endswith(b"0\r\n\r\n") and b"data: 2" in out
+        out = await _exchange(srv.port, b"GET /stream HTTP/1.0\r\n\r\n")
+        assert b"Transfer-Encoding" not in out and out.endswith(b"data: 2\n\n")
+    finally:
+        await srv.stop()
+
+
+@pytest.mark.parametrize(
+    "raw,status",
+    [
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000, 413),
+        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3e8\r\n" + b"x" * 1000 + b"\r\n3e8\r\n" + b"x" * 1000 + b"\r\n0\r\n\r\n", 413),
+        (b"GET /nope HTTP/1.1\r\n\r\n", 404),
+        (b"GET /echo HTTP/1.1\r\n\r\n", 405),
+        (b"NOT HTTP AT ALL\r\n\r\n", 400),
+        (b"GET /stream HTTP/1.1\r\nX-Big: " + b"y" * 70000 + b"\r\n\r\n", 431),
+        (b"GET /boom HTTP/1.1\r\n\r\n", 500),
+    ],
+)
+async def test_errors_are_openai_json(raw, status):
+    srv = await _server()
+    try:
+        out = await _exchange(srv.port, raw, until=b"}}")
+        head, _, body = out.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 %d" % status), out[:200]
+        err = orjson.loads(body)["error"]
+        assert set(err) == {"message", "type", "param", "code"} and "Traceback" not in err["message"]
+    finally:
+        await srv.stop()
+
+
+async def test_expect_100_continue():
+    srv = await _server()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        assert (await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 100")
+        w.write(b"data")
+        head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200")
+        w.close()
+    finally:
+        await srv.stop()
+
+
+async def test_client_disconnect_cancels_the_handler():
+    srv = await _server()
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"GET /slow HTTP/1.1\r\n\r\n")
+        await w.drain()
+        for _ in range(100):
+            if srv.connections and any(c._current for c in srv.connections):
+                break
+            await asyncio.sleep(0.01)
+        w.close()
+        for _ in range(200):
+            if srv.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        assert srv.cancelled == 1
+    finally:
+        await srv.stop()
+
+
+async def test_idle_connections_are_closed():
+    srv = await _server(idle=0.05)
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        assert await asyncio.wait_for(r.read(), 5) == b""  # server closed it
+        w.close()
+    finally:
+        await srv.stop()
