@@ -21,6 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 bench-overhead: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/overhead/run.py
 
 clean:

@@ -30,11 +30,31 @@ PINNED = {
     "sim_server.mean_output_tokens": 211.0,
     "sim_server.gpu": "H100-SXM",
     "sim_server.model": "llama-3.1-8b",
+    "scheduler.profile": "steersman",
+    "scheduler.default_slo": "standard",
+    "scheduler.latency_ewma_alpha": 0.2,
+    "scheduler.recent_load_tau_s": 60.0,
+    "scheduler.prefix_index_max_mib": 128.0,
+    "scheduler.saturation_queue_depth": 5,
+    "scheduler.saturation_kv_usage": 0.8,
+    "scheduler.saturation_staleness_s": 0.2,
+    "scheduler.initial_output_estimate": 211,
+    "admission.queue_max_entries": 1024,
+    "admission.rate_burst_s": 60.0,
+    "admission.open_tenant": "default",
+    "admission.default_priority": "standard",
+    "admission.workflow_max_entries": 100_000,
+    "admission.workflow_idle_ttl_s": 3600.0,
+    "admission.workflow_id_max_chars": 256,
 }
+
+SLO = {"interactive": (0.45, 0.040), "standard": (2.0, 0.200), "batch": (None, None)}
 
 
 def test_every_default_is_pinned_and_sourced():
     table = sources(DEFAULTS)
+    slo = table.pop("scheduler.slo_classes")[0]
+    assert {k: (c.ttft_s, c.tpot_s) for k, c in slo.items()} == SLO
     assert {k: v for k, (v, _) in table.items()} == PINNED
     missing = [k for k, (_, src) in table.items() if len(src) < 10]
     assert not missing, f"defaults without a source: {missing}"

@@ -14,19 +14,25 @@ from dataclasses import dataclass
 import orjson
 
 from steersman.api.errors import ApiError, error_body
+from steersman.api.lifecycle import RequestLifecycle
 from steersman.clock import Clock, WallClock
+from steersman.config import DEFAULTS
+from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
+from steersman.control.plane import ControlPlane
 from steersman.engines import EngineAdapter, UpstreamError, adapter_for
 from steersman.fleet.config import EndpointConfig, FleetConfig
 from steersman.fleet.embedded import SimulatedFleet
+from steersman.fleet.prefix_index import PrefixIndex
 from steersman.fleet.scraper import Scraper
 from steersman.fleet.state import Fleet, Replica
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.obs.metrics import GatewayMetrics
+from steersman.pipeline.admit import Authenticate, Describe, Schedule
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
 from steersman.pipeline.runner import Pipeline, send_error
-from steersman.pipeline.stages import ParseRequest, ResolveModel, RouteRequest
-from steersman.policy import make_policy
+from steersman.pipeline.stages import ParseRequest, ResolveModel
+from steersman.policy import PLUGIN_LATENCY, make_policy
 from steersman.sim import gpu_profile
 
 __all__ = ["Gateway"]
@@ -44,13 +50,20 @@ _CHAT = _Endpoint("chat", "/v1/chat/completions")
 _COMPLETION = _Endpoint("completion", "/v1/completions")
 
 
-class Gateway:
+class Gateway(RequestLifecycle):
     def __init__(self, cfg: FleetConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.settings = cfg.gateway
+        self.scheduler_settings = cfg.scheduler
+        self.block_size = DEFAULTS.engine.block_size
         self.clock = clock or WallClock()
         self.metrics = GatewayMetrics()
-        self.policy = make_policy(cfg.policy)
+        self.metrics.registry.register(PLUGIN_LATENCY)
+        self.policy = make_policy(cfg.policy, cfg.scheduler)
+        self.tenants = cfg.tenants or TenantDirectory.from_data({}, "open mode", cfg.admission)
+        self.workflows = WorkflowTracker(cfg.admission)
+        self.plane = ControlPlane(self.policy, DefaultAdmitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)
+        RequestLifecycle.__init__(self)
         self.sim_fleet = SimulatedFleet(cfg.simulated, self.settings.host) if cfg.simulated else None
         self.adapters: dict[str, EngineAdapter] = {}
         self.fleet: Fleet | None = None
@@ -80,17 +93,23 @@ class Gateway:
         if self.sim_fleet is not None:
             endpoints += await self.sim_fleet.start()
         replicas = [self._replica(i, ep) for i, ep in enumerate(endpoints)]
-        self.fleet = Fleet(replicas, self.clock)
+        self.fleet = Fleet(replicas, self.clock, self.scheduler_settings)
+        self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
+        self.metrics.track_queue(lambda: float(self.plane.waiting))
+        if self.tenants.open:
+            log.warning("no API keys configured: the gateway is OPEN, every request runs as tenant %r", self.tenants.open_tenant.name)
         await self._discover_models()
-        self.scraper = Scraper(self.fleet, self.settings, self.clock)
+        self.scraper = Scraper(self.fleet, self.settings, self.clock, on_update=self.kick)
         await asyncio.gather(*(self.scraper.scrape_once(r) for r in replicas))
         self.scraper.start()
         self.pipeline = Pipeline(
             [
                 ParseRequest(self.settings),
+                Authenticate(self.tenants),
                 ResolveModel(self.fleet),
-                RouteRequest(self.fleet, self.policy),
+                Describe(self),
+                Schedule(self),
                 Forward(self.fleet, self.metrics, self.clock),
             ]
         )
@@ -110,6 +129,7 @@ class Gateway:
 
     async def stop(self) -> None:
         await self.http.stop()
+        self.stop_lifecycle()
         if self.scraper is not None:
             await self.scraper.stop()
         for a in self.adapters.values():
@@ -143,6 +163,7 @@ class Gateway:
             send_error(ctx, ApiError(500, "Internal gateway error.", "server_error", None, "internal_error"))
             ctx.status = 500
         finally:
+            self.end_request(ctx)
             label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
             m.count(label, ctx.status)
             m.model(label).e2e.observe(self.clock.now() - ctx.started)

@@ -72,13 +72,13 @@ def register(app: typer.Typer) -> None:
         speedup: float | None = typer.Option(None, help="Run the simulated fleet this many times faster than real time."),
     ) -> None:
         """Start the gateway and an embedded simulated fleet (2x H100 + 2x A100 Llama-3.1-8B, 1x L40S Qwen2.5-7B)."""
-        from steersman.fleet.config import FleetConfig, with_gateway
+        import msgspec
+
+        from steersman.fleet.config import with_gateway
 
         cfg = with_gateway(_default_fleet(), port=port, host=host)
         if speedup is not None and cfg.simulated is not None:
-            import msgspec
-
-            cfg = FleetConfig(cfg.gateway, cfg.policy, cfg.endpoints, msgspec.structs.replace(cfg.simulated, speedup=speedup))
+            cfg = msgspec.structs.replace(cfg, simulated=msgspec.structs.replace(cfg.simulated, speedup=speedup))
         _run(cfg)
 
     @app.command("serve")

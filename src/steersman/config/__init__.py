@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from steersman.config._base import sources
+from steersman.config.admission import AdmissionSettings
 from steersman.config.engine import EngineSettings
 from steersman.config.gateway import GatewaySettings
+from steersman.config.scheduler import SchedulerSettings, SloClass
 from steersman.config.simserver import SimServerSettings
 
-__all__ = ["Settings", "DEFAULTS", "EngineSettings", "GatewaySettings", "SimServerSettings", "sources"]
+__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "SchedulerSettings", "SimServerSettings", "SloClass", "sources"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +24,8 @@ class Settings:
     engine: EngineSettings = field(default_factory=EngineSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
     sim_server: SimServerSettings = field(default_factory=SimServerSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
 
 
 DEFAULTS = Settings()

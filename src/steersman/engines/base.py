@@ -20,6 +20,7 @@ class EngineMetrics:
     prefix_queries: float = 0.0
     prefix_hits: float = 0.0
     weights: str | None = None  # "cold" | "loading" | "warm" when the engine says
+    kv_blocks_total: float | None = None  # KV capacity in blocks when the engine says (vLLM cache_config_info)
 
 
 @dataclass(frozen=True, slots=True)

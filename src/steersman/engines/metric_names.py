@@ -17,6 +17,7 @@ __all__ = ["MetricNames", "METRIC_NAMES"]
 class MetricNames:
     samples: Mapping[str, str]  # sample name -> EngineMetrics field
     weights_family: str | None = None  # one-hot gauge labelled state=cold|loading|warm
+    cache_info_family: str | None = None  # info gauge with a num_gpu_blocks label
     kv_usage_is_percent: bool = False
 
 
@@ -31,6 +32,7 @@ _VLLM = MetricNames(
         }
     ),
     weights_family="steersman_sim:weights_state",
+    cache_info_family="vllm:cache_config_info",
 )
 
 METRIC_NAMES: Mapping[str, MetricNames] = MappingProxyType(

@@ -49,6 +49,10 @@ class OpenAIHttpAdapter:
         if self.names.weights_family:
             states = read_labelled(text, self.names.weights_family, "state")
             weights = next((k for k, x in states.items() if x >= 1.0), None)
+        blocks = None
+        if self.names.cache_info_family:
+            info = read_labelled(text, self.names.cache_info_family, "num_gpu_blocks")
+            blocks = next((float(k) for k in info if k.isdigit()), None)
         kv = v.get("kv_usage", 0.0)
         if self.names.kv_usage_is_percent:
             kv /= 100.0
@@ -59,6 +63,7 @@ class OpenAIHttpAdapter:
             prefix_queries=v.get("prefix_queries", 0.0),
             prefix_hits=v.get("prefix_hits", 0.0),
             weights=weights,
+            kv_blocks_total=blocks,
         )
 
     async def list_models(self, replica: ReplicaAddress) -> list[str]:

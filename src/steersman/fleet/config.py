@@ -2,7 +2,13 @@
 
 ```yaml
 gateway: {host: 127.0.0.1, port: 8080}       # any GatewaySettings field
-policy: least-outstanding                      # a registered routing policy
+policy: steersman                              # a registered routing profile
+scheduler: {saturation_queue_depth: 5, slo_classes: {interactive: {ttft_s: 0.45, tpot_s: 0.04}}}
+admission: {queue_max_entries: 1024}          # any AdmissionSettings field
+tenants:                                       # with no api_keys the gateway runs open
+  acme: {priority: critical, requests_per_minute: 600, tokens_per_minute: 200000, budget_usd: 50}
+api_keys:                                      # SHA-256 of each key (`steersman keys create`)
+  - {sha256: "<64 hex>", tenant: acme}
 endpoints:                                     # engines already running
   - {name: h100-0, url: "http://10.0.0.5:8000", engine: vllm, gpu: H100, models: [llama-3.1-8b], pool: main}
 simulated:                                     # engine-sim replicas started for you
@@ -16,13 +22,16 @@ Upstream URLs come from this file only; requests cannot name them.
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
 
-from steersman.config import DEFAULTS, GatewaySettings
+from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, SchedulerSettings, SloClass
+from steersman.config._base import override
+from steersman.control.tenants import TenantConfigError, TenantDirectory
 
 __all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError"]
 
@@ -59,7 +68,11 @@ class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
     gateway: dict[str, Any] = msgspec.field(default_factory=dict)
-    policy: str = "least-outstanding"
+    policy: str = DEFAULTS.scheduler.profile
+    scheduler: dict[str, Any] = msgspec.field(default_factory=dict)
+    admission: dict[str, Any] = msgspec.field(default_factory=dict)
+    tenants: dict[str, Any] | None = None
+    api_keys: list[Any] | None = None
     endpoints: list[EndpointConfig] = msgspec.field(default_factory=list)
     simulated: SimulatedFleetConfig | None = None
 
@@ -69,6 +82,9 @@ class FleetConfig(msgspec.Struct, frozen=True):
     policy: str
     endpoints: tuple[EndpointConfig, ...]
     simulated: SimulatedFleetConfig | None
+    scheduler: SchedulerSettings = DEFAULTS.scheduler
+    admission: AdmissionSettings = DEFAULTS.admission
+    tenants: TenantDirectory | None = None  # None: open (every request is the default tenant)
 
 
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
@@ -80,8 +96,23 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         if unknown:
             raise FleetConfigError(f"{where}: unknown gateway setting(s) {unknown}; known: {sorted(fields)}")
         gateway = msgspec.convert({**_asdict(DEFAULTS.gateway), **gw}, GatewaySettings)
+        sched_raw = dict(raw.scheduler)
+        slo = sched_raw.pop("slo_classes", None)
+        scheduler = override(DEFAULTS.scheduler, sched_raw, f"{where}: scheduler")
+        if slo is not None:
+            scheduler = replace(scheduler, slo_classes=_slo_classes(slo, f"{where}: scheduler.slo_classes"))
+        if scheduler.default_slo not in scheduler.slo_classes:
+            raise FleetConfigError(f"{where}: scheduler.default_slo {scheduler.default_slo!r} is not an SLO class")
+        admission = override(DEFAULTS.admission, raw.admission, f"{where}: admission")
+        tenants = None
+        if raw.tenants is not None or raw.api_keys is not None:
+            tenants = TenantDirectory.from_data(
+                {k: v for k, v in (("tenants", raw.tenants), ("api_keys", raw.api_keys)) if v is not None}, where, admission
+            )
     except msgspec.ValidationError as e:
         raise FleetConfigError(f"{where}: {e}") from None
+    except (TenantConfigError, ValueError) as e:
+        raise FleetConfigError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     if not raw.endpoints and raw.simulated is None:
         raise FleetConfigError(f"{where}: no `endpoints` and no `simulated` fleet: nothing to route to")
     for i, ep in enumerate(raw.endpoints):
@@ -91,7 +122,30 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         for i, r in enumerate(raw.simulated.replicas):
             if r.count < 1:
                 raise FleetConfigError(f"{where}: simulated.replicas[{i}].count must be >= 1")
-    return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated)
+    from steersman.policy import POLICIES
+
+    if raw.policy not in POLICIES:
+        raise FleetConfigError(f"{where}: unknown policy {raw.policy!r}; known: {', '.join(POLICIES.names())}")
+    return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants)
+
+
+def _slo_classes(data: Any, where: str) -> MappingProxyType:
+    if not isinstance(data, dict) or not data:
+        raise FleetConfigError(f"{where} must be a non-empty mapping of class name to {{ttft_s, tpot_s}}")
+    out = {}
+    for name, body in data.items():
+        body = body or {}
+        unknown = set(body) - {"ttft_s", "tpot_s"}
+        if unknown:
+            raise FleetConfigError(f"{where}.{name}: unknown field(s) {sorted(unknown)} (ttft_s, tpot_s)")
+        vals = []
+        for f in ("ttft_s", "tpot_s"):
+            v = body.get(f)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0):
+                raise FleetConfigError(f"{where}.{name}.{f} must be a positive number of seconds or null")
+            vals.append(None if v is None else float(v))
+        out[str(name)] = SloClass(*vals)
+    return MappingProxyType(out)
 
 
 def _asdict(settings: GatewaySettings) -> dict[str, Any]:
@@ -112,4 +166,4 @@ def load_fleet(path: str | Path) -> FleetConfig:
 def with_gateway(cfg: FleetConfig, **overrides: Any) -> FleetConfig:
     """The same fleet with some gateway settings changed (CLI flags)."""
     changes = {k: v for k, v in overrides.items() if v is not None}
-    return FleetConfig(replace(cfg.gateway, **changes), cfg.policy, cfg.endpoints, cfg.simulated)
+    return msgspec.structs.replace(cfg, gateway=replace(cfg.gateway, **changes))

@@ -20,8 +20,9 @@ log = logging.getLogger("steersman.scraper")
 
 
 class Scraper:
-    def __init__(self, fleet: Fleet, settings: GatewaySettings, clock: Clock) -> None:
+    def __init__(self, fleet: Fleet, settings: GatewaySettings, clock: Clock, on_update=None) -> None:
         self.fleet = fleet
+        self.on_update = on_update  # called after every successful scrape (capacity may have freed)
         self.settings = settings
         self.clock = clock
         self._tasks: list[asyncio.Task] = []
@@ -41,6 +42,8 @@ class Scraper:
         if not self.fleet.healthy[rep.index]:
             log.info("replica %s healthy again", rep.name)
             self.fleet.set_healthy(rep.index, True)
+        if self.on_update is not None:
+            self.on_update()
         return True
 
     async def _loop(self, rep: Replica) -> None:

@@ -3,24 +3,44 @@
 Policies are pure functions of a snapshot and a request; they never see the
 mutable :class:`~steersman.fleet.state.Fleet` or do IO.  The live numeric state
 is one matrix (a row per field, a column per replica) copied once per snapshot;
-every array is read-only.
+constants live in :class:`~steersman.fleet.statics.FleetStatics`.  Every array is
+read-only.  The approximate prefix index is shared by reference (read-only for
+policies; it changes only between decisions, at the IO edge).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from steersman.fleet.statics import FleetStatics
+
+if TYPE_CHECKING:
+    from steersman.fleet.prefix_index import PrefixIndex
 
 __all__ = ["FleetSnapshot", "WEIGHTS_CODES", "LIVE_FIELDS"]
 
 #: Weights state codes used in :attr:`FleetSnapshot.weights`.
 WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 
-#: Rows of the live matrix.
-LIVE_FIELDS = ("in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at")
-IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT = range(len(LIVE_FIELDS))
+#: Rows of the live matrix.  Engine-reported: running .. kv_blocks_total; gateway
+#: accounting of its own traffic: in_flight, pending_prefill (uncached prompt
+#: tokens routed but not yet answered), decoding, active_blocks (KV blocks its
+#: in-flight requests hold), recent_tokens (decaying work routed, Preble's window)
+#: and the observed latencies ttft_ewma / tpot_ewma; ttft_ratio / tpot_ratio are
+#: observed / predicted (the model's correction per replica: a degraded GPU shows >1);
+#: since_scrape counts requests routed since the engine's metrics were last read.
+LIVE_FIELDS = (
+    "in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at",
+    "kv_blocks_total", "pending_prefill", "decoding", "active_blocks", "recent_tokens", "ttft_ewma", "tpot_ewma",
+    "ttft_ratio", "tpot_ratio", "since_scrape",
+)
+(IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT,
+ KV_BLOCKS_TOTAL, PENDING_PREFILL, DECODING, ACTIVE_BLOCKS, RECENT_TOKENS, TTFT_EWMA, TPOT_EWMA,
+ TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE) = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,43 +49,41 @@ class FleetSnapshot:
     names: tuple[str, ...]
     gpus: tuple[str | None, ...]
     pools: tuple[str, ...]
-    price_per_hour: np.ndarray
     model_masks: Mapping[str, np.ndarray]
     healthy: np.ndarray  # bool per replica
     routable: np.ndarray  # healthy and weights warm
     live: np.ndarray  # LIVE_FIELDS x replicas
+    statics: FleetStatics
+    prefix: PrefixIndex | None = None
 
     @property
     def size(self) -> int:
         return len(self.names)
 
     @property
-    def in_flight(self) -> np.ndarray:
-        return self.live[IN_FLIGHT]
+    def price_per_hour(self) -> np.ndarray:
+        return self.statics.price_per_hour
 
-    @property
-    def running(self) -> np.ndarray:
-        return self.live[RUNNING]
+    def row(self, field: int) -> np.ndarray:
+        return self.live[field]
 
-    @property
-    def waiting(self) -> np.ndarray:
-        return self.live[WAITING]
-
-    @property
-    def kv_usage(self) -> np.ndarray:
-        return self.live[KV_USAGE]
-
-    @property
-    def prefix_queries(self) -> np.ndarray:
-        return self.live[PREFIX_QUERIES]
-
-    @property
-    def prefix_hits(self) -> np.ndarray:
-        return self.live[PREFIX_HITS]
-
-    @property
-    def weights(self) -> np.ndarray:
-        return self.live[WEIGHTS]
+    in_flight = property(lambda s: s.live[IN_FLIGHT])
+    running = property(lambda s: s.live[RUNNING])
+    waiting = property(lambda s: s.live[WAITING])
+    kv_usage = property(lambda s: s.live[KV_USAGE])
+    prefix_queries = property(lambda s: s.live[PREFIX_QUERIES])
+    prefix_hits = property(lambda s: s.live[PREFIX_HITS])
+    weights = property(lambda s: s.live[WEIGHTS])
+    kv_blocks_total = property(lambda s: s.live[KV_BLOCKS_TOTAL])
+    pending_prefill = property(lambda s: s.live[PENDING_PREFILL])
+    decoding = property(lambda s: s.live[DECODING])
+    active_blocks = property(lambda s: s.live[ACTIVE_BLOCKS])
+    recent_tokens = property(lambda s: s.live[RECENT_TOKENS])
+    ttft_ewma = property(lambda s: s.live[TTFT_EWMA])
+    tpot_ewma = property(lambda s: s.live[TPOT_EWMA])
+    ttft_ratio = property(lambda s: s.live[TTFT_RATIO])
+    tpot_ratio = property(lambda s: s.live[TPOT_RATIO])
+    since_scrape = property(lambda s: s.live[SINCE_SCRAPE])
 
     @property
     def metrics_age(self) -> np.ndarray:

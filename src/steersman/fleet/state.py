@@ -1,11 +1,13 @@
 """The live, mutable state of the fleet, owned by the gateway's IO edge.
 
-Writers: the request path (in-flight accounting), the metrics scraper and health
+Writers: the request path (what this gateway routed: in flight, pending prefill,
+decoding, KV blocks held, observed latencies), the metrics scraper and health
 checks.  Readers: policies, through :meth:`Fleet.snapshot` only.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -13,13 +15,16 @@ from types import MappingProxyType
 import numpy as np
 
 from steersman.clock import Clock
+from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.engines.base import EngineAdapter, EngineMetrics, ReplicaAddress
 from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import WEIGHTS_CODES, FleetSnapshot
+from steersman.fleet.statics import ReplicaSpec, build_statics
 
-__all__ = ["Replica", "Fleet"]
+__all__ = ["Replica", "Fleet", "Ticket"]
 
 _WARM = WEIGHTS_CODES["warm"]
+_MAX_RATIO = 100.0  # one wild observation must not poison the correction
 
 
 @dataclass(slots=True)
@@ -40,21 +45,41 @@ class Replica:
         self.address = ReplicaAddress(self.name, self.url)
 
 
+@dataclass(slots=True)
+class Ticket:
+    """What one routed request added to a replica's accounting (removed again at the end)."""
+
+    replica: int
+    uncached: int  # prompt tokens predicted to need prefill
+    blocks: int  # KV blocks the request holds (prompt + expected output)
+    started: float
+    batch: float = 1.0  # requests sharing the replica's steps when it joined (itself included)
+    predicted_ttft: float | None = None  # what the scheduler expected, to learn the per-replica correction
+    predicted_tpot: float | None = None
+    first_at: float | None = None
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
 
 
 class Fleet:
-    def __init__(self, replicas: Sequence[Replica], clock: Clock) -> None:
+    def __init__(self, replicas: Sequence[Replica], clock: Clock, settings: SchedulerSettings = DEFAULTS.scheduler) -> None:
         self.replicas = list(replicas)
         self.clock = clock
+        self.settings = settings
         n = len(self.replicas)
         self.live = np.zeros((len(S.LIVE_FIELDS), n))
         self.live[S.WEIGHTS] = _WARM
         self.live[S.SCRAPED_AT] = -np.inf
+        for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA):
+            self.live[row] = np.nan
+        self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = 1.0
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
+        self._recent_at = np.zeros(n)
+        self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self._static()
 
     def _static(self) -> None:
@@ -62,7 +87,7 @@ class Fleet:
         self._names = tuple(r.name for r in reps)
         self._gpus = tuple(r.gpu for r in reps)
         self._pools = tuple(r.pool for r in reps)
-        self._price = _frozen(np.array([r.price_per_hour for r in reps], dtype=float))
+        self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour) for r in reps])
         masks: dict[str, np.ndarray] = {}
         for r in reps:
             for m in r.models:
@@ -85,11 +110,52 @@ class Fleet:
         return self.live[S.IN_FLIGHT]
 
     # ---- request path -----------------------------------------------------
-    def begin(self, index: int) -> None:
-        self.live[S.IN_FLIGHT, index] += 1
+    def begin(self, index: int, uncached: int = 0, blocks: int = 0,
+              predicted_ttft: float | None = None, predicted_tpot: float | None = None) -> Ticket:
+        now = self.clock.now()
+        live = self.live
+        live[S.IN_FLIGHT, index] += 1
+        live[S.SINCE_SCRAPE, index] += 1
+        live[S.PENDING_PREFILL, index] += uncached
+        live[S.ACTIVE_BLOCKS, index] += blocks
+        decay = math.exp(-(now - self._recent_at[index]) / self.settings.recent_load_tau_s)
+        live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
+        self._recent_at[index] = now
+        batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
+        return Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot)
 
-    def end(self, index: int) -> None:
-        self.live[S.IN_FLIGHT, index] -= 1
+    def first_token(self, t: Ticket) -> None:
+        if t.first_at is not None:
+            return
+        now = self.clock.now()
+        t.first_at = now
+        live = self.live
+        live[S.PENDING_PREFILL, t.replica] -= t.uncached
+        live[S.DECODING, t.replica] += 1
+        ttft = now - t.started
+        self._ewma(S.TTFT_EWMA, t.replica, ttft)
+        if t.predicted_ttft:
+            self._ewma(S.TTFT_RATIO, t.replica, min(ttft / t.predicted_ttft, _MAX_RATIO))
+
+    def end(self, t: Ticket, output_tokens: int = 0) -> None:
+        live = self.live
+        i = t.replica
+        live[S.IN_FLIGHT, i] -= 1
+        live[S.ACTIVE_BLOCKS, i] -= t.blocks
+        if t.first_at is None:
+            live[S.PENDING_PREFILL, i] -= t.uncached
+        else:
+            live[S.DECODING, i] -= 1
+            if output_tokens > 1:
+                tpot = (self.clock.now() - t.first_at) / (output_tokens - 1)
+                self._ewma(S.TPOT_EWMA, i, tpot)
+                if t.predicted_tpot:
+                    self._ewma(S.TPOT_RATIO, i, min(tpot / t.predicted_tpot, _MAX_RATIO))
+
+    def _ewma(self, row: int, i: int, value: float) -> None:
+        old = self.live[row, i]
+        a = self.settings.latency_ewma_alpha
+        self.live[row, i] = value if math.isnan(old) else old + a * (value - old)
 
     # ---- scraper / health -------------------------------------------------
     def update_metrics(self, index: int, m: EngineMetrics) -> None:
@@ -99,10 +165,16 @@ class Fleet:
         col[S.KV_USAGE] = m.kv_usage
         col[S.PREFIX_QUERIES] = m.prefix_queries
         col[S.PREFIX_HITS] = m.prefix_hits
+        if m.kv_blocks_total is not None:
+            col[S.KV_BLOCKS_TOTAL] = m.kv_blocks_total
         if m.weights is not None:
+            was = col[S.WEIGHTS]
             col[S.WEIGHTS] = WEIGHTS_CODES.get(m.weights, _WARM)
+            if was == _WARM and col[S.WEIGHTS] != _WARM and self.prefix is not None:
+                self.prefix.forget_replica(index)  # weights reloaded: its KV cache is gone
             self._route(index)
         col[S.SCRAPED_AT] = self.clock.now()
+        col[S.SINCE_SCRAPE] = 0
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self.healthy[index] = healthy
@@ -117,9 +189,10 @@ class Fleet:
             names=self._names,
             gpus=self._gpus,
             pools=self._pools,
-            price_per_hour=self._price,
             model_masks=self._masks,
             healthy=_frozen(self.healthy.copy()),
             routable=_frozen(self.routable.copy()),
             live=_frozen(self.live.copy()),
+            statics=self.statics,
+            prefix=self.prefix,
         )

@@ -41,11 +41,15 @@ class GatewayMetrics:
         for fam in (self.requests, self.upstream_errors, self._ttft, self._itl, self._e2e):
             r.register(fam)
         self._in_flight = Gauge("steersman:requests_in_flight", "Requests being served.", registry=r)
+        self._queued = Gauge("steersman:requests_queued", "Requests waiting in the gateway queue.", registry=r)
         self._models: dict[str, _PerModel] = {}
 
     def track_in_flight(self, read: Callable[[], float]) -> None:
         """The in-flight gauge is read from the fleet's accounting at scrape time."""
         self._in_flight.set_function(read)
+
+    def track_queue(self, read: Callable[[], float]) -> None:
+        self._queued.set_function(read)
 
     def model(self, model: str) -> _PerModel:
         pm = self._models.get(model)

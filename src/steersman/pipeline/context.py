@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
 from steersman.http.server import HttpRequest
+from steersman.policy.request import SchedRequest
 
 __all__ = ["RequestContext"]
 
@@ -19,7 +22,15 @@ class RequestContext:
     started: float
     request: ChatCompletionRequest | CompletionRequest | None = None
     model: str = ""
+    tenant: Any = None  # steersman.control.TenantConfig once authenticated
+    sched: SchedRequest | None = None  # the typed scheduling context
+    waiter: Any = None  # asyncio.Future while queued in the gateway
+    admit: Any = None  # steersman.control.Admit: settled exactly once at the end
+    ticket: Any = None  # steersman.fleet.state.Ticket: the replica's accounting for this request
     replica: int | None = None
+    uncached_tokens: int = 0  # prompt tokens the chosen replica is predicted to prefill
+    output_tokens: int = 0  # completion tokens relayed (counted or from usage)
+    cached_tokens: int | None = None  # engine-reported prompt tokens served from its cache
     bytes_sent: bool = False  # body bytes reached the client: only continuation is allowed from here
     status: int = 0
 

@@ -22,10 +22,13 @@ __all__ = ["Forward"]
 class _Relay:
     """Body sink: writes engine bytes to the client and times the stream."""
 
-    __slots__ = ("ctx", "now", "ttft", "itl", "last", "prev", "chunk")
+    __slots__ = ("ctx", "fleet", "ticket", "now", "ttft", "itl", "last", "prev", "chunk", "events")
 
-    def __init__(self, ctx: RequestContext, clock: Clock, metrics: GatewayMetrics) -> None:
+    def __init__(self, ctx: RequestContext, fleet: Fleet, clock: Clock, metrics: GatewayMetrics) -> None:
         self.ctx = ctx
+        self.fleet = fleet
+        self.ticket = ctx.ticket
+        self.events = 0
         self.now = clock.now
         pm = metrics.model(ctx.model)
         self.ttft = pm.ttft
@@ -38,8 +41,11 @@ class _Relay:
         if self.last is None:
             self.ttft.observe(t - self.ctx.started)
             self.ctx.bytes_sent = True
+            if self.ticket is not None:
+                self.fleet.first_token(self.ticket)
         elif b"\n\n" in data:
             self.itl.observe(t - self.last)
+        self.events += data.count(b"data: ")
         self.last = t
         self.prev, self.chunk = self.chunk, data
         self.ctx.http.send(data)
@@ -61,7 +67,6 @@ class Forward:
         index = ctx.replica
         assert index is not None
         rep = self.fleet.replicas[index]
-        self.fleet.begin(index)
         ex: Exchange | None = None
         try:
             try:
@@ -75,16 +80,23 @@ class Forward:
                 return await self._engine_error(ctx, rep.name, ex)
             if not ctx.stream:
                 body = await ex.read()
+                if ctx.ticket is not None:
+                    self.fleet.first_token(ctx.ticket)
+                ctx.output_tokens = _usage_int(body, b'"completion_tokens":') or 0
+                ctx.cached_tokens = _usage_int(body, b'"cached_tokens":')
                 ctx.status = 200
                 ctx.http.respond(200, body)
                 return RESPONDED
-            return await self._relay(ctx, ex)
+            relay = _Relay(ctx, self.fleet, self.clock, self.metrics)
+            try:
+                return await self._relay(ctx, ex, relay)
+            finally:
+                ctx.output_tokens = max(0, relay.events - 2)  # one event per token, minus the role chunk and [DONE]
         except UpstreamError as e:
             self.metrics.upstream_error(rep.name, "broken")
             retry = Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE
             return Fail(upstream_failed(f"Engine {rep.name} failed mid-response: {e}", 502), retry)
         finally:
-            self.fleet.end(index)
             if ex is not None:
                 ex.abort()  # no-op when the response completed
 
@@ -100,11 +112,10 @@ class Forward:
         ctx.http.respond(ex.status, body, ctype)
         return RESPONDED
 
-    async def _relay(self, ctx: RequestContext, ex: Exchange) -> Outcome:
+    async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay) -> Outcome:
         req = ctx.http
         req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n")
         ctx.status = 200
-        relay = _Relay(ctx, self.clock, self.metrics)
         req.producer = ex
         ex.pipe(relay)
         await ex.done()
@@ -113,3 +124,18 @@ class Forward:
             return Fail(err, Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
         req.end_stream()
         return RESPONDED
+
+
+def _usage_int(body: bytes, key: bytes) -> int | None:
+    """An integer field of the ``usage`` object of a whole response (the last occurrence), or None."""
+    i = body.rfind(key)
+    if i == -1:
+        return None
+    j = i + len(key)
+    k = j
+    while k < len(body) and body[k : k + 1] in b" 0123456789":
+        k += 1
+    try:
+        return int(body[j:k])
+    except ValueError:
+        return None

@@ -1,16 +1,15 @@
-"""The stages of the gateway's request path: parse -> resolve model -> route (-> forward)."""
+"""The first stages of the gateway's request path: parse the body, resolve the model."""
 
 from __future__ import annotations
 
-from steersman.api.errors import ApiError, not_found_model, unavailable
+from steersman.api.errors import ApiError, not_found_model
 from steersman.api.schema import decode_chat, decode_completion
 from steersman.config import GatewaySettings
 from steersman.fleet.state import Fleet
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
-from steersman.policy.base import Reject, RequestView, RoutingPolicy
 
-__all__ = ["ParseRequest", "ResolveModel", "RouteRequest"]
+__all__ = ["ParseRequest", "ResolveModel"]
 
 
 class ParseRequest:
@@ -44,26 +43,4 @@ class ResolveModel:
     async def run(self, ctx: RequestContext) -> Outcome:
         if not self.fleet.has_model(ctx.model):
             return Fail(not_found_model(ctx.model), Retry.NEVER)
-        return CONTINUE
-
-
-class RouteRequest:
-    """Ask the routing policy for a replica, on a frozen snapshot of the fleet."""
-
-    name = "route"
-
-    def __init__(self, fleet: Fleet, policy: RoutingPolicy) -> None:
-        self.fleet = fleet
-        self.policy = policy
-
-    async def run(self, ctx: RequestContext) -> Outcome:
-        req = ctx.request
-        assert req is not None
-        view = RequestView(
-            model=ctx.model, kind=ctx.kind, stream=req.stream, max_tokens=req.output_limit, priority=req.priority, seq=ctx.seq
-        )
-        decision = self.policy.pick(self.fleet.snapshot(), view)
-        if isinstance(decision, Reject):
-            return Fail(unavailable(decision.reason, decision.retry_after, "no_healthy_replica"), Retry.NEVER)
-        ctx.replica = decision.replica
         return CONTINUE

@@ -1,10 +1,27 @@
-"""Routing policies (pure: snapshot + request -> decision), registered by name."""
+"""Scheduling: pure policies over frozen fleet snapshots, built from registered plugins.
 
-from steersman.policy.base import POLICIES, Decision, Reject, RequestView, Route, RoutingPolicy
-from steersman.policy.least_outstanding import LeastOutstanding
+``make_policy(name)`` gives a named profile: ``steersman`` (the model-based
+default) or a baseline (``round-robin``, ``random``, ``least-request``,
+``power-of-two``, ``sglang-cache-aware``, ``llm-d``, ``dynamo-kv``, ``preble-e2``).
+"""
 
-__all__ = ["POLICIES", "Decision", "LeastOutstanding", "Reject", "RequestView", "Route", "RoutingPolicy", "make_policy"]
+from steersman.config import DEFAULTS, SchedulerSettings
+from steersman.policy import model_based, predict, scorers  # noqa: F401  (registers plugins)
+from steersman.policy.base import POLICIES, Decision, Queue, Reject, Route, RoutingPolicy
+from steersman.policy.framework import FILTERS, PICKERS, PLUGIN_LATENCY, SCORERS, DecisionContext, Profile, WeightedScorer, build
+from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest, WorkflowView
+
+try:  # baselines register themselves on import
+    from steersman.policy import baselines  # noqa: F401
+except ImportError:  # pragma: no cover - during development of the baselines package
+    baselines = None
+
+__all__ = [
+    "POLICIES", "PLUGIN_LATENCY", "FILTERS", "SCORERS", "PICKERS", "Decision", "Route", "Queue", "Reject", "RoutingPolicy",
+    "DecisionContext", "Profile", "WeightedScorer", "build", "make_policy",
+    "SchedRequest", "LatencyBudget", "PriorityClass", "WorkflowView",
+]
 
 
-def make_policy(name: str) -> RoutingPolicy:
-    return POLICIES.get(name)()
+def make_policy(name: str, settings: SchedulerSettings = DEFAULTS.scheduler) -> RoutingPolicy:
+    return POLICIES.get(name)(settings)

@@ -7,45 +7,47 @@ from typing import Protocol, runtime_checkable
 
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.plugins import Registry
+from steersman.policy.request import SchedRequest
 
-__all__ = ["RequestView", "Route", "Reject", "Decision", "RoutingPolicy", "POLICIES"]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestView:
-    """What a policy may know about a request."""
-
-    model: str
-    kind: str  # "chat" | "completion"
-    stream: bool
-    max_tokens: int | None = None
-    priority: int = 0
-    seq: int = 0  # the gateway's request counter: a deterministic tie-breaker
+__all__ = ["Route", "Queue", "Reject", "Decision", "RoutingPolicy", "POLICIES"]
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
+    """Send the request to ``replica`` now."""
+
     replica: int
     reason: str = ""
+    predicted_ttft_s: float | None = None
+    predicted_tpot_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """Hold the request in the gateway until capacity frees ("delay work")."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
 class Reject:
+    """Refuse the request (the gateway answers 503 with ``Retry-After``)."""
+
     reason: str
     retry_after: float | None = None
 
 
-Decision = Route | Reject
+Decision = Route | Queue | Reject
 
 
 @runtime_checkable
 class RoutingPolicy(Protocol):
     name: str
 
-    def pick(self, snapshot: FleetSnapshot, request: RequestView) -> Decision:
-        """Choose a replica for ``request``; must not do IO or read the clock."""
+    def pick(self, snapshot: FleetSnapshot, request: SchedRequest) -> Decision:
+        """Choose what to do with ``request``; must not do IO or read the clock."""
         ...
 
 
-#: Routing policies by name (``policy:`` in the fleet file).
+#: Routing policies (named profiles) by name: ``factory(settings) -> RoutingPolicy``.
 POLICIES: Registry = Registry("routing policy")

@@ -135,6 +135,13 @@ class Roofline:
         )
         return duration, lc + pc + dc + hc, lm + pm + dm + hm + elt
 
+    def coefficients(self) -> dict[str, float]:
+        """The precomputed constants by name (``lin_c``, ``lin_c0``, ..., ``ar_lat``, ``ar_tok``),
+        for callers that vectorise :meth:`cost` over many replicas."""
+        out = {k: getattr(self, "_" + k) for k in ("lin_c", "lin_c0", "lin_m", "elt", "fixed", "attn_c", "kv_m", "head_c", "head_m")}
+        out["ar_lat"], out["ar_tok"] = self._ar
+        return out
+
     def decode_step(self, batch: int, context_sum: int) -> float:
         """Duration of a step of ``batch`` decoding requests whose contexts sum to ``context_sum``."""
         return self.cost(batch, 0.0, 0, context_sum, batch)[0]

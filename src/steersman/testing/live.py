@@ -30,8 +30,9 @@ class LiveFleet:
         self,
         sims: Sequence[SimServerConfig] = (),
         scripted: Sequence[Script] = (),
-        policy: str = "least-outstanding",
+        policy: str = "steersman",
         gateway: dict[str, Any] | None = None,
+        extra: dict[str, Any] | None = None,
         with_gateway: bool = True,
         endpoints: Sequence[dict[str, Any]] = (),
     ) -> None:
@@ -41,6 +42,7 @@ class LiveFleet:
         self.gateway_overrides = {"port": 0, **(gateway or {})}
         self.with_gateway = with_gateway
         self.extra_endpoints = list(endpoints)  # engines running elsewhere (fleet-file endpoint entries)
+        self.extra = dict(extra or {})  # more fleet-file sections: scheduler, admission, tenants, api_keys
         self.sims: list[SimServer] = []
         self.scripted: list[ScriptedEngine] = []
         self.gateway: Gateway | None = None
@@ -99,7 +101,7 @@ class LiveFleet:
             endpoints.append({"name": f"scripted-{i}", "url": e.url, "engine": "openai", "models": [script.model]})
         endpoints += self.extra_endpoints
         if self.with_gateway:
-            cfg = parse_fleet({"gateway": self.gateway_overrides, "policy": self.policy, "endpoints": endpoints}, "LiveFleet")
+            cfg = parse_fleet({"gateway": self.gateway_overrides, "policy": self.policy, "endpoints": endpoints, **self.extra}, "LiveFleet")
             self.gateway = Gateway(cfg)
             await self.gateway.start()
 

@@ -1,0 +1,34 @@
+"""Settings of admission control: tenants, rate limits, workflows and the gateway queue."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steersman.config._base import setting
+
+__all__ = ["AdmissionSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    queue_max_entries: int = setting(
+        1024, "Envoy cluster circuit breaker max_pending_requests default 1024: requests waiting for capacity"
+    )
+    rate_burst_s: float = setting(
+        60.0,
+        "token bucket capacity = one minute's worth of a tenant's per-minute limit, like Envoy's local rate limit "
+        "token_bucket with max_tokens = tokens_per_fill and fill_interval 60 s (refilled continuously here)",
+    )
+    open_tenant: str = setting("default", "issue #3: with no API keys configured every request is the 'default' tenant")
+    default_priority: str = setting(
+        "standard", "issue #3: a tenant (or open mode) that names no priority class gets the middle band 'standard'"
+    )
+    workflow_max_entries: int = setting(
+        100_000, "bounded memory: 100k tracked workflows at ~0.4 KB each is ~40 MB; the least recently used go first"
+    )
+    workflow_idle_ttl_s: float = setting(
+        3600.0,
+        "a workflow idle for 1 h is forgotten: the longest prompt-cache TTL hosted APIs offer (Anthropic extended "
+        "cache 1 h), after which resuming pays the full prefill again",
+    )
+    workflow_id_max_chars: int = setting(256, "W3C Trace Context caps a tracestate value at 256 characters")

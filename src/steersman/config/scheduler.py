@@ -1,0 +1,52 @@
+"""Settings of the scheduler: fleet accounting, saturation, prefix index, SLO classes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from collections.abc import Mapping
+
+from steersman.config._base import setting
+
+__all__ = ["SchedulerSettings", "SloClass"]
+
+
+@dataclass(frozen=True, slots=True)
+class SloClass:
+    ttft_s: float | None
+    tpot_s: float | None
+
+
+_SLO = MappingProxyType(
+    {
+        "interactive": SloClass(0.45, 0.040),
+        "standard": SloClass(2.0, 0.200),
+        "batch": SloClass(None, None),
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    profile: str = setting("steersman", "issue #3: the default profile is the model-based one")
+    slo_classes: Mapping[str, SloClass] = setting(
+        _SLO,
+        "MLPerf Inference v5.0 Llama-2-70B latency constraints: interactive TTFT 450 ms / TPOT 40 ms, "
+        "server (standard) TTFT 2 s / TPOT 200 ms; batch has no latency target (OpenAI Batch API: 24 h window)",
+    )
+    default_slo: str = setting("standard", "requests that name no SLO class get the server scenario targets")
+    latency_ewma_alpha: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing default 0.2")
+    recent_load_tau_s: float = setting(
+        60.0, "Preble weighs load over a recent window H; we decay routed work with a 60 s time constant"
+    )
+    prefix_index_max_mib: float = setting(
+        128.0, "bounded approximate prefix index (peers grow until OOM): 128 MiB ~ 750k block entries"
+    )
+    saturation_queue_depth: int = setting(5, "Gateway API Inference Extension saturation detector queueDepthThreshold 5")
+    saturation_kv_usage: float = setting(0.8, "Gateway API Inference Extension saturation detector kvCacheUtilThreshold 0.8")
+    saturation_staleness_s: float = setting(
+        0.2, "Gateway API Inference Extension metricsStalenessThreshold 200 ms: stale metrics count as saturated"
+    )
+    initial_output_estimate: int = setting(
+        211, "expected output tokens before any are observed: mean of the Azure LLM 2023 conversation trace"
+    )

@@ -1,0 +1,132 @@
+"""Admission: may this tenant's request enter now?  And can its deadline still be met?
+
+:class:`DefaultAdmitter` checks, in order: the tenant's dollar budget
+(:class:`OverBudget`), then its request and token buckets, all or nothing
+(:class:`TooLarge` if the request alone exceeds the token bucket,
+:class:`Throttle` with ``retry_after`` otherwise).  An :class:`Admit` holds the
+reservation; the gateway must end every admitted request exactly once with
+:meth:`~DefaultAdmitter.settle` (it ran: real tokens and cost) or
+:meth:`~DefaultAdmitter.release` (it never ran: shed, expired, cancelled while
+queued).
+
+:func:`check_deadline` refuses early a request whose absolute deadline cannot be
+met given the scheduler's best predicted completion time (:class:`Infeasible`,
+503 with ``Retry-After``).
+
+Each refusal type has ``status`` (HTTP) and ``code`` (OpenAI error code) class
+attributes, a human ``reason`` and ``retry_after`` (seconds, or ``None`` when
+retrying cannot help).  Pure: ``now`` comes from the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Protocol, runtime_checkable
+
+from steersman.config.admission import AdmissionSettings
+from steersman.control.budget import BudgetLedger, OverBudget
+from steersman.control.ratelimit import RateLimiter, Reservation, Throttle, TooLarge
+from steersman.control.tenants import TenantConfig
+from steersman.policy.request import SchedRequest
+
+__all__ = [
+    "Admit", "Infeasible", "AdmissionDecision", "Refusal", "Admitter", "DefaultAdmitter", "check_deadline",
+    "Throttle", "TooLarge", "OverBudget",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Admitted: ``reservation`` must be settled or released exactly once."""
+
+    tenant: TenantConfig
+    reservation: Reservation
+
+
+@dataclass(frozen=True, slots=True)
+class Infeasible:
+    """The deadline cannot be met: 503; ``retry_after`` None when no retry with the same window can succeed."""
+
+    reason: str
+    retry_after: float | None
+    status: ClassVar[int] = 503
+    code: ClassVar[str] = "deadline_infeasible"
+
+
+Refusal = Throttle | TooLarge | OverBudget
+AdmissionDecision = Admit | Throttle | TooLarge | OverBudget
+
+
+@runtime_checkable
+class Admitter(Protocol):
+    """Decides whether a request may enter; no IO, no clock reads."""
+
+    def admit(self, req: SchedRequest, tenant: TenantConfig, now: float) -> AdmissionDecision: ...
+
+    def settle(self, ticket: Admit, *, used_tokens: int, cost_usd: float, now: float) -> None: ...
+
+    def release(self, ticket: Admit, now: float) -> None: ...
+
+
+class DefaultAdmitter:
+    """Budget, then request and token buckets."""
+
+    def __init__(
+        self,
+        settings: AdmissionSettings = AdmissionSettings(),
+        limiter: RateLimiter | None = None,
+        ledger: BudgetLedger | None = None,
+    ) -> None:
+        self.limiter = limiter if limiter is not None else RateLimiter(settings)
+        self.ledger = ledger if ledger is not None else BudgetLedger()
+
+    def admit(self, req: SchedRequest, tenant: TenantConfig, now: float) -> AdmissionDecision:
+        if req.tenant != tenant.name:
+            raise ValueError(f"request of tenant {req.tenant!r} admitted as tenant {tenant.name!r}")
+        over = self.ledger.check(tenant)
+        if over is not None:
+            return over
+        tokens = req.prompt_tokens + req.expected_output
+        got = self.limiter.reserve(tenant, tokens, now)
+        if isinstance(got, Reservation):
+            return Admit(tenant, got)
+        return got
+
+    def settle(self, ticket: Admit, *, used_tokens: int, cost_usd: float, now: float) -> None:
+        """The request ran: refund or charge the token difference, add its cost to the budget."""
+        self.limiter.settle(ticket.reservation, used_tokens, now)
+        self.ledger.charge(ticket.tenant.name, cost_usd)
+
+    def release(self, ticket: Admit, now: float) -> None:
+        """The request never ran: give back its request slot and tokens."""
+        self.limiter.release(ticket.reservation, now)
+
+
+def check_deadline(deadline: float | None, predicted_finish: float, now: float, *, min_service_s: float | None = None) -> Infeasible | None:
+    """``None`` if ``deadline`` (absolute, ``LatencyBudget.deadline``) can be met, else why not.
+
+    ``predicted_finish`` is the scheduler's best predicted completion time
+    (absolute); ``min_service_s``, if known, the request's own run time on an
+    idle replica.  ``retry_after = predicted_finish - deadline``: a client that
+    retries that much later with the same relative window gets a deadline that
+    much later, while the work ahead of it has drained by at least as much if
+    nothing new arrives.  It is ``None`` when retrying cannot help: the deadline
+    has passed, or the request alone needs longer than its window.
+    """
+    if deadline is None:
+        return None
+    for name, v in (("deadline", deadline), ("predicted_finish", predicted_finish), ("now", now)):
+        if math.isnan(v):
+            raise ValueError(f"{name} must be a number, got NaN")
+    if deadline <= now:
+        return Infeasible(f"the deadline passed {now - deadline:.3f} s ago", None)
+    if predicted_finish <= deadline:
+        return None
+    window = deadline - now
+    if min_service_s is not None and min_service_s > window:
+        return Infeasible(f"the request needs at least {min_service_s:.3f} s but its deadline is {window:.3f} s away", None)
+    if math.isinf(predicted_finish):
+        return Infeasible(f"no completion time can be predicted within its deadline ({window:.3f} s away)", None)
+    late = predicted_finish - deadline
+    return Infeasible(f"predicted to finish {late:.3f} s after its deadline ({window:.3f} s away)", late)

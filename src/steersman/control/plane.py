@@ -1,0 +1,177 @@
+"""The control plane's decision core: admission, scheduling and the gateway queue as one machine.
+
+Pure and synchronous: callers pass ``now``, fleet snapshots and opaque items (the
+live gateway passes its pending requests and waits on futures; the digital twin
+passes simulated requests and schedules events).  Every call returns typed
+outcomes saying what to do with which item:
+
+* :meth:`ControlPlane.arrive` — a new request: :class:`Dispatch` it to a replica,
+  let it :class:`Wait` in the queue, or :class:`Refuse` it (429 rate limit or
+  budget, 503 no capacity / infeasible deadline / shed).  Queueing may shed an
+  older, less important request: it comes back as a ``(victim, Refuse)`` pair.
+* :meth:`ControlPlane.dispatch` — capacity may have freed: queued requests that
+  can now run, in queue order.
+* :meth:`ControlPlane.expire` — queued requests whose deadline can no longer be met.
+* :meth:`ControlPlane.finish` / :meth:`ControlPlane.abandon` — a dispatched request
+  ended (settle tokens and spend) / a queued one was given up by its client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from steersman.config import DEFAULTS, SchedulerSettings
+from steersman.control.admission import Admit, Admitter, check_deadline
+from steersman.control.queue import Enqueued, GatewayQueue
+from steersman.control.tenants import TenantConfig
+from steersman.fleet.snapshot import FleetSnapshot
+from steersman.policy.base import Queue, Reject, Route, RoutingPolicy
+from steersman.policy.framework import DecisionContext
+from steersman.policy.request import SchedRequest
+from steersman.policy.saturation import saturated
+
+__all__ = ["Dispatch", "Wait", "Refuse", "ControlPlane"]
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    route: Route
+    admit: Admit
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    status: int
+    code: str
+    reason: str
+    retry_after: float | None = None
+
+
+@dataclass(slots=True)
+class _Queued:
+    req: SchedRequest
+    admit: Admit
+
+
+def _earliest_finish(snapshot: FleetSnapshot, req: SchedRequest) -> float:
+    """Best predicted completion time over every candidate, ignoring saturation (a lower bound)."""
+    idx = snapshot.candidates(req.model)
+    if idx.size == 0:
+        return np.inf
+    pred = DecisionContext(snapshot, req, idx).feature_base("prediction")
+    return snapshot.time + float(np.min(pred.e2e))
+
+
+class ControlPlane:
+    def __init__(self, policy: RoutingPolicy, admitter: Admitter, queue: GatewayQueue,
+                 settings: SchedulerSettings = DEFAULTS.scheduler) -> None:
+        self.policy = policy
+        self.admitter = admitter
+        self.queue = queue
+        self.settings = settings
+        self._waiting: dict[Any, _Queued] = {}
+
+    # ---- arrivals ------------------------------------------------------------------
+    def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
+               now: float) -> tuple[Dispatch | Wait | Refuse, list[tuple[Any, Refuse]]]:
+        a = self.admitter.admit(req, tenant, now)
+        if not isinstance(a, Admit):
+            return Refuse(a.status, a.code, a.reason, a.retry_after), []
+        if req.budget.deadline is not None:  # rejected at once, not queued or sent to time out
+            late = check_deadline(req.budget.deadline, _earliest_finish(snapshot, req), now)
+            if late is not None:
+                self.admitter.release(a, now)
+                return Refuse(late.status, late.code, late.reason, late.retry_after), []
+        decision = self.policy.pick(snapshot, req)
+        if isinstance(decision, Route):
+            return Dispatch(decision, a), []
+        if isinstance(decision, Reject):
+            self.admitter.release(a, now)
+            return Refuse(503, "no_capacity", decision.reason, decision.retry_after), []
+        assert isinstance(decision, Queue)
+        pushed = self.queue.push(item, req, now, weight=tenant.weight)
+        if isinstance(pushed, Enqueued):
+            self._waiting[item] = _Queued(req, a)
+            return Wait(pushed.depth), []
+        if pushed.newcomer:
+            self.admitter.release(a, now)
+            return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
+        self._waiting[item] = _Queued(req, a)
+        victim = self._waiting.pop(pushed.item)
+        self.admitter.release(victim.admit, now)
+        shed = Refuse(503, "shed", "shed from the gateway queue for more important requests", 1.0)
+        return Wait(len(self.queue)), [(pushed.item, shed)]
+
+    # ---- capacity freed ----------------------------------------------------------------
+    def servable_models(self, snapshot: FleetSnapshot) -> set[str]:
+        """Models waiting in the queue that have a routable, unsaturated replica."""
+        out = set()
+        for model in self.queue.waiting_models():
+            idx = snapshot.candidates(model)
+            if idx.size and not saturated(snapshot, idx, self.settings).all():
+                out.add(model)
+        return out
+
+    def dispatch(self, snapshot_fn: Callable[[], FleetSnapshot], now: float, limit: int = 64) -> list[tuple[Any, Dispatch]]:
+        """Pop queued requests that can run now (at most ``limit``), routing each on a fresh snapshot.
+
+        The caller must start each returned dispatch (the fleet's accounting moves)
+        before the next snapshot is taken; ``snapshot_fn`` is called once per pop.
+        """
+        out: list[tuple[Any, Dispatch]] = []
+        while len(out) < limit and len(self.queue):
+            snap = snapshot_fn()
+            models = self.servable_models(snap)
+            if not models:
+                break
+            item = self.queue.pop(now, models=models)
+            if item is None:
+                break
+            q = self._waiting.pop(item)
+            decision = self.policy.pick(snap, q.req)
+            if isinstance(decision, Route):
+                out.append((item, Dispatch(decision, q.admit)))
+                continue
+            # saturation moved between the check and the decision: back in line, try later
+            self._waiting[item] = q
+            self.queue.push(item, q.req, now)
+            break
+        return out
+
+    def expire(self, snapshot: FleetSnapshot, now: float) -> list[tuple[Any, Refuse]]:
+        """Queued requests whose deadline passed or can no longer be met."""
+        def feasible(item: Any, t: float) -> bool:
+            q = self._waiting.get(item)
+            return q is None or check_deadline(q.req.budget.deadline, _earliest_finish(snapshot, q.req), t) is None
+
+        out = []
+        for item in self.queue.expire(now, feasible):
+            q = self._waiting.pop(item, None)
+            if q is not None:
+                self.admitter.release(q.admit, now)
+                out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", None)))
+        return out
+
+    # ---- endings -------------------------------------------------------------------------
+    def abandon(self, item: Any, now: float) -> None:
+        """A queued request's client went away (or the caller gave up on it)."""
+        q = self._waiting.pop(item, None)
+        if q is not None:
+            self.queue.remove(item)
+            self.admitter.release(q.admit, now)
+
+    def finish(self, admit: Admit, used_tokens: int, cost_usd: float, now: float) -> None:
+        self.admitter.settle(admit, used_tokens=used_tokens, cost_usd=cost_usd, now=now)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)

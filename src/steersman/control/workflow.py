@@ -1,0 +1,178 @@
+"""Agent workflows: what a task has already cost, and how much a failure of its next step would waste.
+
+A client marks the calls of one task with headers (names lower-case, as the HTTP
+server stores them):
+
+* ``x-steersman-workflow-id``: the task (scoped to the tenant, so tenants cannot
+  touch each other's workflows);
+* ``x-steersman-workflow-step``: k, this call's 1-based step (optional: when
+  absent, k = calls recorded so far + 1);
+* ``x-steersman-workflow-steps``: n, the expected number of steps (optional,
+  remembered from earlier calls).
+
+The tracker keeps, per workflow, the calls completed, tokens used, dollars spent
+(the *sunk cost*) and the start time, in an LRU bounded by
+``workflow_max_entries`` that also forgets workflows idle for
+``workflow_idle_ttl_s``.
+
+**Protection value** (what the scheduler protects under overload)::
+
+    value    = sunk_usd * (1 + progress)
+    progress = (k - 1) / n        (0 when n is unknown or k = 1; at most 1)
+
+It is what a failure of this request would waste -- the money already spent on
+the task -- weighted up to 2x by how far the task got, since a late step is
+closer to delivering the result and cheaper to finish.  The first step of a new
+workflow has value 0, so under overload new workflows' first steps are shed
+before in-flight workflows' late steps.  Sunk cost is measured by the gateway,
+not claimed by the client; the client-supplied k and n can at most double it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from steersman.config.admission import AdmissionSettings
+from steersman.policy.request import WorkflowView
+
+__all__ = [
+    "WorkflowTracker", "WorkflowHeaders", "WorkflowHeaderError", "parse_workflow_headers", "protection_value",
+    "WORKFLOW_ID_HEADER", "WORKFLOW_STEP_HEADER", "WORKFLOW_STEPS_HEADER",
+]
+
+WORKFLOW_ID_HEADER = "x-steersman-workflow-id"
+WORKFLOW_STEP_HEADER = "x-steersman-workflow-step"
+WORKFLOW_STEPS_HEADER = "x-steersman-workflow-steps"
+
+
+class WorkflowHeaderError(ValueError):
+    """A workflow header is invalid (the gateway answers 400); ``header`` names it."""
+
+    def __init__(self, header: str, message: str) -> None:
+        super().__init__(message)
+        self.header = header
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowHeaders:
+    workflow_id: str
+    step: int | None  # k, 1-based
+    steps: int | None  # n
+
+
+def protection_value(spent_usd: float, step: int, steps: int | None) -> float:
+    """``spent_usd * (1 + progress)`` with ``progress = (step - 1) / steps`` clamped to [0, 1]."""
+    progress = 0.0 if not steps or step <= 1 else min(1.0, (step - 1) / steps)
+    return spent_usd * (1.0 + progress)
+
+
+def _positive_int(headers: Mapping[str, str], name: str) -> int | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    s = raw.strip()
+    if not s.isascii() or not s.isdigit() or len(s) > 9 or int(s) < 1:
+        raise WorkflowHeaderError(name, f"{name} must be an integer >= 1, got {raw!r}")
+    return int(s)
+
+
+def parse_workflow_headers(headers: Mapping[str, str], max_id_chars: int = AdmissionSettings().workflow_id_max_chars) -> WorkflowHeaders | None:
+    """The workflow headers of a request (lower-case names), ``None`` if it is not part of a workflow."""
+    wid = headers.get(WORKFLOW_ID_HEADER)
+    step = _positive_int(headers, WORKFLOW_STEP_HEADER)
+    steps = _positive_int(headers, WORKFLOW_STEPS_HEADER)
+    if wid is None:
+        for name, v in ((WORKFLOW_STEP_HEADER, step), (WORKFLOW_STEPS_HEADER, steps)):
+            if v is not None:
+                raise WorkflowHeaderError(name, f"{name} needs {WORKFLOW_ID_HEADER}")
+        return None
+    wid = wid.strip()
+    if not wid or len(wid) > max_id_chars or not wid.isprintable():
+        raise WorkflowHeaderError(
+            WORKFLOW_ID_HEADER, f"{WORKFLOW_ID_HEADER} must be 1 to {max_id_chars} printable characters"
+        )
+    if step is not None and steps is not None and step > steps:
+        raise WorkflowHeaderError(
+            WORKFLOW_STEP_HEADER, f"{WORKFLOW_STEP_HEADER} ({step}) must be <= {WORKFLOW_STEPS_HEADER} ({steps})"
+        )
+    return WorkflowHeaders(wid, step, steps)
+
+
+class _State:
+    __slots__ = ("started", "last_seen", "calls", "tokens", "spent_usd", "steps")
+
+    def __init__(self, now: float) -> None:
+        self.started = now
+        self.last_seen = now
+        self.calls = 0
+        self.tokens = 0
+        self.spent_usd = 0.0
+        self.steps: int | None = None
+
+
+class WorkflowTracker:
+    """Per-(tenant, workflow) usage in a bounded LRU with an idle TTL."""
+
+    def __init__(self, settings: AdmissionSettings = AdmissionSettings()) -> None:
+        if settings.workflow_max_entries < 1:
+            raise ValueError(f"workflow_max_entries must be >= 1, got {settings.workflow_max_entries}")
+        if not settings.workflow_idle_ttl_s > 0:
+            raise ValueError(f"workflow_idle_ttl_s must be > 0, got {settings.workflow_idle_ttl_s}")
+        self._max = settings.workflow_max_entries
+        self._ttl = settings.workflow_idle_ttl_s
+        self._states: OrderedDict[tuple[str, str], _State] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def _evict(self, now: float) -> None:
+        states = self._states
+        while states:
+            key, oldest = next(iter(states.items()))
+            if len(states) <= self._max and oldest.last_seen + self._ttl > now:
+                break
+            del states[key]
+
+    def _touch(self, key: tuple[str, str], now: float) -> _State:
+        state = self._states.get(key)
+        if state is not None and state.last_seen + self._ttl <= now:
+            del self._states[key]  # idle too long: a new task under an old id
+            state = None
+        if state is None:
+            state = self._states[key] = _State(now)
+        else:
+            self._states.move_to_end(key)
+            state.last_seen = max(state.last_seen, now)
+        self._evict(now)
+        return state
+
+    def track(self, tenant: str, headers: WorkflowHeaders, now: float) -> WorkflowView:
+        """A request of this workflow starts: its view, with the protection value."""
+        state = self._touch((tenant, headers.workflow_id), now)
+        if headers.steps is not None:
+            state.steps = headers.steps
+        step = headers.step if headers.step is not None else state.calls + 1
+        return WorkflowView(
+            workflow_id=headers.workflow_id,
+            step=step,
+            steps=state.steps,
+            calls=state.calls,
+            tokens=state.tokens,
+            spent_usd=state.spent_usd,
+            started=state.started,
+            value=protection_value(state.spent_usd, step, state.steps),
+        )
+
+    def record(self, tenant: str, workflow_id: str, *, tokens: int, cost_usd: float, now: float) -> None:
+        """A call of this workflow ended having used ``tokens`` and cost ``cost_usd``."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"tokens must be an int >= 0, got {tokens!r}")
+        if not (isinstance(cost_usd, (int, float)) and math.isfinite(cost_usd) and cost_usd >= 0):
+            raise ValueError(f"cost_usd must be a finite number >= 0, got {cost_usd!r}")
+        state = self._touch((tenant, workflow_id), now)
+        state.calls += 1
+        state.tokens += tokens
+        state.spent_usd += float(cost_usd)

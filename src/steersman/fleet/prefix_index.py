@@ -1,0 +1,360 @@
+"""The approximate prefix index: which replica probably holds which prompt blocks, in bounded memory.
+
+Learned from the gateway's own routing (:meth:`PrefixIndex.record`: the request's
+blocks now live where it was sent) and corrected by what engines report
+(:meth:`PrefixIndex.correct`, :meth:`PrefixIndex.forget_replica`).  Keys are the
+chained 16-token block hashes of :func:`steersman.text.block_hashes`, so a hash
+stands for its whole prefix.
+
+**Memory is bounded** (peer routers' trees grow until OOM).  The layout is a
+*generational* LRU: a few plain dicts ``block hash -> holders``, newest last.
+``record`` moves the blocks it touches into the newest generation; when that one
+is full a new one starts and the oldest is dropped whole.  That is LRU at the
+granularity of a generation, at ~80 bytes per block instead of ~270 for an
+``OrderedDict`` with per-entry LRU under churn (both measured with tracemalloc),
+so ~3x more blocks fit in the same budget.  Capacity comes from measured costs
+(bytes per slot of a large dict, bytes per hash object): each generation is a
+dict filled exactly to the usable size of its power-of-two table, so it never
+over-allocates, and the budget reserves the newest generation's growth and its
+last resize.  Holder sets of several replicas are Python-int bitmasks whose
+bytes are counted as they are stored; if they push the total over the budget
+the oldest generation goes early.  A block held by a single replica (the common
+case) stores a per-replica shared object: it costs nothing beyond its key.
+
+Each generation has a one-hash Bloom filter (12 bits per block, ~8% false
+positives) so that a block absent from a generation costs a bit test in a small,
+cache-resident array instead of a cache-missing probe of a large dict.
+
+**Matching is O(log n) lookups, not O(n).**  Because hashes are chained, a
+replica holding block *i* almost always holds blocks ``< i`` (blocks of one
+request enter and leave a generation together; engines evict leaves first).
+:meth:`match` walks the prompt over runs of blocks with the same holder set and
+binary-searches the end of each run.  It is exact when every holder set covers
+one contiguous run of the prompt; a block dropped alone in the middle of a run
+(e.g. by :meth:`correct` on a shorter prompt) can be jumped over, crediting a
+replica with blocks past its hole.
+
+Forgetting a replica is O(generations): existing generations remember it as
+*stale* (masked out on read, stripped when an entry moves) and a fresh
+generation starts for what is recorded afterwards.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["PrefixIndex", "measured_costs"]
+
+_MIN_GENS, _MAX_GENS = 2, 8
+#: Share of the budget the index's own structures may use.  The rest is left to the allocators:
+#: pymalloc arenas and the C heap keep freed memory around, and over 20M inserted blocks the
+#: process RSS settled ~8% above the bytes :meth:`PrefixIndex.nbytes_estimate` counts.
+_STRUCTURES = 0.9
+_MAX_LEVELS = 32  # holder-set changes handled by binary search before walking block by block
+
+
+@functools.cache
+def measured_costs() -> tuple[float, int]:
+    """(bytes per table slot of a large int-keyed dict, bytes per block-hash int object), measured once."""
+    k = 17  # 4-byte index entries, as for every table size the index uses
+    d = {key: None for key in range(1 << 62, (1 << 62) + (2 << k) // 3)}
+    slot = (sys.getsizeof(d) - sys.getsizeof({})) / (1 << k)
+    key = -(-sys.getsizeof(-(1 << 62)) // 16) * 16  # a 64-bit hash, rounded up to pymalloc's 16-byte classes
+    return slot, key
+
+
+def _layout(max_bytes: float, fixed: float) -> tuple[int, int, int]:
+    """(log2 table slots of a generation, its entries, number of generations) that hold the most."""
+    slot, key = measured_costs()
+    best = None
+    for k in range(6, 30):
+        usable = (2 << k) // 3  # CPython's USABLE_FRACTION of a 2**k table
+        table = slot * (1 << k) + (1 << k)  # + the Bloom filter, one byte per slot
+        gens = min(_MAX_GENS, int((max_bytes - fixed - table / 2) // (table + usable * key)))
+        if gens >= _MIN_GENS:
+            held = (gens - 0.5) * usable  # on average the oldest generation is half gone
+            best = max(best or (0.0, 0, 0, 0), (held, -gens, k, usable))
+    if best is None:
+        raise ValueError(f"prefix index budget of {max_bytes:.0f} bytes is too small")
+    return best[2], best[3], -best[1]
+
+
+class _Gen:
+    __slots__ = ("d", "filt", "fview", "stale", "inserts", "vbytes", "counts")
+
+    def __init__(self, n: int, fbytes: int) -> None:
+        self.d: dict[int, int] = {}
+        self.filt = bytearray(fbytes)  # Bloom filter of the keys ever inserted (bit h mod 8*fbytes)
+        self.fview = np.frombuffer(self.filt, dtype=np.uint8)
+        self.stale = 0  # replicas forgotten after this generation closed (their bits are ignored)
+        self.inserts = 0  # keys ever inserted (a dict never reuses the slots of deleted keys)
+        self.vbytes = 0  # bytes of multi-replica bitmasks stored here (each counted, shared or not)
+        self.counts = np.zeros(n, dtype=np.int64)  # live blocks per replica held in this generation
+
+
+def _vcost(v: int) -> int:
+    return 0 if v <= 256 else sys.getsizeof(v)  # negatives are shared single-replica objects, <=256 cached
+
+
+def _mask(v: int) -> int:
+    return 1 << ~v if v < 0 else v
+
+
+class PrefixIndex:
+    """Bounded approximate map of block hash -> replicas holding it (see the module doc)."""
+
+    def __init__(self, n_replicas: int, max_bytes: float) -> None:
+        if n_replicas < 1:
+            raise ValueError("n_replicas must be >= 1")
+        self.n = n_replicas
+        self.max_bytes = float(max_bytes)
+        self._budget = _STRUCTURES * self.max_bytes
+        fixed = 8 * n_replicas * (2 * _MAX_GENS + 2) + 4096
+        k, self.gen_cap, self.gens_target = _layout(self._budget, fixed)
+        self._table_full = measured_costs()[0] * (1 << k)
+        self._key_bytes = measured_costs()[1]
+        self._fbytes = 1 << k
+        self._fmask = (1 << (k + 3)) - 1
+        self._one = [~r for r in range(n_replicas)]  # canonical "held by r only" values, shared by entries
+        self._total = np.zeros(n_replicas, dtype=np.int64)
+        self._gens = [_Gen(n_replicas, self._fbytes)]
+        self._newest_first = tuple(self._gens)
+
+    # ---- capacity -----------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Blocks held when every generation is full."""
+        return self.gen_cap * self.gens_target
+
+    def __len__(self) -> int:
+        return sum(len(g.d) for g in self._gens)
+
+    def nbytes_estimate(self) -> int:
+        """Bytes held now: dict tables, filters, hash objects, multi-replica bitmasks, count arrays."""
+        gens = self._gens
+        per_gen = sum(sys.getsizeof(g.d) + self._fbytes + g.vbytes + g.counts.nbytes for g in gens)
+        return int(per_gen + self._key_bytes * sum(len(g.d) for g in gens) + self._total.nbytes + 1024)
+
+    def _projected(self) -> float:
+        """Bytes once the newest generation is full, including its last table resize."""
+        new = self._gens[-1]
+        room = self.gen_cap - new.inserts
+        return self.nbytes_estimate() - sys.getsizeof(new.d) + 1.5 * self._table_full + self._key_bytes * room
+
+    def _rotate(self) -> None:
+        self._gens.append(_Gen(self.n, self._fbytes))
+        self._trim()
+
+    def _trim(self) -> None:
+        gens = self._gens
+        while len(gens) > 2 * _MAX_GENS or (len(gens) > 1 and self._projected() > self._budget):
+            self._total -= gens.pop(0).counts
+        if self._projected() > self._budget:  # the newest alone overflows (its bitmasks): start over
+            self._total -= gens[0].counts
+            gens[0] = _Gen(self.n, self._fbytes)
+        self._newest_first = tuple(reversed(gens))
+
+    # ---- values -------------------------------------------------------------
+    def _canon(self, m: int) -> int | None:
+        if m == 0:
+            return None
+        return self._one[m.bit_length() - 1] if m & (m - 1) == 0 else m
+
+    def _live(self, v: int, stale: int) -> int | None:
+        return self._canon(_mask(v) & ~stale) if stale else v
+
+    def _indices(self, v: int) -> np.ndarray | int:
+        """Replica index (single holder) or index array (bitmask)."""
+        if v < 0:
+            return ~v
+        if v.bit_count() <= 16:
+            out = []
+            while v:
+                low = v & -v
+                out.append(low.bit_length() - 1)
+                v ^= low
+            return np.array(out, dtype=np.intp)
+        raw = np.frombuffer(v.to_bytes((self.n + 7) // 8, "little"), dtype=np.uint8)
+        return np.flatnonzero(np.unpackbits(raw, count=self.n, bitorder="little"))
+
+    def _get(self, h: int) -> int | None:
+        s = h & self._fmask
+        i, b = s >> 3, 1 << (s & 7)
+        for g in self._newest_first:
+            if g.filt[i] & b:
+                v = g.d.get(h)
+                if v is not None:
+                    return self._live(v, g.stale) if g.stale else v
+        return None
+
+    # ---- writes (the IO edge) ----------------------------------------------
+    def record(self, replica: int, hashes: Sequence[int]) -> None:
+        """The request was routed to ``replica``: its blocks now live there (and are the most recent)."""
+        i, n = 0, len(hashes)
+        while i < n:
+            room = self.gen_cap - self._gens[-1].inserts
+            if room <= 0:
+                self._rotate()
+                continue
+            self._record(replica, hashes[i : i + room])  # each hash inserts at most one key: no resize
+            i += room
+        if self._gens[-1].inserts >= self.gen_cap:
+            self._rotate()
+        elif self._projected() > self._budget:
+            self._trim()
+
+    def _record(self, r: int, hashes: Sequence[int]) -> None:
+        """Bloom-filter tests are vectorised over the blocks; only blocks a generation may hold are
+        looked up one by one, and fresh blocks go in with one ``dict.update``."""
+        bit, one = 1 << r, self._one[r]
+        new = self._gens[-1]
+        nd = new.d
+        added = vbytes = 0
+        memo: dict[int, int] = {}
+        slots = np.fromiter(hashes, dtype=np.int64, count=len(hashes)) & self._fmask
+        byte, bitv = slots >> 3, np.left_shift(1, slots & 7).astype(np.uint8)
+
+        def plus(v: int) -> int:
+            nv = memo.get(v)
+            if nv is None:
+                nv = memo[v] = _mask(v) | bit
+            return nv
+
+        rest = np.ones(len(hashes), dtype=bool)  # not in the newest generation
+        for p in np.flatnonzero(new.fview[byte] & bitv).tolist() if nd else ():
+            h = hashes[p]
+            v = nd.get(h)
+            if v is None:
+                continue
+            rest[p] = False
+            if v == one or (v > 0 and v & bit):
+                continue
+            nv = nd[h] = plus(v)  # another replica's block, already recent: add our bit in place
+            vbytes += _vcost(nv) - _vcost(v)
+            added += 1
+        rest = np.flatnonzero(rest)
+        moved: dict[tuple[_Gen, int], int] = {}
+        entered: list[int] = []  # positions moved in from older generations
+        for g in self._newest_first[1:]:
+            if not rest.size:
+                break
+            gd, hit = g.d, []
+            for p in rest[(g.fview[byte[rest]] & bitv[rest]) != 0].tolist():
+                v = gd.pop(hashes[p], None)
+                if v is None:
+                    continue
+                g.vbytes -= _vcost(v)
+                if g.stale and (v := self._live(v, g.stale)) is None:
+                    continue  # only forgotten replicas held it: it is new
+                hit.append(p)
+                moved[g, v] = moved.get((g, v), 0) + 1
+                has = v == one or (v > 0 and v & bit)
+                nd[hashes[p]] = nv = v if has else plus(v)
+                vbytes += _vcost(nv)
+                added += not has
+            if hit:
+                entered += hit
+                rest = np.setdiff1d(rest, hit, assume_unique=True)
+        if rest.size:  # nowhere: new blocks held by this replica alone
+            fresh = dict.fromkeys([hashes[p] for p in rest.tolist()], one)
+            nd.update(fresh)
+            added += len(fresh)
+        if entered:
+            rest = np.concatenate([rest, np.array(entered, dtype=np.intp)])
+        np.bitwise_or.at(new.fview, byte[rest], bitv[rest])
+        new.inserts += rest.size
+        new.vbytes += vbytes
+        for (g, v), c in moved.items():
+            idx = self._indices(v)
+            g.counts[idx] -= c
+            new.counts[idx] += c
+        new.counts[r] += added
+        self._total[r] += added
+
+    def correct(self, replica: int, hashes: Sequence[int], cached_blocks: int) -> None:
+        """The engine reported that only the first ``cached_blocks`` blocks of ``hashes`` were cached on
+        ``replica`` (e.g. ``usage.prompt_tokens_details.cached_tokens // block_size``): add the replica
+        to those blocks and drop it from the later ones the index had predicted."""
+        k = max(0, min(int(cached_blocks), len(hashes)))
+        if k:
+            self.record(replica, hashes[:k])
+        bit, one = 1 << replica, self._one[replica]
+        for h in hashes[k:]:
+            for g in self._newest_first:
+                v = g.d.get(h)
+                if v is not None:
+                    break
+            else:
+                continue
+            live = self._live(v, g.stale)
+            if live is None or not (live == one or (live > 0 and live & bit)):
+                continue
+            nv = self._canon(_mask(live) & ~bit)
+            if nv is None:
+                del g.d[h]
+            else:
+                g.d[h] = nv
+            g.vbytes += _vcost(nv or 0) - _vcost(v)
+            g.counts[replica] -= 1
+            self._total[replica] -= 1
+
+    def forget_replica(self, replica: int) -> None:
+        """The replica's KV cache is gone (restart, weights reload).  O(generations): existing
+        generations mask the replica out from now on; what is recorded later starts a new one."""
+        bit = 1 << replica
+        for g in self._gens:
+            g.stale |= bit
+            g.counts[replica] = 0
+        self._total[replica] = 0
+        if self._gens[-1].d:
+            self._rotate()
+        else:
+            self._gens[-1].stale = 0
+
+    # ---- reads (policies) ----------------------------------------------------
+    def blocks_per_replica(self) -> np.ndarray:
+        """Indexed blocks per replica (a copy)."""
+        return self._total.copy()
+
+    def match(self, hashes: Sequence[int]) -> np.ndarray:
+        """Leading blocks of ``hashes`` each replica probably holds (int64, one per replica).
+
+        Walks the prompt forward over runs of blocks with the same holder set, finding the end of each
+        run by binary search: O((1 + holder-set changes) x log len(hashes)) lookups.  A replica's match
+        ends at the first block it is missing from (see the module doc for the approximation)."""
+        out = np.zeros(self.n, dtype=np.int64)
+        n = len(hashes)
+        get = self._get
+        v = get(hashes[0]) if n else None
+        if v is None:
+            return out
+        alive = _mask(v)  # replicas holding every block so far
+        pos, levels = 0, 0
+        while True:
+            levels += 1
+            if levels > _MAX_LEVELS:
+                end = pos  # too many holder-set changes: walk the rest block by block
+            elif get(hashes[n - 1]) == v:
+                end = n - 1
+            else:  # last index of the run of ``v`` that starts at ``pos``
+                a, b = pos, n - 1
+                while b - a > 1:
+                    mid = (a + b) // 2
+                    if get(hashes[mid]) == v:
+                        a = mid
+                    else:
+                        b = mid
+                end = a
+            nxt = get(hashes[end + 1]) if end + 1 < n else None
+            nm = 0 if nxt is None else _mask(nxt)
+            gone = alive & ~nm
+            if gone:
+                out[self._indices(self._canon(gone))] = end + 1
+                alive &= nm
+            if not alive:
+                return out
+            pos, v = end + 1, nxt

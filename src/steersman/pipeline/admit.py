@@ -1,0 +1,107 @@
+"""Request-path stages between parsing and forwarding: who is asking, what it is, whether and where it runs.
+
+``authenticate`` (API key -> tenant) -> ``describe`` (the typed :class:`SchedRequest`:
+latency budget, workflow context, prompt shape) -> ``schedule`` (the control
+plane: admit, route now, or wait in the gateway queue until dispatched, shed or
+expired).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from steersman.api.errors import ApiError, bad_request
+from steersman.api.headers import parse_budget
+from steersman.api.prompt import prompt_shape
+from steersman.control.plane import Dispatch, Refuse, Wait
+from steersman.control.tenants import AuthError, TenantDirectory
+from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, parse_workflow_headers
+from steersman.pipeline.context import RequestContext
+from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
+from steersman.policy.request import SchedRequest
+
+__all__ = ["Authenticate", "Describe", "Schedule", "refusal_error"]
+
+
+def refusal_error(r: Refuse) -> ApiError:
+    kind = "rate_limit_error" if r.status == 429 else "server_error"
+    return ApiError(r.status, r.reason[:1].upper() + r.reason[1:] + ".", kind, None, r.code, r.retry_after)
+
+
+class Authenticate:
+    name = "authenticate"
+
+    def __init__(self, tenants: TenantDirectory) -> None:
+        self.tenants = tenants
+
+    async def run(self, ctx: RequestContext) -> Outcome:
+        got = self.tenants.authenticate(ctx.http.headers.get("authorization"))
+        if isinstance(got, AuthError):
+            return Fail(ApiError(401, got.message, "invalid_request_error", None, "invalid_api_key"), Retry.NEVER)
+        ctx.tenant = got
+        return CONTINUE
+
+
+class Describe:
+    """Build the request's typed scheduling context."""
+
+    name = "describe"
+
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+
+    async def run(self, ctx: RequestContext) -> Outcome:
+        gw = self.gw
+        req = ctx.request
+        assert req is not None and ctx.tenant is not None
+        now = gw.clock.now()
+        headers = ctx.http.headers
+        try:
+            budget = parse_budget(headers, now, gw.scheduler_settings)
+            wf_headers = parse_workflow_headers(headers, gw.cfg.admission.workflow_id_max_chars)
+        except ApiError as e:
+            return Fail(e, Retry.NEVER)
+        except WorkflowHeaderError as e:
+            return Fail(bad_request(str(e), e.header, "invalid_header"), Retry.NEVER)
+        workflow = gw.workflows.track(ctx.tenant.name, wf_headers, now) if wf_headers is not None else None
+        tokens, hashes = prompt_shape(req, gw.block_size)
+        limit = req.output_limit
+        ctx.sched = SchedRequest(
+            seq=ctx.seq, model=ctx.model, kind=ctx.kind, stream=req.stream, tenant=ctx.tenant.name,
+            priority=ctx.tenant.priority, arrival=ctx.started, prompt_tokens=tokens, block_hashes=hashes,
+            max_tokens=limit, expected_output=limit if limit is not None else gw.expected_output(ctx.model),
+            budget=budget, workflow=workflow,
+        )
+        return CONTINUE
+
+
+class Schedule:
+    """Admit and route through the control plane; wait in the gateway queue when told to."""
+
+    name = "schedule"
+
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+
+    async def run(self, ctx: RequestContext) -> Outcome:
+        gw = self.gw
+        assert ctx.sched is not None and ctx.tenant is not None
+        out, shed = gw.plane.arrive(ctx, ctx.sched, ctx.tenant, gw.fleet.snapshot(), gw.clock.now())
+        gw.notify(shed)
+        if isinstance(out, Refuse):
+            return Fail(refusal_error(out), Retry.NEVER)
+        if isinstance(out, Wait):
+            ctx.waiter = asyncio.get_running_loop().create_future()
+            gw.kick()
+            try:
+                out = await ctx.waiter
+            except asyncio.CancelledError:
+                gw.plane.abandon(ctx, gw.clock.now())  # the client left while queued
+                raise
+            finally:
+                ctx.waiter = None
+            if isinstance(out, Refuse):
+                return Fail(refusal_error(out), Retry.NEVER)
+        assert isinstance(out, Dispatch)
+        gw.start_dispatch(ctx, out)
+        return CONTINUE

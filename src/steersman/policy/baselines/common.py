@@ -1,0 +1,111 @@
+"""Shared pieces of the baseline profiles: the raw prefix match, deterministic choice, roofline rates.
+
+Every baseline is a pure function of (snapshot, request).  Where a published
+router draws at random (ties, P2C, ``random``) we draw from a hash of the
+request's sequence number instead, so a decision is reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from steersman.fleet.statics import FleetStatics
+from steersman.policy.base import Decision, Route
+from steersman.policy.framework import DecisionContext, Picker, Profile, feature
+
+__all__ = ["prefix_match", "mix64", "choose_min", "choose_max", "rule_profile", "prefill_s_per_token",
+           "decode_step_s"]
+
+_M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """SplitMix64 finaliser: a well-spread 64-bit hash of ``x`` (deterministic across processes)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+@feature("prefix-match")
+def prefix_match(ctx: DecisionContext) -> np.ndarray:
+    """Leading prompt blocks each base candidate probably holds, as the index says (no discount)."""
+    snap, req = ctx.snapshot, ctx.request
+    if snap.prefix is None or not req.block_hashes:
+        return np.zeros(ctx.base.size)
+    return snap.prefix.match(req.block_hashes)[ctx.base].astype(float)
+
+
+def _route(ctx: DecisionContext, best: np.ndarray, reason: str) -> Route:
+    return Route(int(ctx.candidates[best[ctx.request.seq % best.size]]), reason)
+
+
+def choose_min(ctx: DecisionContext, values: np.ndarray, reason: str, among: np.ndarray | None = None) -> Route:
+    """The candidate with the least ``values`` (optionally only positions ``among``); ties by seq."""
+    if among is not None:
+        sub = values[among]
+        return _route(ctx, among[sub <= sub.min()], reason)
+    return _route(ctx, np.flatnonzero(values <= values.min()), reason)
+
+
+def choose_max(ctx: DecisionContext, values: np.ndarray, reason: str) -> Route:
+    return _route(ctx, np.flatnonzero(values >= values.max()), reason)
+
+
+class _RulePicker:
+    """Adapts ``rule(ctx) -> Decision`` to the Picker protocol (the rule ignores weighted scores)."""
+
+    def __init__(self, name: str, rule: Callable[[DecisionContext], Decision]) -> None:
+        self.name = name
+        self._rule = rule
+
+    def pick(self, ctx: DecisionContext, scores: np.ndarray) -> Decision:
+        return self._rule(ctx)
+
+
+def rule_profile(name: str, rule: Callable[[DecisionContext], Decision] | Picker) -> Profile:
+    """A profile with no filters or scorers whose picker applies a published rule; never queues."""
+    picker = rule if hasattr(rule, "pick") else _RulePicker(name, rule)
+    return Profile(name, filters=(), scorers=(), picker=picker, saturation=None)
+
+
+# ---- roofline rates per replica (pure functions of the statics, memoised by identity) ------------
+_RATES: dict[int, tuple[FleetStatics, np.ndarray, np.ndarray]] = {}
+_CHUNK = 2048.0  # prefill chunk when the engine's max_num_batched_tokens is unknown
+_CTX = 1024.0  # context of a decode step used for the TPOT fallback
+_FALLBACK_PREFILL = 1e-4  # s/token (~10k tokens/s) when no replica of the fleet is modelled
+_FALLBACK_DECODE = 0.03  # s per decode step, likewise
+
+
+def _fill(a: np.ndarray, default: float) -> np.ndarray:
+    known = a[np.isfinite(a)]
+    out = np.where(np.isfinite(a), a, np.median(known) if known.size else default)
+    out.flags.writeable = False
+    return out
+
+
+def _rates(st: FleetStatics) -> tuple[np.ndarray, np.ndarray]:
+    hit = _RATES.get(id(st))
+    if hit is not None and hit[0] is st:
+        return hit[1], hit[2]
+    idx = np.arange(st.tp.size)
+    one = np.ones(idx.size)
+    chunk = np.nan_to_num(st.max_batched_tokens, nan=_CHUNK)
+    prefill = st.step_time(idx, chunk, chunk * chunk / 2, chunk, 0 * one, 0 * one) / chunk
+    decode = st.step_time(idx, one, 0 * one, 0 * one, _CTX * one, one)
+    if len(_RATES) > 16:
+        _RATES.clear()
+    _RATES[id(st)] = (st, _fill(prefill, _FALLBACK_PREFILL), _fill(decode, _FALLBACK_DECODE))
+    return _RATES[id(st)][1], _RATES[id(st)][2]
+
+
+def prefill_s_per_token(st: FleetStatics) -> np.ndarray:
+    """Seconds per prompt token of a full prefill chunk on each replica (roofline; median if unknown)."""
+    return _rates(st)[0]
+
+
+def decode_step_s(st: FleetStatics) -> np.ndarray:
+    """Seconds of a lone decode step (context 1k) on each replica: the TPOT floor (median if unknown)."""
+    return _rates(st)[1]

@@ -1,0 +1,63 @@
+"""NVIDIA Dynamo's KV router: least ``overlap_score_weight x prefill_blocks + decode_blocks``.
+
+Sources: Dynamo docs "KV Router" / "Router Design" (cost function, ``--kv-overlap-score-weight``
+default 1.0, ``--router-temperature`` default 0.0 = deterministic) and the selector in
+``lib/llm/src/kv_router/scheduler.rs`` (later ``lib/kv-router/src/scheduling/selector.rs``)::
+
+    potential_prefill_block = (isl - overlap_blocks * block_size) / block_size
+    decode_block = potential_blocks = new_blocks(request) + active_blocks   # sequence.rs
+    logit = overlap_weight * potential_prefill_block + decode_block         # lower is better
+
+where ``new_blocks`` counts the request's blocks not already among the worker's
+active (in-flight) blocks.  With temperature 0 the router takes the minimum logit.
+
+On our snapshot: ``overlap_blocks`` is the prefix index's match for the replica;
+``active_blocks`` is the KV blocks of this gateway's requests in flight there
+(prompt + expected output each, not de-duplicated across requests as Dynamo's
+per-worker sequence tracker does).  We approximate ``new_blocks`` by the request's
+blocks minus the overlap, i.e. we assume the blocks the index says are cached
+there are the shared ones.  Ties, which Dynamo resolves at random, rotate with
+the request's sequence number.
+"""
+
+from __future__ import annotations
+
+import math
+
+from steersman.config import SchedulerSettings
+from steersman.policy.base import POLICIES, Decision
+from steersman.policy.baselines.common import choose_min, rule_profile
+from steersman.policy.framework import DecisionContext, Profile
+
+__all__ = ["KvRouterCost", "dynamo_kv", "OVERLAP_SCORE_WEIGHT", "cost"]
+
+OVERLAP_SCORE_WEIGHT = 1.0
+
+
+def cost(ctx: DecisionContext, weight: float = OVERLAP_SCORE_WEIGHT):
+    """Dynamo's logit for every candidate (lower is better)."""
+    snap, req = ctx.snapshot, ctx.request
+    bs = snap.statics.block_size
+    overlap = ctx.feature("prefix-match")
+    isl = req.prompt_tokens
+    prefill_blocks = (isl - overlap * bs).clip(min=0.0) / bs
+    new_blocks = (math.ceil(isl / bs) - overlap).clip(min=0.0)
+    decode_blocks = snap.active_blocks[ctx.candidates] + new_blocks
+    return weight * prefill_blocks + decode_blocks
+
+
+class KvRouterCost:
+    name = "dynamo-kv"
+
+    def __init__(self, overlap_score_weight: float = OVERLAP_SCORE_WEIGHT) -> None:
+        self.weight = overlap_score_weight
+
+    def pick(self, ctx: DecisionContext, scores=None) -> Decision:
+        return choose_min(ctx, cost(ctx, self.weight), "dynamo: least prefill + decode blocks")
+
+
+def dynamo_kv(settings: SchedulerSettings) -> Profile:
+    return rule_profile("dynamo-kv", KvRouterCost())
+
+
+POLICIES.register("dynamo-kv", dynamo_kv)

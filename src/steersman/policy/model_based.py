@@ -1,0 +1,74 @@
+"""steersman's default profile: model-based, SLO-aware, cost-minimising.
+
+For every candidate the engine model predicts TTFT, TPOT and the request's
+marginal GPU cost (:mod:`steersman.policy.predict`).  The ``slo-cheapest``
+picker then takes **the cheapest replica whose prediction meets the request's
+budget** (TTFT, TPOT and deadline; a critical request or a valuable workflow
+step must meet it with a safety margin), breaking near-ties by the weighted
+scores; when no replica meets it, the **least predicted latency** wins.  When
+every candidate is saturated the request waits in the gateway queue.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steersman.config import SchedulerSettings
+from steersman.policy.base import POLICIES, Decision, Route
+from steersman.policy.framework import PICKERS, DecisionContext, Profile, WeightedScorer
+from steersman.policy.request import PriorityClass
+from steersman.policy.saturation import Saturation
+from steersman.policy.scorers import CostEfficiency, FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, SloHeadroom, targets
+
+__all__ = ["SloCheapest", "steersman_profile", "SAFETY_MARGIN", "COST_TIE"]
+
+#: Share of the budget a protected request (critical, or a workflow with sunk cost)
+#: may use: predictions are estimates, so protected traffic keeps 20% in reserve.
+SAFETY_MARGIN = 0.8
+#: Replicas whose predicted cost is within this factor of the cheapest feasible
+#: one count as equally cheap; the weighted scores decide among them.
+COST_TIE = 1.05
+
+
+@PICKERS.register("slo-cheapest")
+class SloCheapest:
+    name = "slo-cheapest"
+
+    def pick(self, ctx: DecisionContext, scores: np.ndarray) -> Decision:
+        req = ctx.request
+        p = ctx.feature("prediction")
+        ttft, tpot, left = targets(req, ctx.snapshot.time)
+        protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
+        m = SAFETY_MARGIN if protected else 1.0
+        ok = (p.ttft <= ttft * m) & (p.tpot <= tpot * m) & (p.e2e <= left * m)
+        if ok.any():
+            cost = np.where(ok, p.cost, np.inf)
+            pool = ok & (cost <= cost.min() * COST_TIE + 1e-15)
+            reason = "cheapest meeting the SLO"
+        else:
+            e2e = p.e2e
+            pool = e2e <= e2e.min() * 1.0 + 1e-12
+            reason = "least predicted latency (no replica meets the SLO)"
+        best = np.flatnonzero(pool)
+        top = best[scores[best] >= scores[best].max() - 1e-12]
+        i = int(top[req.seq % top.size])
+        return Route(int(ctx.candidates[i]), reason, float(p.ttft[i]), float(p.tpot[i]))
+
+
+def steersman_profile(settings: SchedulerSettings) -> Profile:
+    return Profile(
+        "steersman",
+        filters=[FitsKv()],
+        scorers=[
+            WeightedScorer(SloHeadroom(), 3.0),
+            WeightedScorer(PrefixAffinity(), 2.0),
+            WeightedScorer(CostEfficiency(), 1.0),
+            WeightedScorer(KvHeadroom(), 1.0),
+            WeightedScorer(LoadBalance(), 1.0),
+        ],
+        picker=SloCheapest(),
+        saturation=Saturation(settings),
+    )
+
+
+POLICIES.register("steersman", steersman_profile)

@@ -1,0 +1,73 @@
+"""What the scheduler knows about a request: a typed, frozen context filled by the gateway.
+
+The same objects are built by the live gateway and by the digital twin, so every
+policy sees requests the same way in both.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = ["PriorityClass", "LatencyBudget", "WorkflowView", "SchedRequest"]
+
+
+class PriorityClass(enum.IntEnum):
+    """Tenant priority bands; a lower value is more important.  Shedding goes from BATCH up."""
+
+    CRITICAL = 0
+    STANDARD = 1
+    SHEDDABLE = 2
+    BATCH = 3
+
+    @classmethod
+    def parse(cls, name: str) -> PriorityClass:
+        try:
+            return cls[name.upper()]
+        except KeyError:
+            raise ValueError(f"unknown priority class {name!r}; known: {', '.join(c.name.lower() for c in cls)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyBudget:
+    """Targets for one request; ``None`` means no target on that axis."""
+
+    ttft_s: float | None = None  # time to first token
+    tpot_s: float | None = None  # time per output token
+    deadline: float | None = None  # absolute clock time by which the response must be complete
+    slo_class: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowView:
+    """An agent's task this request belongs to: step ``step`` of about ``steps``."""
+
+    workflow_id: str
+    step: int  # k, 1-based
+    steps: int | None  # expected n (None: unknown)
+    calls: int  # calls completed before this one
+    tokens: int  # tokens used so far
+    spent_usd: float  # sunk cost so far
+    started: float  # clock time of the first call
+    value: float  # protection value (see steersman.control.workflow), >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedRequest:
+    seq: int  # gateway request counter: deterministic tie-breaker and seed
+    model: str
+    kind: str  # "chat" | "completion"
+    stream: bool
+    tenant: str
+    priority: PriorityClass
+    arrival: float  # clock time the gateway received it
+    prompt_tokens: int
+    block_hashes: tuple[int, ...]  # chained hashes of full prompt blocks (steersman.text.block_hashes)
+    max_tokens: int | None
+    expected_output: int  # max_tokens, or the fleet's running estimate when absent
+    budget: LatencyBudget = LatencyBudget()
+    workflow: WorkflowView | None = None
+
+    @property
+    def protection(self) -> float:
+        return self.workflow.value if self.workflow is not None else 0.0

@@ -1,0 +1,122 @@
+"""Scorers and filters of the seven axes (each a small registered plugin).
+
+===================  =====================================================================
+axis                 plugin(s)
+===================  =====================================================================
+GPU type             ``slo-headroom`` and ``cost-efficiency`` (speed vs $ against the budget,
+                     from the roofline of each GPU); the ``slo-cheapest`` picker
+HBM headroom         ``fits-kv`` filter, ``kv-headroom`` scorer
+KV-cache state       ``prefix-affinity`` (prefix held there) and ``kv-headroom`` (pressure)
+weight warmth        cold/loading replicas are never candidates (``FleetSnapshot.candidates``)
+tenant priority      the picker's SLO margin: critical requests must meet their targets with
+                     a safety margin; batch requests have no targets and go cheapest
+workflow context     the same margin for valuable workflows (``SchedRequest.protection``), and
+                     ``prefix-affinity`` keeps an agent's growing context where it is cached
+latency budget       ``slo-headroom`` / the picker's feasibility (TTFT, TPOT, deadline)
+===================  =====================================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
+from steersman.policy.request import SchedRequest
+
+__all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "targets"]
+
+
+def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
+    """(ttft, tpot, time left until the deadline); inf where the request sets no target."""
+    b = req.budget
+    ttft = b.ttft_s if b.ttft_s is not None else np.inf
+    tpot = b.tpot_s if b.tpot_s is not None else np.inf
+    left = (b.deadline - now) if b.deadline is not None else np.inf
+    return ttft, tpot, left
+
+
+def _need_blocks(ctx: DecisionContext) -> float:
+    r = ctx.request
+    return (r.prompt_tokens + r.expected_output) / ctx.snapshot.statics.block_size
+
+
+def _capacity(ctx: DecisionContext) -> np.ndarray:
+    snap, idx = ctx.snapshot, ctx.candidates
+    reported = snap.kv_blocks_total[idx]
+    return np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported)
+
+
+@FILTERS.register("fits-kv")
+class FitsKv:
+    """Drop replicas whose free KV cache cannot hold the request (unknown capacity passes)."""
+
+    name = "fits-kv"
+
+    def filter(self, ctx: DecisionContext) -> np.ndarray:
+        cap = _capacity(ctx)
+        free = (1.0 - ctx.snapshot.kv_usage[ctx.candidates]) * cap
+        return np.isnan(cap) | (free >= _need_blocks(ctx))
+
+
+@SCORERS.register("kv-headroom")
+class KvHeadroom:
+    """1 − KV usage after adding this request: prefer replicas with memory to spare."""
+
+    name = "kv-headroom"
+
+    def score(self, ctx: DecisionContext) -> np.ndarray:
+        cap = _capacity(ctx)
+        used = ctx.snapshot.kv_usage[ctx.candidates] + _need_blocks(ctx) / np.where(np.isnan(cap), np.inf, cap)
+        return 1.0 - used
+
+
+@SCORERS.register("prefix-affinity")
+class PrefixAffinity:
+    """Share of the prompt the replica probably has cached (work avoided)."""
+
+    name = "prefix-affinity"
+
+    def score(self, ctx: DecisionContext) -> np.ndarray:
+        r = ctx.request
+        if r.prompt_tokens <= 0:
+            return np.zeros(ctx.candidates.size)
+        return ctx.feature("prefix_blocks") * ctx.snapshot.statics.block_size / r.prompt_tokens
+
+
+@SCORERS.register("slo-headroom")
+class SloHeadroom:
+    """How comfortably the predicted latency meets the budget: min over axes of target / predicted."""
+
+    name = "slo-headroom"
+
+    def score(self, ctx: DecisionContext) -> np.ndarray:
+        p = ctx.feature("prediction")
+        ttft, tpot, left = targets(ctx.request, ctx.snapshot.time)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.minimum(np.minimum(ttft / p.ttft, tpot / p.tpot), left / p.e2e)
+        return np.where(np.isinf(ratio), 1.0, ratio)
+
+
+@SCORERS.register("cost-efficiency")
+class CostEfficiency:
+    """Cheapest predicted $ for this request scores 1; others cheapest / theirs."""
+
+    name = "cost-efficiency"
+
+    def score(self, ctx: DecisionContext) -> np.ndarray:
+        cost = ctx.feature("prediction").cost
+        lo = np.nanmin(cost) if cost.size else 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(cost > 0, lo / cost, 1.0)
+
+
+@SCORERS.register("load-balance")
+class LoadBalance:
+    """Fewer requests in flight from this gateway scores higher (min-max normalised)."""
+
+    name = "load-balance"
+
+    def score(self, ctx: DecisionContext) -> np.ndarray:
+        load = ctx.snapshot.in_flight[ctx.candidates] + ctx.snapshot.waiting[ctx.candidates]
+        lo, hi = load.min(), load.max()
+        return np.ones(load.size) if hi <= lo else (hi - load) / (hi - lo)

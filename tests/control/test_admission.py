@@ -1,0 +1,119 @@
+"""Budgets, the default admitter and the deadline feasibility check."""
+
+import math
+
+import pytest
+
+from steersman.config.admission import AdmissionSettings
+from steersman.control.admission import Admit, Admitter, DefaultAdmitter, Infeasible, check_deadline
+from steersman.control.budget import BudgetLedger, OverBudget
+from steersman.control.ratelimit import Throttle, TooLarge
+from steersman.control.tenants import TenantConfig
+from steersman.policy.request import PriorityClass, SchedRequest
+
+
+def _req(tenant="acme", prompt=100, out=100, seq=0):
+    return SchedRequest(seq, "m", "chat", False, tenant, PriorityClass.STANDARD, 0.0, prompt, (), out, out)
+
+
+ACME = TenantConfig("acme", PriorityClass.CRITICAL, requests_per_minute=60, tokens_per_minute=6000, budget_usd=1.0)
+
+
+def test_ledger_refuses_at_or_over_budget():
+    led = BudgetLedger()
+    assert led.check(ACME) is None
+    led.charge("acme", 0.6)
+    assert led.check(ACME) is None
+    led.charge("acme", 0.4)
+    over = led.check(ACME)
+    assert isinstance(over, OverBudget) and over.spent_usd == pytest.approx(1.0)
+    assert (over.status, over.code, over.retry_after) == (429, "insufficient_quota", None)
+    led.reset("acme")
+    assert led.check(ACME) is None and led.spent("acme") == 0.0
+
+
+def test_zero_budget_refuses_and_no_budget_never_does():
+    led = BudgetLedger()
+    assert isinstance(led.check(TenantConfig("z", PriorityClass.BATCH, budget_usd=0.0)), OverBudget)
+    led.charge("u", 1e9)
+    assert led.check(TenantConfig("u", PriorityClass.BATCH)) is None
+
+
+@pytest.mark.parametrize("bad", [-0.01, math.nan, math.inf, "1", True])
+def test_ledger_rejects_bad_costs(bad):
+    with pytest.raises(ValueError, match="cost"):
+        BudgetLedger().charge("t", bad)
+
+
+def test_admitter_is_an_admitter_and_reserves_prompt_plus_expected_output():
+    adm = DefaultAdmitter()
+    assert isinstance(adm, Admitter)
+    got = adm.admit(_req(prompt=1000, out=500), ACME, 0.0)
+    assert isinstance(got, Admit) and got.reservation.tokens == 1500
+    assert adm.limiter.levels("acme", 0.0) == (59.0, 4500.0)
+
+
+def test_admitter_checks_budget_first_then_buckets():
+    adm = DefaultAdmitter()
+    t = adm.admit(_req(), ACME, 0.0)
+    adm.settle(t, used_tokens=200, cost_usd=1.0, now=1.0)
+    assert isinstance(adm.admit(_req(), ACME, 1.0), OverBudget)
+    assert adm.limiter.levels("acme", 1.0)[0] == pytest.approx(59.0 + 1.0)  # refused before the buckets
+
+
+def test_admitter_throttles_and_says_when_to_retry():
+    adm = DefaultAdmitter()
+    tenant = TenantConfig("acme", PriorityClass.STANDARD, tokens_per_minute=6000)
+    adm.admit(_req(prompt=5000, out=0), tenant, 0.0)
+    thr = adm.admit(_req(prompt=2000, out=0), tenant, 0.0)
+    assert isinstance(thr, Throttle) and thr.retry_after == pytest.approx(10.0)
+    assert isinstance(adm.admit(_req(prompt=8000, out=0), tenant, 0.0), TooLarge)
+
+
+def test_release_returns_everything_for_requests_that_never_ran():
+    adm = DefaultAdmitter()
+    t = adm.admit(_req(prompt=3000, out=3000), ACME, 0.0)
+    adm.release(t, 0.0)
+    assert adm.limiter.levels("acme", 0.0) == (60.0, 6000.0) and adm.ledger.spent("acme") == 0.0
+
+
+def test_tenant_mismatch_is_a_programming_error():
+    with pytest.raises(ValueError, match="tenant 'other'"):
+        DefaultAdmitter().admit(_req(tenant="other"), ACME, 0.0)
+
+
+async def test_admitter_on_a_fake_clock():
+    from steersman.testing.clock import FakeClock  # imported here: the helper package pulls in the gateway
+
+    clock = FakeClock(start=100.0)
+    adm = DefaultAdmitter(AdmissionSettings(rate_burst_s=1.0))  # capacity: one second's worth
+    tenant = TenantConfig("acme", PriorityClass.STANDARD, requests_per_minute=120)  # 2/s, capacity 2
+    assert [type(adm.admit(_req(seq=i), tenant, clock.now())).__name__ for i in range(3)] == ["Admit", "Admit", "Throttle"]
+    await clock.advance(0.5)
+    assert isinstance(adm.admit(_req(), tenant, clock.now()), Admit)
+
+
+# -- deadlines ------------------------------------------------------------------------------
+
+
+def test_no_deadline_or_a_meetable_one_is_feasible():
+    assert check_deadline(None, 1e9, 0.0) is None
+    assert check_deadline(10.0, 10.0, 0.0) is None
+
+
+def test_late_prediction_is_infeasible_with_retry_after_the_excess():
+    got = check_deadline(10.0, 13.5, 2.0)
+    assert isinstance(got, Infeasible) and got.retry_after == pytest.approx(3.5)
+    assert (got.status, got.code) == (503, "deadline_infeasible")
+
+
+def test_hopeless_cases_have_no_retry_after():
+    assert check_deadline(5.0, 6.0, 5.0).retry_after is None  # deadline passed
+    assert check_deadline(5.0, 9.0, 0.0, min_service_s=6.0).retry_after is None  # cannot fit even alone
+    assert check_deadline(5.0, 9.0, 0.0, min_service_s=4.0).retry_after == pytest.approx(4.0)
+    assert check_deadline(5.0, math.inf, 0.0).retry_after is None
+
+
+def test_nan_is_an_error():
+    with pytest.raises(ValueError, match="predicted_finish"):
+        check_deadline(5.0, math.nan, 0.0)

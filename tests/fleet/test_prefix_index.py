@@ -1,0 +1,174 @@
+"""The approximate prefix index: longest matches, corrections, forgetting, and bounded memory."""
+
+from __future__ import annotations
+
+import gc
+import random
+import time
+
+import numpy as np
+import pytest
+
+from steersman.fleet.prefix_index import PrefixIndex
+from steersman.text import block_hashes
+
+MiB = 1 << 20
+
+
+def chain(tag: object, n: int) -> list[int]:
+    return [hash((tag, i)) for i in range(n)]
+
+
+SYS = chain("system", 30)
+A, B = SYS + chain("a", 10), SYS + chain("b", 25)
+
+
+def test_shared_prefix_gives_each_replica_its_longest_leading_match():
+    idx = PrefixIndex(4, 4 * MiB)
+    idx.record(0, A)
+    idx.record(1, B)
+    idx.record(2, SYS[:12])
+    assert idx.match(A).tolist() == [40, 30, 12, 0]
+    assert idx.match(B).tolist() == [30, 55, 12, 0]
+    assert idx.match(SYS + chain("c", 5)).tolist() == [30, 30, 12, 0]
+    assert idx.match(chain("other", 8)).tolist() == [0, 0, 0, 0]
+    assert idx.match([]).tolist() == [0, 0, 0, 0]
+    assert idx.blocks_per_replica().tolist() == [40, 55, 12, 0]
+    assert len(idx) == 30 + 10 + 25
+
+
+def test_real_token_hashes_match_up_to_the_divergence():
+    base = list(range(1000, 1000 + 16 * 20))
+    h1 = block_hashes(base + [1] * 40)
+    h2 = block_hashes(base + [2] * 40)
+    idx = PrefixIndex(2, 4 * MiB)
+    idx.record(1, h1)
+    assert idx.match(h2).tolist() == [0, 20]  # the chain diverges at block 20
+    assert idx.match(h1).tolist() == [0, len(h1)]
+
+
+def test_correct_drops_the_later_blocks_and_adds_the_earlier_ones():
+    idx = PrefixIndex(3, 4 * MiB)
+    idx.record(0, A)
+    idx.record(1, SYS)
+    idx.correct(0, A, 12)  # the engine had only 12 blocks of A
+    assert idx.match(A).tolist() == [12, 30, 0]
+    idx.correct(2, A, 35)  # never recorded there, but the engine says 35 blocks were cached
+    assert idx.match(A).tolist() == [12, 30, 35]
+    assert idx.blocks_per_replica().tolist() == [12, 30, 35]
+    idx.correct(1, SYS, 0)
+    assert idx.match(A).tolist() == [12, 0, 35]
+
+
+def test_forget_replica_is_immediate_and_later_records_count_again():
+    idx = PrefixIndex(3, 4 * MiB)
+    idx.record(0, A)
+    idx.record(1, A)
+    idx.record(2, B)
+    idx.forget_replica(1)
+    assert idx.match(A).tolist() == [40, 0, 30]
+    assert idx.blocks_per_replica().tolist() == [40, 0, 55]
+    idx.record(1, SYS[:5])
+    assert idx.match(A).tolist() == [40, 5, 30]
+    idx.record(0, A)  # moving entries out of the pre-forget generation strips the stale replica
+    idx.forget_replica(0)
+    idx.forget_replica(2)
+    assert idx.match(B).tolist() == [0, 5, 0]
+    assert idx.blocks_per_replica().tolist() == [0, 5, 0]
+
+
+def test_randomised_against_an_exact_model():
+    """Record / forget in any order: the index equals exact per-replica sets (no eviction here)."""
+    rnd = random.Random(7)
+    n = 20
+    idx = PrefixIndex(n, 64 * MiB)
+    truth = [set() for _ in range(n)]
+    systems = [chain(("s", k), rnd.randint(0, 40)) for k in range(5)]
+    prompts = [rnd.choice(systems) + chain(("p", k), rnd.randint(1, 60)) for k in range(80)]
+    for step in range(3000):
+        p, r = rnd.choice(prompts), rnd.randrange(n)
+        if step % 300 == 299:
+            idx.forget_replica(r)
+            truth[r].clear()
+        else:
+            cut = rnd.randint(1, len(p))
+            idx.record(r, p[:cut])
+            truth[r].update(p[:cut])
+        q = rnd.choice(prompts)
+        want = [next((i for i, h in enumerate(q) if h not in t), len(q)) for t in truth]
+        assert idx.match(q).tolist() == want, step
+    assert idx.blocks_per_replica().tolist() == [len(t) for t in truth]
+
+
+def test_many_replicas_share_blocks_through_bitmasks():
+    n = 1000
+    idx = PrefixIndex(n, 16 * MiB)
+    for r in range(0, n, 3):
+        idx.record(r, SYS)
+    idx.record(998, A)
+    m = idx.match(A)
+    assert m[998] == 40 and m[0] == m[999] == 30 and m[1] == 0
+    assert (m > 0).sum() == len(range(0, n, 3)) + 1
+    assert idx.blocks_per_replica().sum() == 30 * len(range(0, n, 3)) + 40
+    idx.forget_replica(0)
+    assert idx.match(SYS)[0] == 0 and idx.match(SYS)[3] == 30
+
+
+def test_eviction_keeps_the_most_recent_and_drops_the_oldest():
+    idx = PrefixIndex(2, 1 * MiB)
+    first = chain("first", 50)
+    idx.record(0, first)
+    for k in range(idx.capacity // 50 + 200):
+        idx.record(1, chain(k, 50))
+        if k % 7 == 0:
+            idx.record(0, SYS)  # touched often: stays
+    assert idx.match(first)[0] == 0  # least recently used: gone
+    assert idx.match(SYS)[0] == 30
+    assert idx.match(chain(k, 50))[1] == 50
+    assert len(idx) <= idx.capacity + idx.gen_cap
+    assert idx.nbytes_estimate() <= idx.max_bytes
+    assert idx.blocks_per_replica().tolist() == [
+        sum(v < 0 and ~v == 0 or v > 0 and v & 1 != 0 for g in idx._gens for v in g.d.values()),
+        sum(v < 0 and ~v == 1 or v > 0 and v & 2 != 0 for g in idx._gens for v in g.d.values()),
+    ]
+
+
+def test_a_tiny_budget_is_refused():
+    with pytest.raises(ValueError):
+        PrefixIndex(4, 10_000)
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ten_million_blocks_stay_under_the_cap():
+    """10M blocks in 1,000-block requests (a quarter sharing a 200-block system prompt) into the
+    default 128 MiB budget: the counted bytes and the process RSS stay under the cap throughout."""
+    cap = 128 * MiB
+    n = 64
+    rng = np.random.default_rng(0)
+    shared = rng.integers(-(2**63), 2**63 - 1, 200).tolist()
+    gc.collect()
+    rss0 = _rss()
+    idx = PrefixIndex(n, cap)
+    worst_est = worst_rss = 0
+    t0 = time.perf_counter()
+    for b in range(10_000):
+        hashes = rng.integers(-(2**63), 2**63 - 1, 1000).tolist()
+        if b % 4 == 0:
+            hashes[:200] = shared
+        idx.record(b % n, hashes)
+        if b % 25 == 0:
+            worst_est = max(worst_est, idx.nbytes_estimate())
+            worst_rss = max(worst_rss, _rss() - rss0)
+    elapsed = time.perf_counter() - t0
+    print(f"10M blocks in {elapsed:.1f} s; {len(idx):,} held (capacity {idx.capacity:,}); "
+          f"counted {worst_est / MiB:.1f} MiB, RSS +{worst_rss / MiB:.1f} MiB (cap {cap / MiB:.0f} MiB)")
+    assert worst_est <= cap and worst_rss <= cap
+    assert len(idx) >= 0.75 * idx.capacity  # bounded, but not by forgetting everything
+    assert idx.match(shared)[0] == 200  # the shared prefix, touched every 4th request, is still there
+    assert idx.match(hashes)[(b % n)] == 1000
