@@ -98,21 +98,37 @@ def test_saturated_fleet_queues_then_sheds_lowest_class_first():
         def queued(n):
             deadline = time.monotonic() + 10
             while lf.gateway.plane.waiting != n and time.monotonic() < deadline:
-                time.sleep(0.01)
+                time.sleep(0.005)
             assert lf.gateway.plane.waiting == n
 
-        threads = [start("running", "standard", 200), start("engine-waiting", "standard", 10)]
+        def answered(name):
+            deadline = time.monotonic() + 10
+            while name not in results and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert name in results, name
+
         eng = lf.sims[0].engine
-        deadline = time.monotonic() + 10
-        while (eng.state().num_running, eng.state().num_waiting) != (1, 1) and time.monotonic() < deadline:
-            time.sleep(0.005)  # until both reached the engine: one runs, one waits there -> saturated
+
+        def on_engine(running, waiting):
+            deadline = time.monotonic() + 10
+            while (eng.state().num_running, eng.state().num_waiting) != (running, waiting) and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+        threads = [start("running", "standard", 250)]
+        on_engine(1, 0)
+        threads.append(start("engine-waiting", "standard", 10))
+        on_engine(1, 1)  # one runs, one waits on the engine: the fleet is saturated
         threads.append(start("batch-1", "batch"))
         queued(1)
         threads.append(start("sheddable-1", "sheddable"))
         queued(2)
         threads.append(start("standard-1", "standard"))  # queue full: batch-1 is shed
+        answered("batch-1")
         threads.append(start("critical-1", "critical"))  # queue full: sheddable-1 is shed
+        answered("sheddable-1")
         threads.append(start("batch-2", "batch"))  # the least important newcomer itself is refused
+        answered("batch-2")
+        assert "running" not in results, "the test needs the engine busy until here; make 'running' longer"
         for th in threads:
             th.join(60)
         status = {k: v[0] for k, v in results.items()}

@@ -121,8 +121,9 @@ class PrefixIndex:
         self._fmask = (1 << (k + 3)) - 1
         self._one = [~r for r in range(n_replicas)]  # canonical "held by r only" values, shared by entries
         self._total = np.zeros(n_replicas, dtype=np.int64)
+        self._nbytes_mask = (n_replicas + 7) // 8
         self._gens = [_Gen(n_replicas, self._fbytes)]
-        self._newest_first = tuple(self._gens)
+        self._trim()
 
     # ---- capacity -----------------------------------------------------------
     @property
@@ -157,6 +158,7 @@ class PrefixIndex:
             self._total -= gens[0].counts
             gens[0] = _Gen(self.n, self._fbytes)
         self._newest_first = tuple(reversed(gens))
+        self._probe = tuple((g.filt, g.d, g.stale) for g in self._newest_first)
 
     # ---- values -------------------------------------------------------------
     def _canon(self, m: int) -> int | None:
@@ -184,12 +186,25 @@ class PrefixIndex:
     def _get(self, h: int) -> int | None:
         s = h & self._fmask
         i, b = s >> 3, 1 << (s & 7)
-        for g in self._newest_first:
-            if g.filt[i] & b:
-                v = g.d.get(h)
+        for filt, d, stale in self._probe:
+            if filt[i] & b:
+                v = d.get(h)
                 if v is not None:
-                    return self._live(v, g.stale) if g.stale else v
+                    return self._live(v, stale) if stale else v
         return None
+
+    def _set(self, out: np.ndarray, v: int, value: int) -> None:
+        """``out[replicas in v] = value``."""
+        if v < 0:
+            out[~v] = value
+        elif v.bit_count() <= 24:
+            while v:
+                low = v & -v
+                out[low.bit_length() - 1] = value
+                v ^= low
+        else:
+            raw = np.frombuffer(v.to_bytes(self._nbytes_mask, "little"), dtype=np.uint8)
+            np.putmask(out, np.unpackbits(raw, count=self.n, bitorder="little"), value)
 
     # ---- writes (the IO edge) ----------------------------------------------
     def record(self, replica: int, hashes: Sequence[int]) -> None:
@@ -314,6 +329,7 @@ class PrefixIndex:
             self._rotate()
         else:
             self._gens[-1].stale = 0
+            self._trim()
 
     # ---- reads (policies) ----------------------------------------------------
     def blocks_per_replica(self) -> np.ndarray:
@@ -333,12 +349,13 @@ class PrefixIndex:
         if v is None:
             return out
         alive = _mask(v)  # replicas holding every block so far
+        last = get(hashes[n - 1])
         pos, levels = 0, 0
         while True:
             levels += 1
             if levels > _MAX_LEVELS:
                 end = pos  # too many holder-set changes: walk the rest block by block
-            elif get(hashes[n - 1]) == v:
+            elif last == v:
                 end = n - 1
             else:  # last index of the run of ``v`` that starts at ``pos``
                 a, b = pos, n - 1
@@ -353,7 +370,7 @@ class PrefixIndex:
             nm = 0 if nxt is None else _mask(nxt)
             gone = alive & ~nm
             if gone:
-                out[self._indices(self._canon(gone))] = end + 1
+                self._set(out, gone, end + 1)
                 alive &= nm
             if not alive:
                 return out
