@@ -99,6 +99,8 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
             raise SkipSetup(f"`steersman serve` is not available yet: {why}")
         cfg = pg.log_dir / "fleet.yaml"
         lines = [f"gateway: {{host: 127.0.0.1, port: {port}}}", "endpoints:"]
+        if getattr(a, "fleet_policy", None):  # stacks.py; run.py keeps the fleet's default policy
+            lines.insert(1, f"policy: {a.fleet_policy}")
         for i, u in enumerate(engine_urls):
             lines.append(f'  - {{name: e{i}, url: "{u}", engine: vllm, gpu: {a.gpu}, models: [{MODEL}]}}')
         cfg.write_text("\n".join(lines) + "\n")

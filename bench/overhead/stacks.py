@@ -8,17 +8,18 @@ stacks in front of the same 2 stub engines (bench/stub_engine.py, 16 chunks
     direct          client -> engine 0 (reference, no proxy)
     aiohttp         (a) aiohttp web server + aiohttp ClientSession, iter_any relay
     steersman-http  (b) steersman.http.HttpServer + UpstreamPool, Exchange.pipe relay (no pipeline/policy)
-    steersman       (c) the full gateway, `steersman serve --config fleet.yaml`
+    steersman-rr    (c) the full gateway, `steersman serve --config fleet.yaml` with `policy: round-robin`
+    steersman       (c') the same with the fleet's default routing policy (what ships)
     granian         (d) granian RSGI server + aiohttp ClientSession (skipped with a reason if not installed)
 
 (a), (b), (d) are in stack_proxies.py. For each: TTFT p50/p99 and proxy CPU
 us/request at 1 and 64 concurrent streams, then short-request throughput
 (max_tokens 4, c=64), and CPU with no traffic. Ratios are vs (a). Engines and
 proxy are pinned to core 0, the load client (bench/loadgen.py) to core 1, as in
-run.py. ~1.5 min with defaults; every process is stopped on exit.
+run.py. ~1.7 min with defaults; every process is stopped on exit.
 
     .venv/bin/python bench/overhead/stacks.py
-    .venv/bin/python bench/overhead/stacks.py --rounds 3      # medians over 3 rounds (~4.5 min)
+    .venv/bin/python bench/overhead/stacks.py --rounds 3      # medians over 3 rounds (~5 min)
     .venv/bin/python bench/overhead/stacks.py --stacks aiohttp,steersman-http --duration 6
 
 Writes bench/overhead/stacks.json.
@@ -49,7 +50,7 @@ from procs import Proc, ProcessGroup, free_port, wait_http  # noqa: E402
 from setups import SkipSetup, start_engines, start_router  # noqa: E402
 from stacks_report import METRICS, print_tables  # noqa: E402
 
-STACKS = ["direct", "aiohttp", "steersman-http", "steersman", "granian"]
+STACKS = ["direct", "aiohttp", "steersman-http", "steersman-rr", "steersman", "granian"]
 BASELINE = "aiohttp"
 GRANIAN_HINT = ".venv/bin/pip install granian==2.8.9"
 
@@ -111,8 +112,9 @@ class StackBench:
         print(f"[{time.monotonic() - self.t0:6.1f}s] {msg}", flush=True)
 
     def start_proxy(self, stack: str, rnd: int) -> tuple[Proc, str]:
-        if stack == "steersman":
-            p, base, _ = start_router("steersman", self.cfg, self.pg, self.urls)
+        if stack in ("steersman", "steersman-rr"):
+            cfg = SimpleNamespace(**vars(self.cfg), fleet_policy="round-robin" if stack == "steersman-rr" else None)
+            p, base, _ = start_router("steersman", cfg, self.pg, self.urls)
             return p, base
         port = free_port()
         if stack == "granian":

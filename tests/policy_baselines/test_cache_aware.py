@@ -142,3 +142,46 @@ def test_e2_prices_load_in_time_with_the_roofline():
 def test_cache_aware_profiles_work_without_an_index(name):
     snap = snapshot(3, in_flight=[2, 0, 1])
     assert make(name).pick(snap, request(0, SYS)).replica in (0, 1, 2)
+
+
+@pytest.mark.parametrize("name", ["sglang-cache-aware", "llm-d", "dynamo-kv", "preble-e2"])
+def test_cache_aware_profiles_map_candidates_back_to_replicas(name):
+    """With some replicas out, the features and rows are sliced to the candidates consistently."""
+    idx = index(5, {1: SYS + USER, 3: SYS + USER})
+    snap = snapshot(5, prefix=idx, routable=[True, False, True, True, True], in_flight=[0, 0, 0, 1, 0],
+                    active_blocks=[50, 0, 50, 60, 50], recent_tokens=[0, 0, 0, 100, 0])
+    assert make(name).pick(snap, request(3, SYS + USER)).replica == 3  # the routable holder
+
+
+def test_prefix_match_feature_is_computed_once_per_decision():
+    idx = index(3, {0: SYS})
+    calls = []
+    match = idx.match
+    idx.match = lambda hs: calls.append(1) or match(hs)
+    snap = snapshot(3, prefix=idx)
+    make("llm-d").pick(snap, request(0, SYS + USER))
+    assert len(calls) == 1
+
+
+def test_nan_costs_never_win():
+    from steersman.policy.baselines.common import choose_min
+
+    ctx = ctx_for(snapshot(3), request(4))
+    assert choose_min(ctx, np.array([np.nan, 2.0, 1.0]), "x").replica == 2
+    assert choose_min(ctx, np.array([np.nan, np.nan, np.nan]), "x").replica == 4 % 3
+
+
+def test_reused_scorers_follow_filters_that_ran_first():
+    """In a profile with a filter ahead of them, the shared feature lines up with the survivors."""
+    from steersman.policy.framework import FILTERS, MaxScore, Profile, WeightedScorer
+
+    class DropFirstTwo:
+        name = "drop-first-two"
+
+        def filter(self, ctx):
+            return ctx.candidates >= 2
+
+    idx = index(5, {1: SYS + USER, 3: SYS})
+    prof = Profile("t", [DropFirstTwo()], [WeightedScorer(SCORERS.get("prefix-match-fraction")(), 1.0)], MaxScore())
+    assert prof.pick(snapshot(5, prefix=idx), request(0, SYS + USER)).replica == 3
+    assert "drop-first-two" not in FILTERS

@@ -79,59 +79,47 @@ def test_saturated_fleet_queues_then_sheds_lowest_class_first():
     keys, extra = _keyed({t: {"priority": t} for t in ("critical", "standard", "sheddable", "batch")})
     extra["scheduler"] = {"saturation_queue_depth": 1}
     extra["admission"] = {"queue_max_entries": 2}
-    one_slot = EngineSettings(max_num_seqs=1)
-    with LiveFleet(sims=[SimServerConfig(speedup=1.0, port=0, engine=one_slot)], extra=extra) as lf:
+    with LiveFleet(sims=[SimServerConfig(speedup=20.0, port=0, engine=EngineSettings(max_num_seqs=1))], extra=extra) as lf:
         url = lf.url + "/v1/chat/completions"
+        engine = lf.sims[0].url
         results: dict[str, tuple[int, float]] = {}
 
-        def send(name: str, tenant: str, tokens: int) -> None:
-            body = {"model": "llama-3.1-8b", "max_tokens": tokens, "ignore_eos": True,
-                    "messages": [{"role": "user", "content": name}]}
+        def send(name: str, tenant: str) -> None:
+            body = {"model": "llama-3.1-8b", "max_tokens": 20, "ignore_eos": True, "messages": [{"role": "user", "content": name}]}
             r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {keys[tenant]}"}, timeout=60)
             results[name] = (r.status_code, time.monotonic())
 
-        def start(name, tenant, tokens=40):
-            th = threading.Thread(target=send, args=(name, tenant, tokens))
-            th.start()
-            return th
+        threads = []
 
-        def queued(n):
+        def start(name, tenant):
+            threads.append(threading.Thread(target=send, args=(name, tenant)))
+            threads[-1].start()
+
+        def until(cond, what):
             deadline = time.monotonic() + 10
-            while lf.gateway.plane.waiting != n and time.monotonic() < deadline:
+            while not cond() and time.monotonic() < deadline:
                 time.sleep(0.005)
-            assert lf.gateway.plane.waiting == n
+            assert cond(), what
 
-        def answered(name):
-            deadline = time.monotonic() + 10
-            while name not in results and time.monotonic() < deadline:
-                time.sleep(0.005)
-            assert name in results, name
-
-        eng = lf.sims[0].engine
-
-        def on_engine(running, waiting):
-            deadline = time.monotonic() + 10
-            while (eng.state().num_running, eng.state().num_waiting) != (running, waiting) and time.monotonic() < deadline:
-                time.sleep(0.005)
-
-        threads = [start("running", "standard", 250)]
-        on_engine(1, 0)
-        threads.append(start("engine-waiting", "standard", 10))
-        on_engine(1, 1)  # one runs, one waits on the engine: the fleet is saturated
-        threads.append(start("batch-1", "batch"))
-        queued(1)
-        threads.append(start("sheddable-1", "sheddable"))
-        queued(2)
-        threads.append(start("standard-1", "standard"))  # queue full: batch-1 is shed
-        answered("batch-1")
-        threads.append(start("critical-1", "critical"))  # queue full: sheddable-1 is shed
-        answered("sheddable-1")
-        threads.append(start("batch-2", "batch"))  # the least important newcomer itself is refused
-        answered("batch-2")
-        assert "running" not in results, "the test needs the engine busy until here; make 'running' longer"
+        # the engine makes no progress: what reaches it stays there, and the gateway sees it waiting
+        assert httpx.post(engine + "/admin/faults", json={"hang": True}).status_code == 200
+        start("first", "standard")
+        until(lambda: lf.sims[0].engine.state().num_waiting == 1, "it reaches the engine")
+        until(lambda: lf.gateway.fleet.snapshot().waiting[0] >= 1, "the gateway scraped the engine's queue")
+        start("batch-1", "batch")
+        until(lambda: lf.gateway.plane.waiting == 1, "batch-1 waits in the gateway")
+        start("sheddable-1", "sheddable")
+        until(lambda: lf.gateway.plane.waiting == 2, "sheddable-1 waits in the gateway")
+        start("standard-1", "standard")  # queue full: batch-1 is shed
+        until(lambda: "batch-1" in results, "batch-1 shed")
+        start("critical-1", "critical")  # queue full: sheddable-1 is shed
+        until(lambda: "sheddable-1" in results, "sheddable-1 shed")
+        start("batch-2", "batch")  # the least important newcomer itself is refused
+        until(lambda: "batch-2" in results, "batch-2 refused")
+        assert httpx.delete(engine + "/admin/faults").status_code == 200  # capacity comes back
         for th in threads:
             th.join(60)
         status = {k: v[0] for k, v in results.items()}
-        assert status == {"running": 200, "engine-waiting": 200, "batch-1": 503, "sheddable-1": 503,
+        assert status == {"first": 200, "batch-1": 503, "sheddable-1": 503,
                           "standard-1": 200, "critical-1": 200, "batch-2": 503}, status
         assert results["critical-1"][1] < results["standard-1"][1]  # critical left the queue first

@@ -42,6 +42,7 @@ class RequestLifecycle:
         ctx.admit = d.admit
         ctx.replica = i
         ctx.uncached_tokens = uncached
+        ctx.predicted_hit_blocks = held
         ctx.ticket = fleet.begin(i, uncached, blocks, route.predicted_ttft_s, route.predicted_tpot_s)
         if fleet.prefix is not None and hashes:
             fleet.prefix.record(i, hashes)
@@ -104,6 +105,6 @@ class RequestLifecycle:
             old = self._out_est.get(req.model)
             a = self.scheduler_settings.latency_ewma_alpha
             self._out_est[req.model] = out if old is None else old + a * (out - old)
-        if ctx.cached_tokens is not None and fleet.prefix is not None and req.block_hashes:
-            fleet.prefix.correct(t.replica, req.block_hashes, ctx.cached_tokens // self.block_size)
+        if ctx.cached_tokens is not None:
+            fleet.observe_prefix(t.replica, ctx.predicted_hit_blocks, ctx.cached_tokens // self.block_size)
         self.kick()

@@ -67,7 +67,7 @@ def _earliest_finish(snapshot: FleetSnapshot, req: SchedRequest) -> float:
     idx = snapshot.candidates(req.model)
     if idx.size == 0:
         return np.inf
-    pred = DecisionContext(snapshot, req, idx).feature_base("prediction")
+    pred = DecisionContext(snapshot, req, idx).feature("prediction")
     return snapshot.time + float(np.min(pred.e2e))
 
 

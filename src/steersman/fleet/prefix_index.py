@@ -21,9 +21,10 @@ bytes are counted as they are stored; if they push the total over the budget
 the oldest generation goes early.  A block held by a single replica (the common
 case) stores a per-replica shared object: it costs nothing beyond its key.
 
-Each generation has a one-hash Bloom filter (12 bits per block, ~8% false
-positives) so that a block absent from a generation costs a bit test in a small,
-cache-resident array instead of a cache-missing probe of a large dict.
+A shared filter says which generations may hold a block: one byte per slot,
+bit *j* for the generation in slot *j* (a one-hash Bloom filter per generation,
+12 bits per block, ~8% false positives each), so a block absent everywhere costs
+one byte lookup instead of a cache-missing probe of every generation's dict.
 
 **Matching is O(log n) lookups, not O(n).**  Because hashes are chained, a
 replica holding block *i* almost always holds blocks ``< i`` (blocks of one
@@ -36,7 +37,9 @@ replica with blocks past its hole.
 
 Forgetting a replica is O(generations): existing generations remember it as
 *stale* (masked out on read, stripped when an entry moves) and a fresh
-generation starts for what is recorded afterwards.
+generation starts for what is recorded afterwards.  There are at most eight
+generations, so when all are in use a forget drops the oldest (least recently
+used) one early; forgets with nothing recorded in between cost no generation.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ import numpy as np
 
 __all__ = ["PrefixIndex", "measured_costs"]
 
-_MIN_GENS, _MAX_GENS = 2, 8
+_MIN_GENS, _MAX_GENS = 2, 8  # generations (the filter has one bit per generation in a byte)
 #: Share of the budget the index's own structures may use.  The rest is left to the allocators:
 #: pymalloc arenas and the C heap keep freed memory around, and over 20M inserted blocks the
 #: process RSS settled ~8% above the bytes :meth:`PrefixIndex.nbytes_estimate` counts.
@@ -73,8 +76,9 @@ def _layout(max_bytes: float, fixed: float) -> tuple[int, int, int]:
     best = None
     for k in range(6, 30):
         usable = (2 << k) // 3  # CPython's USABLE_FRACTION of a 2**k table
-        table = slot * (1 << k) + (1 << k)  # + the Bloom filter, one byte per slot
-        gens = min(_MAX_GENS, int((max_bytes - fixed - table / 2) // (table + usable * key)))
+        table = slot * (1 << k)
+        free = max_bytes - fixed - (8 << k) - table / 2  # the filter: 8 x 2**k one-byte slots
+        gens = min(_MAX_GENS, int(free // (table + usable * key)))
         if gens >= _MIN_GENS:
             held = (gens - 0.5) * usable  # on average the oldest generation is half gone
             best = max(best or (0.0, 0, 0, 0), (held, -gens, k, usable))
@@ -84,12 +88,11 @@ def _layout(max_bytes: float, fixed: float) -> tuple[int, int, int]:
 
 
 class _Gen:
-    __slots__ = ("d", "filt", "fview", "stale", "inserts", "vbytes", "counts")
+    __slots__ = ("d", "bit", "stale", "inserts", "vbytes", "counts")
 
-    def __init__(self, n: int, fbytes: int) -> None:
+    def __init__(self, n: int, slot: int) -> None:
         self.d: dict[int, int] = {}
-        self.filt = bytearray(fbytes)  # Bloom filter of the keys ever inserted (bit h mod 8*fbytes)
-        self.fview = np.frombuffer(self.filt, dtype=np.uint8)
+        self.bit = 1 << slot  # this generation's bit in the shared filter
         self.stale = 0  # replicas forgotten after this generation closed (their bits are ignored)
         self.inserts = 0  # keys ever inserted (a dict never reuses the slots of deleted keys)
         self.vbytes = 0  # bytes of multi-replica bitmasks stored here (each counted, shared or not)
@@ -113,16 +116,18 @@ class PrefixIndex:
         self.n = n_replicas
         self.max_bytes = float(max_bytes)
         self._budget = _STRUCTURES * self.max_bytes
-        fixed = 8 * n_replicas * (2 * _MAX_GENS + 2) + 4096
+        fixed = 8 * n_replicas * (_MAX_GENS + 2) + 4096
         k, self.gen_cap, self.gens_target = _layout(self._budget, fixed)
         self._table_full = measured_costs()[0] * (1 << k)
         self._key_bytes = measured_costs()[1]
-        self._fbytes = 1 << k
-        self._fmask = (1 << (k + 3)) - 1
+        self._filter = bytearray(8 << k)  # slot h mod 8*2**k: bit j set if generation j got such a key
+        self._fview = np.frombuffer(self._filter, dtype=np.uint8)
+        self._fmask = (8 << k) - 1
+        self._free = list(range(_MAX_GENS - 1, 0, -1))  # filter bits not used by a generation
         self._one = [~r for r in range(n_replicas)]  # canonical "held by r only" values, shared by entries
         self._total = np.zeros(n_replicas, dtype=np.int64)
         self._nbytes_mask = (n_replicas + 7) // 8
-        self._gens = [_Gen(n_replicas, self._fbytes)]
+        self._gens = [_Gen(n_replicas, 0)]
         self._trim()
 
     # ---- capacity -----------------------------------------------------------
@@ -137,8 +142,9 @@ class PrefixIndex:
     def nbytes_estimate(self) -> int:
         """Bytes held now: dict tables, filters, hash objects, multi-replica bitmasks, count arrays."""
         gens = self._gens
-        per_gen = sum(sys.getsizeof(g.d) + self._fbytes + g.vbytes + g.counts.nbytes for g in gens)
-        return int(per_gen + self._key_bytes * sum(len(g.d) for g in gens) + self._total.nbytes + 1024)
+        per_gen = sum(sys.getsizeof(g.d) + g.vbytes + g.counts.nbytes for g in gens)
+        keys = self._key_bytes * sum(len(g.d) for g in gens)
+        return int(per_gen + keys + len(self._filter) + self._total.nbytes + 1024)
 
     def _projected(self) -> float:
         """Bytes once the newest generation is full, including its last table resize."""
@@ -147,18 +153,26 @@ class PrefixIndex:
         return self.nbytes_estimate() - sys.getsizeof(new.d) + 1.5 * self._table_full + self._key_bytes * room
 
     def _rotate(self) -> None:
-        self._gens.append(_Gen(self.n, self._fbytes))
+        if not self._free:
+            self._drop()
+        self._gens.append(_Gen(self.n, self._free.pop()))
         self._trim()
+
+    def _drop(self) -> None:
+        g = self._gens.pop(0)
+        self._total -= g.counts
+        self._fview &= 0xFF ^ g.bit
+        self._free.append(g.bit.bit_length() - 1)
 
     def _trim(self) -> None:
         gens = self._gens
-        while len(gens) > 2 * _MAX_GENS or (len(gens) > 1 and self._projected() > self._budget):
-            self._total -= gens.pop(0).counts
+        while len(gens) > 1 and self._projected() > self._budget:
+            self._drop()
         if self._projected() > self._budget:  # the newest alone overflows (its bitmasks): start over
-            self._total -= gens[0].counts
-            gens[0] = _Gen(self.n, self._fbytes)
+            self._drop()
+            self._gens.append(_Gen(self.n, self._free.pop()))
         self._newest_first = tuple(reversed(gens))
-        self._probe = tuple((g.filt, g.d, g.stale) for g in self._newest_first)
+        self._probe = tuple((g.bit, g.d, g.stale) for g in self._newest_first)
 
     # ---- values -------------------------------------------------------------
     def _canon(self, m: int) -> int | None:
@@ -169,42 +183,39 @@ class PrefixIndex:
     def _live(self, v: int, stale: int) -> int | None:
         return self._canon(_mask(v) & ~stale) if stale else v
 
-    def _indices(self, v: int) -> np.ndarray | int:
-        """Replica index (single holder) or index array (bitmask)."""
-        if v < 0:
-            return ~v
-        if v.bit_count() <= 16:
-            out = []
-            while v:
-                low = v & -v
-                out.append(low.bit_length() - 1)
-                v ^= low
-            return np.array(out, dtype=np.intp)
-        raw = np.frombuffer(v.to_bytes((self.n + 7) // 8, "little"), dtype=np.uint8)
-        return np.flatnonzero(np.unpackbits(raw, count=self.n, bitorder="little"))
-
     def _get(self, h: int) -> int | None:
-        s = h & self._fmask
-        i, b = s >> 3, 1 << (s & 7)
-        for filt, d, stale in self._probe:
-            if filt[i] & b:
+        c = self._filter[h & self._fmask]
+        if not c:
+            return None
+        for bit, d, stale in self._probe:
+            if c & bit:
                 v = d.get(h)
                 if v is not None:
                     return self._live(v, stale) if stale else v
         return None
 
-    def _set(self, out: np.ndarray, v: int, value: int) -> None:
-        """``out[replicas in v] = value``."""
+    def _scatter(self, out: np.ndarray, v: int, value: int, add: bool = False) -> None:
+        """``out[replicas in v] = value`` (``+= value`` with ``add``)."""
         if v < 0:
-            out[~v] = value
+            idx = ~v
         elif v.bit_count() <= 24:
+            idx = []
             while v:
                 low = v & -v
-                out[low.bit_length() - 1] = value
+                idx.append(low.bit_length() - 1)
                 v ^= low
         else:
             raw = np.frombuffer(v.to_bytes(self._nbytes_mask, "little"), dtype=np.uint8)
-            np.putmask(out, np.unpackbits(raw, count=self.n, bitorder="little"), value)
+            bits = np.unpackbits(raw, count=self.n, bitorder="little")
+            if add:
+                out[bits.view(bool)] += value
+            else:
+                np.putmask(out, bits, value)
+            return
+        if add:
+            out[idx] += value
+        else:
+            out[idx] = value
 
     # ---- writes (the IO edge) ----------------------------------------------
     def record(self, replica: int, hashes: Sequence[int]) -> None:
@@ -223,15 +234,15 @@ class PrefixIndex:
             self._trim()
 
     def _record(self, r: int, hashes: Sequence[int]) -> None:
-        """Bloom-filter tests are vectorised over the blocks; only blocks a generation may hold are
-        looked up one by one, and fresh blocks go in with one ``dict.update``."""
+        """Filter tests are vectorised over the blocks; only blocks a generation may hold are looked
+        up one by one, and fresh blocks go in with one ``dict.update``."""
         bit, one = 1 << r, self._one[r]
         new = self._gens[-1]
         nd = new.d
         added = vbytes = 0
         memo: dict[int, int] = {}
         slots = np.fromiter(hashes, dtype=np.int64, count=len(hashes)) & self._fmask
-        byte, bitv = slots >> 3, np.left_shift(1, slots & 7).astype(np.uint8)
+        may = self._fview[slots]  # which generations may hold each block
 
         def plus(v: int) -> int:
             nv = memo.get(v)
@@ -240,7 +251,7 @@ class PrefixIndex:
             return nv
 
         rest = np.ones(len(hashes), dtype=bool)  # not in the newest generation
-        for p in np.flatnonzero(new.fview[byte] & bitv).tolist() if nd else ():
+        for p in np.flatnonzero(may & new.bit).tolist() if nd else ():
             h = hashes[p]
             v = nd.get(h)
             if v is None:
@@ -258,7 +269,7 @@ class PrefixIndex:
             if not rest.size:
                 break
             gd, hit = g.d, []
-            for p in rest[(g.fview[byte[rest]] & bitv[rest]) != 0].tolist():
+            for p in rest[(may[rest] & g.bit) != 0].tolist():
                 v = gd.pop(hashes[p], None)
                 if v is None:
                     continue
@@ -280,13 +291,12 @@ class PrefixIndex:
             added += len(fresh)
         if entered:
             rest = np.concatenate([rest, np.array(entered, dtype=np.intp)])
-        np.bitwise_or.at(new.fview, byte[rest], bitv[rest])
+        self._fview[slots[rest]] |= new.bit  # duplicates are harmless: OR with one constant
         new.inserts += rest.size
         new.vbytes += vbytes
         for (g, v), c in moved.items():
-            idx = self._indices(v)
-            g.counts[idx] -= c
-            new.counts[idx] += c
+            self._scatter(g.counts, v, -c, add=True)
+            self._scatter(new.counts, v, c, add=True)
         new.counts[r] += added
         self._total[r] += added
 
@@ -370,7 +380,7 @@ class PrefixIndex:
             nm = 0 if nxt is None else _mask(nxt)
             gone = alive & ~nm
             if gone:
-                self._set(out, gone, end + 1)
+                self._scatter(out, gone, end + 1)
                 alive &= nm
             if not alive:
                 return out

@@ -32,15 +32,17 @@ WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 #: in-flight requests hold), recent_tokens (decaying work routed, Preble's window)
 #: and the observed latencies ttft_ewma / tpot_ewma; ttft_ratio / tpot_ratio are
 #: observed / predicted (the model's correction per replica: a degraded GPU shows >1);
-#: since_scrape counts requests routed since the engine's metrics were last read.
+#: since_scrape counts requests routed since the engine's metrics were last read;
+#: prefix_accuracy is the engine-reported cache hit / the index's prediction (EWMA).
+#: The ratios are NaN until a replica is observed; predictors use the fleet prior then.
 LIVE_FIELDS = (
     "in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at",
     "kv_blocks_total", "pending_prefill", "decoding", "active_blocks", "recent_tokens", "ttft_ewma", "tpot_ewma",
-    "ttft_ratio", "tpot_ratio", "since_scrape",
+    "ttft_ratio", "tpot_ratio", "since_scrape", "prefix_accuracy",
 )
 (IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT,
  KV_BLOCKS_TOTAL, PENDING_PREFILL, DECODING, ACTIVE_BLOCKS, RECENT_TOKENS, TTFT_EWMA, TPOT_EWMA,
- TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE) = range(len(LIVE_FIELDS))
+ TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY) = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,8 @@ class FleetSnapshot:
     live: np.ndarray  # LIVE_FIELDS x replicas
     statics: FleetStatics
     prefix: PrefixIndex | None = None
+    ttft_prior: float = 1.0  # observed/predicted ratio for replicas without observations (fleet-wide EWMA)
+    tpot_prior: float = 1.0
 
     @property
     def size(self) -> int:
@@ -84,6 +88,7 @@ class FleetSnapshot:
     ttft_ratio = property(lambda s: s.live[TTFT_RATIO])
     tpot_ratio = property(lambda s: s.live[TPOT_RATIO])
     since_scrape = property(lambda s: s.live[SINCE_SCRAPE])
+    prefix_accuracy = property(lambda s: s.live[PREFIX_ACCURACY])
 
     @property
     def metrics_age(self) -> np.ndarray:

@@ -75,7 +75,9 @@ class Fleet:
         self.live[S.SCRAPED_AT] = -np.inf
         for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA):
             self.live[row] = np.nan
-        self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = 1.0
+        self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = np.nan  # unobserved: the fleet-wide prior applies
+        self.live[S.PREFIX_ACCURACY] = 1.0
+        self.ratio_prior = {S.TTFT_RATIO: 1.0, S.TPOT_RATIO: 1.0}
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
@@ -135,7 +137,7 @@ class Fleet:
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
         if t.predicted_ttft:
-            self._ewma(S.TTFT_RATIO, t.replica, min(ttft / t.predicted_ttft, _MAX_RATIO))
+            self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
 
     def end(self, t: Ticket, output_tokens: int = 0) -> None:
         live = self.live
@@ -150,7 +152,19 @@ class Fleet:
                 tpot = (self.clock.now() - t.first_at) / (output_tokens - 1)
                 self._ewma(S.TPOT_EWMA, i, tpot)
                 if t.predicted_tpot:
-                    self._ewma(S.TPOT_RATIO, i, min(tpot / t.predicted_tpot, _MAX_RATIO))
+                    self._ratio(S.TPOT_RATIO, i, tpot / t.predicted_tpot)
+
+    def observe_prefix(self, index: int, predicted_blocks: int, reported_blocks: int) -> None:
+        """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""
+        if predicted_blocks > 0:
+            self._ewma(S.PREFIX_ACCURACY, index, min(reported_blocks / predicted_blocks, 1.0))
+
+    def _ratio(self, row: int, i: int, value: float) -> None:
+        """Observed / predicted, per replica and fleet-wide (the prior of replicas not yet observed)."""
+        value = min(value, _MAX_RATIO)
+        self._ewma(row, i, value)
+        prior = self.ratio_prior[row]
+        self.ratio_prior[row] = prior + self.settings.latency_ewma_alpha * (value - prior)
 
     def _ewma(self, row: int, i: int, value: float) -> None:
         old = self.live[row, i]
@@ -184,15 +198,21 @@ class Fleet:
         self.routable[index] = self.healthy[index] and self.live[S.WEIGHTS, index] == _WARM
 
     def snapshot(self) -> FleetSnapshot:
+        now = self.clock.now()
+        live = self.live.copy()
+        # decay routed work to now (it is only decayed when a request is routed there)
+        live[S.RECENT_TOKENS] *= np.exp(-(now - self._recent_at) / self.settings.recent_load_tau_s)
         return FleetSnapshot(
-            time=self.clock.now(),
+            time=now,
             names=self._names,
             gpus=self._gpus,
             pools=self._pools,
             model_masks=self._masks,
             healthy=_frozen(self.healthy.copy()),
             routable=_frozen(self.routable.copy()),
-            live=_frozen(self.live.copy()),
+            live=_frozen(live),
             statics=self.statics,
             prefix=self.prefix,
+            ttft_prior=self.ratio_prior[S.TTFT_RATIO],
+            tpot_prior=self.ratio_prior[S.TPOT_RATIO],
         )

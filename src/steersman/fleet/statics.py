@@ -43,22 +43,28 @@ class FleetStatics:
     gpu_class: np.ndarray  # index into gpu_names (-1 unknown)
     gpu_names: tuple[str, ...]
     max_batched_tokens: np.ndarray
+    batch_tokens: np.ndarray  # max_batched_tokens, vLLM's small-GPU default 2048 where unknown
+    compute_price: np.ndarray  # $/h per dense TFLOP/s (NaN-free; unknown GPUs rank last)
     max_seqs: np.ndarray
     kv_blocks: np.ndarray  # modelled KV capacity in blocks (NaN unknown)
     block_size: int
     modelled: np.ndarray  # bool: roofline coefficients are known
     coeff: dict[str, np.ndarray]  # roofline coefficients by name (see steersman.sim.roofline.Roofline)
+    #: the same, folded for speed, one row each: lin_c, lin_c0, lin_m, per-token (elementwise + all-reduce),
+    #: fixed (per step + all-reduce latency), attn_c, kv_m, decode-KV (max(attn_c, kv_m)), head_c, head_m
+    matrix: np.ndarray
 
     def step_time(self, idx: np.ndarray, tokens: np.ndarray, prefill_pairs: np.ndarray, prefill_kv: np.ndarray,
                   decode_kv: np.ndarray, sampled: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`Roofline.cost` duration for replicas ``idx`` (same formula, same constants)."""
-        c = self.coeff
-        g = lambda k: c[k][idx]  # noqa: E731
-        lin = np.maximum(g("lin_c") * tokens + g("lin_c0"), g("lin_m"))
-        pre = np.maximum(g("attn_c") * prefill_pairs, g("kv_m") * prefill_kv)
-        dec = np.maximum(g("attn_c") * decode_kv, g("kv_m") * decode_kv)
-        head = np.where(sampled > 0, np.maximum(g("head_c") * sampled, g("head_m")), 0.0)
-        return lin + pre + dec + head + g("elt") * tokens + g("fixed") + g("ar_lat") + g("ar_tok") * tokens
+        lin_c, lin_c0, lin_m, per_tok, fixed, attn_c, kv_m, dec_kv, head_c, head_m = self.matrix[:, idx]
+        t = np.maximum(lin_c * tokens + lin_c0, lin_m)
+        t += np.maximum(attn_c * prefill_pairs, kv_m * prefill_kv)
+        t += dec_kv * decode_kv
+        t += np.where(sampled > 0, np.maximum(head_c * sampled, head_m), 0.0)
+        t += per_tok * tokens
+        t += fixed
+        return t
 
 
 def build_statics(specs: Sequence[ReplicaSpec], settings: EngineSettings = DEFAULTS.engine) -> FleetStatics:
@@ -101,6 +107,16 @@ def build_statics(specs: Sequence[ReplicaSpec], settings: EngineSettings = DEFAU
         for k, v in Roofline(gpu, model, s.tp, settings.step_overhead_s).coefficients().items():
             coeff[k][i] = v
         modelled[i] = True
-    for a in (price, tp, hbm, tflops, mbt, mseq, kv, cls, modelled, *coeff.values()):
+    c = coeff
+    matrix = np.vstack([
+        c["lin_c"], c["lin_c0"], c["lin_m"], c["elt"] + c["ar_tok"], c["fixed"] + c["ar_lat"],
+        c["attn_c"], c["kv_m"], np.maximum(c["attn_c"], c["kv_m"]), c["head_c"], c["head_m"],
+    ])
+    for a in (price, tp, hbm, tflops, mbt, mseq, kv, cls, modelled, matrix, *coeff.values()):
         a.flags.writeable = False
-    return FleetStatics(price, tp, hbm, tflops, cls, tuple(names), mbt, mseq, kv, settings.block_size, modelled, coeff)
+    batch_tokens = np.where(np.isnan(mbt), 2048.0, mbt)
+    compute_price = np.where(np.isnan(tflops), np.inf, price / np.fmax(np.nan_to_num(tflops, nan=1.0), 1e-9))
+    for a in (batch_tokens, compute_price):
+        a.flags.writeable = False
+    return FleetStatics(price, tp, hbm, tflops, cls, tuple(names), mbt, batch_tokens, compute_price, mseq, kv,
+                        settings.block_size, modelled, coeff, matrix)

@@ -11,10 +11,7 @@ from steersman.policy.base import POLICIES, Decision, Queue, Reject, Route, Rout
 from steersman.policy.framework import FILTERS, PICKERS, PLUGIN_LATENCY, SCORERS, DecisionContext, Profile, WeightedScorer, build
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest, WorkflowView
 
-try:  # baselines register themselves on import
-    from steersman.policy import baselines  # noqa: F401
-except ImportError:  # pragma: no cover - during development of the baselines package
-    baselines = None
+from steersman.policy import baselines  # noqa: F401,E402  (registers the baseline profiles)
 
 __all__ = [
     "POLICIES", "PLUGIN_LATENCY", "FILTERS", "SCORERS", "PICKERS", "Decision", "Route", "Queue", "Reject", "RoutingPolicy",

@@ -57,39 +57,35 @@ def feature(name: str):
 class DecisionContext:
     """One decision: the snapshot, the request, and the candidate replicas still in play.
 
-    Features are computed once over ``base`` (the initial candidates) and sliced
-    to the current ``candidates`` as filters narrow them.
+    A feature is computed over the candidates in play when it is first asked for
+    (so an early ``shortlist`` filter makes every later feature cheap) and re-sliced
+    when filters narrow the candidates further.
     """
 
     snapshot: FleetSnapshot
     request: SchedRequest
     base: np.ndarray  # initial candidate replica indices
     sel: np.ndarray | None = None  # positions in ``base`` still in play (None: all)
-    _features: dict[str, Any] = field(default_factory=dict)
+    _features: dict[str, tuple[Any, np.ndarray | None]] = field(default_factory=dict)
 
     @property
     def candidates(self) -> np.ndarray:
         return self.base if self.sel is None else self.base[self.sel]
 
-    def feature_base(self, name: str) -> Any:
-        """A shared feature over ``base`` (computed once per decision)."""
-        v = self._features.get(name)
-        if v is None:
-            v = self._features[name] = FEATURES[name](self)
-        return v
-
     def feature(self, name: str) -> Any:
-        """A shared feature over the current candidates.
-
-        Arrays over ``base`` are sliced; objects with ``select(sel)`` slice themselves.
-        """
-        v = self.feature_base(name)
-        if self.sel is None:
-            return v
-        if isinstance(v, np.ndarray) and v.shape[:1] == self.base.shape:
-            return v[self.sel]
-        select = getattr(v, "select", None)
-        return select(self.sel) if select is not None else v
+        """A shared feature over the current candidates (arrays, or objects with ``select(positions)``)."""
+        entry = self._features.get(name)
+        if entry is None:
+            entry = self._features[name] = (FEATURES[name](self), self.sel)
+        value, at = entry
+        if at is self.sel:
+            return value
+        # narrowed since: positions now in play, relative to those the feature was computed for
+        rel = self.sel if at is None else np.searchsorted(at, self.sel)
+        if isinstance(value, np.ndarray):
+            return value[rel]
+        select = getattr(value, "select", None)
+        return select(rel) if select is not None else value
 
     def narrow(self, keep: np.ndarray) -> None:
         """Keep only the current candidates where ``keep`` is true."""
@@ -185,7 +181,7 @@ class Profile:
         total = np.zeros(ctx.candidates.size)
         for ws in self.scorers:
             s = np.asarray(_timed(ws.scorer.name, ws.scorer.score, ctx), dtype=float)
-            total += ws.weight * np.clip(np.nan_to_num(s, nan=0.0, posinf=1.0, neginf=0.0), 0.0, 1.0)
+            total += ws.weight * np.fmin(np.fmax(s, 0.0), 1.0)  # fmax/fmin drop NaN: NaN -> 0, +inf -> 1
         return _timed(self.picker.name, self.picker.pick, ctx, total)
 
 

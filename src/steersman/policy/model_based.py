@@ -18,7 +18,7 @@ from steersman.policy.base import POLICIES, Decision, Route
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, WeightedScorer
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
-from steersman.policy.scorers import CostEfficiency, FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, SloHeadroom, targets
+from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
 __all__ = ["SloCheapest", "steersman_profile", "SAFETY_MARGIN", "COST_TIE"]
 
@@ -58,11 +58,11 @@ class SloCheapest:
 def steersman_profile(settings: SchedulerSettings) -> Profile:
     return Profile(
         "steersman",
-        filters=[FitsKv()],
+        filters=[Shortlist(), FitsKv()],
+        # the picker already weighs latency against the budget and cost; the scores
+        # only rank replicas it finds equally good
         scorers=[
-            WeightedScorer(SloHeadroom(), 3.0),
             WeightedScorer(PrefixAffinity(), 2.0),
-            WeightedScorer(CostEfficiency(), 1.0),
             WeightedScorer(KvHeadroom(), 1.0),
             WeightedScorer(LoadBalance(), 1.0),
         ],

@@ -15,16 +15,18 @@ ahead of the request, the way vLLM v1 would schedule it:
 A step with chunked prefill carries ``D`` decodes and ``P = B - D`` prefill
 tokens (``B`` = max_num_batched_tokens), so
 
-    TTFT ≈ ceil((queue ahead + own uncached) / P) × t_step(B) × ttft_ratio
-    TPOT ≈ t_step(decodes only, D + 1) × tpot_ratio          (no prefill waiting)
-         ≈ t_step(B) × tpot_ratio                              (prefill waiting)
+    TTFT ≈ (⌊W / P⌋ × t_step(B) + t_step(D + W mod P)) × ttft_ratio,   W = queue ahead + own uncached
+    (the partial step interpolated between the decode-only and the full step)
+    TPOT ≈ t_step(decodes only, D + 1) × tpot_ratio          (no other prefill waiting)
+         ≈ t_step(B) × tpot_ratio                              (other prefill waiting)
 
 where the ratios are each replica's observed/predicted correction (a degraded
-GPU learns a ratio above 1).  Replicas without a known GPU/model use their
-observed latencies.  The marginal **cost** of the request on a replica is its
-share of GPU time priced at the replica's $/h: its prompt's share of the token
-budget of the steps that prefill it plus
-``expected_output × TPOT / (D + 1)`` (a batch of D + 1 shares each decode step).
+GPU learns a ratio above 1; a replica not yet observed takes the fleet's, so it
+is explored on equal terms).  Replicas without a known GPU/model use their
+observed latencies.  The **cost** of the request on a replica is the GPU time it uses priced at the
+replica's $/h: its prompt's share of the token budget of the steps that prefill
+it, plus ``expected_output × TPOT / REFERENCE_BATCH`` (decode steps are shared by a
+batch).
 """
 
 from __future__ import annotations
@@ -33,17 +35,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from steersman.fleet import snapshot as S
 from steersman.policy.framework import DecisionContext, feature
 
-__all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict"]
+__all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFERENCE_BATCH"]
 
 #: Context assumed for the other requests of a batch when pricing their KV reads.
 _CTX_FALLBACK = 1024.0
+#: Decode GPU time is priced as if shared by this many sequences: a typical busy
+#: batch, so cost ranks hardware ($ per unit of speed) and cache hits, not transient
+#: load (a busier replica is not "cheaper" because its batch is bigger right now;
+#: its higher predicted TPOT makes it costlier, which spreads load within a class).
+REFERENCE_BATCH = 32.0
 
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """Arrays aligned with the decision's ``base`` candidates."""
+    """Arrays aligned with the decision's candidates (when first computed)."""
 
     ttft: np.ndarray  # seconds
     tpot: np.ndarray  # seconds per output token
@@ -57,50 +65,53 @@ class Prediction:
 
 @feature("prefix_blocks")
 def prefix_blocks(ctx: DecisionContext) -> np.ndarray:
-    """Leading prompt blocks each candidate probably holds, discounted by residency confidence."""
-    snap, req, idx = ctx.snapshot, ctx.request, ctx.base
+    """Leading prompt blocks each candidate probably holds, discounted by residency confidence:
+    the share of the indexed blocks the replica's KV cache can hold, and how often the
+    engine's reported hits matched the index's predictions there."""
+    snap, req, idx = ctx.snapshot, ctx.request, ctx.candidates
     if snap.prefix is None or not req.block_hashes:
         return np.zeros(idx.size)
     held = snap.prefix.match(req.block_hashes)[idx].astype(float)
     capacity = np.where(np.isnan(snap.kv_blocks_total[idx]), snap.statics.kv_blocks[idx], snap.kv_blocks_total[idx])
     indexed = snap.prefix.blocks_per_replica()[idx]
     confidence = np.where((indexed > 0) & (capacity > 0), np.minimum(1.0, capacity / np.maximum(indexed, 1.0)), 1.0)
-    return held * np.nan_to_num(confidence, nan=1.0)
+    return held * np.fmin(np.nan_to_num(confidence, nan=1.0), snap.prefix_accuracy[idx])
 
 
 @feature("uncached_tokens")
 def uncached_tokens(ctx: DecisionContext) -> np.ndarray:
     req = ctx.request
-    hit = np.floor(ctx.feature_base("prefix_blocks")) * ctx.snapshot.statics.block_size
+    hit = np.floor(ctx.feature("prefix_blocks")) * ctx.snapshot.statics.block_size
     return req.prompt_tokens - np.minimum(hit, max(req.prompt_tokens - 1, 0))
 
 
 @feature("prediction")
 def predict(ctx: DecisionContext) -> Prediction:
-    snap, req, idx = ctx.snapshot, ctx.request, ctx.base
+    snap, req, idx = ctx.snapshot, ctx.request, ctx.candidates
     st = snap.statics
-    own = ctx.feature_base("uncached_tokens")
-    running = np.maximum(snap.running[idx], snap.decoding[idx])
-    ours_waiting = np.maximum(snap.in_flight[idx] - snap.decoding[idx], 0.0)
-    others = np.maximum(snap.waiting[idx] - ours_waiting, 0.0) * req.prompt_tokens
-    ahead = np.maximum(snap.pending_prefill[idx], 0.0) + others
-    B = np.nan_to_num(st.max_batched_tokens[idx], nan=2048.0)
-    D = np.minimum(running, B - 1)
-    P = np.maximum(B - D, 1.0)
-    ctx_len = float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK
-    one = np.ones(idx.size)
-    # a full mixed step: D decodes + P prefill tokens (one chunk at context ~ctx_len)
-    t_full = st.step_time(idx, B, P * (ctx_len / 2 + P / 2), P + ctx_len / 2, D * ctx_len, D + one)
-    t_dec = st.step_time(idx, D + one, 0 * one, 0 * one, (D + one) * ctx_len, D + one)
-    steps = np.ceil((ahead + own) / P)
-    ttft = steps * t_full * snap.ttft_ratio[idx]
-    tpot = np.where(ahead > 0, t_full, t_dec) * snap.tpot_ratio[idx]
+    live = snap.live[:, idx]
+    own = ctx.feature("uncached_tokens")
+    in_flight, decoding = live[S.IN_FLIGHT], live[S.DECODING]
+    D = np.maximum(live[S.RUNNING], decoding)
+    others = np.maximum(live[S.WAITING] - np.maximum(in_flight - decoding, 0.0), 0.0) * req.prompt_tokens
+    work = np.maximum(live[S.PENDING_PREFILL], 0.0) + others + own
+    B = st.batch_tokens[idx]
+    D = np.minimum(D, B - 1.0)
+    P = B - D
+    c = float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK
+    # a full mixed step (D decodes + a P-token prefill chunk at context ~c) and a decode-only step
+    t_full = st.step_time(idx, B, P * (c / 2 + P / 2), P + c / 2, D * c, D + 1.0)
+    t_dec = st.step_time(idx, D + 1.0, 0.0, 0.0, (D + 1.0) * c, D + 1.0)
+    full = np.floor(work / P)
+    rem = work - full * P  # the last, partial step (step time is close to affine in its tokens)
+    r_ttft, r_tpot = live[S.TTFT_RATIO], live[S.TPOT_RATIO]
+    ttft = (full * t_full + t_dec + (t_full - t_dec) * (rem / P)) * np.where(r_ttft == r_ttft, r_ttft, snap.ttft_prior)
+    tpot = np.where(work > own, t_full, t_dec) * np.where(r_tpot == r_tpot, r_tpot, snap.tpot_prior)
     unmodelled = ~st.modelled[idx]
     if unmodelled.any():
-        ttft = np.where(unmodelled, np.nan_to_num(snap.ttft_ewma[idx], nan=0.5), ttft)
-        tpot = np.where(unmodelled, np.nan_to_num(snap.tpot_ewma[idx], nan=0.05), tpot)
+        ttft = np.where(unmodelled, np.nan_to_num(live[S.TTFT_EWMA], nan=0.5), ttft)
+        tpot = np.where(unmodelled, np.nan_to_num(live[S.TPOT_EWMA], nan=0.05), tpot)
+        t_full = np.where(unmodelled, ttft, t_full)
     e2e = ttft + req.expected_output * tpot
-    own_prefill_s = own / B * np.where(unmodelled, ttft, t_full)  # our share of the steps' token budget
-    gpu_s = own_prefill_s + req.expected_output * tpot / (D + 1)
-    cost = st.price_per_hour[idx] / 3600.0 * gpu_s
-    return Prediction(ttft, tpot, e2e, cost, own)
+    gpu_s = own / B * t_full + req.expected_output * tpot / REFERENCE_BATCH
+    return Prediction(ttft, tpot, e2e, st.price_per_hour[idx] * (gpu_s / 3600.0), own)

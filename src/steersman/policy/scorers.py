@@ -23,7 +23,7 @@ import numpy as np
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
 from steersman.policy.request import SchedRequest
 
-__all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "targets"]
+__all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
 
 
 def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
@@ -120,3 +120,39 @@ class LoadBalance:
         load = ctx.snapshot.in_flight[ctx.candidates] + ctx.snapshot.waiting[ctx.candidates]
         lo, hi = load.min(), load.max()
         return np.ones(load.size) if hi <= lo else (hi - load) / (hi - lo)
+
+
+@FILTERS.register("shortlist")
+class Shortlist:
+    """Keep at most ``k`` promising candidates so the model-based stages stay cheap at fleet scale.
+
+    Half the places go to the least loaded replicas (in flight + waiting), a
+    quarter to the replicas holding the longest cached prefix of the prompt, a
+    quarter to the cheapest compute ($/h per TFLOP/s); a two-stage scheduler in
+    the spirit of power-of-k choices: the expensive prediction only runs on them.
+    """
+
+    name = "shortlist"
+
+    def __init__(self, k: int = 32) -> None:
+        if k < 4:
+            raise ValueError("shortlist k must be >= 4")
+        self.k = k
+
+    def filter(self, ctx: DecisionContext) -> np.ndarray:
+        idx = ctx.candidates
+        n, k = idx.size, self.k
+        if n <= k:
+            return np.ones(n, dtype=bool)
+        snap, req = ctx.snapshot, ctx.request
+        keep = np.zeros(n, dtype=bool)
+        load = snap.in_flight[idx] + snap.waiting[idx]
+        keep[np.argpartition(load, k // 2)[: k // 2]] = True
+        if snap.prefix is not None and req.block_hashes:
+            held = snap.prefix.match(req.block_hashes)[idx]
+            holders = np.flatnonzero(held)
+            if holders.size > k // 4:
+                holders = holders[np.argpartition(-held[holders], k // 4)[: k // 4]]
+            keep[holders] = True
+        keep[np.argpartition(snap.statics.compute_price[idx], k // 4)[: k // 4]] = True
+        return keep

@@ -15,7 +15,7 @@ from steersman.fleet.statics import FleetStatics
 from steersman.policy.base import Decision, Route
 from steersman.policy.framework import DecisionContext, Picker, Profile, feature
 
-__all__ = ["prefix_match", "mix64", "choose_min", "choose_max", "rule_profile", "prefill_s_per_token",
+__all__ = ["prefix_match", "mix64", "at", "choose_min", "choose_max", "rule_profile", "prefill_s_per_token",
            "decode_step_s"]
 
 _M64 = (1 << 64) - 1
@@ -29,13 +29,28 @@ def mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def at(ctx: DecisionContext, row: np.ndarray) -> np.ndarray:
+    """``row`` (one value per replica) over the current candidates, without a copy when all are."""
+    cand = ctx.candidates
+    return row if cand.size == row.size else row[cand]
+
+
 @feature("prefix-match")
 def prefix_match(ctx: DecisionContext) -> np.ndarray:
-    """Leading prompt blocks each base candidate probably holds, as the index says (no discount)."""
+    """Leading prompt blocks (int64) each candidate probably holds, as the index says (no discount)."""
     snap, req = ctx.snapshot, ctx.request
     if snap.prefix is None or not req.block_hashes:
-        return np.zeros(ctx.base.size)
-    return snap.prefix.match(req.block_hashes)[ctx.base].astype(float)
+        return np.zeros(ctx.candidates.size, dtype=np.int64)
+    return at(ctx, snap.prefix.match(req.block_hashes))
+
+
+def _least(values: np.ndarray) -> np.ndarray:
+    """Positions of the minimum; NaNs never win (all NaN: every position)."""
+    best = np.flatnonzero(values <= values.min())
+    if best.size == 0:
+        ok = ~np.isnan(values)
+        best = np.flatnonzero(values <= values[ok].min()) if ok.any() else np.arange(values.size)
+    return best
 
 
 def _route(ctx: DecisionContext, best: np.ndarray, reason: str) -> Route:
@@ -43,15 +58,15 @@ def _route(ctx: DecisionContext, best: np.ndarray, reason: str) -> Route:
 
 
 def choose_min(ctx: DecisionContext, values: np.ndarray, reason: str, among: np.ndarray | None = None) -> Route:
-    """The candidate with the least ``values`` (optionally only positions ``among``); ties by seq."""
+    """The candidate with the least ``values``; ties by seq.  With ``among`` (candidate positions),
+    ``values`` are given for those positions only."""
     if among is not None:
-        sub = values[among]
-        return _route(ctx, among[sub <= sub.min()], reason)
-    return _route(ctx, np.flatnonzero(values <= values.min()), reason)
+        return _route(ctx, among[_least(values)], reason)
+    return _route(ctx, _least(values), reason)
 
 
 def choose_max(ctx: DecisionContext, values: np.ndarray, reason: str) -> Route:
-    return _route(ctx, np.flatnonzero(values >= values.max()), reason)
+    return _route(ctx, _least(-values), reason)
 
 
 class _RulePicker:

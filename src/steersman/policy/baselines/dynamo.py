@@ -26,7 +26,7 @@ import math
 
 from steersman.config import SchedulerSettings
 from steersman.policy.base import POLICIES, Decision
-from steersman.policy.baselines.common import choose_min, rule_profile
+from steersman.policy.baselines.common import at, choose_min, rule_profile
 from steersman.policy.framework import DecisionContext, Profile
 
 __all__ = ["KvRouterCost", "dynamo_kv", "OVERLAP_SCORE_WEIGHT", "cost"]
@@ -42,7 +42,7 @@ def cost(ctx: DecisionContext, weight: float = OVERLAP_SCORE_WEIGHT):
     isl = req.prompt_tokens
     prefill_blocks = (isl - overlap * bs).clip(min=0.0) / bs
     new_blocks = (math.ceil(isl / bs) - overlap).clip(min=0.0)
-    decode_blocks = snap.active_blocks[ctx.candidates] + new_blocks
+    decode_blocks = at(ctx, snap.active_blocks) + new_blocks
     return weight * prefill_blocks + decode_blocks
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from steersman.config import SchedulerSettings
 from steersman.policy.base import POLICIES
+from steersman.policy.baselines.common import at
 from steersman.policy.framework import SCORERS, DecisionContext, MaxScore, Profile, WeightedScorer
 
 __all__ = ["PrefixMatchFraction", "QueueDepth", "KvUtilization", "llm_d"]
@@ -51,7 +52,7 @@ class QueueDepth:
     name = "queue-depth"
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
-        q = ctx.snapshot.waiting[ctx.candidates]
+        q = at(ctx, ctx.snapshot.waiting)
         lo, hi = q.min(), q.max()
         if hi <= lo:
             return np.ones(q.size)
@@ -65,7 +66,7 @@ class KvUtilization:
     name = "kv-utilization"
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
-        return 1.0 - ctx.snapshot.kv_usage[ctx.candidates]
+        return 1.0 - at(ctx, ctx.snapshot.kv_usage)
 
 
 def llm_d(settings: SchedulerSettings) -> Profile:

@@ -1,7 +1,7 @@
 """Preble's E2 (exploit / explore) global scheduling rule (Srivatsa et al., ICLR 2025).
 
-Source: "Preble: Efficient Distributed Prompt Scheduling for LLM Serving", §4 (E2
-scheduling), and WukLab/preble ``multi_node/global_scheduler_with_time.py``:
+Source: "Preble: Efficient Distributed Prompt Scheduling for LLM Serving" (its E2
+algorithm), and WukLab/preble ``multi_node/global_scheduler_with_time.py``:
 
 * **exploit** when the request's longest cached prefix is longer than its uncached
   rest (``matched > prompt - matched``): send it to a GPU holding that prefix; if
@@ -41,14 +41,18 @@ from steersman.policy.framework import DecisionContext, Profile
 __all__ = ["E2", "preble_e2", "load_cost"]
 
 
-def load_cost(ctx: DecisionContext) -> tuple[np.ndarray, np.ndarray]:
-    """(``L_i`` in seconds, prefill seconds per token) for every candidate."""
-    snap, cand = ctx.snapshot, ctx.candidates
-    st = snap.statics
-    s_tok = prefill_s_per_token(st)[cand]
-    tpot = snap.tpot_ewma[cand]
-    tpot = np.where(np.isfinite(tpot), tpot, decode_step_s(st)[cand])
-    load = snap.recent_tokens[cand] * s_tok + snap.decoding[cand] * ctx.request.expected_output * tpot
+def load_cost(ctx: DecisionContext, pos: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(``L_i`` in seconds, prefill seconds per token) for the candidates (or candidate positions ``pos``)."""
+    snap = ctx.snapshot
+    idx = ctx.candidates if pos is None else ctx.candidates[pos]
+
+    def rows(a: np.ndarray) -> np.ndarray:
+        return a if idx.size == a.size else a[idx]
+
+    s_tok = rows(prefill_s_per_token(snap.statics))
+    tpot = rows(snap.tpot_ewma)
+    tpot = np.where(np.isfinite(tpot), tpot, rows(decode_step_s(snap.statics)))
+    load = rows(snap.recent_tokens) * s_tok + rows(snap.decoding) * (ctx.request.expected_output * tpot)
     return load, s_tok
 
 
@@ -60,10 +64,11 @@ class E2:
         prompt = req.prompt_tokens
         cached = np.minimum(ctx.feature("prefix-match") * ctx.snapshot.statics.block_size, prompt)
         best = cached.max()
-        load, s_tok = load_cost(ctx)
-        if best > prompt - best:
+        if best > prompt - best:  # exploit: only the holders' load matters
             holders = np.flatnonzero(cached >= best)
+            load, _ = load_cost(ctx, holders)
             return choose_min(ctx, load, "preble E2: exploit (cached > uncached), least loaded holder", holders)
+        load, s_tok = load_cost(ctx)
         return choose_min(ctx, load + (prompt - cached) * s_tok, "preble E2: explore, least load + own prefill")
 
 

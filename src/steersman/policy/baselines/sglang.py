@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from steersman.config import SchedulerSettings
 from steersman.policy.base import POLICIES, Decision
-from steersman.policy.baselines.common import choose_max, choose_min, rule_profile
+from steersman.policy.baselines.common import at, choose_max, choose_min, rule_profile
 from steersman.policy.framework import DecisionContext, Profile
 
 __all__ = ["CacheAware", "sglang_cache_aware", "CACHE_THRESHOLD", "BALANCE_ABS_THRESHOLD", "BALANCE_REL_THRESHOLD"]
@@ -44,8 +44,8 @@ class CacheAware:
         self.rel_t = balance_rel_threshold
 
     def pick(self, ctx: DecisionContext, scores=None) -> Decision:
-        snap, req, cand = ctx.snapshot, ctx.request, ctx.candidates
-        load = snap.in_flight[cand]
+        snap, req = ctx.snapshot, ctx.request
+        load = at(ctx, snap.in_flight)
         hi, lo = load.max(), load.min()
         if hi - lo > self.abs_t and hi > self.rel_t * lo:
             return choose_min(ctx, load, "sglang: load imbalanced, least loaded")
@@ -54,7 +54,7 @@ class CacheAware:
         rate = min(best * snap.statics.block_size, req.prompt_tokens) / req.prompt_tokens if req.prompt_tokens > 0 else 0.0
         if rate > self.cache_threshold:
             return choose_max(ctx, matched, f"sglang: prefix match {rate:.2f} > {self.cache_threshold}")
-        tree = snap.prefix.blocks_per_replica()[cand] if snap.prefix is not None else 0 * load
+        tree = at(ctx, snap.prefix.blocks_per_replica()) if snap.prefix is not None else 0 * load
         return choose_min(ctx, tree, f"sglang: prefix match {rate:.2f} <= {self.cache_threshold}, smallest tree")
 
 

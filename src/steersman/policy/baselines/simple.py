@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from steersman.config import SchedulerSettings
 from steersman.policy.base import POLICIES, Decision, Route
-from steersman.policy.baselines.common import choose_min, mix64, rule_profile
+from steersman.policy.baselines.common import at, choose_min, mix64, rule_profile
 from steersman.policy.framework import DecisionContext, Profile
 
 __all__ = ["round_robin", "random_pick", "least_request", "power_of_two"]
@@ -30,7 +30,7 @@ def _random(ctx: DecisionContext) -> Decision:
 
 
 def _least(ctx: DecisionContext) -> Decision:
-    return choose_min(ctx, ctx.snapshot.in_flight[ctx.candidates], "least requests in flight")
+    return choose_min(ctx, at(ctx, ctx.snapshot.in_flight), "least requests in flight")
 
 
 def _p2c(ctx: DecisionContext) -> Decision:

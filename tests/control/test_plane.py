@@ -1,0 +1,67 @@
+"""The control plane's decision core, pure: admission + scheduling + queue, driven with plain floats."""
+
+from steersman.config import DEFAULTS
+from steersman.config.admission import AdmissionSettings
+from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig
+from steersman.control.plane import ControlPlane, Dispatch, Refuse, Wait
+from steersman.policy import make_policy
+from steersman.policy.request import LatencyBudget, PriorityClass
+from steersman.testing.snapshots import fleet_snapshot, sched_request
+
+DEPTH = DEFAULTS.scheduler.saturation_queue_depth
+FREE = fleet_snapshot(2)
+FULL = fleet_snapshot(2, waiting=[DEPTH, DEPTH])
+
+
+def plane(max_entries=1024, **tenant):
+    s = AdmissionSettings(queue_max_entries=max_entries)
+    return ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s)), TenantConfig("t", PriorityClass.STANDARD, **tenant)
+
+
+def test_dispatch_now_when_there_is_room():
+    p, t = plane()
+    out, shed = p.arrive("a", sched_request(), t, FREE, 0.0)
+    assert isinstance(out, Dispatch) and out.route.replica in (0, 1) and not shed
+
+
+def test_queue_then_dispatch_when_capacity_frees():
+    p, t = plane()
+    out, _ = p.arrive("a", sched_request(), t, FULL, 0.0)
+    assert isinstance(out, Wait) and p.waiting == 1
+    assert p.dispatch(lambda: FULL, 0.1) == []
+    got = p.dispatch(lambda: FREE, 0.2)
+    assert [item for item, _ in got] == ["a"] and isinstance(got[0][1], Dispatch) and p.waiting == 0
+
+
+def test_rate_limit_refuses_with_retry_after_and_release_gives_it_back():
+    p, t = plane(requests_per_minute=1)
+    out, _ = p.arrive("a", sched_request(), t, FULL, 0.0)
+    assert isinstance(out, Wait)
+    out2, _ = p.arrive("b", sched_request(seq=1), t, FREE, 0.0)
+    assert isinstance(out2, Refuse) and out2.status == 429 and out2.retry_after > 0
+    p.abandon("a", 0.5)  # never ran: its slot comes back
+    out3, _ = p.arrive("c", sched_request(seq=2), t, FREE, 0.5)
+    assert isinstance(out3, Dispatch)
+
+
+def test_full_queue_sheds_the_least_important():
+    p, t = plane(max_entries=1)
+    crit = TenantConfig("c", PriorityClass.CRITICAL)
+    batch = TenantConfig("b", PriorityClass.BATCH)
+    assert isinstance(p.arrive("low", sched_request(priority=PriorityClass.BATCH, tenant="b"), batch, FULL, 0.0)[0], Wait)
+    out, shed = p.arrive("high", sched_request(seq=1, priority=PriorityClass.CRITICAL, tenant="c"), crit, FULL, 0.1)
+    assert isinstance(out, Wait) and [v for v, _ in shed] == ["low"] and shed[0][1].status == 503
+    out, shed = p.arrive("low2", sched_request(seq=2, priority=PriorityClass.BATCH, tenant="b"), batch, FULL, 0.2)
+    assert isinstance(out, Refuse) and out.code == "shed" and not shed
+
+
+def test_infeasible_deadline_refused_at_once_and_queued_ones_expire():
+    p, t = plane()
+    tight = sched_request(prompt_tokens=4000, expected_output=400, budget=LatencyBudget(deadline=0.01))
+    out, _ = p.arrive("x", tight, t, FREE, 0.0)
+    assert isinstance(out, Refuse) and out.status == 503 and out.code == "deadline_infeasible"
+    ok = sched_request(seq=1, prompt_tokens=100, expected_output=10, budget=LatencyBudget(deadline=5.0))
+    assert isinstance(p.arrive("y", ok, t, FULL, 0.0)[0], Wait)
+    assert p.expire(FULL, 1.0) == []
+    expired = p.expire(FULL, 5.0)
+    assert [item for item, _ in expired] == ["y"] and p.waiting == 0
