@@ -11,7 +11,8 @@ def sims(n: int = 2, gpu: str = "H100", model: str = "llama-3.1-8b", speedup: fl
 @pytest.fixture(scope="module")
 def fleet():
     """Gateway + 2x H100 Llama-3.1-8B + 1x A100 Qwen2.5-7B engine-sim replicas, 50x real time."""
-    with LiveFleet(sims=sims(2) + sims(1, gpu="A100", model="qwen2.5-7b"), gateway={"max_body_bytes": 1_000_000}) as lf:
+    # least-request: these tests are about the API surface, spreading must not depend on latency feedback
+    with LiveFleet(sims=sims(2) + sims(1, gpu="A100", model="qwen2.5-7b"), policy="least-request", gateway={"max_body_bytes": 1_000_000}) as lf:
         yield lf
 
 

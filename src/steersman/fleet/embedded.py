@@ -74,17 +74,18 @@ class SimulatedFleet:
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        for p in self.procs:
+        """SIGTERM every replica, then SIGKILL those still running after ``grace_s`` (in parallel)."""
+        procs, self.procs = self.procs, []
+        for p in procs:
             if p.returncode is None:
                 p.terminate()
-        for p in self.procs:
-            if p.returncode is None:
-                try:
-                    await asyncio.wait_for(p.wait(), grace_s)
-                except TimeoutError:
+        try:
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), grace_s)
+        except TimeoutError:
+            for p in procs:
+                if p.returncode is None:
                     p.kill()
-                    await p.wait()
-        self.procs = []
+            await asyncio.gather(*(p.wait() for p in procs))
 
 
 async def _drain(stream: asyncio.StreamReader) -> None:

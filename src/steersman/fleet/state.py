@@ -59,6 +59,10 @@ class Ticket:
     first_at: float | None = None
 
 
+def _or_one(x: float) -> float:
+    return 1.0 if math.isnan(x) else x
+
+
 def _frozen(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -77,7 +81,7 @@ class Fleet:
             self.live[row] = np.nan
         self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = np.nan  # unobserved: the fleet-wide prior applies
         self.live[S.PREFIX_ACCURACY] = 1.0
-        self.ratio_prior = {S.TTFT_RATIO: 1.0, S.TPOT_RATIO: 1.0}
+        self.ratio_prior = {S.TTFT_RATIO: math.nan, S.TPOT_RATIO: math.nan}  # NaN until the first observation
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
@@ -164,7 +168,7 @@ class Fleet:
         value = min(value, _MAX_RATIO)
         self._ewma(row, i, value)
         prior = self.ratio_prior[row]
-        self.ratio_prior[row] = prior + self.settings.latency_ewma_alpha * (value - prior)
+        self.ratio_prior[row] = value if math.isnan(prior) else prior + self.settings.latency_ewma_alpha * (value - prior)
 
     def _ewma(self, row: int, i: int, value: float) -> None:
         old = self.live[row, i]
@@ -213,6 +217,6 @@ class Fleet:
             live=_frozen(live),
             statics=self.statics,
             prefix=self.prefix,
-            ttft_prior=self.ratio_prior[S.TTFT_RATIO],
-            tpot_prior=self.ratio_prior[S.TPOT_RATIO],
+            ttft_prior=_or_one(self.ratio_prior[S.TTFT_RATIO]),
+            tpot_prior=_or_one(self.ratio_prior[S.TPOT_RATIO]),
         )

@@ -354,11 +354,18 @@ class HttpServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop listening, close every connection; after ``grace_s`` reset the ones still open."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        server.close()
+        for c in list(self.connections):
+            if c.transport is not None:
+                c.transport.close()
+        try:
+            await asyncio.wait_for(server.wait_closed(), grace_s)
+        except TimeoutError:
             for c in list(self.connections):
                 if c.transport is not None:
-                    c.transport.close()
-            await self._server.wait_closed()
-            self._server = None
+                    c.transport.abort()
