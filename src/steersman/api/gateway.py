@@ -33,6 +33,7 @@ from steersman.pipeline.forward import Forward
 from steersman.pipeline.runner import Pipeline, send_error
 from steersman.pipeline.stages import ParseRequest, ResolveModel
 from steersman.policy import PLUGIN_LATENCY, make_policy
+from steersman.policy.kernels import warm_up
 from steersman.sim import gpu_profile
 
 __all__ = ["Gateway"]
@@ -89,6 +90,7 @@ class Gateway(RequestLifecycle):
         return Replica(i, ep.name or f"replica-{i}", ep.url.rstrip("/"), ep.engine, ep.gpu, tuple(ep.models), ep.pool, price, ep.tp, adapter)
 
     async def start(self) -> None:
+        warm_up()  # compile (or load cached) scheduling kernels before the first request
         endpoints = list(self.cfg.endpoints)
         if self.sim_fleet is not None:
             endpoints += await self.sim_fleet.start()

@@ -131,10 +131,13 @@ class WeightedScorer:
     weight: float
 
 
-def _timed(name: str, f: Callable, *args):
-    t0 = time.perf_counter()
+_clock = time.perf_counter
+
+
+def _timed(hist, f: Callable, *args):
+    t0 = _clock()
     out = f(*args)
-    PLUGIN_LATENCY.labels(name).observe(time.perf_counter() - t0)
+    hist.observe(_clock() - t0)
     return out
 
 
@@ -156,6 +159,8 @@ class Profile:
         self.scorers = tuple(scorers)
         self.picker = picker
         self.saturation = saturation
+        self._hist = {p.name: PLUGIN_LATENCY.labels(p.name) for p in (*self.filters, *(w.scorer for w in self.scorers), picker)}
+        self._hist["saturation"] = PLUGIN_LATENCY.labels("saturation")
 
     def context(self, snapshot: FleetSnapshot, request: SchedRequest) -> DecisionContext:
         return DecisionContext(snapshot, request, snapshot.candidates(request.model))
@@ -167,22 +172,22 @@ class Profile:
         if ctx.candidates.size == 0:
             return Reject(f"no healthy replica serves model {ctx.request.model!r}", retry_after=1.0)
         if self.saturation is not None:
-            sat = _timed("saturation", self.saturation, ctx)
+            sat = _timed(self._hist["saturation"], self.saturation, ctx)
             if sat.all():
                 return Queue("every candidate replica is saturated")
             if sat.any():
                 ctx.narrow(~sat)
         for f in self.filters:
-            keep = _timed(f.name, f.filter, ctx)
+            keep = _timed(self._hist[f.name], f.filter, ctx)
             if not keep.any():
                 return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
             if not keep.all():
                 ctx.narrow(keep)
         total = np.zeros(ctx.candidates.size)
         for ws in self.scorers:
-            s = np.asarray(_timed(ws.scorer.name, ws.scorer.score, ctx), dtype=float)
+            s = np.asarray(_timed(self._hist[ws.scorer.name], ws.scorer.score, ctx), dtype=float)
             total += ws.weight * np.fmin(np.fmax(s, 0.0), 1.0)  # fmax/fmin drop NaN: NaN -> 0, +inf -> 1
-        return _timed(self.picker.name, self.picker.pick, ctx, total)
+        return _timed(self._hist[self.picker.name], self.picker.pick, ctx, total)
 
 
 def build(name: str, spec: Mapping[str, Any], saturation: Callable[[DecisionContext], np.ndarray] | None = None) -> Profile:

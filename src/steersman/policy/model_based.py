@@ -11,11 +11,10 @@ every candidate is saturated the request waits in the gateway queue.
 
 from __future__ import annotations
 
-import numpy as np
-
 from steersman.config import SchedulerSettings
 from steersman.policy.base import POLICIES, Decision, Route
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, WeightedScorer
+from steersman.policy.kernels import slo_pick_kernel
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
@@ -39,20 +38,10 @@ class SloCheapest:
         p = ctx.feature("prediction")
         ttft, tpot, left = targets(req, ctx.snapshot.time)
         protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
-        m = SAFETY_MARGIN if protected else 1.0
-        ok = (p.ttft <= ttft * m) & (p.tpot <= tpot * m) & (p.e2e <= left * m)
-        if ok.any():
-            cost = np.where(ok, p.cost, np.inf)
-            pool = ok & (cost <= cost.min() * COST_TIE + 1e-15)
-            reason = "cheapest meeting the SLO"
-        else:
-            e2e = p.e2e
-            pool = e2e <= e2e.min() * 1.0 + 1e-12
-            reason = "least predicted latency (no replica meets the SLO)"
-        best = np.flatnonzero(pool)
-        top = best[scores[best] >= scores[best].max() - 1e-12]
-        i = int(top[req.seq % top.size])
-        return Route(int(ctx.candidates[i]), reason, float(p.ttft[i]), float(p.tpot[i]))
+        j, feasible = slo_pick_kernel(p.ttft, p.tpot, p.e2e, p.cost, scores, ttft, tpot, left,
+                                      SAFETY_MARGIN if protected else 1.0, COST_TIE, req.seq)
+        reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
+        return Route(int(ctx.candidates[j]), reason, float(p.ttft[j]), float(p.tpot[j]))
 
 
 def steersman_profile(settings: SchedulerSettings) -> Profile:

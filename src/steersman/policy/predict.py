@@ -35,11 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steersman.fleet import snapshot as S
 from steersman.policy.framework import DecisionContext, feature
+from steersman.policy.kernels import predict_kernel, prefix_kernel
 
 __all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFERENCE_BATCH"]
 
+_NO_MATCH = np.zeros(0, dtype=np.int64)
+_NO_MATCH.flags.writeable = False
 #: Context assumed for the other requests of a batch when pricing their KV reads.
 _CTX_FALLBACK = 1024.0
 #: Decode GPU time is priced as if shared by this many sequences: a typical busy
@@ -63,19 +65,25 @@ class Prediction:
         return Prediction(self.ttft[sel], self.tpot[sel], self.e2e[sel], self.cost[sel], self.uncached[sel])
 
 
+@feature("prefix_held")
+def prefix_held(ctx: DecisionContext) -> np.ndarray:
+    """The prefix index's raw match for every replica (not only candidates): leading blocks held."""
+    snap, req = ctx.snapshot, ctx.request
+    if snap.prefix is None or not req.block_hashes:
+        return _NO_MATCH
+    return snap.prefix.match(req.block_hashes)
+
+
 @feature("prefix_blocks")
 def prefix_blocks(ctx: DecisionContext) -> np.ndarray:
     """Leading prompt blocks each candidate probably holds, discounted by residency confidence:
     the share of the indexed blocks the replica's KV cache can hold, and how often the
     engine's reported hits matched the index's predictions there."""
-    snap, req, idx = ctx.snapshot, ctx.request, ctx.candidates
-    if snap.prefix is None or not req.block_hashes:
+    snap, idx = ctx.snapshot, ctx.candidates
+    held = ctx.feature("prefix_held")
+    if held.size == 0:
         return np.zeros(idx.size)
-    held = snap.prefix.match(req.block_hashes)[idx].astype(float)
-    capacity = np.where(np.isnan(snap.kv_blocks_total[idx]), snap.statics.kv_blocks[idx], snap.kv_blocks_total[idx])
-    indexed = snap.prefix.blocks_per_replica()[idx]
-    confidence = np.where((indexed > 0) & (capacity > 0), np.minimum(1.0, capacity / np.maximum(indexed, 1.0)), 1.0)
-    return held * np.fmin(np.nan_to_num(confidence, nan=1.0), snap.prefix_accuracy[idx])
+    return prefix_kernel(idx, held, snap.live, snap.statics.kv_blocks, snap.prefix.blocks_per_replica(), np.empty(idx.size))
 
 
 @feature("uncached_tokens")
@@ -89,29 +97,10 @@ def uncached_tokens(ctx: DecisionContext) -> np.ndarray:
 def predict(ctx: DecisionContext) -> Prediction:
     snap, req, idx = ctx.snapshot, ctx.request, ctx.candidates
     st = snap.statics
-    live = snap.live[:, idx]
-    own = ctx.feature("uncached_tokens")
-    in_flight, decoding = live[S.IN_FLIGHT], live[S.DECODING]
-    D = np.maximum(live[S.RUNNING], decoding)
-    others = np.maximum(live[S.WAITING] - np.maximum(in_flight - decoding, 0.0), 0.0) * req.prompt_tokens
-    work = np.maximum(live[S.PENDING_PREFILL], 0.0) + others + own
-    B = st.batch_tokens[idx]
-    D = np.minimum(D, B - 1.0)
-    P = B - D
-    c = float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK
-    # a full mixed step (D decodes + a P-token prefill chunk at context ~c) and a decode-only step
-    t_full = st.step_time(idx, B, P * (c / 2 + P / 2), P + c / 2, D * c, D + 1.0)
-    t_dec = st.step_time(idx, D + 1.0, 0.0, 0.0, (D + 1.0) * c, D + 1.0)
-    full = np.floor(work / P)
-    rem = work - full * P  # the last, partial step (step time is close to affine in its tokens)
-    r_ttft, r_tpot = live[S.TTFT_RATIO], live[S.TPOT_RATIO]
-    ttft = (full * t_full + t_dec + (t_full - t_dec) * (rem / P)) * np.where(r_ttft == r_ttft, r_ttft, snap.ttft_prior)
-    tpot = np.where(work > own, t_full, t_dec) * np.where(r_tpot == r_tpot, r_tpot, snap.tpot_prior)
-    unmodelled = ~st.modelled[idx]
-    if unmodelled.any():
-        ttft = np.where(unmodelled, np.nan_to_num(live[S.TTFT_EWMA], nan=0.5), ttft)
-        tpot = np.where(unmodelled, np.nan_to_num(live[S.TPOT_EWMA], nan=0.05), tpot)
-        t_full = np.where(unmodelled, ttft, t_full)
-    e2e = ttft + req.expected_output * tpot
-    gpu_s = own / B * t_full + req.expected_output * tpot / REFERENCE_BATCH
-    return Prediction(ttft, tpot, e2e, st.price_per_hour[idx] * (gpu_s / 3600.0), own)
+    own = np.ascontiguousarray(ctx.feature("uncached_tokens"), dtype=float)
+    out = predict_kernel(
+        idx, snap.live, st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, own,
+        float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
+        snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH, np.empty((4, idx.size)),
+    )
+    return Prediction(out[0], out[1], out[2], out[3], own)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.config import SchedulerSettings
-from steersman.fleet import snapshot as S
+from steersman.policy.kernels import saturation_kernel
 from steersman.policy.framework import DecisionContext
 
 __all__ = ["Saturation", "saturated"]
@@ -25,16 +25,10 @@ __all__ = ["Saturation", "saturated"]
 
 def saturated(snap, idx: np.ndarray, settings: SchedulerSettings) -> np.ndarray:
     """Boolean mask over replicas ``idx``."""
-    depth = settings.saturation_queue_depth
-    live = snap.live if idx.size == snap.size else snap.live[:, idx]  # all replicas: no copy
-    if idx.size == snap.size:
-        idx = slice(None)
-    fresh = snap.time - live[S.SCRAPED_AT] <= settings.saturation_staleness_s
-    slots = np.fmax(snap.statics.max_seqs[idx] - live[S.RUNNING], 0.0)  # NaN (unknown engine) -> 0 slots
-    waiting = live[S.WAITING] + np.fmax(live[S.SINCE_SCRAPE] - slots, 0.0)
-    by_fresh = (waiting >= depth) | (live[S.KV_USAGE] >= settings.saturation_kv_usage)
-    by_ours = live[S.IN_FLIGHT] - live[S.DECODING] >= depth
-    return np.where(fresh, by_fresh, by_ours)
+    return saturation_kernel(
+        idx, snap.live, snap.statics.max_seqs, snap.time, settings.saturation_staleness_s,
+        float(settings.saturation_queue_depth), settings.saturation_kv_usage, np.empty(idx.size, dtype=np.bool_),
+    )
 
 
 class Saturation:

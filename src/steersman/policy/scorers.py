@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
+from steersman.policy.kernels import shortlist_kernel
 from steersman.policy.request import SchedRequest
 
 __all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
@@ -141,18 +142,8 @@ class Shortlist:
 
     def filter(self, ctx: DecisionContext) -> np.ndarray:
         idx = ctx.candidates
-        n, k = idx.size, self.k
-        if n <= k:
-            return np.ones(n, dtype=bool)
-        snap, req = ctx.snapshot, ctx.request
-        keep = np.zeros(n, dtype=bool)
-        load = snap.in_flight[idx] + snap.waiting[idx]
-        keep[np.argpartition(load, k // 2)[: k // 2]] = True
-        if snap.prefix is not None and req.block_hashes:
-            held = snap.prefix.match(req.block_hashes)[idx]
-            holders = np.flatnonzero(held)
-            if holders.size > k // 4:
-                holders = holders[np.argpartition(-held[holders], k // 4)[: k // 4]]
-            keep[holders] = True
-        keep[np.argpartition(snap.statics.compute_price[idx], k // 4)[: k // 4]] = True
-        return keep
+        if idx.size <= self.k:
+            return np.ones(idx.size, dtype=bool)
+        snap = ctx.snapshot
+        held = ctx.feature("prefix_held")
+        return shortlist_kernel(idx, snap.live, held, snap.statics.compute_price, self.k, np.empty(idx.size, dtype=np.bool_))

@@ -1,0 +1,226 @@
+"""Compiled inner loops of the hottest scheduling features (numba).
+
+A decision touches tens of small arrays; numpy's per-call overhead (~1 µs a
+ufunc) made the model-based prediction cost ~50 µs whatever the fleet size.
+These kernels do the same arithmetic in one compiled loop over the candidates.
+They are compiled on first use and cached on disk (``cache=True``), so only the
+first process on a machine pays the compile time (~1 s).  Inputs are the
+snapshot's arrays and the candidates' indices; nothing is copied.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from steersman.fleet import snapshot as S
+
+__all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_kernel", "slo_pick_kernel", "warm_up"]
+
+_IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
+_SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
+_TTFT_R, _TPOT_R, _TTFT_EWMA, _TPOT_EWMA = S.TTFT_RATIO, S.TPOT_RATIO, S.TTFT_EWMA, S.TPOT_EWMA
+
+
+@njit(cache=True, nogil=True)
+def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output,
+                   ctx_len, ttft_prior, tpot_prior, reference_batch, out):
+    """``out[0..3, j]`` = predicted TTFT, TPOT, end-to-end seconds and $ for candidate ``idx[j]``.
+
+    The formula is documented in :mod:`steersman.policy.predict`.
+    """
+    c = ctx_len
+    for j in range(idx.size):
+        i = idx[j]
+        in_flight = live[_IN_FLIGHT, i]
+        decoding = live[_DECODING, i]
+        ours_waiting = max(in_flight - decoding, 0.0)
+        others = max(live[_WAITING, i] - ours_waiting, 0.0) * prompt_tokens
+        mine = own[j]
+        work = max(live[_PENDING, i], 0.0) + others + mine
+        B = batch_tokens[i]
+        D = min(max(live[_RUNNING, i], decoding), B - 1.0)
+        P = B - D
+        D1 = D + 1.0
+        if modelled[i]:
+            lin_c = matrix[0, i]
+            lin_c0 = matrix[1, i]
+            lin_m = matrix[2, i]
+            per_tok = matrix[3, i]
+            fixed = matrix[4, i]
+            attn_c = matrix[5, i]
+            kv_m = matrix[6, i]
+            dec_kv = matrix[7, i]
+            shared = max(matrix[8, i] * D1, matrix[9, i]) + fixed
+            t_dec = max(lin_c * D1 + lin_c0, lin_m) + (dec_kv * c + per_tok) * D1 + shared
+            t_full = (max(lin_c * B + lin_c0, lin_m) + max(attn_c * (P * (c / 2.0) + P * P / 2.0), kv_m * (P + c / 2.0))
+                      + dec_kv * (D * c) + per_tok * B + shared)
+            steps = work / P
+            full = math.floor(steps)
+            r = live[_TTFT_R, i]
+            if r != r:
+                r = ttft_prior
+            ttft = (full * t_full + t_dec + (t_full - t_dec) * (steps - full)) * r
+            r = live[_TPOT_R, i]
+            if r != r:
+                r = tpot_prior
+            tpot = (t_full if work > mine else t_dec) * r
+        else:  # unknown hardware: what was observed there
+            ttft = live[_TTFT_EWMA, i]
+            if ttft != ttft:
+                ttft = 0.5
+            tpot = live[_TPOT_EWMA, i]
+            if tpot != tpot:
+                tpot = 0.05
+            t_full = ttft
+        out[0, j] = ttft
+        out[1, j] = tpot
+        out[2, j] = ttft + expected_output * tpot
+        gpu_s = mine / B * t_full + expected_output / reference_batch * tpot
+        out[3, j] = price[i] * gpu_s / 3600.0
+    return out
+
+
+@njit(cache=True, nogil=True)
+def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, out):
+    """``out[j]`` = replica ``idx[j]`` is saturated (see :mod:`steersman.policy.saturation`)."""
+    for j in range(idx.size):
+        i = idx[j]
+        if now - live[_SCRAPED_AT, i] <= staleness:
+            slots = max_seqs[i] - live[_RUNNING, i]
+            if not slots > 0.0:  # NaN (unknown engine) or full
+                slots = 0.0
+            waiting = live[_WAITING, i] + max(live[_SINCE, i] - slots, 0.0)
+            out[j] = waiting >= depth or live[_KV_USAGE, i] >= kv_threshold
+        else:
+            out[j] = live[_IN_FLIGHT, i] - live[_DECODING, i] >= depth
+    return out
+
+
+def warm_up() -> None:
+    """Compile (or load) the kernels now rather than on the first request."""
+    idx = np.zeros(1, dtype=np.intp)
+    live = np.zeros((len(S.LIVE_FIELDS), 1))
+    one = np.ones(1)
+    predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
+                   1.0, 1.0, 32.0, np.empty((4, 1)))
+    saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, np.empty(1, dtype=np.bool_))
+    held = np.zeros(1, dtype=np.int64)
+    prefix_kernel(idx, held, live, one, one, np.empty(1))
+    shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
+    slo_pick_kernel(one, one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, 0)
+
+
+@njit(cache=True, nogil=True)
+def prefix_kernel(idx, held, live, kv_blocks, indexed, out):
+    """``out[j]`` = leading blocks replica ``idx[j]`` probably holds: the index's match, discounted by
+    how much of what is indexed there its KV cache can hold and by its observed hit accuracy."""
+    for j in range(idx.size):
+        i = idx[j]
+        h = held[i]
+        if h <= 0:
+            out[j] = 0.0
+            continue
+        cap = live[S.KV_BLOCKS_TOTAL, i]
+        if cap != cap:
+            cap = kv_blocks[i]
+        conf = 1.0
+        if cap == cap and indexed[i] > 0 and cap < indexed[i]:
+            conf = cap / indexed[i]
+        acc = live[S.PREFIX_ACCURACY, i]
+        if acc < conf:
+            conf = acc
+        out[j] = h * conf
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _insert(buf_key, buf_pos, m, key, pos):
+    """Keep the m smallest keys seen so far (buf sorted ascending, +inf padded)."""
+    if key >= buf_key[m - 1]:
+        return
+    k = m - 1
+    while k > 0 and buf_key[k - 1] > key:
+        buf_key[k] = buf_key[k - 1]
+        buf_pos[k] = buf_pos[k - 1]
+        k -= 1
+    buf_key[k] = key
+    buf_pos[k] = pos
+
+
+@njit(cache=True, nogil=True)
+def shortlist_kernel(idx, live, held, compute_price, k, keep):
+    """Mark in ``keep`` (over positions of ``idx``) the k/2 least loaded candidates, the k/4 holding
+    the longest prefix and the k/4 with the cheapest compute: one pass, small sorted buffers."""
+    m_load, m_held, m_cost = k // 2, k // 4, k // 4
+    lk = np.full(m_load, np.inf)
+    lp = np.full(m_load, -1)
+    hk = np.full(m_held, np.inf)
+    hp = np.full(m_held, -1)
+    ck = np.full(m_cost, np.inf)
+    cp = np.full(m_cost, -1)
+    nh = held.size
+    for j in range(idx.size):
+        i = idx[j]
+        keep[j] = False
+        _insert(lk, lp, m_load, live[_IN_FLIGHT, i] + live[_WAITING, i], j)
+        if nh and held[i] > 0:
+            _insert(hk, hp, m_held, -float(held[i]), j)
+        _insert(ck, cp, m_cost, compute_price[i], j)
+    for p in lp:
+        if p >= 0:
+            keep[p] = True
+    for p in hp:
+        if p >= 0:
+            keep[p] = True
+    for p in cp:
+        if p >= 0:
+            keep[p] = True
+    return keep
+
+
+@njit(cache=True, nogil=True)
+def slo_pick_kernel(ttft, tpot, e2e, cost, scores, t_ttft, t_tpot, t_left, margin, cost_tie, seq):
+    """(position, feasible): the cheapest candidate meeting the budget (within ``cost_tie`` of the
+    cheapest, best score among them), else the least predicted latency; ties rotate by ``seq``."""
+    n = ttft.size
+    best = np.inf
+    feasible = False
+    for j in range(n):
+        if ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin:
+            feasible = True
+            if cost[j] < best:
+                best = cost[j]
+    key = cost if feasible else e2e
+    if not feasible:
+        best = np.inf
+        for j in range(n):
+            if e2e[j] < best:
+                best = e2e[j]
+    limit = best * cost_tie + 1e-15 if feasible else best + 1e-12
+    top = -np.inf
+    for j in range(n):
+        ok = key[j] <= limit
+        if feasible:
+            ok = ok and ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
+        if ok and scores[j] > top:
+            top = scores[j]
+    count = 0
+    for j in range(n):
+        ok = key[j] <= limit and scores[j] >= top - 1e-12
+        if feasible:
+            ok = ok and ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
+        if ok:
+            count += 1
+    pick = seq % count
+    for j in range(n):
+        ok = key[j] <= limit and scores[j] >= top - 1e-12
+        if feasible:
+            ok = ok and ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
+        if ok:
+            if pick == 0:
+                return j, feasible
+            pick -= 1
+    return 0, feasible
