@@ -7,8 +7,10 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent
 
-SETUPS = ["direct", "steersman", "vllm-router", "sglang-router"]
-ROUTER_SETUPS = ["steersman", "vllm-router", "sglang-router"]
+#: steersman-rr routes round-robin like the Rust routers (like-for-like overhead); steersman runs
+#: the default model-based profile (what ships: the overhead plus the scheduler's work)
+SETUPS = ["direct", "steersman-rr", "steersman", "vllm-router", "sglang-router"]
+ROUTER_SETUPS = ["steersman-rr", "steersman", "vllm-router", "sglang-router"]
 MODEL = "llama-3.1-8b"
 
 

@@ -90,7 +90,7 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
     """Start the router for `setup`; returns (proc, base_url, ready_seconds) or raises SkipSetup."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    if setup == "steersman":
+    if setup in ("steersman", "steersman-rr"):
         sb = steersman_bin(a)
         if not sb:
             raise SkipSetup("no `steersman` executable found (install the repo: pip install -e .)")
@@ -99,8 +99,9 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
             raise SkipSetup(f"`steersman serve` is not available yet: {why}")
         cfg = pg.log_dir / "fleet.yaml"
         lines = [f"gateway: {{host: 127.0.0.1, port: {port}}}", "endpoints:"]
-        if getattr(a, "fleet_policy", None):  # stacks.py; run.py keeps the fleet's default policy
-            lines.insert(1, f"policy: {a.fleet_policy}")
+        policy = "round-robin" if setup == "steersman-rr" else getattr(a, "fleet_policy", None)
+        if policy:  # else the fleet's default profile
+            lines.insert(1, f"policy: {policy}")
         for i, u in enumerate(engine_urls):
             lines.append(f'  - {{name: e{i}, url: "{u}", engine: vllm, gpu: {a.gpu}, models: [{MODEL}]}}')
         cfg.write_text("\n".join(lines) + "\n")

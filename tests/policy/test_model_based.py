@@ -107,7 +107,7 @@ def test_framework_clamps_every_score(values, weight):
 
     class Spy(MaxScore):
         def pick(self, ctx, scores):
-            seen["scores"] = scores.copy()
+            seen["scores"] = scores().copy()
             return super().pick(ctx, scores)
 
     prof = Profile("t", [], [WeightedScorer(_Wild(values), weight)], Spy())

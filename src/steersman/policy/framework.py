@@ -5,7 +5,9 @@ request, and the candidate replicas).  Plugins implement one small Protocol each
 and are registered by name; a :class:`Profile` (from YAML) chooses plugins and
 weights.  The framework, not the plugins, clamps every score to [0, 1] (NaN
 counts as 0), applies the weights, and times every plugin call for the
-``steersman:plugin_latency_seconds`` metric.
+``steersman:plugin_latency_seconds`` metric.  Scores are computed when the
+picker asks for them (:class:`Scores`): a picker that can decide without them
+(one replica clearly best) skips their cost.
 
 Scores and masks are arrays aligned with ``ctx.candidates`` (replica indices).
 Expensive per-decision features (prefix match, latency prediction) are computed
@@ -28,7 +30,7 @@ from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.request import SchedRequest
 
 __all__ = [
-    "DecisionContext", "Filter", "Scorer", "Picker", "Profile", "WeightedScorer",
+    "DecisionContext", "Filter", "Scorer", "Picker", "Profile", "Scores", "WeightedScorer",
     "FILTERS", "SCORERS", "PICKERS", "FEATURES", "PLUGIN_LATENCY", "feature",
 ]
 
@@ -111,12 +113,28 @@ class Scorer(Protocol):
         ...
 
 
+class Scores:
+    """The weighted total of a profile's scores, computed (and clamped) only if a picker asks."""
+
+    __slots__ = ("_profile", "_ctx", "_total")
+
+    def __init__(self, profile: Profile, ctx: DecisionContext) -> None:
+        self._profile = profile
+        self._ctx = ctx
+        self._total: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        if self._total is None:
+            self._total = self._profile._score(self._ctx)
+        return self._total
+
+
 @runtime_checkable
 class Picker(Protocol):
     name: str
 
-    def pick(self, ctx: DecisionContext, scores: np.ndarray) -> Decision:
-        """Choose among ``ctx.candidates`` given the weighted total ``scores``."""
+    def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
+        """Choose among ``ctx.candidates``; ``scores()`` gives the weighted total (computed on demand)."""
         ...
 
 
@@ -183,11 +201,14 @@ class Profile:
                 return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
             if not keep.all():
                 ctx.narrow(keep)
+        return _timed(self._hist[self.picker.name], self.picker.pick, ctx, Scores(self, ctx))
+
+    def _score(self, ctx: DecisionContext) -> np.ndarray:
         total = np.zeros(ctx.candidates.size)
         for ws in self.scorers:
             s = np.asarray(_timed(self._hist[ws.scorer.name], ws.scorer.score, ctx), dtype=float)
             total += ws.weight * np.fmin(np.fmax(s, 0.0), 1.0)  # fmax/fmin drop NaN: NaN -> 0, +inf -> 1
-        return _timed(self._hist[self.picker.name], self.picker.pick, ctx, total)
+        return total
 
 
 def build(name: str, spec: Mapping[str, Any], saturation: Callable[[DecisionContext], np.ndarray] | None = None) -> Profile:
@@ -215,6 +236,7 @@ class MaxScore:
 
     name = "max-score"
 
-    def pick(self, ctx: DecisionContext, scores: np.ndarray) -> Decision:
-        best = np.flatnonzero(scores >= scores.max() - 1e-12) if scores.size else np.arange(ctx.candidates.size)
+    def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
+        total = scores()
+        best = np.flatnonzero(total >= total.max() - 1e-12) if total.size else np.arange(ctx.candidates.size)
         return Route(int(ctx.candidates[best[ctx.request.seq % best.size]]), "max-score")

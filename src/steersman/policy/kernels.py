@@ -17,7 +17,7 @@ from numba import njit
 
 from steersman.fleet import snapshot as S
 
-__all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_kernel", "slo_pick_kernel", "warm_up"]
+__all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_kernel", "slo_pool_kernel", "warm_up"]
 
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
@@ -110,7 +110,7 @@ def warm_up() -> None:
     held = np.zeros(1, dtype=np.int64)
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pick_kernel(one, one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, 0)
+    slo_pool_kernel(one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, np.empty(1, dtype=np.bool_))
 
 
 @njit(cache=True, nogil=True)
@@ -162,13 +162,149 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
     ck = np.full(m_cost, np.inf)
     cp = np.full(m_cost, -1)
     nh = held.size
+    worst_load, worst_held, worst_cost = np.inf, np.inf, np.inf
     for j in range(idx.size):
         i = idx[j]
         keep[j] = False
-        _insert(lk, lp, m_load, live[_IN_FLIGHT, i] + live[_WAITING, i], j)
+        key = live[_IN_FLIGHT, i] + live[_WAITING, i]
+        if key < worst_load:  # most candidates stop at these comparisons
+            _insert(lk, lp, m_load, key, j)
+            worst_load = lk[m_load - 1]
         if nh and held[i] > 0:
-            _insert(hk, hp, m_held, -float(held[i]), j)
-        _insert(ck, cp, m_cost, compute_price[i], j)
+            key = -float(held[i])
+            if key < worst_held:
+                _insert(hk, hp, m_held, key, j)
+                worst_held = hk[m_held - 1]
+        key = compute_price[i]
+        if key < worst_cost:
+            _insert(ck, cp, m_cost, key, j)
+            worst_cost = ck[m_cost - 1]
+    for p in lp:
+        if p >= 0:
+            keep[p] = True
+    for p in hp:
+        if p >= 0:
+            keep[p] = True
+    for p in cp:
+        if p >= 0:
+            keep[p] = True
+    return keep
+
+
+@njit(cache=True, nogil=True)
+def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_tie, pool):
+    """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible).
+
+    Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget.  If any
+    is feasible, the pool is the feasible ones within ``cost_tie`` of the cheapest;
+    otherwise the ones with the least predicted end-to-end latency.
+    """
+    n = ttft.size
+    best = np.inf
+    feasible = False
+    for j in range(n):
+        ok = ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
+        pool[j] = ok
+        if ok:
+            feasible = True
+            if cost[j] < best:
+                best = cost[j]
+    count = 0
+    if feasible:
+        limit = best * cost_tie + 1e-15
+        for j in range(n):
+            pool[j] = pool[j] and cost[j] <= limit
+            count += pool[j]
+        return count, True
+    for j in range(n):
+        if e2e[j] < best:
+            best = e2e[j]
+    for j in range(n):
+        pool[j] = e2e[j] <= best + 1e-12
+        count += pool[j]
+    return count, False
+
+
+def warm_up() -> None:
+    """Compile (or load) the kernels now rather than on the first request."""
+    idx = np.zeros(1, dtype=np.intp)
+    live = np.zeros((len(S.LIVE_FIELDS), 1))
+    one = np.ones(1)
+    predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
+                   1.0, 1.0, 32.0, np.empty((4, 1)))
+    saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, np.empty(1, dtype=np.bool_))
+    held = np.zeros(1, dtype=np.int64)
+    prefix_kernel(idx, held, live, one, one, np.empty(1))
+    shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
+    slo_pool_kernel(one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, np.empty(1, dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True)
+def prefix_kernel(idx, held, live, kv_blocks, indexed, out):
+    """``out[j]`` = leading blocks replica ``idx[j]`` probably holds: the index's match, discounted by
+    how much of what is indexed there its KV cache can hold and by its observed hit accuracy."""
+    for j in range(idx.size):
+        i = idx[j]
+        h = held[i]
+        if h <= 0:
+            out[j] = 0.0
+            continue
+        cap = live[S.KV_BLOCKS_TOTAL, i]
+        if cap != cap:
+            cap = kv_blocks[i]
+        conf = 1.0
+        if cap == cap and indexed[i] > 0 and cap < indexed[i]:
+            conf = cap / indexed[i]
+        acc = live[S.PREFIX_ACCURACY, i]
+        if acc < conf:
+            conf = acc
+        out[j] = h * conf
+    return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _insert(buf_key, buf_pos, m, key, pos):
+    """Keep the m smallest keys seen so far (buf sorted ascending, +inf padded)."""
+    if key >= buf_key[m - 1]:
+        return
+    k = m - 1
+    while k > 0 and buf_key[k - 1] > key:
+        buf_key[k] = buf_key[k - 1]
+        buf_pos[k] = buf_pos[k - 1]
+        k -= 1
+    buf_key[k] = key
+    buf_pos[k] = pos
+
+
+@njit(cache=True, nogil=True)
+def shortlist_kernel(idx, live, held, compute_price, k, keep):
+    """Mark in ``keep`` (over positions of ``idx``) the k/2 least loaded candidates, the k/4 holding
+    the longest prefix and the k/4 with the cheapest compute: one pass, small sorted buffers."""
+    m_load, m_held, m_cost = k // 2, k // 4, k // 4
+    lk = np.full(m_load, np.inf)
+    lp = np.full(m_load, -1)
+    hk = np.full(m_held, np.inf)
+    hp = np.full(m_held, -1)
+    ck = np.full(m_cost, np.inf)
+    cp = np.full(m_cost, -1)
+    nh = held.size
+    worst_load, worst_held, worst_cost = np.inf, np.inf, np.inf
+    for j in range(idx.size):
+        i = idx[j]
+        keep[j] = False
+        key = live[_IN_FLIGHT, i] + live[_WAITING, i]
+        if key < worst_load:  # most candidates stop at these comparisons
+            _insert(lk, lp, m_load, key, j)
+            worst_load = lk[m_load - 1]
+        if nh and held[i] > 0:
+            key = -float(held[i])
+            if key < worst_held:
+                _insert(hk, hp, m_held, key, j)
+                worst_held = hk[m_held - 1]
+        key = compute_price[i]
+        if key < worst_cost:
+            _insert(ck, cp, m_cost, key, j)
+            worst_cost = ck[m_cost - 1]
     for p in lp:
         if p >= 0:
             keep[p] = True

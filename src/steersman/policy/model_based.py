@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from steersman.config import SchedulerSettings
 from steersman.policy.base import POLICIES, Decision, Route
-from steersman.policy.framework import PICKERS, DecisionContext, Profile, WeightedScorer
-from steersman.policy.kernels import slo_pick_kernel
+import numpy as np
+
+from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
+from steersman.policy.kernels import slo_pool_kernel
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
@@ -33,13 +35,20 @@ COST_TIE = 1.05
 class SloCheapest:
     name = "slo-cheapest"
 
-    def pick(self, ctx: DecisionContext, scores: np.ndarray) -> Decision:
+    def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
         p = ctx.feature("prediction")
         ttft, tpot, left = targets(req, ctx.snapshot.time)
         protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
-        j, feasible = slo_pick_kernel(p.ttft, p.tpot, p.e2e, p.cost, scores, ttft, tpot, left,
-                                      SAFETY_MARGIN if protected else 1.0, COST_TIE, req.seq)
+        pool = np.empty(p.ttft.size, dtype=np.bool_)
+        count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, ttft, tpot, left,
+                                          SAFETY_MARGIN if protected else 1.0, COST_TIE, pool)
+        if count == 1:
+            j = int(pool.argmax())
+        else:  # equally good: the weighted scores decide, then the request's sequence number
+            s = np.where(pool, scores(), -np.inf)
+            top = np.flatnonzero(s >= s.max() - 1e-12)
+            j = int(top[req.seq % top.size])
         reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
         return Route(int(ctx.candidates[j]), reason, float(p.ttft[j]), float(p.tpot[j]))
 

@@ -76,7 +76,7 @@ class _RulePicker:
         self.name = name
         self._rule = rule
 
-    def pick(self, ctx: DecisionContext, scores: np.ndarray) -> Decision:
+    def pick(self, ctx: DecisionContext, scores) -> Decision:
         return self._rule(ctx)
 
 
