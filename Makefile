@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test venv bench-overhead clean
+.PHONY: up test venv bench-overhead bench-scheduler clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: $(STAMP)
 bench-overhead: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
 	$(BIN)/python bench/overhead/run.py
+
+bench-scheduler: $(STAMP)
+	$(BIN)/python bench/scheduler/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -114,3 +114,24 @@ def test_framework_clamps_every_score(values, weight):
     prof.pick(fleet_snapshot(4), sched_request())
     s = seen["scores"]
     assert np.all(np.isfinite(s)) and np.all(s >= 0) and np.all(s <= weight + 1e-9)
+
+
+def test_custom_profile_from_the_fleet_file():
+    import pytest
+
+    from steersman.fleet.config import FleetConfigError, make_profile, parse_fleet
+
+    spec = {"filters": ["shortlist", {"type": "fits-kv"}], "scorers": [{"type": "prefix-affinity", "weight": 3},
+            {"type": "load-balance", "weight": 1}], "picker": "max-score", "queue_when_saturated": True}
+    base = {"endpoints": [{"url": "http://127.0.0.1:1", "models": ["m"]}]}
+    cfg = parse_fleet({**base, "policy": "mine", "scheduler": {"profiles": {"mine": spec}}})
+    prof = make_profile("mine", cfg.profiles["mine"], cfg.scheduler)
+    hashes = chain("p", 40)
+    snap = fleet_snapshot(3, prefix=prefix_index(3, {2: hashes}))
+    assert prof.pick(snap, sched_request(hashes=hashes)).replica == 2
+    assert isinstance(prof.pick(fleet_snapshot(2, waiting=[50, 50]), sched_request()), Queue)
+    bad = {"scorers": [{"type": "prefix-afinity"}]}
+    with pytest.raises(FleetConfigError, match="profiles.mine.*prefix-afinity"):
+        parse_fleet({**base, "policy": "mine", "scheduler": {"profiles": {"mine": bad}}})
+    with pytest.raises(FleetConfigError, match="unknown policy 'nope'"):
+        parse_fleet({**base, "policy": "nope"})

@@ -20,7 +20,7 @@ from steersman.config import DEFAULTS
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
 from steersman.control.plane import ControlPlane
 from steersman.engines import EngineAdapter, UpstreamError, adapter_for
-from steersman.fleet.config import EndpointConfig, FleetConfig
+from steersman.fleet.config import EndpointConfig, FleetConfig, make_profile
 from steersman.fleet.embedded import SimulatedFleet
 from steersman.fleet.prefix_index import PrefixIndex
 from steersman.fleet.scraper import Scraper
@@ -60,7 +60,10 @@ class Gateway(RequestLifecycle):
         self.clock = clock or WallClock()
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(PLUGIN_LATENCY)
-        self.policy = make_policy(cfg.policy, cfg.scheduler)
+        if cfg.policy in cfg.profiles:
+            self.policy = make_profile(cfg.policy, cfg.profiles[cfg.policy], cfg.scheduler)
+        else:
+            self.policy = make_policy(cfg.policy, cfg.scheduler)
         self.tenants = cfg.tenants or TenantDirectory.from_data({}, "open mode", cfg.admission)
         self.workflows = WorkflowTracker(cfg.admission)
         self.plane = ControlPlane(self.policy, DefaultAdmitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)

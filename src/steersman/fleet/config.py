@@ -3,7 +3,12 @@
 ```yaml
 gateway: {host: 127.0.0.1, port: 8080}       # any GatewaySettings field
 policy: steersman                              # a registered routing profile
-scheduler: {saturation_queue_depth: 5, slo_classes: {interactive: {ttft_s: 0.45, tpot_s: 0.04}}}
+scheduler:                                     # any SchedulerSettings field, SLO classes, custom profiles
+  saturation_queue_depth: 5
+  slo_classes: {interactive: {ttft_s: 0.45, tpot_s: 0.04}, standard: {ttft_s: 2.0, tpot_s: 0.2}, batch: {}}
+  profiles:                                    # then `policy: mine`
+    mine: {filters: [shortlist, fits-kv], scorers: [{type: prefix-affinity, weight: 3}, {type: load-balance, weight: 1}],
+           picker: max-score, queue_when_saturated: true}
 admission: {queue_max_entries: 1024}          # any AdmissionSettings field
 tenants:                                       # with no api_keys the gateway runs open
   acme: {priority: critical, requests_per_minute: 600, tokens_per_minute: 200000, budget_usd: 50}
@@ -85,6 +90,7 @@ class FleetConfig(msgspec.Struct, frozen=True):
     scheduler: SchedulerSettings = DEFAULTS.scheduler
     admission: AdmissionSettings = DEFAULTS.admission
     tenants: TenantDirectory | None = None  # None: open (every request is the default tenant)
+    profiles: Any = MappingProxyType({})  # custom scheduling profiles by name (scheduler.profiles)
 
 
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
@@ -98,6 +104,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         gateway = msgspec.convert({**_asdict(DEFAULTS.gateway), **gw}, GatewaySettings)
         sched_raw = dict(raw.scheduler)
         slo = sched_raw.pop("slo_classes", None)
+        profiles = _profiles(sched_raw.pop("profiles", None), f"{where}: scheduler.profiles")
         scheduler = override(DEFAULTS.scheduler, sched_raw, f"{where}: scheduler")
         if slo is not None:
             scheduler = replace(scheduler, slo_classes=_slo_classes(slo, f"{where}: scheduler.slo_classes"))
@@ -124,9 +131,36 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
                 raise FleetConfigError(f"{where}: simulated.replicas[{i}].count must be >= 1")
     from steersman.policy import POLICIES
 
-    if raw.policy not in POLICIES:
-        raise FleetConfigError(f"{where}: unknown policy {raw.policy!r}; known: {', '.join(POLICIES.names())}")
-    return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants)
+    if raw.policy not in POLICIES and raw.policy not in profiles:
+        known = ", ".join(sorted({*POLICIES.names(), *profiles}))
+        raise FleetConfigError(f"{where}: unknown policy {raw.policy!r}; known: {known}")
+    for name, spec in profiles.items():  # build each once now: a typo fails at startup, naming it
+        try:
+            make_profile(name, spec, scheduler)
+        except (KeyError, TypeError, ValueError) as e:
+            raise FleetConfigError(f"{where}: scheduler.profiles.{name}: {e}") from None
+    return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants,
+                       MappingProxyType(profiles))
+
+
+def make_profile(name: str, spec: dict, settings: SchedulerSettings):
+    """A custom profile from its fleet-file form (see :func:`steersman.policy.framework.build`)."""
+    from steersman.policy.framework import build
+    from steersman.policy.saturation import Saturation
+
+    return build(name, spec, Saturation(settings))
+
+
+def _profiles(data: Any, where: str) -> dict[str, dict]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise FleetConfigError(f"{where} must map profile names to {{filters, scorers, picker, queue_when_saturated}}")
+    for name, spec in data.items():
+        unknown = set(spec) - {"filters", "scorers", "picker", "queue_when_saturated"}
+        if unknown:
+            raise FleetConfigError(f"{where}.{name}: unknown field(s) {sorted(unknown)}")
+    return {str(k): v for k, v in data.items()}
 
 
 def _slo_classes(data: Any, where: str) -> MappingProxyType:

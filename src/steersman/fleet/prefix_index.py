@@ -220,6 +220,7 @@ class PrefixIndex:
     # ---- writes (the IO edge) ----------------------------------------------
     def record(self, replica: int, hashes: Sequence[int]) -> None:
         """The request was routed to ``replica``: its blocks now live there (and are the most recent)."""
+        hashes = hashes[self._recent_prefix(replica, hashes):]
         i, n = 0, len(hashes)
         while i < n:
             room = self.gen_cap - self._gens[-1].inserts
@@ -232,6 +233,23 @@ class PrefixIndex:
             self._rotate()
         elif self._projected() > self._budget:
             self._trim()
+
+    def _recent_prefix(self, r: int, hashes: Sequence[int]) -> int:
+        """How many leading blocks the newest generation already credits to replica ``r``.
+
+        Blocks are chained, so that is a prefix: a binary search (~log2 n lookups) lets
+        a request that repeats or extends a recent prompt record only its new tail.
+        """
+        nd, bit, one = self._gens[-1].d, 1 << r, self._one[r]
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            v = nd.get(hashes[mid])
+            if v is not None and (v == one or (v > 0 and v & bit)):
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
 
     def _record(self, r: int, hashes: Sequence[int]) -> None:
         """Filter tests are vectorised over the blocks; only blocks a generation may hold are looked
