@@ -66,6 +66,12 @@ def test_metrics_use_vllm_names(sim):
         assert name in text, name
     v = read_samples(text, {"vllm:prefix_cache_queries_total": "q", "vllm:time_to_first_token_seconds_count": "n"})
     assert v["q"] > 0 and v["n"] == 1
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(text)}  # valid exposition for any Prometheus client
+    ttft = fams["vllm:time_to_first_token_seconds"]
+    assert ttft.type == "histogram" and {s.labels["model_name"] for s in ttft.samples} == {"llama-3.1-8b"}
+    assert fams["vllm:request_success"].samples[0].labels["finished_reason"] in ("stop", "length", "abort")
 
 
 def test_engine_errors_are_openai_format(sim):

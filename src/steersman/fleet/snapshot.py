@@ -59,6 +59,8 @@ class FleetSnapshot:
     prefix: PrefixIndex | None = None
     ttft_prior: float = 1.0  # observed/predicted ratio for replicas without observations (fleet-wide EWMA)
     tpot_prior: float = 1.0
+    recent_at: np.ndarray | None = None  # when each replica's recent_tokens was last decayed
+    recent_tau_s: float = 60.0
 
     @property
     def size(self) -> int:
@@ -82,7 +84,14 @@ class FleetSnapshot:
     pending_prefill = property(lambda s: s.live[PENDING_PREFILL])
     decoding = property(lambda s: s.live[DECODING])
     active_blocks = property(lambda s: s.live[ACTIVE_BLOCKS])
-    recent_tokens = property(lambda s: s.live[RECENT_TOKENS])
+    @property
+    def recent_tokens(self) -> np.ndarray:
+        """Work routed recently, decayed to the snapshot's time (computed on demand: few policies use it)."""
+        row = self.live[RECENT_TOKENS]
+        if self.recent_at is None:
+            return row
+        return row * np.exp(-(self.time - self.recent_at) / self.recent_tau_s)
+
     ttft_ewma = property(lambda s: s.live[TTFT_EWMA])
     tpot_ewma = property(lambda s: s.live[TPOT_EWMA])
     ttft_ratio = property(lambda s: s.live[TTFT_RATIO])

@@ -203,9 +203,6 @@ class Fleet:
 
     def snapshot(self) -> FleetSnapshot:
         now = self.clock.now()
-        live = self.live.copy()
-        # decay routed work to now (it is only decayed when a request is routed there)
-        live[S.RECENT_TOKENS] *= np.exp(-(now - self._recent_at) / self.settings.recent_load_tau_s)
         return FleetSnapshot(
             time=now,
             names=self._names,
@@ -214,9 +211,11 @@ class Fleet:
             model_masks=self._masks,
             healthy=_frozen(self.healthy.copy()),
             routable=_frozen(self.routable.copy()),
-            live=_frozen(live),
+            live=_frozen(self.live.copy()),
             statics=self.statics,
             prefix=self.prefix,
             ttft_prior=_or_one(self.ratio_prior[S.TTFT_RATIO]),
             tpot_prior=_or_one(self.ratio_prior[S.TPOT_RATIO]),
+            recent_at=self._recent_at.copy(),
+            recent_tau_s=self.settings.recent_load_tau_s,
         )

@@ -111,7 +111,7 @@ class Exchange:
 
 
 class _UpConn(asyncio.Protocol):
-    __slots__ = ("pool", "key", "transport", "parser", "exchange", "reused", "idle_since")
+    __slots__ = ("pool", "key", "transport", "parser", "exchange", "reused", "idle_since", "_batch")
 
     def __init__(self, pool: UpstreamPool, key: tuple) -> None:
         self.pool = pool
@@ -121,6 +121,7 @@ class _UpConn(asyncio.Protocol):
         self.exchange: Exchange | None = None
         self.reused = False
         self.idle_since = 0.0
+        self._batch: list[bytes] = []  # body pieces of one read, handed to the sink together
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -145,9 +146,20 @@ class _UpConn(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:
+            self._batch.clear()
             self.exchange = None
             ex._fail(UpstreamError(f"malformed HTTP response from engine: {e}", connected=True))
             self.close()
+            return
+        if self._batch:
+            self._flush(ex)
+
+    def _flush(self, ex: Exchange) -> None:
+        """Everything one read carried goes to the sink as one piece (one client write, not one per chunk)."""
+        batch = self._batch
+        data = batch[0] if len(batch) == 1 else b"".join(batch)
+        batch.clear()
+        ex._sink(data)  # type: ignore[misc]
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.exchange.headers[name.decode("latin-1").lower()] = value.decode("latin-1")  # type: ignore[union-attr]
@@ -160,14 +172,15 @@ class _UpConn(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         ex = self.exchange
-        sink = ex._sink  # type: ignore[union-attr]
-        if sink is None:
+        if ex._sink is None:  # type: ignore[union-attr]
             ex._buf.append(body)  # type: ignore[union-attr]
         else:
-            sink(body)
+            self._batch.append(body)
 
     def on_message_complete(self) -> None:
         ex = self.exchange
+        if self._batch:
+            self._flush(ex)  # the last bytes reach the sink before the response counts as done
         self.exchange = None
         keep = self.parser.should_keep_alive()
         self.parser = httptools.HttpResponseParser(self)
