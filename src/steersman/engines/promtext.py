@@ -14,7 +14,11 @@ __all__ = ["read_samples", "read_labelled"]
 
 
 def _lines_of(text: str, name: str) -> Iterator[tuple[str, str]]:
-    """``(labels, rest)`` of every sample line whose metric name is exactly ``name``."""
+    """``(labels, rest)`` of every sample line whose metric name is exactly ``name``.
+
+    The exposition format keeps a metric's lines together, so the scan stops at the
+    first line after them that is not a sample of ``name`` (no search to the end).
+    """
     n = len(name)
     pos = 0 if text.startswith(name) else text.find("\n" + name) + 1
     while pos > 0 or (pos == 0 and text.startswith(name)):
@@ -29,10 +33,16 @@ def _lines_of(text: str, name: str) -> Iterator[tuple[str, str]]:
                 yield text[after + 1 : close], text[close + 1 : end]
         elif ch == " ":
             yield "", text[after:end]
-        nxt = text.find("\n" + name, end)
-        if nxt == -1:
-            return
-        pos = nxt + 1
+        if not text.startswith(name, end + 1):
+            # the group ended here, unless this line was another metric sharing the prefix
+            if ch in ("{", " "):
+                return
+            nxt = text.find("\n" + name, end)
+            if nxt == -1:
+                return
+            pos = nxt + 1
+            continue
+        pos = end + 1
 
 
 def _value(rest: str) -> float | None:
