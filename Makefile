@@ -22,7 +22,8 @@ test: $(STAMP)
 
 bench-overhead: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]'
-	$(BIN)/python bench/overhead/run.py
+	$(BIN)/python bench/overhead/run.py --layout shared
+	$(BIN)/python bench/overhead/run.py --layout isolated --out bench/overhead/results-isolated.json
 
 bench-scheduler: $(STAMP)
 	$(BIN)/python bench/scheduler/run.py

@@ -135,10 +135,11 @@ class Proc:
 class ProcessGroup:
     """Owns every process the benchmark starts; `stop_all()` is idempotent."""
 
-    def __init__(self, log_dir: Path, cpus: set | None = None):
+    def __init__(self, log_dir: Path, cpus: set | None = None, role_cpus: dict | None = None):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.cpus = cpus
+        self.role_cpus = role_cpus or {}  # role -> cores, overriding ``cpus`` for that role
         self.procs: list[Proc] = []
 
     def start(self, name: str, argv: list, *, role: str = "server", env: dict | None = None,
@@ -150,7 +151,7 @@ class ProcessGroup:
         with open(log, "wb") as f:
             p.popen = subprocess.Popen(
                 p.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
-                start_new_session=True, preexec_fn=_preexec(self.cpus),  # noqa: PLW1509 - the harness is single-threaded
+                start_new_session=True, preexec_fn=_preexec(self.role_cpus.get(role, self.cpus)),  # noqa: PLW1509 - the harness is single-threaded
             )
         self.procs.append(p)
         return p

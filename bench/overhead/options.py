@@ -41,6 +41,10 @@ def parse_args(argv=None):
     ap.add_argument("--server-cpu", type=int, default=0, help="core for engines and routers")
     ap.add_argument("--client-cpu", type=int, default=1, help="core for this process (the load client)")
     ap.add_argument("--no-pin", action="store_true")
+    ap.add_argument("--layout", choices=["shared", "isolated"], default="shared",
+                    help="shared: engines + router on --server-cpu, client on --client-cpu (CPU-bound at 64+ streams: "
+                         "compare CPU per request); isolated: the router alone on --client-cpu, engines + client on "
+                         "--server-cpu (the router is not starved: its added latency, not the core's queueing)")
     ap.add_argument("--peers-venv", default=str(BENCH / ".venv-peers"))
     ap.add_argument("--no-setup-peers", action="store_true", help="do not create the peers venv when it is missing")
     ap.add_argument("--steersman-bin", default=None, help="default: steersman next to this python, then PATH")

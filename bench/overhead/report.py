@@ -61,8 +61,7 @@ def print_report(results: dict, der: dict, a):
         t.add_section()
     con.print(t)
 
-    t = Table(title=f"CPU per request (us) during the latency phases; engines and router pinned to core "
-                    f"{a.server_cpu}, client to core {a.client_cpu}", title_justify="left")
+    t = Table(title=f"CPU per request (us) during the latency phases; {_layout(a)}", title_justify="left")
     for col in ["setup", "c", "router\nus/req", "router\nx vllm", "engines\nus/req", f"core {a.server_cpu}\nbusy",
                 "client\nbusy", "client\nus/req", "other\nprocs"]:
         t.add_column(col, justify="left" if col == "setup" else "right", no_wrap=True)
@@ -88,7 +87,7 @@ def print_report(results: dict, der: dict, a):
 
     if not a.no_throughput and any(s.get("throughput") for s in ok.values()):
         t = Table(title=f"Throughput: streamed max_tokens={a.tp_max_tokens}, c={a.tp_concurrency}, as fast as possible "
-                        f"(engines + router share core {a.server_cpu})", title_justify="left")
+                        f"({_layout(a)})", title_justify="left")
         for col in ["setup", "req/s", "req/s\nx direct", "req/s\nx vllm", "err", "router\nus/req", "router\nx vllm",
                     "router\nreq/s/core", "engines\nus/req", f"core {a.server_cpu}\nbusy", "client\nbusy", "other\nprocs"]:
             t.add_column(col, justify="left" if col == "setup" else "right", no_wrap=True)
@@ -144,3 +143,9 @@ def print_report(results: dict, der: dict, a):
     if worst > 0.10:
         con.print(f"[red]warning:[/red] other processes used up to {worst * 100:.0f}% of a core during a phase; "
                   "on 2 cores that skews latency and CPU numbers - rerun on a quiet machine.")
+
+
+def _layout(a) -> str:
+    if getattr(a, "layout", "shared") == "isolated":
+        return f"router alone on core {a.client_cpu}, engines + client on core {a.server_cpu}"
+    return f"engines + router on core {a.server_cpu}, client on core {a.client_cpu}"

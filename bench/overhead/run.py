@@ -51,12 +51,15 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     log_dir = Path(a.log_dir) if a.log_dir else Path(tempfile.mkdtemp(prefix="steersman-bench-overhead-"))
     pin = not a.no_pin and (os.cpu_count() or 1) >= 2
-    pg = ProcessGroup(log_dir, cpus={a.server_cpu} if pin else None)
+    isolated = a.layout == "isolated"
+    router_cpus = {a.client_cpu} if isolated else {a.server_cpu}
+    pg = ProcessGroup(log_dir, cpus={a.server_cpu} if pin else None, role_cpus={"router": router_cpus} if pin else None)
     if pin:
-        os.sched_setaffinity(0, {a.client_cpu})
+        os.sched_setaffinity(0, {a.server_cpu} if isolated else {a.client_cpu})
     bench = Bench(a, pg)
     bench.results["meta"]["pinned"] = (
-        {"engines_and_routers": a.server_cpu, "client": a.client_cpu} if pin else False)
+        {"engines": a.server_cpu, "router": min(router_cpus), "client": a.server_cpu if isolated else a.client_cpu}
+        if pin else False)
     if not pin:
         print("warning: not pinning (fewer than 2 CPUs or --no-pin); numbers are noisier", file=sys.stderr)
 
