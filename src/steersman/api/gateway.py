@@ -18,6 +18,7 @@ from steersman.api.lifecycle import RequestLifecycle
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
+from steersman.control.accounting import Accounting
 from steersman.control.plane import ControlPlane
 from steersman.engines import EngineAdapter, UpstreamError, adapter_for
 from steersman.fleet.config import EndpointConfig, FleetConfig, make_profile
@@ -100,6 +101,7 @@ class Gateway(RequestLifecycle):
         replicas = [self._replica(i, ep) for i, ep in enumerate(endpoints)]
         self.fleet = Fleet(replicas, self.clock, self.scheduler_settings)
         self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20)
+        self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
         self.metrics.track_queue(lambda: float(self.plane.waiting))
         if self.tenants.open:

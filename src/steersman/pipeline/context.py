@@ -25,11 +25,9 @@ class RequestContext:
     tenant: Any = None  # steersman.control.TenantConfig once authenticated
     sched: SchedRequest | None = None  # the typed scheduling context
     waiter: Any = None  # asyncio.Future while queued in the gateway
-    admit: Any = None  # steersman.control.Admit: settled exactly once at the end
+    started_at: Any = None  # steersman.control.accounting.Started once dispatched: settled exactly once
     ticket: Any = None  # steersman.fleet.state.Ticket: the replica's accounting for this request
     replica: int | None = None
-    uncached_tokens: int = 0  # prompt tokens the chosen replica is predicted to prefill
-    predicted_hit_blocks: int = 0  # prompt blocks the prefix index expected cached there
     output_tokens: int = 0  # completion tokens relayed (counted or from usage)
     cached_tokens: int | None = None  # engine-reported prompt tokens served from its cache
     bytes_sent: bool = False  # body bytes reached the client: only continuation is allowed from here

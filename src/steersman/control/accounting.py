@@ -1,0 +1,87 @@
+"""What happens to the fleet's books when a request is dispatched and when it ends.
+
+Pure and synchronous, shared by the live gateway and the digital twin: the
+replica's accounting (in flight, prefill queued, KV blocks, observed latencies),
+the prefix index learning where prompts now live, tokens and spend settled with
+admission, the workflow's sunk cost, the running estimate of output length, and
+what the engine reported about its cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from steersman.config import SchedulerSettings
+from steersman.control.admission import Admit
+from steersman.control.plane import ControlPlane, Dispatch
+from steersman.control.workflow import WorkflowTracker
+from steersman.fleet.state import Fleet, Ticket
+from steersman.policy.request import SchedRequest
+
+__all__ = ["Started", "Accounting"]
+
+
+@dataclass(slots=True)
+class Started:
+    """A dispatched request's bookkeeping, returned by :meth:`Accounting.dispatched`."""
+
+    req: SchedRequest
+    replica: int
+    ticket: Ticket
+    admit: Admit
+    uncached: int  # prompt tokens the replica is predicted to prefill
+    predicted_hit_blocks: int  # prompt blocks the prefix index expected cached there
+
+
+class Accounting:
+    def __init__(self, fleet: Fleet, plane: ControlPlane, workflows: WorkflowTracker, settings: SchedulerSettings,
+                 block_size: int) -> None:
+        self.fleet = fleet
+        self.plane = plane
+        self.workflows = workflows
+        self.settings = settings
+        self.block_size = block_size
+        self._out_est: dict[str, float] = {}
+
+    def expected_output(self, model: str) -> int:
+        """Output tokens to expect when a request sets no limit: a running average per model."""
+        return int(self._out_est.get(model, self.settings.initial_output_estimate))
+
+    def dispatched(self, req: SchedRequest, d: Dispatch) -> Started:
+        """The request goes to ``d.route.replica``: account it there now (before the next decision)."""
+        route = d.route
+        i = route.replica
+        fleet = self.fleet
+        hashes = req.block_hashes
+        bs = self.block_size
+        held = int(fleet.prefix.match(hashes)[i]) if fleet.prefix is not None and hashes else 0
+        uncached = req.prompt_tokens - min(held * bs, max(req.prompt_tokens - 1, 0))
+        blocks = math.ceil((req.prompt_tokens + req.expected_output) / bs)
+        ticket = fleet.begin(i, uncached, blocks, route.predicted_ttft_s, route.predicted_tpot_s)
+        if fleet.prefix is not None and hashes:
+            fleet.prefix.record(i, hashes)
+        return Started(req, i, ticket, d.admit, uncached, held)
+
+    def first_token(self, s: Started) -> None:
+        self.fleet.first_token(s.ticket)
+
+    def ended(self, s: Started, output_tokens: int, ok: bool, cached_tokens: int | None = None) -> float:
+        """Settle the request once; returns the $ it cost (its share of the replica's GPU time)."""
+        now = self.fleet.clock.now()
+        t = s.ticket
+        self.fleet.end(t, output_tokens)
+        # its share of the replica's GPU time: the whole request divided among the batch it joined
+        cost = self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch
+        req = s.req
+        self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
+        if req.workflow is not None:
+            self.workflows.record(req.tenant, req.workflow.workflow_id, tokens=req.prompt_tokens + output_tokens,
+                                  cost_usd=cost, now=now)
+        if ok and output_tokens:
+            old = self._out_est.get(req.model)
+            a = self.settings.latency_ewma_alpha
+            self._out_est[req.model] = output_tokens if old is None else old + a * (output_tokens - old)
+        if cached_tokens is not None:
+            self.fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
+        return cost
