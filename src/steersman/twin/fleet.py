@@ -1,0 +1,82 @@
+"""The simulated fleet of a twin run, built from the same fleet file the gateway reads.
+
+Every ``simulated:`` replica, and every ``endpoints:`` entry that names a known
+GPU and model, becomes an engine-model replica (:class:`SimReplica`); the
+scheduler, admission and tenant settings of the file apply unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from steersman.config import DEFAULTS, AdmissionSettings, EngineSettings, SchedulerSettings
+from steersman.fleet.config import FleetConfig, FleetConfigError
+from steersman.fleet.prefix_index import PrefixIndex
+from steersman.fleet.state import Fleet, Replica
+from steersman.sim import EngineModel, gpu_profile, model_profile
+from steersman.twin.replica import SimReplica
+
+__all__ = ["ReplicaPlan", "TwinFleet"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaPlan:
+    name: str
+    gpu: str
+    model: str
+    tp: int = 1
+    pool: str = "default"
+    served_model_name: str | None = None
+    engine: EngineSettings = DEFAULTS.engine
+
+    @property
+    def price_per_hour(self) -> float:
+        return gpu_profile(self.gpu).price_per_hour * self.tp
+
+
+class TwinFleet:
+    """Replica plans plus the engine models and the gateway-side fleet state built from them."""
+
+    def __init__(self, plans: list[ReplicaPlan], scheduler: SchedulerSettings = DEFAULTS.scheduler,
+                 admission: AdmissionSettings = DEFAULTS.admission) -> None:
+        if not plans:
+            raise FleetConfigError("the fleet has no replica the twin can simulate")
+        self.plans = plans
+        self.scheduler = scheduler
+        self.admission = admission
+        self.block_size = DEFAULTS.engine.block_size
+        self.replicas = [
+            SimReplica(i, EngineModel(gpu_profile(p.gpu), model_profile(p.model), replace(p.engine, tensor_parallel=p.tp),
+                                      warm=True, now=0.0, keep_done=0))
+            for i, p in enumerate(plans)
+        ]
+
+    @classmethod
+    def from_config(cls, cfg: FleetConfig) -> TwinFleet:
+        plans: list[ReplicaPlan] = []
+        if cfg.simulated is not None:
+            for spec in cfg.simulated.replicas:
+                gpu = gpu_profile(spec.gpu).name
+                for k in range(spec.count):
+                    plans.append(ReplicaPlan(f"{spec.pool}-{gpu.lower()}-{len(plans)}", spec.gpu, spec.model, spec.tp,
+                                             spec.pool, spec.served_model_name))
+        for ep in cfg.endpoints:
+            if ep.gpu and ep.models:
+                try:
+                    model_profile(ep.models[0])
+                except KeyError:
+                    continue
+                plans.append(ReplicaPlan(ep.name or f"replica-{len(plans)}", ep.gpu, ep.models[0], ep.tp, ep.pool))
+        return cls(plans, cfg.scheduler, cfg.admission)
+
+    def build_state(self, clock) -> Fleet:
+        reps = [Replica(i, p.name, f"http://twin.invalid/{p.name}", "engine-sim", gpu_profile(p.gpu).name,
+                        (p.served_model_name or p.model,), p.pool, p.price_per_hour, p.tp, adapter=None)
+                for i, p in enumerate(self.plans)]
+        fleet = Fleet(reps, clock, self.scheduler)
+        fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)
+        return fleet
+
+    @property
+    def price_per_hour(self) -> float:
+        return sum(p.price_per_hour for p in self.plans)

@@ -1,0 +1,94 @@
+"""Summary metrics of a twin run (the stable keys of ``results.json``; definitions in :mod:`.results`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steersman.fleet.statics import ReplicaSpec, build_statics
+from steersman.twin.results import FAILED, OK, REFUSED, Recorder
+
+__all__ = ["summarize", "PERCENTILES"]
+
+PERCENTILES = (50, 90, 99)
+
+
+def _pct(x: np.ndarray) -> dict[str, float | None]:
+    if x.size == 0:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    out = {f"p{p}": float(np.percentile(x, p)) for p in PERCENTILES}
+    out["mean"] = float(x.mean())
+    return out
+
+
+def _capacity_tokens_per_s(rec: Recorder, mean_ctx: float) -> float:
+    """Roofline decode limit: every replica at its largest batch (max_num_seqs, or what its KV holds)."""
+    fleet = rec.fleet
+    plans = fleet.plans
+    st = build_statics([ReplicaSpec(p.gpu, p.model, p.tp, p.price_per_hour) for p in plans])
+    total = 0.0
+    ctx = max(mean_ctx, 1.0)
+    for i, rep in enumerate(fleet.replicas):
+        eng = rep.engine
+        kv_tokens = eng.state().kv_blocks_total * eng.block_size
+        batch = float(max(1, min(eng.max_num_seqs, int(kv_tokens // ctx))))
+        idx = np.array([i])
+        one = np.ones(1)
+        t = st.step_time(idx, one * batch, 0 * one, 0 * one, one * batch * ctx, one * batch)[0]
+        total += batch / t
+    return total
+
+
+def summarize(rec: Recorder) -> dict:
+    c = rec.arrays()
+    status = c["status"]
+    dur = max(rec.duration, 1e-9)
+    ok = status == OK
+    ttft = c["first"] - c["arrival"]
+    out = c["output"].astype(float)
+    tpot = np.where(out > 1, (c["finish"] - c["first"]) / np.maximum(out - 1, 1), 0.0)
+    e2e = c["finish"] - c["arrival"]
+    met = ok & (ttft <= c["ttft_target"]) & (tpot <= c["tpot_target"]) & (c["finish"] <= c["deadline"])
+    n = int(status.size)
+
+    tasks: dict[str, bool] = {}
+    for wf, good in zip(c["workflow"].tolist(), met.tolist()):
+        tasks[wf] = tasks.get(wf, True) and good
+    successes = sum(tasks.values())
+
+    states = rec.engine_states
+    queries = sum(s.prefix_queries for s in states)
+    hits = sum(s.prefix_hits for s in states)
+    busy = float(rec.busy.sum())
+    replicas = len(rec.fleet.replicas)
+    cost = rec.fleet.price_per_hour * dur / 3600.0
+    out_tokens = float(out[ok].sum())
+    ctx = c["prompt"][ok] + out[ok] / 2
+    capacity = _capacity_tokens_per_s(rec, float(ctx.mean()) if ctx.size else 1024.0)
+    return {
+        "requests": n,
+        "completed": int(ok.sum()),
+        "refused": int((status == REFUSED).sum()),
+        "failed": int((status == FAILED).sum()),
+        "duration_s": rec.duration,
+        "ttft_s": _pct(ttft[ok]),
+        "tpot_s": _pct(tpot[ok & (out > 1)]),
+        "e2e_s": _pct(e2e[ok]),
+        "slo_attainment": float(met.sum() / n) if n else None,
+        "goodput_rps": float(met.sum() / dur),
+        "throughput_rps": float(ok.sum() / dur),
+        "output_tokens_per_s": out_tokens / dur,
+        "prefix_cache_hit_rate": float(hits / queries) if queries else 0.0,
+        "gpu_utilisation": busy / (dur * replicas) if replicas else 0.0,
+        "compute_bound_share": float(rec.compute_bound.sum() / busy) if busy else 0.0,
+        "memory_bound_share": float(1.0 - rec.compute_bound.sum() / busy) if busy else 0.0,
+        "cost_usd": cost,
+        "cost_per_hour_usd": rec.fleet.price_per_hour,
+        "tasks": len(tasks),
+        "tasks_succeeded": int(successes),
+        "task_success_rate": successes / len(tasks) if tasks else None,
+        "cost_per_successful_task_usd": cost / successes if successes else None,
+        "successful_tasks_per_usd": successes / cost if cost else None,
+        "capacity_output_tokens_per_s": capacity,
+        "capacity_used": out_tokens / dur / capacity if capacity else None,
+        "replicas": replicas,
+    }
