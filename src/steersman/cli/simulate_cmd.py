@@ -1,0 +1,80 @@
+"""``steersman simulate``: the digital twin, several policies side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate(
+        fleet: Path = typer.Option(..., "--fleet", help="Fleet file (YAML): simulated replicas, scheduler, tenants."),
+        workload: Path | None = typer.Option(None, "--workload", help="Workload spec (YAML)."),
+        trace: Path | None = typer.Option(None, "--trace", help="A trace to replay instead (Azure CSV or Mooncake JSONL)."),
+        speed: float = typer.Option(1.0, help="--trace: replay this many times faster."),
+        limit: int | None = typer.Option(None, help="--trace: at most this many requests."),
+        model: str = typer.Option("llama-3.1-8b", help="--trace: the model its requests ask for."),
+        policy: list[str] = typer.Option(["steersman"], "--policy", help="A routing profile; repeat to compare."),
+        load: str = typer.Option("1", help="Offered-load multipliers, comma separated (e.g. 0.5,1,1.5)."),
+        duration: float | None = typer.Option(None, help="Simulated seconds of arrivals (default: the workload's)."),
+        seed: int = typer.Option(0),
+        out: Path = typer.Option(Path("twin-results"), "--out", help="Directory for results.json and plots."),
+        plots: bool = typer.Option(True, help="Write PNG plots."),
+    ) -> None:
+        """Run the real control plane against a simulated fleet; compare policies (table, results.json, plots)."""
+        import time
+
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from steersman.fleet.config import FleetConfigError, load_fleet
+        from steersman.twin import report
+        from steersman.twin.run import Experiment, read_spec
+        from steersman.twin.workload import WorkloadSpecError
+
+        con = Console(width=max(180, Console().width))
+        if (workload is None) == (trace is None):
+            raise typer.BadParameter("give exactly one of --workload or --trace")
+        try:
+            cfg = load_fleet(fleet)
+            if workload is not None:
+                spec, base = read_spec(workload)
+            else:
+                src = {"kind": "trace", "path": str(trace.resolve()), "speed": speed, "model": model}
+                if limit is not None:
+                    src["limit"] = limit
+                spec, base = {"sources": [src]}, None
+            loads = [float(x) for x in load.split(",") if x.strip()]
+        except (FleetConfigError, WorkloadSpecError, OSError, ValueError) as e:
+            con.print(f"[red]steersman simulate:[/] {e}")
+            raise typer.Exit(2) from None
+        exp = Experiment(cfg, spec, base, seed, duration)
+        horizon = duration or spec.get("duration_s") or 0.0
+        t0 = time.perf_counter()
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
+                      TimeElapsedColumn(), console=con) as prog:
+            def factory(policy, ld):
+                task = prog.add_task(f"{policy} @ {ld:g}x", total=horizon or None, info="")
+
+                def update(t, n):
+                    prog.update(task, completed=min(t, horizon) if horizon else None, info=f"{n:,} requests, t={t:,.0f}s")
+
+                return update
+
+            try:
+                exp.sweep(policy, loads, factory)
+            except (WorkloadSpecError, FleetConfigError, KeyError, ValueError) as e:
+                con.print(f"[red]steersman simulate:[/] {e}")
+                raise typer.Exit(2) from None
+        con.print(report.table(exp.runs))
+        meta = {"fleet": str(fleet), "workload": str(workload or trace), "seed": seed, "loads": loads,
+                "policies": list(policy), "wall_s": time.perf_counter() - t0}
+        path = report.write_results(out, meta, exp.runs)
+        con.print(f"wrote {path}")
+        if plots:
+            for p in report.plot(out, exp.runs, exp.samples):
+                con.print(f"wrote {p}")

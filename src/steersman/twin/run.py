@@ -1,0 +1,88 @@
+"""Running the twin for several policies and load levels on one fleet and one workload.
+
+Every (policy, load) run gets a fresh workload from the same spec and seed, so
+each policy sees exactly the same arrivals (closed-loop agents react to each
+policy's own latencies, as real users would).  ``load`` scales the spec's
+offered rate: trace ``speed``, agent ``tasks_per_s`` and ``users``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from steersman.fleet.config import FleetConfig, make_profile
+from steersman.policy import make_policy
+from steersman.twin.core import Twin, TwinConfig
+from steersman.twin.fleet import TwinFleet
+from steersman.twin.metrics import summarize
+from steersman.twin.results import OK
+from steersman.twin.workload import load_workload
+
+__all__ = ["Experiment", "scale_spec", "policy_for", "read_spec"]
+
+
+def read_spec(path: str | Path) -> tuple[dict, Path]:
+    p = Path(path)
+    return yaml.safe_load(p.read_text()), p.parent
+
+
+def scale_spec(spec: Mapping[str, Any], k: float) -> dict:
+    """The same workload at ``k`` times its offered rate."""
+    out = copy.deepcopy(dict(spec))
+    for s in out.get("sources", []):
+        if s.get("kind") == "trace":
+            s["speed"] = float(s.get("speed", 1.0)) * k
+        else:
+            if "tasks_per_s" in s:
+                s["tasks_per_s"] = float(s["tasks_per_s"]) * k
+            if "users" in s:
+                s["users"] = max(1, int(round(float(s["users"]) * k)))
+    return out
+
+
+def policy_for(name: str, cfg: FleetConfig):
+    if name in cfg.profiles:
+        return make_profile(name, cfg.profiles[name], cfg.scheduler)
+    return make_policy(name, cfg.scheduler)
+
+
+@dataclass
+class Experiment:
+    fleet: FleetConfig
+    spec: Mapping[str, Any]
+    base_dir: Path | None = None
+    seed: int = 0
+    duration_s: float | None = None
+    runs: dict[str, dict[float, dict]] = field(default_factory=dict)
+    samples: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def run(self, policy: str, load: float = 1.0, progress: Callable[[float, int], None] | None = None) -> dict:
+        tf = TwinFleet.from_config(self.fleet)
+        wl = load_workload(scale_spec(self.spec, load), self.seed, base_dir=self.base_dir,
+                           slo_classes=self.fleet.scheduler.slo_classes)
+        duration = self.duration_s if self.duration_s is not None else self.spec.get("duration_s")
+        tenants = dict(getattr(wl, "tenants", None) or {})
+        if self.fleet.tenants is not None:
+            tenants.update(self.fleet.tenants.tenants)
+        twin = Twin(tf, wl, policy_for(policy, self.fleet), tenants, TwinConfig(duration_s=duration, seed=self.seed),
+                    progress)
+        rec = twin.run()
+        s = summarize(rec)
+        self.runs.setdefault(policy, {})[load] = s
+        if load == 1.0 or policy not in self.samples:
+            c = rec.arrays()
+            ok = c["status"] == OK
+            self.samples[policy] = {"ttft": (c["first"] - c["arrival"])[ok], "e2e": (c["finish"] - c["arrival"])[ok]}
+        return s
+
+    def sweep(self, policies: Sequence[str], loads: Sequence[float], progress_factory=None) -> None:
+        for policy in policies:
+            for load in loads:
+                self.run(policy, load, progress_factory(policy, load) if progress_factory else None)
