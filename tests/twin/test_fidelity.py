@@ -50,7 +50,7 @@ def _workload(seed: int = 7) -> list[_Arrival]:
     out, t = [], 0.0
     for i in range(N):
         t += rng.expovariate(RATE)
-        question = " ".join(f"detail{rng.randrange(10**6)}" for _ in range(60))  # ~120 unique tokens
+        question = " ".join(f"detail{rng.randrange(10**6)}" for _ in range(250))  # ~500 unique tokens
         msgs = [{"role": "system", "content": systems[rng.randrange(SYSTEMS)]}, {"role": "user", "content": f"Question {i}: {question}"}]
         ids = tokenize(render_chat(msgs))
         out.append(_Arrival(t, i, len(ids), tuple(block_hashes(ids)), OUT, msgs))
