@@ -1,0 +1,68 @@
+"""``steersman plan``: the cheapest fleet that meets the SLO, by simulation, and replicas per hour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan(
+        workload: Path = typer.Option(..., "--workload", help="Workload spec (YAML): the peak-hour load to serve."),
+        slo: float = typer.Option(0.99, "--slo", help="Share of requests that must meet their SLO class targets."),
+        gpus: str = typer.Option("H100,A100,L40S", "--gpus", help="Candidate GPU types, comma separated."),
+        headroom: float = typer.Option(0.2, help="Size for the load times (1 + headroom)."),
+        policy: str = typer.Option("steersman", help="Routing profile to plan with."),
+        tp: int = typer.Option(1, help="Tensor-parallel degree of each replica."),
+        duration: float | None = typer.Option(None, help="Simulated seconds per trial (default: the workload's)."),
+        fleet: Path | None = typer.Option(None, "--fleet", help="Take scheduler / admission / tenants from this fleet file."),
+        seed: int = typer.Option(0),
+    ) -> None:
+        """Find the cheapest fleet (replicas per GPU type) meeting the SLO with headroom; show it per hour."""
+        import yaml
+        from rich.console import Console
+        from rich.table import Table
+
+        from steersman.twin.plan import plan_capacity
+        from steersman.twin.run import read_spec
+        from steersman.twin.workload import WorkloadSpecError
+
+        con = Console(width=max(120, Console().width))
+        if not 0 < slo <= 1 or headroom < 0:
+            raise typer.BadParameter("--slo must be in (0, 1] and --headroom >= 0")
+        try:
+            spec, base = read_spec(workload)
+            base_fleet = yaml.safe_load(fleet.read_text()) if fleet else None
+            p = plan_capacity(spec, [g.strip() for g in gpus.split(",") if g.strip()], target=slo, headroom=headroom,
+                              policy=policy, tp=tp, seed=seed, base_dir=base, duration_s=duration, base_fleet=base_fleet,
+                              progress=lambda msg: con.print(f"  [dim]{msg}[/]"))
+        except (WorkloadSpecError, OSError, KeyError, ValueError) as e:
+            con.print(f"[red]steersman plan:[/] {e}")
+            raise typer.Exit(2) from None
+        t = Table(title=f"plan for {p.model}: {p.offered_rps:.2f} req/s offered, SLO {100 * slo:g}% at +{100 * headroom:g}% load")
+        for col in ("GPU", "replicas", "$ / hour", "SLO met", "$ / successful task", "req/s per replica"):
+            t.add_column(col, justify="right" if col != "GPU" else "left")
+        for o in sorted(p.options, key=lambda o: o.cost_per_hour):
+            star = " *" if o is p.best else ""
+            t.add_row(o.gpu + star, str(o.replicas), f"{o.cost_per_hour:.2f}", f"{100 * o.slo_attainment:.1f}%",
+                      f"{o.cost_per_successful_task:.5f}" if o.cost_per_successful_task else "-", f"{o.per_replica_rps:.2f}")
+        con.print(t)
+        for gpu, why in p.infeasible.items():
+            con.print(f"[yellow]{gpu}[/]: {why}")
+        if p.best is not None:
+            b = p.best
+            con.print(f"cheapest: [bold]{b.replicas} x {b.gpu}[/] at ${b.cost_per_hour:.2f}/h")
+            h = Table(title="elasticity over a day (replicas of the cheapest type per hour)")
+            h.add_column("hour")
+            h.add_column("offered req/s", justify="right")
+            h.add_column("replicas", justify="right")
+            h.add_column("$ / hour", justify="right")
+            for hour, rps, n in p.hourly:
+                h.add_row(f"{hour:02d}:00", f"{rps:.2f}", str(n), f"{n * b.cost_per_hour / b.replicas:.2f}")
+            con.print(h)
+            day = sum(n for _, _, n in p.hourly) * b.cost_per_hour / b.replicas
+            con.print(f"a day elastic: ${day:.2f}  vs  static peak fleet: ${24 * b.cost_per_hour:.2f}")
