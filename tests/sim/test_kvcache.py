@@ -127,3 +127,99 @@ def test_caching_disabled():
     kv.allocate(a, 64)
     kv.cache(a, 64)
     assert a.blocks == [None] * 4 and kv.lookup(req("b", tokens(1, 64))) == []
+
+
+# -- the segment representation against the per-block one it replaced ------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from legacy_engine import KVPool as LegacyPool  # noqa: E402
+from legacy_engine import LegacyRequest  # noqa: E402
+
+from steersman.sim import SimRequest  # noqa: E402
+from steersman.text.tokenizer import block_hashes  # noqa: E402
+
+_op = st.one_of(
+    st.tuples(st.just("admit"), st.integers(0, 7), st.integers(1, 400)),  # request, tokens to allocate
+    st.tuples(st.just("grow"), st.integers(0, 7), st.integers(1, 120)),  # running request: more tokens
+    st.tuples(st.just("cache"), st.integers(0, 7), st.integers(0, 0)),  # cache everything allocated
+    st.tuples(st.just("free"), st.integers(0, 7), st.integers(0, 0)),
+    st.tuples(st.just("take"), st.integers(0, 0), st.integers(1, 12)),
+)
+
+
+def _prompt(i: int) -> list[int]:
+    # 8 prompts that are prefixes of each other or share prefixes of various lengths
+    base = [tokens(1, 160), tokens(1, 96) + tokens(2, 64), tokens(1, 48) + tokens(3, 100), tokens(4, 150)]
+    return (base + [p[:-24] for p in base])[i]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_op, max_size=80), num_blocks=st.integers(8, 60), caching=st.booleans())
+def test_pool_equals_the_per_block_pool(ops, num_blocks, caching):
+    """Random admissions (lookup + allocate), chunked growth, caching, frees and takes on both pools."""
+    new, old = KVPool(num_blocks, BS, caching), LegacyPool(num_blocks, BS, caching)
+    rn = [SimRequest(f"r{i}", len(_prompt(i)), 8, block_hashes(_prompt(i), BS)) for i in range(8)]
+    ro = [LegacyRequest(f"r{i}", len(_prompt(i)), 8, block_hashes(_prompt(i), BS)) for i in range(8)]
+    alloc = [0] * 8  # tokens allocated (0: holds nothing)
+    for kind, i, n in ops:
+        a, b = rn[i], ro[i]
+        if kind == "admit" and not alloc[i]:
+            hits_a, hits_b = new.lookup(a), old.lookup(b)
+            assert hits_a == hits_b
+            n = min(max(n, len(hits_a) * BS + 1), a.prompt_len)
+            ok = new.allocate(a, n, hits_a)
+            assert ok == old.allocate(b, n, hits_b)
+            if ok:
+                alloc[i] = n
+        elif kind == "grow" and alloc[i]:
+            n = min(alloc[i] + n, a.prompt_len)
+            ok = new.allocate(a, n)
+            assert ok == old.allocate(b, n)
+            if ok:
+                alloc[i] = n
+        elif kind == "cache" and alloc[i]:
+            new.cache(a, alloc[i])
+            old.cache(b, alloc[i])
+        elif kind == "free" and alloc[i]:
+            new.free(a)
+            old.free(b)
+            alloc[i] = 0
+        elif kind == "take" and n <= new.num_free:
+            new.take(n)
+            old.take(n)
+        assert new.num_free == old.num_free and new.num_cached == old.num_cached
+        assert new.free_queue() == old.free_queue()
+        assert new.ref_counts() == old._ref
+        for x, y in zip(rn, ro):
+            assert x.blocks == y.blocks and x.num_hashed == y.num_hashed
+
+
+def test_block_cached_after_a_duplicate_can_outlive_the_block_before_it():
+    """b duplicates a's first 6 blocks (computed concurrently), then caches its own 4; a's are
+    evicted first, so b's stay cached without their parent: c, with b's prompt, must not cache
+    its copies of them (they are duplicates), exactly as the per-block pool does."""
+    p_a = tokens(1, 160)
+    p_b = tokens(1, 96) + tokens(2, 64)
+    p_c = p_b + [7]
+    for pool_cls, req_cls in ((KVPool, SimRequest), (LegacyPool, LegacyRequest)):
+        kv = pool_cls(40, BS)
+        a, b, c, d = (req_cls(rid, len(p), 8, block_hashes(p, BS)) for rid, p in
+                      (("a", p_a), ("b", p_b), ("c", p_c), ("d", tokens(9, 320))))
+        kv.allocate(a, 160)
+        kv.allocate(b, 160)
+        kv.cache(a, 160)
+        kv.cache(b, 160)
+        assert b.blocks[:6] == [None] * 6 and None not in b.blocks[6:]
+        kv.allocate(d, 320)
+        kv.free(a)
+        kv.free(d)
+        kv.free(b)
+        kv.take(10)  # a's blocks
+        assert kv.lookup(c) == []
+        kv.allocate(c, 161)  # from d's, after which b's 4 cached blocks wait
+        kv.cache(c, 161)
+        assert c.blocks[6:10] == [None] * 4 and None not in c.blocks[:6]
+        if pool_cls is KVPool:
+            new = (c.blocks, kv.free_queue(), kv.ref_counts())
+        else:
+            assert (c.blocks, kv.free_queue(), kv._ref) == new

@@ -30,7 +30,7 @@ def snapshot(eng):
         [r.req_id for r in eng.running()],
         [r.req_id for r in eng.waiting()],
         eng.kv.free_queue(),
-        dict(eng.kv._ref),
+        eng.kv.ref_counts(),
         st_.num_steps, st_.generation_tokens_total, st_.prompt_tokens_total, st_.num_preemptions,
         st_.prefix_queries, st_.prefix_hits, st_.kv_blocks_used,
     ), times + [st_.busy_until]

@@ -6,13 +6,14 @@
 * :mod:`~steersman.sim.kvcache`, :mod:`~steersman.sim.scheduler`: vLLM v1's paged KV
   cache with prefix caching and its continuous-batching scheduler.
 * :mod:`~steersman.sim.engine`: :class:`EngineModel`, driven step by step with
-  ``now`` passed in; :mod:`~steersman.sim.macro`: closed-form runs of decode steps.
+  ``now`` passed in; :mod:`~steersman.sim.macro`: closed-form runs of decode steps
+  (:class:`DecodePlan`, :class:`MacroStep`).
 """
 
 from steersman.sim.engine import EngineModel, EngineState, StepResult, WeightsState
 from steersman.sim.gpus import GPUS, GpuProfile, gpu_profile
 from steersman.sim.kvcache import KVPool
-from steersman.sim.macro import MacroStep
+from steersman.sim.macro import DecodePlan, MacroStep
 from steersman.sim.memory import batch_limits, num_kv_blocks
 from steersman.sim.models import MODELS, ModelProfile, model_profile
 from steersman.sim.request import SimRequest
@@ -25,6 +26,7 @@ __all__ = [
     "EngineState",
     "WeightsState",
     "MacroStep",
+    "DecodePlan",
     "GpuProfile",
     "ModelProfile",
     "gpu_profile",

@@ -17,25 +17,37 @@ Mirrors ``vllm/v1/core/block_pool.py`` (BlockPool, FreeKVCacheBlockQueue) and
   before its head blocks and everything freed earlier goes before it (LRU).
 * ``1 - free / total`` is vLLM's KV usage: cached blocks with ref 0 count as free.
 
-Representation (to keep a thousand replicas in memory): a block that is not in the
-prefix cache has no identity worth keeping, so free uncached blocks are stored as
-runs (a count) in the queue and held uncached blocks as ``None`` in the request's
-block list; a cached block is identified by its hash.  This is exact for vLLM's
-behaviour except one corner: vLLM keeps *duplicate* cached blocks (two blocks with
-the same hash, computed concurrently before either was cached); here the second one
-stays uncached, so if the first is evicted while the second is still free a later
-lookup misses where vLLM would hit.
+Representation: per block, nothing.  A block that is not in the prefix cache has
+no identity worth keeping, so free uncached blocks are runs (a count) in the queue
+and a request's uncached blocks are counts.  Cached blocks are *segments*: a run
+of consecutive positions [lo, hi) of one hash chain whose blocks all have the same
+holders (so the same ref count) and, when free, sit together in the queue (deepest
+first).  A request registers its new full blocks as one segment (or extends its
+last one); a hit that ends inside a segment splits it; taking from the queue
+shrinks a free segment from its deep end.  Hashes are chained (equal hashes mean
+equal prefixes), so a hit walk looks up one hash per segment and compares the rest
+in place.  Every operation is O(segments touched), independent of the number of
+blocks, and the whole cache of a replica is a few hundred small objects.
+
+A request holds a list of entries (segment, first position held) and uncached
+runs, plus its trailing uncached blocks as a count.  When a held segment is split,
+its holders keep the deeper part and reach the new shallower part through ``sp``
+(it covers the positions just below): freeing walks ``sp`` down to the position it
+first held.
+
+This is exact for vLLM's behaviour except one corner: vLLM keeps *duplicate*
+cached blocks (two blocks with the same hash, computed concurrently before either
+was cached); here the second one stays uncached, so if the first is evicted while
+the second is still free a later lookup misses where vLLM would hit.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 
-from steersman.sim.request import SimRequest
+from steersman.sim.request import _NEVER, SimRequest
 
 __all__ = ["KVPool"]
-
-_NEVER = 1 << 62  # num_hashed sentinel: no further block of this request can be hashed
 
 
 class _Run:
@@ -47,20 +59,37 @@ class _Run:
         self.n = n
 
 
+class _Seg:
+    """Cached blocks at positions [lo, hi) of the hash chain ``hs``, all with ``ref`` holders."""
+
+    __slots__ = ("hs", "lo", "hi", "ref", "sp", "root")
+
+    def __init__(self, hs: list[int], lo: int, hi: int, ref: int, sp: _Seg | None, root: int | None) -> None:
+        self.hs = hs
+        self.lo = lo
+        self.hi = hi
+        self.ref = ref
+        self.sp = sp  # the segment just below lo, split off this one (its holders hold it too)
+        # chain root if it was registered right after a duplicate block: it may outlive the
+        # block before it, so a later registration can meet it anywhere (see _register)
+        self.root = root
+
+
 class KVPool:
-    __slots__ = ("num_blocks", "block_size", "caching", "num_free", "_free", "_ref")
+    __slots__ = ("num_blocks", "block_size", "caching", "num_free", "_free", "_idx", "_orph", "_ncached")
 
     def __init__(self, num_blocks: int, block_size: int, caching: bool = True) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caching = caching
         self.num_free = num_blocks
-        # Free queue, front = next to be taken: cached block hash | _Run -> None.
+        # Free queue, front = next to be taken: _Seg (free, evicted from its deep end) | _Run -> None.
         self._free: OrderedDict[object, None] = OrderedDict()
         if num_blocks:
             self._free[_Run(num_blocks)] = None
-        # Every block in the prefix cache: hash -> ref count (0 = free, evictable).
-        self._ref: dict[int, int] = {}
+        self._idx: dict[int, _Seg] = {}  # hash of a segment's first block -> segment
+        self._orph: dict[int, list[_Seg]] = {}  # chain root -> segments registered after a duplicate
+        self._ncached = 0
 
     # -- state ------------------------------------------------------------------
     @property
@@ -70,16 +99,25 @@ class KVPool:
     @property
     def num_cached(self) -> int:
         """Blocks in the prefix cache (in use or evictable)."""
-        return len(self._ref)
+        return self._ncached
 
     def usage(self) -> float:
         return 1.0 - self.num_free / self.num_blocks if self.num_blocks else 0.0
 
+    def ref_counts(self) -> dict[int, int]:
+        """Every cached block: hash -> ref count (0 = free, evictable).  O(cached blocks)."""
+        out = {}
+        for s in self._segments():
+            hs, ref = s.hs, s.ref
+            for p in range(s.lo, s.hi):
+                out[hs[p]] = ref
+        return out
+
     def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self._ref
+        return block_hash in self.ref_counts()
 
     def ref_count(self, block_hash: int) -> int:
-        return self._ref.get(block_hash, 0)
+        return self.ref_counts().get(block_hash, 0)
 
     def free_queue(self) -> list[int | None]:
         """The free queue front to back: a hash per cached block, None per uncached one (tests)."""
@@ -88,10 +126,240 @@ class KVPool:
             if key.__class__ is _Run:
                 out.extend([None] * key.n)  # type: ignore[attr-defined]
             else:
-                out.append(key)  # type: ignore[arg-type]
+                hs = key.hs  # type: ignore[attr-defined]
+                out.extend(hs[p] for p in range(key.hi - 1, key.lo - 1, -1))  # type: ignore[attr-defined]
         return out
 
+    def _segments(self) -> list[_Seg]:
+        return list(self._idx.values())
+
+    def block_list(self, req: SimRequest, n: int) -> list[int | None]:
+        """``req``'s first ``n`` blocks: hash if cached, else None."""
+        out: list[int | None] = []
+        hs = req._chain
+        p = 0
+        for x, lo in req._ent:
+            if x is None:
+                out.extend([None] * lo)
+                p += lo
+            else:
+                out.extend(hs[lo : x.hi])  # type: ignore[index]
+                p = x.hi
+        out.extend([None] * (n - p))
+        return out[:n]
+
+    # -- internals ---------------------------------------------------------------
+    def _append_run(self, n: int) -> None:
+        self.num_free += n
+        free = self._free
+        if free:
+            last = next(reversed(free))
+            if last.__class__ is _Run:
+                last.n += n  # type: ignore[attr-defined]
+                return
+        free[_Run(n)] = None
+
+    def _drop(self, s: _Seg) -> None:
+        """``s`` left the cache entirely."""
+        h = s.hs[s.lo]
+        if self._idx.get(h) is s:
+            del self._idx[h]
+        self._ncached -= s.hi - s.lo
+        s.hi = s.lo
+        if s.root is not None:
+            lst = self._orph[s.root]
+            lst.remove(s)
+            if not lst:
+                del self._orph[s.root]
+            s.root = None
+
+    def _split(self, s: _Seg, e: int) -> _Seg:
+        """``s`` = [lo, hi), lo < e < hi: a new segment takes [lo, e) and is returned; ``s`` keeps [e, hi)."""
+        p = _Seg(s.hs, s.lo, e, s.ref, s.sp, s.root)
+        idx = self._idx
+        idx[s.hs[s.lo]] = p
+        idx[s.hs[e]] = s
+        if s.root is not None:
+            lst = self._orph[s.root]
+            lst[lst.index(s)] = p
+            s.root = None
+        s.lo = e
+        s.sp = p
+        return p
+
+    def _walk(self, hs: list[int], limit: int) -> tuple[int, int, list]:
+        """Longest cached prefix of ``hs[:limit]``: (blocks, how many of them are free, [(segment, end)])."""
+        idx = self._idx
+        path = []
+        i = fh = 0
+        while i < limit:
+            x = idx.get(hs[i])
+            if x is None or x.lo != i:
+                break
+            e = x.hi if x.hi < limit else limit
+            xs = x.hs
+            if xs is hs or (xs[e - 1] == hs[e - 1] and xs[i:e] == hs[i:e]):
+                k = e
+            else:
+                k = i + 1
+                while k < e and xs[k] == hs[k]:
+                    k += 1
+            path.append((x, k))
+            if not x.ref:
+                fh += k - i
+            i = k
+        return i, fh, path
+
+    def _touch(self, req: SimRequest, path: list) -> None:
+        """The hits of ``path`` become ``req``'s first blocks (ref + 1, out of the free queue)."""
+        ent = req._ent
+        x = None
+        for x, k in path:
+            if k < x.hi:
+                p = self._split(x, k)
+                if not p.ref:
+                    self.num_free -= k - p.lo  # its blocks leave x's place in the queue
+                x = p
+            elif not x.ref:
+                del self._free[x]
+                self.num_free -= x.hi - x.lo
+            x.ref += 1
+            ent.append((x, x.lo))
+        req._cur = x
+
+    def _register(self, req: SimRequest, lo: int, hi: int, hs: list[int]) -> None:
+        """Offer ``req``'s (uncached) blocks lo..hi-1 to the cache: each is cached unless its hash
+        already is (a duplicate, stays uncached).  ``req._cov`` is lo; becomes hi."""
+        idx = self._idx
+        ent = req._ent
+        cur = req._cur  # the segment holding the hash of block i - 1 if req's own block is not it
+        i = lo
+        while i < hi:
+            h = hs[i]
+            x = cur
+            while x is not None and x.lo > i:
+                x = x.sp
+            if x is None or i >= x.hi or x.hs[i] != h:
+                x = idx.get(h)
+            if x is not None:  # duplicates as long as the chains agree
+                e = x.hi if x.hi < hi else hi
+                xs = x.hs
+                k = i + 1
+                while k < e and xs[k] == hs[k]:
+                    k += 1
+                if ent and ent[-1][0] is None:
+                    ent[-1] = (None, ent[-1][1] + k - i)
+                else:
+                    ent.append((None, k - i))
+                cur = x
+                i = k
+                continue
+            # Own blocks from i.  A cached block at a later position j of this chain would have
+            # its hash at j - 1 cached too, so block j - 1 would not be ours: only a segment
+            # registered after a duplicate (which can outlive the block before it) can start there.
+            j = hi
+            orph = self._orph
+            if orph:
+                for s in orph.get(hs[0], ()):
+                    sl = s.lo
+                    if i < sl < j and s.hs[sl] == hs[sl]:
+                        j = sl
+            last = ent[-1][0] if ent else None
+            if last is not None and last.hi == i and last.ref == 1:
+                last.hi = j  # our last segment, held by us alone: grows
+                last.hs = hs
+            else:
+                s = _Seg(hs, i, j, 1, None, None)
+                idx[h] = s
+                if i and ent and last is None:
+                    s.root = r0 = hs[0]
+                    orph.setdefault(r0, []).append(s)
+                ent.append((s, i))
+            self._ncached += j - i
+            cur = None
+            i = j
+        req._cur = cur
+        req._cov = hi
+
     # -- vLLM KVCacheManager operations ----------------------------------------------
+    def admit(self, req: SimRequest, budget: int, chunked: bool, dry: bool = False) -> tuple[int, int] | None:
+        """Admission of a waiting request (holding nothing): prefix lookup, chunk, allocate, cache.
+
+        Returns (hit blocks, tokens scheduled), or None if it does not fit (nothing changed).
+        ``dry``: only tell.
+        """
+        bs = self.block_size
+        ntok = req.prompt_len + req._output
+        hits = fh = 0
+        path = None
+        hs = None
+        if self.caching:
+            hs = req._chain
+            if hs is None or req._hashing:
+                hs = req.chain(ntok // bs, bs)
+            limit = (ntok - 1) // bs
+            if limit > len(hs):
+                limit = len(hs)
+            if limit > 0:
+                hits, fh, path = self._walk(hs, limit)
+        hit_tokens = hits * bs
+        n = ntok - hit_tokens
+        if n > budget:
+            if not chunked:
+                return None
+            n = budget
+        end = hit_tokens + n
+        nb = (end + bs - 1) // bs
+        if nb - hits + fh > self.num_free:
+            return None
+        if dry:
+            return hits, n
+        req._kv = self
+        req._ent = []
+        if path:
+            self._touch(req, path)
+        else:
+            req._cur = None
+        req._cov = hits
+        self.take(nb - hits)
+        req._nblocks = nb
+        if hs is not None:
+            full = end // bs
+            hi = full if full < len(hs) else len(hs)
+            if hi > hits:
+                self._register(req, hits, hi, hs)
+            req._hashed = full if hi == full else _NEVER
+        return hits, n
+
+    def extend(self, req: SimRequest, end: int) -> bool:
+        """A running request: blocks for its first ``end`` tokens, then cache its full ones.
+
+        False (nothing changed) if the new blocks do not fit.
+        """
+        bs = self.block_size
+        nb = (end + bs - 1) // bs
+        need = nb - req._nblocks
+        if need > 0:
+            if need > self.num_free:
+                return False
+            self.take(need)
+            req._nblocks = nb
+        if self.caching:
+            self._cache_to(req, end)
+        return True
+
+    def _cache_to(self, req: SimRequest, end: int) -> None:
+        bs = self.block_size
+        full = end // bs
+        if full > req._hashed:
+            hs = req._chain
+            if hs is None or req._hashing:
+                hs = req.chain(full, bs)
+            hi = full if full < len(hs) else len(hs)
+            if hi > req._cov:
+                self._register(req, req._cov, hi, hs)
+            req._hashed = full if hi == full else _NEVER
+
     def lookup(self, req: SimRequest) -> list[int]:
         """Hashes of the longest run of ``req``'s leading blocks in the cache.
 
@@ -102,63 +370,52 @@ class KVPool:
         if not self.caching:
             return []
         bs = self.block_size
-        ref = self._ref
-        hits: list[int] = []
-        for i in range((req.num_tokens - 1) // bs):
-            h = req.block_hash(i, bs)
-            if h is None or h not in ref:
-                break
-            hits.append(h)
-        return hits
+        limit = (req.num_tokens - 1) // bs
+        hs = req.chain(limit, bs)
+        limit = min(limit, len(hs))
+        hits, _, _ = self._walk(hs, limit) if limit > 0 else (0, 0, None)
+        return hs[:hits]
 
     def blocks_needed(self, req: SimRequest, num_tokens: int, hits: list[int] | None = None) -> int:
         """Free blocks that :meth:`allocate` would consume (vLLM get_num_blocks_to_allocate)."""
         n_hits = len(hits) if hits else 0
-        need = -(-num_tokens // self.block_size) - len(req.blocks) - n_hits
+        need = -(-num_tokens // self.block_size) - req.num_blocks - n_hits
         if need < 0:
             need = 0
         if hits:
-            ref = self._ref
-            need += sum(1 for h in hits if ref[h] == 0)
+            need += self._walk(req.chain(n_hits, self.block_size), n_hits)[1]
         return need
 
     def allocate(self, req: SimRequest, num_tokens: int, hits: list[int] | None = None) -> bool:
         """Make ``req`` hold blocks for its first ``num_tokens`` tokens (vLLM allocate_slots).
 
-        ``hits`` (from :meth:`lookup`, for a request being admitted) are touched and
-        become its first blocks.  Returns False, changing nothing, if the free queue
-        is too short.  Does not cache anything: call :meth:`cache` next.
+        ``hits`` (from :meth:`lookup`, for a request holding nothing) are touched and
+        become its first blocks.  Returns False, changing nothing, if the free queue is
+        too short.  Does not cache anything: call :meth:`cache` next.
         """
-        blocks = req.blocks
-        need = -(-num_tokens // self.block_size) - len(blocks)
-        if hits:
-            need -= len(hits)
-        if need < 0:
-            need = 0
-        if hits:
-            ref = self._ref
-            if need + sum(1 for h in hits if ref[h] == 0) > self.num_free:
-                return False
-            free = self._free
-            for h in hits:
-                c = ref[h]
-                if c == 0:
-                    del free[h]
-                    self.num_free -= 1
-                ref[h] = c + 1
-            blocks.extend(hits)
-        elif need > self.num_free:
+        if self.blocks_needed(req, num_tokens, hits) > self.num_free:
             return False
-        if need:
-            self.take(need)
-            blocks.extend([None] * need)
+        req._kv = self
+        if req._ent is None:
+            req._ent = []
+        if hits:
+            n_hits = len(hits)
+            _, _, path = self._walk(req.chain(n_hits, self.block_size), n_hits)
+            self._touch(req, path)
+            req._cov = req._nblocks = n_hits
+            req._hashed = 0
+        total = -(-num_tokens // self.block_size)
+        if total > req._nblocks:
+            self.take(total - req._nblocks)
+            req._nblocks = total
         return True
 
     def take(self, n: int) -> None:
         """Take ``n`` blocks off the free queue's front, evicting cached ones."""
+        if not n:
+            return
         self.num_free -= n
         free = self._free
-        ref = self._ref
         while n:
             key = next(iter(free))
             if key.__class__ is _Run:
@@ -168,65 +425,50 @@ class KVPool:
                 n -= key.n  # type: ignore[attr-defined]
                 free.popitem(last=False)
             else:
+                size = key.hi - key.lo  # type: ignore[attr-defined]
+                if size > n:
+                    key.hi -= n  # type: ignore[attr-defined]
+                    self._ncached -= n
+                    return
                 free.popitem(last=False)
-                del ref[key]  # type: ignore[arg-type]
-                n -= 1
+                self._drop(key)  # type: ignore[arg-type]
+                n -= size
 
     def cache(self, req: SimRequest, num_tokens: int) -> None:
         """Register ``req``'s full blocks among its first ``num_tokens`` tokens (cache_full_blocks)."""
-        full = num_tokens // self.block_size
-        i = req.num_hashed
-        if full <= i or not self.caching:
-            return
-        bs = self.block_size
-        blocks = req.blocks
-        ref = self._ref
-        while i < full:
-            if blocks[i] is None:
-                h = req.block_hash(i, bs)
-                if h is None:
-                    i = _NEVER
-                    break
-                if h not in ref:  # else: a duplicate of a cached block, stays uncached
-                    ref[h] = 1
-                    blocks[i] = h
-            i += 1
-        req.num_hashed = i
+        if self.caching:
+            req._kv = self
+            if req._ent is None:
+                req._ent = []
+            self._cache_to(req, num_tokens)
 
     def free(self, req: SimRequest) -> None:
         """Release all of ``req``'s blocks, tail first (vLLM free)."""
-        blocks = req.blocks
-        req.blocks = []
-        req.num_hashed = 0
-        if not blocks:
+        n = req._nblocks
+        ent = req._ent
+        cov = req._cov
+        req._nblocks = req._hashed = req._cov = 0
+        req._cur = None
+        if ent:
+            req._ent = None
+        if n > cov:
+            self._append_run(n - cov)
+        if not ent:
             return
         free = self._free
-        ref = self._ref
-        anon = 0
-        for h in reversed(blocks):
-            if h is None:
-                anon += 1
+        for x, lo in reversed(ent):
+            if x is None:
+                self._append_run(lo)
                 continue
-            if anon:
-                self._append_run(anon)
-                anon = 0
-            c = ref[h] - 1
-            ref[h] = c
-            if c == 0:
-                free[h] = None
-                self.num_free += 1
-        if anon:
-            self._append_run(anon)
-
-    def _append_run(self, n: int) -> None:
-        self.num_free += n
-        free = self._free
-        if free:
-            last = next(reversed(free))
-            if last.__class__ is _Run:
-                last.n += n  # type: ignore[attr-defined]
-                return
-        free[_Run(n)] = None
+            while True:
+                c = x.ref - 1
+                x.ref = c
+                if not c:
+                    free[x] = None
+                    self.num_free += x.hi - x.lo
+                if x.lo <= lo:
+                    break
+                x = x.sp
 
     def reset(self) -> None:
         """Drop everything (weights unloaded): all blocks free, nothing cached."""

@@ -6,54 +6,124 @@ per request.  Only the context grows, by one token per request per step, and the
 step time is affine in it (the decode-attention part is max(a x ctx, b x ctx) =
 max(a, b) x ctx; everything else is constant), so step j of the run lasts
 ``d0 + slope x j`` and the run of k steps lasts k x d0 + slope x k (k - 1) / 2.
+The compute and memory sides of the roofline are affine in j the same way.
 
-:func:`advance` runs the longest such run that
+:meth:`EngineModel.decode_plan` describes, without changing anything, the longest
+such run starting at the next step (a :class:`DecodePlan`): it ends
 
-* starts every step before ``until`` (the caller's next event, e.g. an arrival:
-  a step that starts before it cannot include it, as in a step() loop),
-* ends no later than the first step in which a request finishes (that step is
-  included: its finishers are freed at its end, as step() does),
-* needs no preemption: the blocks allocated as requests cross block boundaries
-  (grouped by position within a block, so O(block_size) per candidate length)
-  fit in the free queue,
+* at the first step in which a request finishes (that step is included: its
+  finishers are freed at its end, as step() does),
+* before the first step that would need a preemption: the blocks allocated as
+  requests cross block boundaries (counted per position within a block, O(block
+  size)) must fit in the free queue,
 
+and there is none when the waiting queue's head could be admitted at the first
+step (over such a run the free blocks only shrink and the head's cache hits only
+get evicted, so a head that cannot be admitted at the first step cannot be at any
+later one).  :meth:`EngineModel.commit` applies the first ``steps`` steps of a plan
 and leaves the engine exactly where repeated :meth:`EngineModel.step` calls would
 (same counters, blocks, evictions, cached output blocks, finish times up to float
-rounding).  The waiting head's admission is checked once: over such a run the free
-blocks only shrink and the head's cache hits only get evicted, so a head that
-cannot be admitted at the first step cannot be at any later one.
+rounding).  A caller with events of its own (an arrival, an abort) commits only
+the steps that start before the event (:meth:`DecodePlan.steps_before`): a step
+that starts before a request arrives cannot include it, as in vLLM.
+:meth:`EngineModel.advance` is plan + commit up to a time.
 
-Cost: O(running + blocks allocated) per call, plus a sort of the block events when
-some request hashes its output blocks.
+Cost: a plan is O(block size) (plus a prefix lookup of the waiting head); a commit
+is O(block size + requests finishing), independent of the batch, except
+
+* ``outputs=True`` lists every running request: O(batch);
+* when some request caches its output blocks (``output_token_ids``) and one of its
+  blocks fills during the run: O(batch + blocks allocated) and a sort.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from steersman.sim.kvcache import _NEVER
-from steersman.sim.request import FINISHED, RUNNING
-
-if TYPE_CHECKING:
-    from steersman.sim.engine import EngineModel
-
-__all__ = ["MacroStep", "advance"]
+__all__ = ["MacroStep", "DecodePlan"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MacroStep:
+    """What :meth:`EngineModel.commit` / :meth:`EngineModel.advance` did (read-only)."""
+
     steps: int  # 0: the next step is not a plain decode step (call step())
     start: float
     end: float
     num_seqs: int  # requests decoding in every step
     first_duration: float  # step j lasts first_duration + duration_slope * j
     duration_slope: float
-    outputs: list[tuple[str, int]]  # (req_id, output tokens so far) at the end, every running request
-    finished: list[str]  # finished at the end of the last step
+    # (req_id, output tokens so far) at the end, every running request: O(batch), only when asked
+    # for (advance() does by default, commit() does not); None otherwise
+    outputs: list[tuple[str, int]] | None
+    finished: list[str]  # finished at the end of the last step (finished_at = end)
     compute_s: float  # summed over the steps
     memory_s: float
+
+
+class DecodePlan:
+    """The longest run of plain decode steps from ``start`` (see :meth:`EngineModel.decode_plan`).
+
+    Step j (0-based) starts at ``start + j d0 + slope j (j-1) / 2`` and lasts
+    ``first_duration + slope * j``; its roofline compute / memory sides are
+    ``compute_s + compute_slope * j`` and ``memory_s + memory_slope * j``.
+    ``max_steps`` ends at the first finish (included), before the KV cache would run
+    out, or never past a point where a waiting request could be admitted.
+    Read-only; valid until the engine changes (any call but :meth:`EngineModel.state`,
+    :meth:`EngineModel.request`, :meth:`EngineModel.decode_plan`).
+    """
+
+    __slots__ = (
+        "start", "first_duration", "slope", "max_steps", "num_seqs",
+        "compute_s", "compute_slope", "memory_s", "memory_slope", "finish_steps", "_ver",
+    )
+
+    def __init__(
+        self, start: float, first_duration: float, slope: float, max_steps: int, num_seqs: int,
+        compute_s: float, compute_slope: float, memory_s: float, memory_slope: float, finish_steps: int, ver: int,
+    ) -> None:
+        self.start = start
+        self.first_duration = first_duration
+        self.slope = slope
+        self.max_steps = max_steps
+        self.num_seqs = num_seqs
+        self.compute_s = compute_s
+        self.compute_slope = compute_slope
+        self.memory_s = memory_s
+        self.memory_slope = memory_slope
+        self.finish_steps = finish_steps  # steps until the first finish (>= max_steps)
+        self._ver = ver
+
+    def __repr__(self) -> str:
+        return (
+            f"DecodePlan(start={self.start!r}, first_duration={self.first_duration!r}, slope={self.slope!r}, "
+            f"max_steps={self.max_steps}, num_seqs={self.num_seqs})"
+        )
+
+    def end_after(self, k: int) -> float:
+        """When step k-1 ends (the run's end if k steps are committed)."""
+        return self.start + k * self.first_duration + self.slope * k * (k - 1) / 2
+
+    def sides(self, k: int) -> tuple[float, float]:
+        """(compute_s, memory_s) summed over the first k steps."""
+        tri = k * (k - 1) / 2
+        return k * self.compute_s + self.compute_slope * tri, k * self.memory_s + self.memory_slope * tri
+
+    def steps_before(self, t: float) -> int:
+        """Steps (<= max_steps) that start before ``t``: 0 if t <= start; max_steps if t is inf."""
+        if t <= self.start:
+            return 0
+        return _steps_before(self.start, self.first_duration, self.slope, t, self.max_steps)
+
+    def steps_done_by(self, t: float) -> int:
+        """Steps (<= max_steps) that end by ``t``."""
+        if t == math.inf:
+            return self.max_steps
+        k = _steps_before(self.start, self.first_duration, self.slope, t, self.max_steps)  # starts < t
+        while k > 0 and self.end_after(k) > t:
+            k -= 1
+        return k
 
 
 def _none(t: float) -> MacroStep:
@@ -77,133 +147,3 @@ def _steps_before(start: float, d0: float, slope: float, until: float, cap: int)
     while j + 1 < cap and start_of(j + 1) < until:
         j += 1
     return min(j + 1, cap)
-
-
-def advance(eng: EngineModel, now: float, until: float) -> MacroStep:
-    start = now if now > eng._busy_until else eng._busy_until
-    if not eng._warm_at(now) or start >= until:
-        return _none(start)
-    s = eng._s
-    running = s.running
-    n = len(running)
-    if n == 0 or n > s.max_tokens:
-        return _none(start)
-    if s.head_admissible(s.max_tokens - n):  # cheap, and the usual reason to refuse
-        return _none(start)
-    kv = s.kv
-    bs = kv.block_size
-    # One pass: all decoding? context sum, tokens left, and block phases.  Newly
-    # admitted (still prefilling) requests sit at the end: look there first.
-    ctx = n
-    min_left = _NEVER
-    phase = [0] * bs  # requests by computed % bs
-    base = 0  # sum of computed // bs - blocks held
-    hashing = False  # does any request cache its output blocks?
-    for r in reversed(running):
-        c = r.num_computed
-        out = r.num_output
-        if c != r.prompt_len + out - 1 or not out:
-            return _none(start)
-        ctx += c
-        left = r.max_output - out
-        if left < min_left:
-            min_left = left
-        phase[c % bs] += 1
-        base += c // bs - len(r.blocks)
-        if r.output_token_ids is not None and r.num_hashed != _NEVER:
-            hashing = True
-
-    roof = eng.roofline
-    d0, c0, m0 = roof.cost(n, 0.0, 0, ctx, n)
-    d1, c1, m1 = roof.cost(n, 0.0, 0, ctx + n, n)
-    slope = d1 - d0
-    k = _steps_before(start, d0, slope, until, min_left)
-
-    # Blocks: a request with c = q*bs + p computed holds ceil((c + k) / bs) = q + ceil((p + k) / bs) after k steps.
-    def blocks_for(k: int) -> int:
-        return base + sum(cnt * ((p + k + bs - 1) // bs) for p, cnt in enumerate(phase) if cnt)
-
-    free = kv.num_free
-    if blocks_for(k) > free:
-        lo, hi = 0, k  # blocks_for(lo) <= free < blocks_for(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if blocks_for(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        k = lo
-    if k == 0:
-        return _none(start)
-
-    if hashing:
-        _blocks_in_step_order(running, kv, k)
-    end = start + k * d0 + slope * k * (k - 1) / 2
-    outputs = []
-    done = []
-    total = 0
-    caching = kv.caching
-    for r in running:
-        c = r.num_computed
-        if not hashing:
-            need = (c + k + bs - 1) // bs - len(r.blocks)
-            if need > 0:
-                total += need
-                r.blocks += [None] * need
-            if caching and r.num_hashed != _NEVER and (-c - 1) % bs < k:
-                r.num_hashed = _NEVER  # step() finds no hash for the block that fills
-        r.num_computed = c + k
-        out = r.num_output + k
-        r.num_output = out
-        outputs.append((r.req_id, out))
-        if out >= r.max_output:
-            done.append(r)
-    if total:
-        kv.take(total)
-    finished = []
-    if done:  # freed at the end of the last step, in running order, as step() does
-        for r in done:
-            kv.free(r)
-            r.status = FINISHED
-            r.finished_at = end
-            finished.append(r.req_id)
-            del eng._live[r.req_id]
-            eng._remember(r)
-        s.running = [r for r in running if r.status == RUNNING]
-    eng.generation_tokens_total += n * k
-    eng.num_steps += k
-    eng._busy_until = end
-    tri = k * (k - 1) / 2
-    return MacroStep(
-        k, start, end, n, d0, slope, outputs, finished, k * c0 + (c1 - c0) * tri, k * m0 + (m1 - m0) * tri
-    )
-
-
-def _blocks_in_step_order(running: list, kv, k: int) -> None:
-    """Allocate and cache the blocks of k decode steps in exactly the order step() would.
-
-    Events (step, position in running, 0 = new block / 1 = block full): a new block is
-    taken when token position c + j starts a block; a block is cached when position
-    c + j ends one.  Interleaving matters once output blocks are hashed: a take may
-    evict a cached block whose hash a later fill registers again.
-    """
-    bs = kv.block_size
-    events = []
-    for i, r in enumerate(running):
-        c = r.num_computed
-        for j in range((-c) % bs, k, bs):
-            events.append((j, i, 0))
-        if r.num_hashed != _NEVER:
-            for j in range((-c - 1) % bs, k, bs):
-                events.append((j, i, 1))
-    events.sort()
-    for j, i, kind in events:
-        r = running[i]
-        if kind == 0:
-            if (r.num_computed + j) // bs >= len(r.blocks):
-                kv.take(1)
-                r.blocks.append(None)
-        else:
-            end = r.num_computed + j + 1
-            if end // bs > r.num_hashed:
-                kv.cache(r, end)

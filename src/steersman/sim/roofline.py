@@ -71,7 +71,7 @@ class Roofline:
 
     __slots__ = (
         "gpu", "model", "tp", "step_overhead_s",
-        "_lin_c", "_lin_c0", "_lin_m", "_elt", "_fixed", "_attn_c", "_kv_m", "_head_c", "_head_m", "_ar",
+        "_lin_c", "_lin_c0", "_lin_m", "_elt", "_fixed", "_attn_c", "_kv_m", "_head_c", "_head_m", "_ar", "_dl",
     )
 
     def __init__(self, gpu: GpuProfile, model: ModelProfile, tp: int = 1, step_overhead_s: float = 0.0) -> None:
@@ -96,6 +96,7 @@ class Roofline:
             self._ar = (2 * L * gpu.ar_latency_s, 2 * L * ring)
         else:
             self._ar = (0.0, 0.0)
+        self._dl: dict[int, tuple] = {}  # decode_line's per-batch-size constants
 
     def cost(
         self, tokens: int, prefill_pairs: float, prefill_kv: int, decode_kv: int, sampled: int
@@ -134,6 +135,37 @@ class Roofline:
             + ar_tok * tokens
         )
         return duration, lc + pc + dc + hc, lm + pm + dm + hm + elt
+
+    def decode_line(self, batch: int, context_sum: int) -> tuple[float, float, float, float, float, float]:
+        """A run of decode steps: (d0, slope, c0, c_slope, m0, m_slope) for ``batch`` requests whose
+        contexts sum to ``context_sum`` at the first step.
+
+        Step j lasts d0 + slope x j (compute side c0 + c_slope x j, memory side m0 +
+        m_slope x j); d0, c0, m0 are exactly ``cost(batch, 0, 0, context_sum, batch)`` and
+        the slopes the differences with the next step's, as two :meth:`cost` calls give.
+        """
+        co = self._dl.get(batch)
+        if co is None:
+            lc = self._lin_c * batch + self._lin_c0
+            lm = self._lin_m
+            hc = self._head_c * batch
+            hm = self._head_m
+            co = (lc if lc > lm else lm, hc if hc > hm else hm, self._elt * batch, self._fixed, self._ar[0],
+                  self._ar[1] * batch, lc, hc, lm, hm)
+            self._dl[batch] = co
+        lin, head, elt, fixed, ar_lat, ar, lc, hc, lm, hm = co
+        ac = self._attn_c
+        km = self._kv_m
+        dc = ac * context_sum
+        dm = km * context_sum
+        d0 = lin + (dc if dc > dm else dm) + head + elt + fixed + ar_lat + ar
+        c0 = lc + dc + hc
+        m0 = lm + dm + hm + elt
+        ctx = context_sum + batch
+        dc = ac * ctx
+        dm = km * ctx
+        d1 = lin + (dc if dc > dm else dm) + head + elt + fixed + ar_lat + ar
+        return d0, d1 - d0, c0, lc + dc + hc - c0, m0, lm + dm + hm + elt - m0
 
     def coefficients(self) -> dict[str, float]:
         """The precomputed constants by name (``lin_c``, ``lin_c0``, ..., ``ar_lat``, ``ar_tok``),

@@ -21,6 +21,13 @@ up with their tokens (prompt + output).  Each step has a token budget
 
 After the forward pass every request whose computed tokens reach its token count
 produces one token; one that reaches ``max_output`` finishes and frees its blocks.
+
+The RUNNING list is always decoding requests (one token left to compute) followed
+by a few still prefilling: a request is admitted only in a step whose budget was not
+used up, so every request before it got all its remaining tokens.  The engine
+(:mod:`steersman.sim.engine`) keeps the decoding ones lazily and schedules them in
+bulk; this module holds the waiting queue, admission, and the per-request loop of
+step 1 (:meth:`Scheduler.schedule_running`) for the requests it does not bulk.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from steersman.sim.kvcache import KVPool
 from steersman.sim.request import RUNNING, WAITING, SimRequest
 
 __all__ = ["Scheduler", "FcfsQueue", "PriorityQueue"]
+
 
 
 class FcfsQueue:
@@ -91,11 +99,11 @@ class PriorityQueue:
 
 
 class Scheduler:
-    """The RUNNING list, the WAITING queue and the KV pool of one replica."""
+    """The WAITING queue, admission and preemption of one replica, over its KV pool."""
 
     __slots__ = (
-        "kv", "max_tokens", "max_seqs", "priority", "chunked", "running", "waiting", "num_waiting",
-        "num_preemptions", "prefix_queries", "prefix_hits",
+        "kv", "max_tokens", "max_seqs", "priority", "chunked", "waiting", "num_waiting",
+        "num_preemptions", "prefix_queries", "prefix_hits", "_rpos",
     )
 
     def __init__(self, kv: KVPool, max_tokens: int, max_seqs: int, priority: bool, chunked: bool) -> None:
@@ -104,47 +112,64 @@ class Scheduler:
         self.max_seqs = max_seqs
         self.priority = priority
         self.chunked = chunked
-        self.running: list[SimRequest] = []
         self.waiting: FcfsQueue | PriorityQueue = PriorityQueue() if priority else FcfsQueue()
         self.num_waiting = 0
         self.num_preemptions = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self._rpos = 0  # admissions so far: running order
 
     def add(self, req: SimRequest) -> None:
         self.waiting.push(req)
         self.num_waiting += 1
 
     def preempt(self, req: SimRequest) -> None:
-        """Free ``req``'s blocks and requeue it at the front with nothing computed."""
+        """Free ``req``'s blocks and requeue it at the front with nothing computed.
+
+        ``req`` must not be decoding lazily (the engine materialises it first).
+        """
         self.kv.free(req)
         req.status = WAITING
-        req.num_computed = 0
+        req._computed = 0
         req.num_preemptions += 1
         self.waiting.push_front(req)
         self.num_waiting += 1
         self.num_preemptions += 1
 
-    def schedule(self) -> tuple[list[tuple[SimRequest, int]], list[SimRequest]]:
-        """Pick this step's (request, new tokens) and allocate their blocks; also return the preempted."""
+    # -- step 1, request by request ----------------------------------------------------
+    def schedule_running(
+        self, running: list[SimRequest], budget: int, sched: list, preempted: list, victim_of=None
+    ) -> int:
+        """Step 1 over ``running`` (eager requests, in running order): append (request, tokens) to
+        ``sched`` and victims to ``preempted``; returns the budget left.
+
+        ``victim_of`` (priority policy, when the engine bulk-schedules its decoding
+        requests outside ``running``): returns the victim if it is one of those (taken
+        out of the engine's decode set, materialised, not yet freed), or None when the
+        victim is in ``running`` (then picked here).
+        """
+        i = 0
         kv = self.kv
         bs = kv.block_size
-        running = self.running
-        budget = self.max_tokens
-        sched: list[tuple[SimRequest, int]] = []
-        preempted: list[SimRequest] = []
-        i = 0
         while i < len(running) and budget > 0:
             r = running[i]
-            c = r.num_computed
-            n = r.prompt_len + r.num_output - c
+            c = r._computed
+            n = r.prompt_len + r._output - c
             if n > budget:
                 n = budget
             end = c + n
-            if -(-end // bs) > len(r.blocks):
+            if -(-end // bs) > r._nblocks:
                 victim = None
-                while not kv.allocate(r, end):
+                while not kv.extend(r, end):
                     if self.priority:
+                        if victim_of is not None:
+                            v = victim_of(running)
+                            if v is not None:  # a bulk-scheduled decoder: its token given back
+                                self.preempt(v)
+                                preempted.append(v)
+                                budget += 1
+                                victim = v
+                                continue
                         victim = max(running, key=_priority_key)
                         k = running.index(victim)
                         del running[k]
@@ -160,61 +185,62 @@ class Scheduler:
                         break
                 if victim is r:
                     break
-            if end // bs > r.num_hashed:
-                kv.cache(r, end)
+            else:
+                kv.extend(r, end)  # no new block: caches the block it fills, if any
             sched.append((r, n))
             budget -= n
             i += 1
+        return budget
 
-        if not preempted and self.num_waiting:
-            waiting = self.waiting
-            caching = kv.caching
-            while budget > 0 and self.num_waiting and len(running) < self.max_seqs:
-                r = waiting.peek()
-                assert r is not None
-                hits = kv.lookup(r) if caching else None
-                hit_tokens = len(hits) * bs if hits else 0
-                n = r.num_tokens - hit_tokens
-                if n > budget:
-                    if not self.chunked:
-                        break
-                    n = budget
-                if not kv.allocate(r, hit_tokens + n, hits):
-                    break
-                waiting.pop()
-                self.num_waiting -= 1
-                running.append(r)
-                r.status = RUNNING
-                r.num_computed = hit_tokens
-                if r.num_cached_tokens < 0:
-                    r.num_cached_tokens = hit_tokens
-                if caching:
-                    self.prefix_queries += r.num_tokens
-                    self.prefix_hits += hit_tokens
-                kv.cache(r, hit_tokens + n)
-                sched.append((r, n))
-                budget -= n
-        return sched, preempted
+    # -- step 2 ---------------------------------------------------------------------------
+    def admit(self, budget: int, running: list[SimRequest], num_running: int, sched: list) -> int:
+        """Admit waiting requests (appended to ``running`` and ``sched``); returns the budget left."""
+        waiting = self.waiting
+        kv = self.kv
+        bs = kv.block_size
+        caching = kv.caching
+        chunked = self.chunked
+        max_seqs = self.max_seqs
+        while budget > 0 and self.num_waiting and num_running < max_seqs:
+            r = waiting.peek()
+            assert r is not None
+            got = kv.admit(r, budget, chunked)
+            if got is None:
+                break
+            hits, n = got
+            waiting.pop()
+            self.num_waiting -= 1
+            running.append(r)
+            num_running += 1
+            r.status = RUNNING
+            self._rpos += 1
+            r._rpos = self._rpos
+            hit_tokens = hits * bs
+            r._computed = hit_tokens
+            if r.num_cached_tokens < 0:
+                r.num_cached_tokens = hit_tokens
+            if caching:
+                self.prefix_queries += r.prompt_len + r._output
+                self.prefix_hits += hit_tokens
+            sched.append((r, n))
+            budget -= n
+        return budget
 
-    def head_admissible(self, budget: int) -> bool:
+    def head_admissible(self, budget: int, num_running: int) -> bool:
         """Whether the waiting queue's head could be admitted now with ``budget`` tokens left.
 
-        Has no side effect (a failed admission in :meth:`schedule` has none either).
+        Has no side effect (a failed admission in :meth:`admit` has none either).
         """
-        if budget <= 0 or not self.num_waiting or len(self.running) >= self.max_seqs:
+        if budget <= 0 or not self.num_waiting or num_running >= self.max_seqs:
             return False
         r = self.waiting.peek()
         if r is None:
             return False
         kv = self.kv
-        hits = kv.lookup(r) if kv.caching else None
-        hit_tokens = len(hits) * kv.block_size if hits else 0
-        n = r.num_tokens - hit_tokens
-        if n > budget:
-            if not self.chunked:
-                return False
-            n = budget
-        return kv.blocks_needed(r, hit_tokens + n, hits) <= kv.num_free
+        ntok = r.prompt_len + r._output
+        if (self.chunked or ntok <= budget) and kv.num_free * kv.block_size >= ntok:
+            return True  # fits even without a single cache hit
+        return kv.admit(r, budget, self.chunked, dry=True) is not None
 
 
 def _priority_key(r: SimRequest) -> tuple[int, float]:
