@@ -7,7 +7,7 @@ MSGS = [{"role": "user", "content": "Tell me about prefix caching."}]
 
 
 def _gen(prompt: str, n: int, **kw):
-    return generate(tokenize(prompt), prompt[-1:], n, 211, **kw)
+    return generate(prompt, prompt[-1:], n, 211, **kw)
 
 
 def test_deterministic_and_bounded():
@@ -38,7 +38,7 @@ def test_completion_continuation_is_token_exact():
 def test_eos_gives_geometric_lengths_near_the_mean():
     lengths = []
     for i in range(300):
-        g = generate(tokenize(f"prompt number {i}"), "x", 5000, 50)
+        g = generate(f"prompt number {i}", "x", 5000, 50)
         assert g.finish_reason == "stop"
         lengths.append(len(g.pieces))
     mean = sum(lengths) / len(lengths)

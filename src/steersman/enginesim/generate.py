@@ -42,27 +42,35 @@ class Generator:
     async def completions(self, request: HttpRequest) -> None:
         await self._generate(request, chat=False)
 
-    def _prompt(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[list[int], str]:
+    def _prompt(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[list[int], str | list[int], str]:
+        """(prompt token ids, the context generation is conditioned on, its last character)."""
         if req.model != self.model_name:
             raise not_found_model(req.model)
         if req.n != 1:
             raise bad_request("engine-sim supports only `n` = 1.", "n")
         if chat:
+            # vLLM: `continue_final_message` continues the last assistant message (an assistant prefix);
+            # it excludes `add_generation_prompt`, like vLLM's request validation
+            if req.continue_final_message:
+                if req.add_generation_prompt:
+                    raise bad_request("`continue_final_message` needs `add_generation_prompt: false`.", "add_generation_prompt")
+                if req.messages[-1].role != "assistant":
+                    raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
             prompt = render_chat(req.messages, continue_final=req.continue_final_message)
-            return tokenize(prompt), prompt[-1:]
+            return tokenize(prompt), prompt, prompt[-1:]
         p = req.prompt
         if isinstance(p, list):
             if len(p) != 1 and not isinstance(p[0], int):
                 raise bad_request("engine-sim supports one prompt per request.", "prompt")
             if isinstance(p[0], int):
-                return list(p), "x"  # token ids
+                return list(p), list(p), "x"  # token ids
             p = p[0]
             if isinstance(p, list):
-                return list(p), "x"
-        return tokenize(p), p[-1:]
+                return list(p), list(p), "x"
+        return tokenize(p), p, p[-1:]
 
     def _job(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Job:
-        ids, tail = self._prompt(req, chat)
+        ids, context, tail = self._prompt(req, chat)
         room = self.max_model_len - len(ids)
         want = req.output_limit
         field = "messages" if chat else "prompt"
@@ -73,7 +81,7 @@ class Generator:
                 field,
             )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
-        gen = generate(ids, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop)
+        gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{next(self._ids):x}"
         now = self.clock.now()
         sim = SimRequest(req_id=rid, prompt_len=len(ids), max_output=len(gen.pieces),

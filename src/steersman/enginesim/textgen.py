@@ -1,10 +1,16 @@
 """Deterministic pseudo-text, a function of the context like greedy decoding.
 
-Each next piece is chosen from a rolling 64-bit hash of *every* context token
-(prompt and output so far), so it depends only on the context: a request whose
-prompt is the original prompt plus the text already produced continues with
-exactly the pieces the uninterrupted request would have produced.  This is the
-property mid-stream failover needs (the reliability work relies on it).
+Each next piece is chosen from a rolling hash of the whole context *text*
+(prompt and output so far, as UTF-8 bytes), so it depends only on the context: a
+request whose prompt is the original prompt plus the text already produced
+continues with exactly the pieces the uninterrupted request would have produced,
+whatever the tokenizer does at the boundary (a prompt ending in whitespace
+tokenizes differently once text follows; hashing tokens would break there).
+This is the property mid-stream failover needs (the reliability work relies on
+it).  The hash is the context's bytes read as one big-endian integer modulo the
+Mersenne prime 2^61-1 (a polynomial hash with base 256), so
+``hash(a + b) = hash(a) * 256^len(b) + hash(b)`` and a long prompt costs one
+C-level ``int.from_bytes``.  Token-id prompts hash their ids' bytes instead.
 
 The end of the answer (EOS) comes from the same hash with probability
 ``1 / mean_output_tokens`` per token, so lengths are geometric with that mean and
@@ -16,13 +22,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from steersman.text.tokenizer import tokenize
-
 __all__ = ["Generation", "generate", "context_hash"]
 
 _MASK = (1 << 64) - 1
-_MUL = 0x100000001B3
-_SEED = 0xCBF29CE484222325
+_P = (1 << 61) - 1
+_SHIFT = [pow(256, n, _P) for n in range(64)]
 
 _WORDS = (
     "the of and to in is that for it as with was on be by this are from or at an not have "
@@ -35,16 +39,28 @@ _WORDS = (
 _PUNCT = (",", ".", ";", ":")
 
 
-def _mix(h: int, t: int) -> int:
-    return ((h ^ t) * _MUL) & _MASK
+def _extend(h: int, data: bytes) -> int:
+    """The hash of ``context + data`` from the hash of ``context``."""
+    n = len(data)
+    shift = _SHIFT[n] if n < 64 else pow(256, n, _P)
+    return (h * shift + int.from_bytes(data, "big")) % _P
 
 
-def context_hash(token_ids: Sequence[int]) -> int:
-    """Rolling hash of a whole context."""
-    h = _SEED
-    for t in token_ids:
-        h = ((h ^ t) * _MUL) & _MASK
-    return h
+def context_hash(context: str | Sequence[int]) -> int:
+    """Hash of a whole context: its text's UTF-8 bytes, or its token ids' bytes."""
+    if isinstance(context, str):
+        data = context.encode("utf-8", "surrogatepass")
+    else:
+        data = b"".join((t & 0xFFFFFFFF).to_bytes(4, "big") for t in context)
+    return int.from_bytes(data, "big") % _P
+
+
+def _scramble(h: int) -> int:
+    """splitmix64 finaliser: random-looking bits from the (structured) polynomial hash."""
+    z = (h + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
 
 
 @dataclass(slots=True)
@@ -55,21 +71,21 @@ class Generation:
 
 
 def generate(
-    prompt_ids: Sequence[int],
+    context: str | Sequence[int],
     prompt_tail: str,
     max_tokens: int,
     mean_output_tokens: float,
     ignore_eos: bool = False,
     stop: Sequence[str] = (),
 ) -> Generation:
-    """Generate up to ``max_tokens`` pieces after ``prompt_ids``.
+    """Generate up to ``max_tokens`` pieces after ``context`` (the prompt text, or token ids).
 
     ``prompt_tail`` is the last character of the context.  After whitespace the
     first word has no leading space, after text it has one, and no punctuation
     follows punctuation or whitespace; deciding this from the context (not from
     the output position) keeps a continuation identical to the original.
     """
-    h = context_hash(prompt_ids)
+    h = context_hash(context)
     eos_mod = max(1, int(round(mean_output_tokens)))
     pieces: list[str] = []
     prev_punct = not prompt_tail or prompt_tail.isspace() or prompt_tail in _PUNCT
@@ -77,9 +93,10 @@ def generate(
     words = _WORDS
     nwords = len(words)
     for _ in range(max_tokens):
-        if not ignore_eos and pieces and (h >> 17) % eos_mod == 0:
+        z = _scramble(h)
+        if not ignore_eos and pieces and (z >> 17) % eos_mod == 0:
             return _finish(pieces, "stop", stop)
-        r = h >> 29
+        r = z >> 29
         if not prev_punct and r % 9 == 0:
             piece = _PUNCT[(r >> 4) % len(_PUNCT)]
             prev_punct = True
@@ -89,8 +106,7 @@ def generate(
             prev_punct = False
         need_space = True
         pieces.append(piece)
-        for t in tokenize(piece):
-            h = _mix(h, t)
+        h = _extend(h, piece.encode())
     return _finish(pieces, "length", stop)
 
 
