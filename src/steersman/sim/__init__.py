@@ -6,8 +6,10 @@
 * :mod:`~steersman.sim.kvcache`, :mod:`~steersman.sim.scheduler`: vLLM v1's paged KV
   cache with prefix caching and its continuous-batching scheduler.
 * :mod:`~steersman.sim.engine`: :class:`EngineModel`, driven step by step with
-  ``now`` passed in; :mod:`~steersman.sim.macro`: closed-form runs of decode steps
-  (:class:`DecodePlan`, :class:`MacroStep`).
+  ``now`` passed in (its parts: :mod:`~steersman.sim.decodeset`, the lazy running
+  set; :mod:`~steersman.sim.weights`; :mod:`~steersman.sim.engine_types`, what it
+  reports); :mod:`~steersman.sim.macro` and :mod:`~steersman.sim.decoderuns`:
+  closed-form runs of decode steps (:class:`DecodePlan`, :class:`MacroStep`).
 """
 
 from steersman.sim.engine import EngineModel, EngineState, StepResult, WeightsState

@@ -24,20 +24,11 @@ the next step.
 Cost.  The running requests are kept as a *decode set* (the ones with one token
 left to compute, in running order) followed by a short *tail* (still prefilling).
 Decode progress is lazy: an engine-wide decode-step counter advances once per step
-for the whole set, and each member's token counts are stored as of the counter
-value at which it joined, so ``num_output`` etc. are derived on read.  The set
-keeps the aggregates a step needs: its size, its context sum (decode attention),
-how many members start a new block at each position within a block (KV
-allocation), and a heap of the counter values at which members finish.  A step
-costs O(tail + admitted + finished + preempted), not O(batch); so does a
-:meth:`commit` of any number of decode steps.  O(batch) remains in: ``outputs``
-lists (``step(outputs=True)``, the default, and ``advance``), a step where the
-decoding requests do not all get their token with no preemption (token budget
-smaller than the batch, KV cache full, a request caching its output blocks
-filling one), a preemption under the priority policy, :meth:`running`, and
-:meth:`unload`.
+The running requests are kept lazily (:mod:`steersman.sim.decodeset`: a step costs
+O(tail + admitted + finished + preempted), not O(batch)); runs of decode steps are
+applied in closed form by :mod:`steersman.sim.decoderuns`; the weights' life cycle
+is :mod:`steersman.sim.weights`.
 
-Weights: ``cold`` (no step runs, requests queue) -> :meth:`begin_load` ->
 ``loading`` until weight bytes per GPU / ``weight_load_gbps`` -> ``warm``.
 :meth:`unload` goes back to ``cold``, drops the KV cache and returns running
 requests to the waiting queue (they recompute after the next load).
@@ -47,75 +38,27 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from enum import Enum
 
 from steersman.config import EngineSettings
+from steersman.sim.decodeset import DecodeSetMixin
+from steersman.sim.decoderuns import DecodeRunsMixin
+from steersman.sim.engine_types import EngineState, StepResult, WeightsState
 from steersman.sim.gpus import GpuProfile
 from steersman.sim.kvcache import KVPool
-from steersman.sim.macro import DecodePlan, MacroStep, _none
 from steersman.sim.memory import batch_limits, num_kv_blocks
 from steersman.sim.models import ModelProfile
-from steersman.sim.request import _NEVER, ABORTED, FINISHED, RUNNING, WAITING, DecodeClock, SimRequest
+from steersman.sim.request import ABORTED, RUNNING, WAITING, DecodeClock, SimRequest
 from steersman.sim.roofline import Roofline
-from steersman.sim.scheduler import Scheduler, _priority_key
+from steersman.sim.scheduler import Scheduler
+from steersman.sim.weights import WeightsMixin
 
 __all__ = ["EngineModel", "StepResult", "EngineState", "WeightsState"]
 
-_heappush = heapq.heappush
 _heappop = heapq.heappop
-
-
-class WeightsState(str, Enum):
-    COLD = "cold"
-    LOADING = "loading"
-    WARM = "warm"
-
-
 _WARM = WeightsState.WARM
 
 
-@dataclass(slots=True)
-class StepResult:
-    """One step (read-only)."""
-
-    start: float
-    duration: float
-    end: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_seqs: int
-    # (req_id, output tokens so far) per request that produced a token, in running order: O(batch),
-    # None when step() was called with outputs=False
-    outputs: list[tuple[str, int]] | None
-    finished: list[str]
-    preempted: list[str]
-    compute_s: float  # roofline compute side of this step
-    memory_s: float  # roofline memory side of this step
-    first_tokens: list[str] = field(default_factory=list)  # produced their first token in this step
-
-
-@dataclass(slots=True)
-class EngineState:
-    """Counters and gauges (read-only)."""
-
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int
-    kv_blocks_total: int
-    kv_usage: float  # vLLM: 1 - free / total (cached blocks with ref 0 are free)
-    prefix_queries: int  # tokens looked up in the prefix cache
-    prefix_hits: int  # tokens found
-    num_preemptions: int
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    weights: WeightsState
-    weights_ready_at: float | None
-    busy_until: float
-    num_steps: int
-
-
-class EngineModel:
+class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
     """One replica: ``settings.tensor_parallel`` x ``gpu`` serving ``model``."""
 
     def __init__(
@@ -250,160 +193,6 @@ class EngineModel:
     def has_work(self) -> bool:
         return bool(self._dec) or bool(self._tail) or self._s.num_waiting > 0
 
-    # -- the lazy decode set ------------------------------------------------------------
-    def _join(self, r: SimRequest) -> None:
-        """``r`` (eager, one token left to compute) joins the decode set at its end."""
-        clock = self._clock
-        d = clock.d
-        off = r._computed - d
-        r._base = d
-        r._dc = clock
-        self._off += off
-        g = off % clock.bs
-        self._cnt[g] += 1
-        ent = [d + r.max_output - r._output, r._rpos, r]
-        r._hent = ent
-        _heappush(self._heap, ent)
-        self._dec[r] = None
-        if r._hashing:
-            self._cnt_h[g] += 1
-            self._n_h += 1
-            r._lazyhash = False
-        else:
-            r._lazyhash = self._s.kv.caching and r._hashed != _NEVER
-
-    def _leave(self, r: SimRequest, mid_step: bool = False) -> None:
-        """``r`` leaves the decode set with its progress materialised.
-
-        ``mid_step``: during a step whose decode tokens were bulk-scheduled (it holds the
-        block for its next token too).
-        """
-        clock = self._clock
-        d = clock.d
-        c = r._computed + d - r._base
-        r._output += d - r._base
-        r._computed = c
-        bs = clock.bs
-        r._nblocks = (c + bs) // bs if mid_step else -(-c // bs)
-        if r._lazyhash and c // bs > r._hashed:
-            r._hashed = _NEVER
-        off = c - d
-        self._off -= off
-        g = off % bs
-        self._cnt[g] -= 1
-        if r._hashing:
-            self._cnt_h[g] -= 1
-            self._n_h -= 1
-        r._dc = None
-        r._hent = None
-        del self._dec[r]
-
-    def _materialise_all(self) -> list[SimRequest]:
-        """Empty the decode set (progress materialised); returns the running list (decoders + tail)."""
-        clock = self._clock
-        d = clock.d
-        bs = clock.bs
-        running = list(self._dec)
-        for r in running:
-            k = d - r._base
-            c = r._computed + k
-            r._computed = c
-            r._output += k
-            r._nblocks = -(-c // bs)
-            if r._lazyhash and c // bs > r._hashed:
-                r._hashed = _NEVER
-            r._dc = None
-            r._hent = None
-        self._dec.clear()  # in place: callers hold these
-        self._off = 0
-        self._cnt[:] = [0] * bs
-        self._cnt_h[:] = [0] * bs
-        self._n_h = 0
-        self._heap.clear()
-        running.extend(self._tail)
-        self._tail = []
-        return running
-
-    def _settle_tail(self, tail: list[SimRequest]) -> None:
-        """Drop finished tail requests; the leading ones that now decode join the decode set."""
-        j = 0
-        for r in tail:
-            if r.status != RUNNING:
-                tail = [r for r in tail if r.status == RUNNING]
-                break
-        n = len(tail)
-        while j < n:
-            r = tail[j]
-            out = r._output
-            if not out or r._computed != r.prompt_len + out - 1:
-                break
-            self._join(r)
-            j += 1
-        self._tail = tail[j:] if j else tail
-
-    def _decoder_victim(self, tail: list[SimRequest]) -> SimRequest | None:
-        """Priority policy, mid-step: the preemption victim if it is a (bulk-scheduled) decoder."""
-        best = None
-        bk = None
-        for r in self._dec:
-            k = (r.priority, r.arrival)
-            if best is None or k > bk:  # type: ignore[operator]
-                best, bk = r, k
-        if best is None or (tail and _priority_key(max(tail, key=_priority_key)) > bk):  # type: ignore[operator]
-            return None
-        self._leave(best, mid_step=True)
-        return best
-
-    def _finish(self, r: SimRequest, end: float) -> None:
-        self._s.kv.free(r)
-        r.status = FINISHED
-        r.finished_at = end
-        del self._live[r.req_id]
-        if self._keep_done:
-            self._remember(r)
-
-    # -- weights -------------------------------------------------------------------
-    @property
-    def weights(self) -> WeightsState:
-        return self._weights
-
-    def load_seconds(self) -> float:
-        return self.model.weight_bytes_per_gpu(self.tp) / (self.settings.weight_load_gbps * 1e9)
-
-    def begin_load(self, now: float) -> float:
-        """Start loading weights (no-op unless cold); returns when they are ready."""
-        if self._weights is WeightsState.COLD:
-            self._weights = WeightsState.LOADING
-            self._ready_at = now + self.load_seconds()
-            self._ver += 1
-        assert self._ready_at is not None
-        return self._ready_at
-
-    def unload(self) -> None:
-        """Weights gone: cold, KV cache dropped, running requests back to waiting (front, in order)."""
-        s = self._s
-        for req in reversed(self._materialise_all()):
-            s.preempt(req)
-            s.num_preemptions -= 1  # not a scheduler preemption
-            req.num_preemptions -= 1
-        s.kv.reset()
-        self._weights = WeightsState.COLD
-        self._ready_at = None
-        self._ver += 1
-
-    def _warm_at(self, now: float) -> bool:
-        if self._weights is WeightsState.LOADING and now >= self._ready_at:  # type: ignore[operator]
-            self._weights = WeightsState.WARM
-        return self._weights is WeightsState.WARM
-
-    def next_event_time(self, now: float) -> float | None:
-        """When the next step could start, or None (idle, or cold with nothing loading)."""
-        if not self.has_work() or self._weights is WeightsState.COLD:
-            return None
-        t = now if now > self._busy_until else self._busy_until
-        if self._weights is WeightsState.LOADING and self._ready_at > t:  # type: ignore[operator]
-            t = self._ready_at  # type: ignore[assignment]
-        return t
 
     # -- stepping ------------------------------------------------------------------
     def step(self, now: float, outputs: bool = True) -> StepResult | None:
@@ -510,166 +299,6 @@ class EngineModel:
             [r.req_id for r in preempted], compute_s, memory_s, first,
         )
 
-    # -- runs of decode steps in closed form (see steersman.sim.macro) ----------------------
-    def decode_plan(self, now: float) -> DecodePlan | None:
-        """The longest run of plain decode steps starting at max(now, end of the previous step).
-
-        Changes nothing (but resolves a finished weight load, as every call given ``now``).
-        None when the next step is not a plain decode step: something is prefilling, a
-        waiting request could be admitted, the step would preempt, or nothing runs;
-        call :meth:`step` then.  O(1) (O(block size) when the KV cache may run out
-        during the run), plus a prefix-cache lookup of the waiting queue's head.
-        """
-        if self._weights is not _WARM and not self._warm_at(now):
-            return None
-        dec = self._dec
-        if self._tail or not dec:
-            return None
-        s = self._s
-        n = len(dec)
-        budget = s.max_tokens - n
-        if budget < 0 or (s.num_waiting and s.head_admissible(budget, n)):
-            return None
-        d = self._clock.d
-        bs = self.block_size
-        free = s.kv.num_free
-        cnt = self._cnt
-        w0 = cnt[-d % bs]
-        if w0 > free:
-            return None  # the next step preempts
-        heap = self._heap
-        top = heap[0]
-        while top[2]._hent is not top:
-            _heappop(heap)
-            top = heap[0]
-        k_fin = k = top[0] - d
-        if n * ((k + bs - 1) // bs) > free:  # the KV cache may run out first: largest k whose new blocks fit
-            q = free // n
-            rest = free - n * q
-            r = 0
-            acc = w0
-            while acc <= rest:
-                r += 1
-                acc += cnt[(-d - r) % bs]
-            if q * bs + r < k:
-                k = q * bs + r
-        busy = self._busy_until
-        d0, sl, c0, cs, m0, ms = self.roofline.decode_line(n, self._off + n * (d + 1))
-        return DecodePlan(now if now > busy else busy, d0, sl, k, n, c0, cs, m0, ms, k_fin, self._ver)
-
-    def commit(self, plan: DecodePlan, steps: int, outputs: bool = False) -> MacroStep:
-        """Apply the first ``steps`` (1 <= steps <= plan.max_steps) steps of ``plan``.
-
-        The plan must come from the last :meth:`decode_plan` with no change since
-        (ValueError otherwise).  O(1 + finishing requests); ``outputs=True`` lists every
-        running request's output count (O(batch)).
-        """
-        if plan._ver != self._ver or not 0 < steps <= plan.max_steps:
-            if plan._ver != self._ver:
-                raise ValueError("stale DecodePlan: the engine changed since decode_plan()")
-            raise ValueError(f"steps must be in 1..{plan.max_steps}, got {steps}")
-        self._ver += 1
-        k = steps
-        clock = self._clock
-        d = clock.d
-        dec = self._dec
-        n = len(dec)
-        if self._n_h and self._fills_within(k, d):
-            self._commit_one_by_one(k)
-        else:
-            bs = clock.bs
-            q, r = divmod(k, bs)
-            total = n * q
-            if r:  # members whose block boundary comes within the last r steps: a cyclic range of _cnt
-                cnt = self._cnt
-                hi = -d % bs + 1
-                lo = hi - r
-                total += sum(cnt[lo:hi]) if lo >= 0 else sum(cnt[:hi]) + sum(cnt[lo:])
-            if total:
-                self._s.kv.take(total)
-            clock.d = d + k
-        d_end = clock.d
-        end = plan.start + k * plan.first_duration + plan.slope * k * (k - 1) / 2
-        outs = [(r.req_id, r._output + d_end - r._base) for r in dec] if outputs else None
-        finished = []
-        if k == plan.finish_steps:
-            heap = self._heap
-            while heap and heap[0][0] <= d_end:
-                ent = _heappop(heap)
-                r = ent[2]
-                if r._hent is ent:
-                    self._leave(r)
-                    self._finish(r, end)
-                    finished.append(r.req_id)
-        self.generation_tokens_total += n * k
-        self.num_steps += k
-        self._busy_until = end
-        tri = k * (k - 1) / 2
-        return MacroStep(
-            k, plan.start, end, n, plan.first_duration, plan.slope, outs, finished,
-            k * plan.compute_s + plan.compute_slope * tri, k * plan.memory_s + plan.memory_slope * tri,
-        )
-
-    def _fills_within(self, k: int, d: int) -> bool:
-        """Whether a member caching its output blocks fills one in the next k decode steps."""
-        bs = self.block_size
-        if k >= bs:
-            return True
-        ch = self._cnt_h
-        return any(ch[(-d - 1 - j) % bs] for j in range(k))
-
-    def _commit_one_by_one(self, k: int) -> None:
-        """k decode steps with output blocks filling: blocks taken and cached in step() order.
-
-        Events (step, position in running, 0 = new block / 1 = block full): a new block is
-        taken when token position c + j starts a block; a block is cached when position
-        c + j ends one.  Interleaving matters once output blocks are hashed: a take may
-        evict a cached block whose hash a later fill registers again.
-        """
-        running = self._materialise_all()
-        kv = self._s.kv
-        bs = self.block_size
-        events = []
-        for i, r in enumerate(running):
-            c = r._computed
-            for j in range((-c) % bs, k, bs):
-                events.append((j, i, 0))
-            if r._hashing:
-                for j in range((-c - 1) % bs, k, bs):
-                    events.append((j, i, 1))
-        events.sort()
-        for j, i, kind in events:
-            r = running[i]
-            if kind == 0:
-                if (r._computed + j) // bs >= r._nblocks:
-                    kv.take(1)
-                    r._nblocks += 1
-            else:
-                end = r._computed + j + 1
-                if end // bs > r._hashed:
-                    kv.cache(r, end)
-        for r in running:
-            c = r._computed + k
-            r._computed = c
-            r._output += k
-            r._nblocks = -(-c // bs)
-            if r._lazyhash and c // bs > r._hashed:
-                r._hashed = _NEVER
-        self._settle_tail(running)
-
-    def advance(self, now: float, until: float, outputs: bool = True) -> MacroStep:
-        """Run the decode steps of :meth:`decode_plan` that start before ``until`` (the caller's
-        next event), in closed form; ``steps`` 0 if there is no plan (call :meth:`step`)."""
-        start = now if now > self._busy_until else self._busy_until
-        if not self._warm_at(now) or start >= until:
-            return _none(start)
-        plan = self.decode_plan(now)
-        if plan is None:
-            return _none(start)
-        k = plan.steps_before(until)
-        if k == 0:
-            return _none(start)
-        return self.commit(plan, k, outputs)
 
     # -- observation -----------------------------------------------------------------
     def state(self, now: float | None = None) -> EngineState:
