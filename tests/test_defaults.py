@@ -46,6 +46,16 @@ PINNED = {
     "admission.workflow_max_entries": 100_000,
     "admission.workflow_idle_ttl_s": 3600.0,
     "admission.workflow_id_max_chars": 256,
+    "llamacpp.version": "0.3.36",
+    "llamacpp.model_name": "gemma-3-270m",
+    "llamacpp.gguf_file": "gemma-3-270m-q4_k_m.gguf",
+    "llamacpp.chat_template": "gemma",
+    "llamacpp.parallel": 4,
+    "llamacpp.ctx_size": 8192,
+    "llamacpp.threads": 1,
+    "llamacpp.cache_reuse": 256,
+    "llamacpp.start_timeout_s": 120.0,
+    "llamacpp.stop_grace_s": 5.0,
 }
 
 SLO = {"interactive": (0.45, 0.040), "standard": (2.0, 0.200), "batch": (None, None)}

@@ -13,10 +13,11 @@ from steersman.config._base import sources
 from steersman.config.admission import AdmissionSettings
 from steersman.config.engine import EngineSettings
 from steersman.config.gateway import GatewaySettings
+from steersman.config.llamacpp import LlamaCppSettings
 from steersman.config.scheduler import SchedulerSettings, SloClass
 from steersman.config.simserver import SimServerSettings
 
-__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "SchedulerSettings", "SimServerSettings", "SloClass", "sources"]
+__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "LlamaCppSettings", "SchedulerSettings", "SimServerSettings", "SloClass", "sources"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class Settings:
     sim_server: SimServerSettings = field(default_factory=SimServerSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
 
 
 DEFAULTS = Settings()
