@@ -26,6 +26,10 @@ class GatewaySettings:
         4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s"
     )
     client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)")
+    max_sse_event_bytes: int = setting(
+        1024 * 1024, "one streamed engine event (a token's chunk, ~300 B; tool-call or logprob chunks more): "
+        "1 MiB bounds the gateway's buffer per stream; a longer event ends the stream with an error"
+    )
     unhealthy_after_failures: int = setting(
         3, "consecutive failed scrapes before a replica is unhealthy: Kubernetes probe failureThreshold default 3"
     )
