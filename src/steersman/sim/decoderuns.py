@@ -67,6 +67,10 @@ class DecodeRunsMixin:
                 k = q * bs + r
         busy = self._busy_until
         d0, sl, c0, cs, m0, ms = self.roofline.decode_line(n, self._off + n * (d + 1))
+        slow = self._slowdown
+        if slow != 1.0:
+            d0 *= slow
+            sl *= slow
         return DecodePlan(now if now > busy else busy, d0, sl, k, n, c0, cs, m0, ms, k_fin, self._ver)
 
     def commit(self, plan: DecodePlan, steps: int, outputs: bool = False) -> MacroStep:

@@ -109,6 +109,7 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         self._weights = WeightsState.WARM if warm else WeightsState.COLD
         self._ready_at: float | None = now if warm else None
         self._busy_until = now
+        self._slowdown = 1.0
         self.num_steps = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -194,6 +195,20 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         return bool(self._dec) or bool(self._tail) or self._s.num_waiting > 0
 
 
+    # -- a degraded GPU ------------------------------------------------------------
+    @property
+    def slowdown(self) -> float:
+        """Every step lasts this factor x its roofline time (1.0: a healthy GPU)."""
+        return self._slowdown
+
+    def set_slowdown(self, factor: float) -> None:
+        """From the next step on, every step lasts ``factor`` x its roofline time (a degraded GPU);
+        the roofline's compute / memory sides are unchanged (what bounds a step does not change)."""
+        if not factor > 0 or factor == float("inf"):
+            raise ValueError(f"slowdown must be a positive finite factor, got {factor!r}")
+        self._slowdown = float(factor)
+        self._ver += 1
+
     # -- stepping ------------------------------------------------------------------
     def step(self, now: float, outputs: bool = True) -> StepResult | None:
         """Schedule and cost ONE step starting at max(now, end of the previous step).
@@ -261,6 +276,8 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
             pairs += k * (c + 0.5 * k)
             pkv += new
         duration, compute_s, memory_s = self.roofline.cost(tokens, pairs, pkv, dkv, sampled)
+        if self._slowdown != 1.0:
+            duration *= self._slowdown
         end = start + duration
 
         # update: the decode set advances one token; the others produce one by one

@@ -286,7 +286,11 @@ class Twin:
         self.schedule_drill(self.clock.t + detect, lambda tw: tw.fleet.set_healthy(i, False))
 
     def slow(self, i: int, factor: float) -> None:
-        self.tf.replicas[i].slowdown = factor
+        """Replica ``i``'s GPU degrades: every step from the next boundary on lasts ``factor`` x longer."""
+        rep = self.tf.replicas[i]
+        wake = rep.set_slowdown(factor, self.clock.t)
+        if wake is not None:
+            self._push(wake, _WAKE, (i, rep.generation))
 
     def errors(self, i: int, rate: float) -> None:
         self.tf.replicas[i].error_rate = rate

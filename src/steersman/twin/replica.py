@@ -1,14 +1,22 @@
 """One simulated replica in the twin: the engine model driven on the virtual timeline.
 
 A replica is either idle or in the middle of a *run*: one engine step, or a run of
-identical decode steps in closed form.  Its results (first tokens, finished
-requests) become true at the run's end, when the twin wakes it.  A request that
-arrives mid-run joins at the next step boundary, as in vLLM: a decode run is cut
-at the step in progress (``EngineModel.commit`` with fewer steps).
+identical decode steps (``EngineModel.decode_plan``: every running request decodes,
+nothing can be admitted) that ends at the next completion, or before the KV cache
+would run out.  A step is applied when it starts and its results (first tokens,
+finished requests) become true at its end, when the twin wakes the replica.  A
+decode run stays a *plan* until it ends (then ``EngineModel.commit`` applies it);
+a request that arrives (or is aborted, or a slowdown that starts) mid-run takes
+effect at the next step boundary, as in vLLM: the run is cut at the step in
+progress (the steps started before now are committed, the replica wakes at that
+step's end).  Per-token outputs are never listed (``outputs=False``): the twin
+needs first tokens, finishes, busy and compute- vs memory-bound time.
 
-Faults for failure drills: ``slowdown`` stretches every step (a degraded GPU),
-``dead`` drops everything (the process died), ``error_rate`` is applied by the
-twin when it dispatches (the engine answers 5xx).
+``macro=False`` steps one by one instead (the reference the macro runs are tested
+against).  Faults for failure drills: :meth:`SimReplica.set_slowdown` stretches
+every step (a degraded GPU, ``EngineModel.set_slowdown``), :meth:`SimReplica.kill`
+drops everything (the process died), ``error_rate`` is applied by the twin when it
+dispatches (the engine answers 5xx).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from steersman.sim import EngineModel, SimRequest
+from steersman.sim import DecodePlan, EngineModel, SimRequest
 
 __all__ = ["SimReplica", "RunResult"]
 
@@ -30,90 +38,142 @@ class RunResult:
     finished: list[str] = field(default_factory=list)
     busy_s: float = 0.0
     compute_bound_s: float = 0.0  # part of busy_s in steps whose compute side exceeds the memory side
+    steps: int = 0
 
 
 class SimReplica:
-    __slots__ = ("index", "engine", "slowdown", "dead", "error_rate", "wake_at", "generation", "_run", "_seen_first")
+    __slots__ = ("index", "engine", "dead", "error_rate", "wake_at", "generation", "macro", "_run", "_plan")
 
-    def __init__(self, index: int, engine: EngineModel) -> None:
+    def __init__(self, index: int, engine: EngineModel, macro: bool = True) -> None:
         self.index = index
         self.engine = engine
-        self.slowdown = 1.0
         self.dead = False
         self.error_rate = 0.0
+        self.macro = macro
         self.wake_at: float | None = None  # end of the run in progress
         self.generation = 0  # bumped when a scheduled wake becomes stale
-        self._run = None  # the StepResult / MacroStep in progress
-        self._seen_first: set[str] = set()
+        self._run: RunResult | None = None  # the applied step / decode run in progress
+        self._plan: DecodePlan | None = None  # the decode run in progress, not applied yet
 
     @property
     def busy(self) -> bool:
         return self.wake_at is not None
 
+    @property
+    def slowdown(self) -> float:
+        return self.engine.slowdown
+
+    # -- changes (each returns a wake time to schedule, or None: nothing new) ------------------
     def submit(self, req: SimRequest, now: float) -> float | None:
-        """Add a request; returns a new wake time if the replica was idle (else None: it joins the next step)."""
+        """Add a request (ValueError if it can never run here); it joins at the next step boundary."""
+        cut = self._cut(now)
         self.engine.add(req)
+        return self._resume(now, cut)
+
+    def abort(self, req_id: str, now: float) -> float | None:
+        cut = self._cut(now)
+        self.engine.abort(req_id)
+        return self._resume(now, cut)
+
+    def set_slowdown(self, factor: float, now: float) -> float | None:
+        """A degraded GPU: every step from the next boundary on lasts ``factor`` x its normal time."""
+        cut = self._cut(now)
+        self.engine.set_slowdown(factor)
+        return self._resume(now, cut)
+
+    def _cut(self, now: float) -> bool:
+        """Apply the steps of the pending decode run that started before ``now`` (the one in progress
+        ends later: the replica wakes then); True if the wake time changed."""
+        plan = self._plan
+        if plan is None:
+            return False
+        self._plan = None
+        self.generation += 1
+        k = plan.steps_before(now)
+        if k == 0:  # the run starts now: drop it, the next one includes the change
+            self.wake_at = None
+            return True
+        self._run = self._apply(plan, k)
+        self.wake_at = self._run.end
+        return True
+
+    def _resume(self, now: float, cut: bool) -> float | None:
         if self.wake_at is None:
             return self._start(now)
-        return None
+        return self.wake_at if cut else None
 
-    def abort(self, req_id: str) -> None:
-        self.engine.abort(req_id)
-        self._seen_first.discard(req_id)
-
+    # -- the timeline ---------------------------------------------------------------------
     def wake(self, now: float) -> tuple[RunResult, float | None]:
         """The run in progress ended at ``now``: its results, and when the next one ends (None: idle)."""
-        run, self._run = self._run, None
+        plan, run = self._plan, self._run
+        self._plan = self._run = None
         self.wake_at = None
-        out = RunResult(now)
-        if run is not None:
-            d = run.end - run.start
-            out.busy_s = d
-            if run.compute_s > run.memory_s:
-                out.compute_bound_s = d
-            seen = self._seen_first
-            for rid, n in run.outputs:
-                if rid not in seen:
-                    seen.add(rid)
-                    out.first_tokens.append(rid)
-            for rid in run.finished:
-                seen.discard(rid)
-            out.finished = list(run.finished)
-        return out, self._start(now)
+        if plan is not None:
+            run = self._apply(plan, plan.max_steps)
+        if run is None:
+            run = RunResult(now)
+        return run, self._start(now)
 
     def _start(self, now: float) -> float | None:
         eng = self.engine
         if self.dead or not eng.has_work():
             return None
-        res = eng.step(now)
+        if self.macro:
+            plan = eng.decode_plan(now)
+            if plan is not None:
+                self._plan = plan
+                self.wake_at = end = plan.end_after(plan.max_steps)
+                return end
+        res = eng.step(now, outputs=False)
         if res is None:
             t = eng.next_event_time(now)
             if t is None or math.isinf(t):
                 return None
             self.wake_at = t  # e.g. weights still loading: try again then
             return t
-        end = res.start + (res.end - res.start) * self.slowdown
-        if self.slowdown != 1.0:
-            res = _stretched(res, end)
-            eng._busy_until = end  # noqa: SLF001 - the degraded GPU's next step starts after this one
-        self._run = res
-        self.wake_at = end
-        return end
+        d = res.duration
+        self._run = RunResult(res.end, res.first_tokens, res.finished, d, d if res.compute_s > res.memory_s else 0.0, 1)
+        self.wake_at = res.end
+        return res.end
+
+    def _apply(self, plan: DecodePlan, k: int) -> RunResult:
+        m = self.engine.commit(plan, k)
+        return RunResult(m.end, [], m.finished, m.end - m.start, _compute_bound_s(plan, k), k)
 
     def kill(self) -> list[str]:
         """The replica dies: every request on it is lost.  Returns their ids."""
         self.dead = True
         self.generation += 1
         self.wake_at = None
-        self._run = None
+        self._run = self._plan = None
         lost = [r.req_id for r in (*self.engine.running(), *self.engine.waiting())]
         for rid in lost:
             self.engine.abort(rid)
-        self._seen_first.clear()
         return lost
 
 
-def _stretched(res, end: float):
-    from dataclasses import replace
+def _compute_bound_s(plan: DecodePlan, k: int) -> float:
+    """Summed duration of the steps j < k of ``plan`` whose compute side exceeds the memory side.
 
-    return replace(res, end=end, duration=end - res.start)
+    Both sides are affine in j, so those steps are one range [lo, hi): found in closed
+    form, then checked against the per-step comparison.
+    """
+    a = plan.compute_s - plan.memory_s
+    b = plan.compute_slope - plan.memory_slope
+
+    def bound(j: int) -> bool:
+        return a + b * j > 0
+
+    if b == 0 or (bound(0) == bound(k - 1)):
+        lo, hi = (0, k) if bound(0) else (0, 0)
+    else:
+        x = min(max(int(-a / b), 0), k - 1)  # near the crossing
+        while x > 0 and bound(x - 1) != bound(0):
+            x -= 1
+        while x < k and bound(x) == bound(0):
+            x += 1
+        lo, hi = (0, x) if bound(0) else (x, k)
+    if hi <= lo:
+        return 0.0
+    d0, sl = plan.first_duration, plan.slope
+    return (hi - lo) * d0 + sl * (hi * (hi - 1) - lo * (lo - 1)) / 2
