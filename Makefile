@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test venv bench-overhead bench-scheduler clean
+.PHONY: up test venv llama up-llama bench-overhead bench-scheduler bench-peers clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,14 @@ venv: $(STAMP)
 up: $(STAMP)
 	$(BIN)/steersman up
 
-test: $(STAMP)
+# llama-server + Gemma 3 270M GGUF for the real-engine tests, cached outside the repo (~15 min once per machine)
+llama: $(STAMP)
+	PYTHON=$(BIN)/python nice -n 10 scripts/build-llama-server.sh
+
+up-llama: llama
+	$(BIN)/steersman up --engines llamacpp:2
+
+test: $(STAMP) llama
 	$(BIN)/python -m pytest -q
 
 bench-overhead: $(STAMP)
@@ -27,6 +34,11 @@ bench-overhead: $(STAMP)
 
 bench-scheduler: $(STAMP)
 	$(BIN)/python bench/scheduler/run.py
+
+bench-peers: $(STAMP) llama
+	$(BIN)/python -m pip install --quiet -e '.[bench]'
+	bench/setup_peers.sh
+	$(BIN)/python bench/peers/run.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -50,18 +50,59 @@ def _banner(gw) -> None:
     print("steersman ready", gw.url, flush=True)
 
 
-def _run(cfg) -> None:
+def _parse_engines(spec: str) -> tuple[str, int]:
+    """``llamacpp:N`` -> ("llamacpp", N)."""
+    kind, _, n = spec.partition(":")
+    if kind != "llamacpp" or not n.isdigit() or not 1 <= int(n) <= 64:
+        raise typer.BadParameter(f"--engines must be llamacpp:N with 1 <= N <= 64, got {spec!r}")
+    return kind, int(n)
+
+
+def _run(cfg, engines: tuple[str, int] | None = None) -> None:
     from steersman.api.gateway import Gateway
     from steersman.cli._run import run_service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    gw = Gateway(cfg)
+    holder: dict = {}
+    procs = None
+    if engines is not None:
+        import atexit
+
+        from steersman.fleet.processes import LlamaServerFleet
+
+        procs = LlamaServerFleet(engines[1])
+        atexit.register(procs.stop_now)  # last resort; children also die with us (PR_SET_PDEATHSIG)
 
     async def start() -> None:
+        nonlocal cfg
+        if procs is not None:
+            from steersman.fleet.config import parse_fleet
+
+            logging.getLogger("steersman.engines").info("starting %d llama-server replica(s)", procs.count)
+            endpoints = await procs.start()
+            gw_settings = {f: getattr(cfg.gateway, f) for f in cfg.gateway.__dataclass_fields__}
+            cfg = parse_fleet({"gateway": gw_settings, "policy": cfg.policy, "endpoints": endpoints}, "--engines")
+        gw = holder["gw"] = Gateway(cfg)
         await gw.start()
         _banner(gw)
 
-    run_service(start, gw.stop)
+    async def stop() -> None:
+        try:
+            if "gw" in holder:
+                await holder["gw"].stop()
+        finally:
+            if procs is not None:
+                await procs.stop()
+
+    try:
+        run_service(start, stop)
+    except Exception as e:  # an engine that does not start: say why, no traceback
+        from steersman.fleet.processes import EngineStartError
+
+        if isinstance(e, EngineStartError):
+            typer.echo(f"steersman up: {e}", err=True)
+            raise typer.Exit(2) from None
+        raise
 
 
 def register(app: typer.Typer) -> None:
@@ -70,16 +111,20 @@ def register(app: typer.Typer) -> None:
         port: int | None = typer.Option(None, help="Gateway port (default 8080)."),
         host: str | None = typer.Option(None, help="Gateway address (default 127.0.0.1)."),
         speedup: float | None = typer.Option(None, help="Run the simulated fleet this many times faster than real time."),
+        engines: str | None = typer.Option(
+            None, help="Real engines instead of the simulated fleet: llamacpp:N starts N llama-server replicas "
+            "of Gemma 3 270M (build once with `make llama`)."),
     ) -> None:
         """Start the gateway and an embedded simulated fleet (2x H100 + 2x A100 Llama-3.1-8B, 1x L40S Qwen2.5-7B)."""
         import msgspec
 
         from steersman.fleet.config import with_gateway
 
+        spec = _parse_engines(engines) if engines is not None else None
         cfg = with_gateway(_default_fleet(), port=port, host=host)
         if speedup is not None and cfg.simulated is not None:
             cfg = msgspec.structs.replace(cfg, simulated=msgspec.structs.replace(cfg.simulated, speedup=speedup))
-        _run(cfg)
+        _run(cfg, spec)
 
     @app.command("serve")
     def serve(

@@ -1,6 +1,7 @@
 """Engine adapters: the gateway's edge towards inference engines."""
 
 from steersman.engines.base import EngineAdapter, EngineMetrics, Exchange, ReplicaAddress, UpstreamError
+from steersman.engines.llamacpp import LlamaCppAdapter
 from steersman.engines.openai_http import OpenAIHttpAdapter
 from steersman.plugins import Registry
 
@@ -8,6 +9,7 @@ __all__ = [
     "ADAPTERS",
     "EngineAdapter",
     "EngineMetrics",
+    "LlamaCppAdapter",
     "OpenAIHttpAdapter",
     "ReplicaAddress",
     "UpstreamError",
@@ -17,8 +19,9 @@ __all__ = [
 
 #: Engine kinds by name; each factory takes the kind name and returns an adapter.
 ADAPTERS: Registry = Registry("engine adapter")
-for _kind in ("openai", "vllm", "engine-sim"):
-    ADAPTERS.register(_kind, OpenAIHttpAdapter)
+for _kind in ("openai", "vllm", "sglang", "engine-sim"):
+    ADAPTERS.register(_kind, OpenAIHttpAdapter)  # metric names per kind: steersman.engines.metric_names
+ADAPTERS.register("llamacpp", LlamaCppAdapter)  # llama-server: llamacpp:* metrics + /slots
 
 
 def adapter_for(kind: str, **kwargs) -> EngineAdapter:

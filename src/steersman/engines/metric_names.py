@@ -1,7 +1,16 @@
 """Which Prometheus samples mean what, per engine kind.
 
-vLLM names are from ``vllm/v1/metrics/loggers.py`` (counters gain ``_total`` in
-the exposition).  engine-sim exposes exactly vLLM's names.
+* vLLM: ``vllm/v1/metrics/loggers.py`` (counters gain ``_total`` in the exposition).
+  engine-sim exposes exactly vLLM's names.
+* SGLang: ``python/sglang/srt/metrics/collector.py`` (``SchedulerMetricsCollector``:
+  ``num_running_reqs``, ``num_queue_reqs``, ``token_usage`` (a 0..1 ratio),
+  ``max_total_num_tokens``; ``TokenizerMetricsCollector``: ``prompt_tokens_total``
+  (whole prompts) and ``cached_tokens_total`` (prompt tokens served from the radix
+  cache, one series per ``cache_source`` in recent versions: summed)).
+* llama.cpp: ``tools/server/server-task.cpp`` (``server_task_result_metrics::to_metrics``):
+  ``requests_processing``, ``requests_deferred``, ``prompt_tokens_total`` (processed,
+  *excluding* cached) and ``prompt_tokens_cached_total``; it exposes no KV usage,
+  which :mod:`steersman.engines.llamacpp` reads from ``/slots``.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ class MetricNames:
     weights_family: str | None = None  # one-hot gauge labelled state=cold|loading|warm
     cache_info_family: str | None = None  # info gauge with a num_gpu_blocks label
     kv_usage_is_percent: bool = False
+    kv_capacity_tokens: str | None = None  # gauge: KV capacity in tokens (converted to blocks)
 
 
 _VLLM = MetricNames(
@@ -35,10 +45,36 @@ _VLLM = MetricNames(
     cache_info_family="vllm:cache_config_info",
 )
 
+_SGLANG = MetricNames(
+    MappingProxyType(
+        {
+            "sglang:num_running_reqs": "num_running",
+            "sglang:num_queue_reqs": "num_waiting",
+            "sglang:token_usage": "kv_usage",
+            "sglang:prompt_tokens_total": "prefix_queries",
+            "sglang:cached_tokens_total": "prefix_hits",
+        }
+    ),
+    kv_capacity_tokens="sglang:max_total_num_tokens",
+)
+
+_LLAMACPP = MetricNames(
+    MappingProxyType(
+        {
+            "llamacpp:requests_processing": "num_running",
+            "llamacpp:requests_deferred": "num_waiting",
+            "llamacpp:prompt_tokens_total": "prompt_processed",  # excludes cached tokens
+            "llamacpp:prompt_tokens_cached_total": "prefix_hits",
+        }
+    ),
+)
+
 METRIC_NAMES: Mapping[str, MetricNames] = MappingProxyType(
     {
         "vllm": _VLLM,
         "engine-sim": _VLLM,
+        "sglang": _SGLANG,
+        "llamacpp": _LLAMACPP,
         "openai": _VLLM,  # unknown OpenAI-compatible servers: try vLLM's names, absent ones read as 0
     }
 )

@@ -16,9 +16,37 @@ from steersman.engines.metric_names import METRIC_NAMES, MetricNames
 from steersman.engines.promtext import read_labelled, read_samples
 from steersman.http.client import UpstreamPool
 
-__all__ = ["OpenAIHttpAdapter"]
+__all__ = ["OpenAIHttpAdapter", "parse_metrics"]
 
 _JSON = b"Content-Type: application/json\r\n"
+
+
+def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engine.block_size) -> EngineMetrics:
+    """An engine's Prometheus page read with one kind's :class:`MetricNames` (pure)."""
+    v = read_samples(text, names.samples)
+    weights = None
+    if names.weights_family:
+        states = read_labelled(text, names.weights_family, "state")
+        weights = next((k for k, x in states.items() if x >= 1.0), None)
+    blocks = None
+    if names.cache_info_family:
+        info = read_labelled(text, names.cache_info_family, "num_gpu_blocks")
+        blocks = next((float(k) for k in info if k.isdigit()), None)
+    if names.kv_capacity_tokens:
+        tokens = read_samples(text, {names.kv_capacity_tokens: "t"}).get("t")
+        blocks = tokens / block_size if tokens else blocks
+    kv = v.get("kv_usage", 0.0)
+    if names.kv_usage_is_percent:
+        kv /= 100.0
+    return EngineMetrics(
+        num_running=v.get("num_running", 0.0),
+        num_waiting=v.get("num_waiting", 0.0),
+        kv_usage=kv,
+        prefix_queries=v.get("prefix_queries", 0.0),
+        prefix_hits=v.get("prefix_hits", 0.0),
+        weights=weights,
+        kv_blocks_total=blocks,
+    )
 
 
 class OpenAIHttpAdapter:
@@ -43,28 +71,7 @@ class OpenAIHttpAdapter:
         status, body = await self._get(replica, "/metrics")
         if status != 200:
             raise UpstreamError(f"{replica.name} /metrics answered {status}", connected=True)
-        text = body.decode("utf-8", "replace")
-        v = read_samples(text, self.names.samples)
-        weights = None
-        if self.names.weights_family:
-            states = read_labelled(text, self.names.weights_family, "state")
-            weights = next((k for k, x in states.items() if x >= 1.0), None)
-        blocks = None
-        if self.names.cache_info_family:
-            info = read_labelled(text, self.names.cache_info_family, "num_gpu_blocks")
-            blocks = next((float(k) for k in info if k.isdigit()), None)
-        kv = v.get("kv_usage", 0.0)
-        if self.names.kv_usage_is_percent:
-            kv /= 100.0
-        return EngineMetrics(
-            num_running=v.get("num_running", 0.0),
-            num_waiting=v.get("num_waiting", 0.0),
-            kv_usage=kv,
-            prefix_queries=v.get("prefix_queries", 0.0),
-            prefix_hits=v.get("prefix_hits", 0.0),
-            weights=weights,
-            kv_blocks_total=blocks,
-        )
+        return parse_metrics(body.decode("utf-8", "replace"), self.names)
 
     async def list_models(self, replica: ReplicaAddress) -> list[str]:
         status, body = await self._get(replica, "/v1/models")

@@ -1,0 +1,236 @@
+"""Engine processes steersman starts itself: ``llama-server`` replicas on 127.0.0.1.
+
+:class:`LlamaServerFleet` starts N ``llama-server`` processes on free loopback
+ports (parallel slots, ``--metrics``, ``/slots``, ``--swa-full`` so Gemma 3 can
+reuse prompt prefixes, ``--cache-reuse``), waits for each ``/health``, hands back
+fleet-file endpoint entries, and stops them (SIGTERM, SIGKILL after a grace).
+Each child also gets ``PR_SET_PDEATHSIG`` (Linux): if steersman itself is
+killed with SIGKILL the kernel stops the engines, so no orphans are left.
+
+The binary and the GGUF are found in the cache ``scripts/build-llama-server.sh``
+fills (``$STEERSMAN_CACHE``, else ``$XDG_CACHE_HOME/steersman``, else
+``~/.cache/steersman``), or at ``$STEERSMAN_LLAMA_SERVER`` / ``$STEERSMAN_GGUF``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from steersman.clock import Clock, WallClock
+from steersman.config import DEFAULTS, LlamaCppSettings
+
+__all__ = ["EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "find_llama_server", "find_gguf", "free_port"]
+
+_PR_SET_PDEATHSIG = 1
+_BUILD_HINT = "build it with `make llama` (scripts/build-llama-server.sh; ~15 min once per machine)"
+
+
+class EngineStartError(RuntimeError):
+    pass
+
+
+def cache_dir() -> Path:
+    if os.environ.get("STEERSMAN_CACHE"):
+        return Path(os.environ["STEERSMAN_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "steersman"
+
+
+def find_llama_server(settings: LlamaCppSettings = DEFAULTS.llamacpp) -> Path | None:
+    """``$STEERSMAN_LLAMA_SERVER``, the build cache, or ``llama-server`` on PATH; None when absent."""
+    env = os.environ.get("STEERSMAN_LLAMA_SERVER")
+    if env:
+        return Path(env) if os.access(env, os.X_OK) else None
+    cached = cache_dir() / "llama.cpp" / settings.version / "bin" / "llama-server"
+    if os.access(cached, os.X_OK):
+        return cached
+    on_path = shutil.which("llama-server")
+    return Path(on_path) if on_path else None
+
+
+def find_gguf(settings: LlamaCppSettings = DEFAULTS.llamacpp) -> Path | None:
+    env = os.environ.get("STEERSMAN_GGUF")
+    p = Path(env) if env else cache_dir() / "models" / settings.gguf_file
+    return p if p.is_file() and p.stat().st_size > 0 else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+@dataclass(slots=True)
+class EngineProcess:
+    name: str
+    host: str
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+async def _http_status(host: str, port: int, path: str, timeout: float) -> int | None:
+    """Status code of ``GET path`` (None when the server does not answer)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n\r\n".encode())
+        line = await asyncio.wait_for(reader.readline(), timeout)
+        parts = line.split()
+        return int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else None
+    except (OSError, TimeoutError, ValueError):
+        return None
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+class LlamaServerFleet:
+    """N ``llama-server`` replicas of one GGUF, started and stopped together."""
+
+    def __init__(
+        self,
+        count: int,
+        settings: LlamaCppSettings = DEFAULTS.llamacpp,
+        binary: Path | None = None,
+        model: Path | None = None,
+        host: str = "127.0.0.1",
+        extra_args: tuple[str, ...] = (),
+        clock: Clock | None = None,
+        name_prefix: str = "llamacpp",
+    ) -> None:
+        if count < 1:
+            raise ValueError("count must be >= 1")
+        self.count = count
+        self.settings = settings
+        self.binary = binary or find_llama_server(settings)
+        self.model = model or find_gguf(settings)
+        self.host = host
+        self.extra_args = tuple(extra_args)
+        self.clock = clock or WallClock()
+        self.name_prefix = name_prefix
+        self.procs: list[EngineProcess] = []
+        self._logdir: Path | None = None
+
+    def command(self, port: int) -> list[str]:
+        s = self.settings
+        return [
+            str(self.binary), "-m", str(self.model), "--host", self.host, "--port", str(port),
+            "--alias", s.model_name, "-np", str(s.parallel), "-c", str(s.ctx_size), "-t", str(s.threads),
+            "--metrics", "--slots", "--swa-full", "--chat-template", s.chat_template,
+            "--cache-reuse", str(s.cache_reuse), *self.extra_args,
+        ]
+
+    def _spawn(self, i: int) -> EngineProcess:
+        assert self._logdir is not None
+        port = free_port(self.host)
+        name = f"{self.name_prefix}-{i}"
+        log_path = self._logdir / f"{name}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                self.command(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        return EngineProcess(name, self.host, port, proc, log_path)
+
+    async def start(self) -> list[dict[str, Any]]:
+        """Start every replica and wait until all answer ``/health`` 200; returns fleet endpoints."""
+        if self.binary is None:
+            raise EngineStartError(f"llama-server not found (cache {cache_dir()}, $STEERSMAN_LLAMA_SERVER, PATH): {_BUILD_HINT}")
+        if self.model is None:
+            raise EngineStartError(f"GGUF {self.settings.gguf_file} not found under {cache_dir() / 'models'} or $STEERSMAN_GGUF: {_BUILD_HINT}")
+        self._logdir = Path(tempfile.mkdtemp(prefix="steersman-llamacpp-"))
+        try:
+            self.procs = [self._spawn(i) for i in range(self.count)]
+            await asyncio.gather(*(self._wait_healthy(p) for p in self.procs))
+        except BaseException:
+            await self.stop()
+            raise
+        return self.endpoints()
+
+    async def _wait_healthy(self, p: EngineProcess) -> None:
+        deadline = self.clock.now() + self.settings.start_timeout_s
+        while self.clock.now() < deadline:
+            if not p.alive():
+                raise EngineStartError(f"{p.name} exited with {p.proc.returncode} while starting:\n{p.log_tail()}")
+            if await _http_status(p.host, p.port, "/health", 2.0) == 200:
+                return
+            await self.clock.sleep(0.1)
+        raise EngineStartError(f"{p.name} not healthy after {self.settings.start_timeout_s} s:\n{p.log_tail()}")
+
+    def endpoints(self) -> list[dict[str, Any]]:
+        return [
+            {"name": p.name, "url": p.url, "engine": "llamacpp", "models": [self.settings.model_name], "gpu": None}
+            for p in self.procs
+        ]
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to one replica (fault injection in tests)."""
+        p = self.procs[index]
+        if p.alive():
+            p.proc.send_signal(sig)
+
+    async def stop(self) -> None:
+        """SIGTERM every replica, SIGKILL those still running after the grace; reap them all."""
+        for p in self.procs:
+            if p.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.terminate()
+        deadline = self.clock.now() + self.settings.stop_grace_s
+        while any(p.alive() for p in self.procs) and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
+        for p in self.procs:
+            if p.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.proc.wait(timeout=5)
+
+    def stop_now(self) -> None:
+        """Synchronous last resort (atexit, signal handlers): SIGKILL everything still running."""
+        for p in self.procs:
+            if p.alive():
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.kill()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.proc.wait(timeout=5)

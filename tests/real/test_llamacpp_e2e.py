@@ -1,0 +1,110 @@
+"""Two real llama-server replicas (Gemma 3 270M) behind the gateway, driven by the official openai client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from openai import OpenAI
+
+from steersman.fleet import snapshot as S
+from steersman.testing import LiveFleet
+
+from realhelpers import MODEL, counters, slots
+
+pytestmark = pytest.mark.timeout(300)
+
+# A long system prompt shared by "tenant" requests (~900 Gemma tokens): prefill dominates a cold TTFT.
+_FACTS = [
+    "Orders ship from the Rotterdam warehouse within two business days.",
+    "Refunds are issued to the original payment method after inspection.",
+    "Support answers in the language of the customer, politely and briefly.",
+    "Warranty claims need the serial number printed under the battery cover.",
+    "Never promise delivery dates for items marked as backordered.",
+    "Escalate any mention of injury or fire to the safety team immediately.",
+]
+PREFIX = "You are the support assistant of Acme Tools. " + " ".join(
+    f"Rule {i}: {_FACTS[i % len(_FACTS)]}" for i in range(60)
+)
+
+
+def _chat(client: OpenAI, question: str, max_tokens: int = 8) -> tuple[float, str]:
+    """(TTFT seconds, text) of one streamed chat completion."""
+    t0 = time.perf_counter()
+    ttft = None
+    parts = []
+    stream = client.chat.completions.create(
+        model=MODEL, stream=True, max_tokens=max_tokens, temperature=0,
+        messages=[{"role": "system", "content": PREFIX}, {"role": "user", "content": question}],
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            parts.append(chunk.choices[0].delta.content)
+    assert ttft is not None, "no token streamed"
+    return ttft, "".join(parts)
+
+
+@pytest.fixture(scope="module")
+def gateway(engines):
+    with LiveFleet(endpoints=engines.endpoints(), policy="steersman") as lf:
+        yield lf
+
+
+@pytest.fixture(scope="module")
+def client(gateway):
+    with OpenAI(base_url=gateway.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def test_openai_client_streams_real_tokens(client):
+    stream = client.chat.completions.create(
+        model=MODEL, stream=True, max_tokens=24, temperature=0,
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 5
+    assert text.strip()
+    assert chunks[-1].choices == [] or chunks[-1].choices[0].finish_reason in ("length", "stop") or any(
+        c.choices and c.choices[0].finish_reason for c in chunks
+    )
+    assert {m.id for m in client.models.list().data} == {MODEL}
+
+
+def test_shared_prefix_goes_to_the_replica_holding_it(engines, gateway, client):
+    urls = [p.url for p in engines.procs]
+    before = [counters(u) for u in urls]
+    _chat(client, "Question 0: where do orders ship from?")  # warms one replica with the prefix
+    mid = [counters(u) for u in urls]
+    touched = [i for i in range(2) if mid[i]["processed"] + mid[i]["cached"] > before[i]["processed"] + before[i]["cached"]]
+    assert len(touched) == 1, f"one request must reach exactly one replica, counters {before} -> {mid}"
+    warm, cold = touched[0], 1 - touched[0]
+    prefix_tokens = mid[warm]["processed"] - before[warm]["processed"]  # prompt tokens it computed (cold)
+    assert prefix_tokens > 500
+
+    ttfts_warm = [_chat(client, f"Question {i}: summarise rule {i}.")[0] for i in range(1, 4)]
+    after = [counters(u) for u in urls]
+    assert after[cold] == mid[cold], "a request sharing the prefix went to the replica without it"
+    reused = after[warm]["cached"] - mid[warm]["cached"]
+    assert reused >= 3 * 0.9 * (prefix_tokens - 40), f"replica {warm} reused only {reused} cached prompt tokens"
+    busy = [s for s in slots(urls[warm]) if s.cached_tokens > 0]
+    assert busy and max(s.cached_tokens for s in busy) >= 0.9 * (prefix_tokens - 40)  # /slots agrees
+
+    # The same kind of request on the other replica, which does not hold the prefix: a full prefill.
+    with OpenAI(base_url=urls[cold] + "/v1", api_key="unused", max_retries=0, timeout=120) as direct:
+        ttft_cold, _ = _chat(direct, "Question 9: summarise rule 9.")
+    assert counters(urls[cold])["cached"] - after[cold]["cached"] < 0.5 * prefix_tokens
+    assert max(ttfts_warm) < ttft_cold, f"TTFT on the replica holding the prefix {ttfts_warm} vs cold {ttft_cold:.3f} s"
+
+    # The scraper read the engines into the fleet snapshot.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        snap = gateway.gateway.fleet.snapshot()
+        if snap.live[S.PREFIX_HITS, warm] >= after[warm]["cached"]:
+            break
+        time.sleep(0.05)
+    assert snap.live[S.PREFIX_HITS, warm] >= after[warm]["cached"]
+    assert snap.live[S.PREFIX_QUERIES, warm] >= after[warm]["cached"] + after[warm]["processed"]
+    assert snap.live[S.KV_BLOCKS_TOTAL, warm] > 0
