@@ -1,8 +1,14 @@
 """The last stage: relay the request to the chosen replica and stream the answer back.
 
-Engine bytes are written to the client from the upstream connection's
-``data_received`` (no buffering, no await per chunk); a client that cannot keep
-up pauses reading from the engine.  A client that disconnects cancels the
+Engine bytes are parsed as they arrive (:class:`~steersman.engines.sse.SseParser`)
+and only complete events are written to the client, from the upstream
+connection's ``data_received`` (no await per chunk); a client that cannot keep
+up pauses reading from the engine.  Each event is validated and recorded in the
+request's :class:`~steersman.pipeline.continuation.Continuation` (text emitted,
+token count, finish reason), so when the engine dies mid-stream the runner can
+call this stage again on another replica and the stream continues where it
+stopped: the client sees one stream, token for token.  A malformed engine event
+ends the stream with an error event.  A client that disconnects cancels the
 handler, which drops the engine connection, which makes the engine abort.
 """
 
@@ -10,120 +16,235 @@ from __future__ import annotations
 
 from steersman.api.errors import ApiError, upstream_failed
 from steersman.clock import Clock
+from steersman.config import DEFAULTS
 from steersman.engines.base import Exchange, UpstreamError
+from steersman.engines.sse import SseError, SseParser
 from steersman.fleet.state import Fleet
+from steersman.obs.histogram import CounterFamily
 from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.context import RequestContext
+from steersman.pipeline.continuation import BadEvent, Continuation
 from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Retry
 
 __all__ = ["Forward"]
 
 
+def _frame(payloads: list[bytes]) -> bytes:
+    """SSE events carrying ``payloads`` (a multi-line payload becomes several ``data:`` lines)."""
+    if any(b"\n" in p for p in payloads):
+        payloads = [p.replace(b"\n", b"\ndata: ") for p in payloads]
+    return b"data: " + b"\n\ndata: ".join(payloads) + b"\n\n"
+
+
 class _Relay:
-    """Body sink: writes engine bytes to the client and times the stream."""
+    """Body sink: parses engine events, records them, writes them to the client and times the stream."""
 
-    __slots__ = ("ctx", "fleet", "ticket", "now", "ttft", "itl", "last", "prev", "chunk", "events")
+    __slots__ = ("ctx", "fleet", "ticket", "now", "ttft", "itl", "last", "parser", "cont", "resumed", "error", "ex")
 
-    def __init__(self, ctx: RequestContext, fleet: Fleet, clock: Clock, metrics: GatewayMetrics) -> None:
+    def __init__(self, ctx: RequestContext, fleet: Fleet, clock: Clock, metrics: GatewayMetrics,
+                 cont: Continuation, resumed: bool, max_event_bytes: int, ex: Exchange) -> None:
         self.ctx = ctx
         self.fleet = fleet
         self.ticket = ctx.ticket
-        self.events = 0
         self.now = clock.now
         pm = metrics.model(ctx.model)
         self.ttft = pm.ttft
         self.itl = pm.itl
         self.last: float | None = None
-        self.prev = self.chunk = b""  # the last two chunks: where the final [DONE] is
+        self.parser = SseParser(max_event_bytes)
+        self.cont = cont
+        self.resumed = resumed  # a continuation leg: events are rewritten
+        self.error: str | None = None
+        self.ex = ex
 
     def __call__(self, data: bytes) -> None:
+        if self.error is not None or self.cont.done:
+            return
+        try:
+            self.events(self.parser.feed(data))
+        except SseError as e:
+            self.fail(f"malformed event stream: {e}")
+
+    def events(self, payloads: list[bytes]) -> None:
+        if not payloads:
+            return
+        cont = self.cont
+        kept: list[bytes] = []
+        try:
+            for p in payloads:
+                if self.resumed:
+                    q = cont.rewrite(p)
+                    if q is not None:
+                        kept.append(q)
+                else:
+                    cont.observe(p)  # first leg: relayed unchanged once valid
+                    kept.append(p)
+                if cont.done:
+                    break
+        except BadEvent as e:
+            if kept:
+                self.write(_frame(kept))
+            self.fail(str(e))
+            return
+        if kept:
+            self.write(_frame(kept))
+
+    def write(self, out: bytes) -> None:
         t = self.now()
-        if self.last is None:
+        if self.last is None and not self.ctx.bytes_sent:
             self.ttft.observe(t - self.ctx.started)
             self.ctx.bytes_sent = True
             if self.ticket is not None:
                 self.fleet.first_token(self.ticket)
-        elif b"\n\n" in data:
+        elif self.last is not None:
             self.itl.observe(t - self.last)
-        self.events += data.count(b"data: ")
         self.last = t
-        self.prev, self.chunk = self.chunk, data
-        self.ctx.http.send(data)
+        self.ctx.http.send(out)
 
-    @property
-    def saw_done(self) -> bool:
-        return (self.prev[-16:] + self.chunk).rstrip().endswith(b"[DONE]")
+    def fail(self, message: str) -> None:
+        self.error = message
+        self.ex.abort()  # stop reading a broken stream; done() then raises
 
 
 class Forward:
     name = "forward"
 
-    def __init__(self, fleet: Fleet, metrics: GatewayMetrics, clock: Clock) -> None:
+    def __init__(self, fleet: Fleet, metrics: GatewayMetrics, clock: Clock, max_event_bytes: int = DEFAULTS.gateway.max_sse_event_bytes) -> None:
         self.fleet = fleet
         self.metrics = metrics
         self.clock = clock
+        self.max_event_bytes = max_event_bytes
+        self.migrations = CounterFamily("steersman_stream_migrations", "Streams continued on another replica after their engine failed mid-stream.", ["model"])
+        metrics.registry.register(self.migrations)
 
     async def run(self, ctx: RequestContext) -> Outcome:
         index = ctx.replica
         assert index is not None
         rep = self.fleet.replicas[index]
+        cont = ctx.continuation
+        resuming = cont is not None and ctx.bytes_sent
+        body = ctx.body
+        if resuming:
+            assert cont is not None
+            if not cont.allowed:
+                return Fail(_no_continuation(cont.reason), Retry.NEVER)
+            rem = cont.remaining
+            if cont.finish_reason is not None or (rem is not None and rem <= 0):
+                ctx.http.send(cont.closing_events())  # the engine died after its last token
+                ctx.http.end_stream()
+                return RESPONDED
+            body = cont.request_body()
         ex: Exchange | None = None
         try:
             try:
-                ex = await rep.adapter.send(rep.address, ctx.path, ctx.body)
+                ex = await rep.adapter.send(rep.address, ctx.path, body)
             except UpstreamError as e:
                 self.metrics.upstream_error(rep.name, "send" if e.connected else "connect")
                 if not e.connected:
                     self.fleet.set_healthy(index, False)  # passive detection; the scraper restores it
-                return Fail(upstream_failed(f"Engine {rep.name} is unreachable: {e}", 502), Retry.SAFE)
+                retry = Retry.CONTINUE_ONLY if resuming else Retry.SAFE
+                return Fail(upstream_failed(f"Engine {rep.name} is unreachable: {e}", 502), retry)
             if ex.status != 200:
-                return await self._engine_error(ctx, rep.name, ex)
+                return await self._engine_error(ctx, rep.name, ex, resuming)
             if not ctx.stream:
-                body = await ex.read()
-                if ctx.ticket is not None:
-                    self.fleet.first_token(ctx.ticket)
-                ctx.output_tokens = _usage_int(body, b'"completion_tokens":') or 0
-                ctx.cached_tokens = _usage_int(body, b'"cached_tokens":')
-                ctx.status = 200
-                ctx.http.respond(200, body)
-                return RESPONDED
-            relay = _Relay(ctx, self.fleet, self.clock, self.metrics)
+                return await self._whole(ctx, ex)
+            if not resuming:
+                assert ctx.request is not None
+                exact = rep.engine == "engine-sim" and ctx.sched is not None  # the gateway tokenizes like engine-sim
+                cont = ctx.continuation = Continuation(ctx.request, ctx.body, ctx.sched.prompt_tokens if exact else None)
+            else:
+                self.migrations.inc(ctx.model)
+            assert cont is not None
+            cont.begin_leg()
+            relay = _Relay(ctx, self.fleet, self.clock, self.metrics, cont, resuming, self.max_event_bytes, ex)
             try:
-                return await self._relay(ctx, ex, relay)
+                return await self._relay(ctx, ex, relay, rep.name)
             finally:
-                ctx.output_tokens = max(0, relay.events - 2)  # one event per token, minus the role chunk and [DONE]
+                ctx.output_tokens = cont.tokens
         except UpstreamError as e:
             self.metrics.upstream_error(rep.name, "broken")
             retry = Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE
-            return Fail(upstream_failed(f"Engine {rep.name} failed mid-response: {e}", 502), retry)
+            return Fail(_mid_stream(ctx, upstream_failed(f"Engine {rep.name} failed mid-response: {e}", 502)), retry)
         finally:
             if ex is not None:
                 ex.abort()  # no-op when the response completed
 
-    async def _engine_error(self, ctx: RequestContext, name: str, ex: Exchange) -> Outcome:
+    async def _whole(self, ctx: RequestContext, ex: Exchange) -> Outcome:
         body = await ex.read()
+        if ctx.ticket is not None:
+            self.fleet.first_token(ctx.ticket)
+        ctx.output_tokens = _usage_int(body, b'"completion_tokens":') or 0
+        ctx.cached_tokens = _usage_int(body, b'"cached_tokens":')
+        ctx.status = 200
+        ctx.http.respond(200, body)
+        return RESPONDED
+
+    async def _engine_error(self, ctx: RequestContext, name: str, ex: Exchange, resuming: bool) -> Outcome:
+        body = await ex.read()
+        detail = body[:300].decode("utf-8", "replace")
         if ex.status >= 500:
             self.metrics.upstream_error(name, f"http_{ex.status}")
-            detail = body[:300].decode("utf-8", "replace")
-            return Fail(upstream_failed(f"Engine {name} answered {ex.status}: {detail}", 502), Retry.SAFE)
+            retry = Retry.CONTINUE_ONLY if resuming else Retry.SAFE
+            return Fail(upstream_failed(f"Engine {name} answered {ex.status}: {detail}", 502), retry)
+        if resuming:  # the stream has started: an engine refusing the continuation ends it with an error event
+            return Fail(upstream_failed(f"Engine {name} refused to continue the stream ({ex.status}): {detail}", 502), Retry.NEVER)
         # the engine refused the request itself (e.g. context too long): relay its OpenAI error
         ctx.status = ex.status
         ctype = ex.headers.get("content-type", "application/json").encode("latin-1")
         ctx.http.respond(ex.status, body, ctype)
         return RESPONDED
 
-    async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay) -> Outcome:
+    async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay, name: str) -> Outcome:
         req = ctx.http
-        req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n")
+        if not req.started:
+            req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n")
         ctx.status = 200
         req.producer = ex
         ex.pipe(relay)
-        await ex.done()
-        if not relay.saw_done:
-            err = ApiError(502, "The engine ended the stream without finishing it.", "server_error", None, "incomplete_stream")
-            return Fail(err, Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
+        try:
+            await ex.done()
+        except UpstreamError:
+            if relay.error is None:
+                raise
+        cont = relay.cont
+        if relay.error is None and not cont.done:
+            try:
+                relay.events(relay.parser.close())
+            except SseError as e:
+                relay.error = f"malformed event stream: {e}"
+        if relay.error is not None:
+            self.metrics.upstream_error(name, "malformed")
+            err = upstream_failed(f"Engine {name} sent a malformed stream: {relay.error}", 502, "malformed_stream")
+            return Fail(_mid_stream(ctx, err), Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
+        if not cont.done:
+            err = ApiError(502, f"Engine {name} ended the stream without finishing it.", "server_error", None, "incomplete_stream")
+            return Fail(_mid_stream(ctx, err), Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
+        if cont.usage is not None and not relay.resumed:
+            ctx.cached_tokens = _cached(cont.usage)
         req.end_stream()
         return RESPONDED
+
+
+def _mid_stream(ctx: RequestContext, err: ApiError) -> ApiError:
+    """Say in the error why a started stream will not be continued, when it cannot be."""
+    cont = ctx.continuation
+    if ctx.bytes_sent and cont is not None and not cont.allowed:
+        return ApiError(err.status, f"{err.message} The stream cannot be continued on another replica ({cont.reason}).",
+                        err.type, err.param, err.code)
+    return err
+
+
+def _no_continuation(reason: str | None) -> ApiError:
+    return ApiError(502, f"The engine failed mid-stream and this stream cannot be continued on another replica ({reason}).",
+                    "server_error", None, "stream_interrupted")
+
+
+def _cached(usage: object) -> int | None:
+    if isinstance(usage, dict):
+        d = usage.get("prompt_tokens_details")
+        if isinstance(d, dict) and isinstance(d.get("cached_tokens"), int):
+            return d["cached_tokens"]
+    return None
 
 
 def _usage_int(body: bytes, key: bytes) -> int | None:

@@ -1,0 +1,291 @@
+"""Token-exact continuation of a stream whose engine failed mid-response.
+
+While a stream is relayed, :class:`Continuation` keeps what continuing it needs
+and nothing more: the first chunk's ``id`` / ``created`` / ``model``, the text
+emitted so far, the number of token events, the finish reason, whether a tool
+call or logprobs appeared, and any usage the engine reported.  It also
+validates every event (malformed JSON ends the stream with an error event).
+
+If the engine dies after *k* tokens, :meth:`Continuation.request_body` is the
+request for another replica: the chat with the emitted text as a final
+assistant message continued in place (vLLM's ``continue_final_message: true,
+add_generation_prompt: false``; llama.cpp treats a final assistant message as
+a prefill too), or the completion prompt with the text appended, with the
+remaining ``max_tokens``.  The new replica's events are rewritten
+(:meth:`Continuation.rewrite`) so the client sees one stream: no second role
+chunk, the first replica's ``id`` / ``created`` / ``model``, and a ``usage``
+that counts the original prompt and every token emitted.
+
+Where continuing could change the answer it is refused (``allowed`` False, with
+``reason``): ``n`` > 1, logprobs, guided / JSON output, token-id or echoed
+prompts, and a tool call in progress.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import orjson
+
+from steersman.api.schema import ChatCompletionRequest, CompletionRequest
+from steersman.engines.sse import DONE
+
+__all__ = ["Continuation", "BadEvent", "refusal_reason"]
+
+_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "grammar", "json_schema")
+
+
+class BadEvent(ValueError):
+    """An engine event that is not an OpenAI stream chunk."""
+
+
+class _Delta(msgspec.Struct):
+    role: Any = None
+    content: str | None = None
+    tool_calls: Any = None
+    function_call: Any = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None
+    text: str | None = None
+    finish_reason: str | None = None
+    logprobs: Any = None
+
+
+class _Chunk(msgspec.Struct):
+    id: Any = None
+    created: Any = None
+    model: Any = None
+    choices: list[_Choice] = []
+    usage: Any = None
+    error: Any = None
+
+
+_decode = msgspec.json.Decoder(_Chunk).decode
+
+
+def refusal_reason(req: ChatCompletionRequest | CompletionRequest, raw: dict[str, Any] | None = None) -> str | None:
+    """Why a stream of ``req`` could not be continued token-exactly (None: it can be)."""
+    if req.n != 1:
+        return "n > 1"
+    raw = raw or {}
+    if raw.get("logprobs") or raw.get("top_logprobs"):
+        return "logprobs"
+    if any(raw.get(k) for k in _GUIDED):
+        return "guided output"
+    if isinstance(req, ChatCompletionRequest):
+        rf = req.response_format or {}
+        if rf.get("type") not in (None, "text"):
+            return "structured output (response_format)"
+        return None
+    if req.echo:
+        return "echo"
+    p = req.prompt
+    if isinstance(p, list) and not (len(p) == 1 and isinstance(p[0], str)):
+        return "a token-id or multiple prompt"
+    return None
+
+
+class Continuation:
+    """The emitted-so-far state of one stream (``ctx.continuation``)."""
+
+    __slots__ = ("chat", "allowed", "reason", "id", "created", "model", "texts", "tokens", "leg_start",
+                 "finish_reason", "usage", "done", "legs", "include_usage", "limit", "prompt_tokens", "_body", "_head")
+
+    def __init__(self, req: ChatCompletionRequest | CompletionRequest, body: bytes, prompt_tokens: int | None) -> None:
+        self.chat = isinstance(req, ChatCompletionRequest)
+        self._body = body  # the client's request: every continuation is built from it
+        self.reason = refusal_reason(req, _raw_fields(body))
+        self.allowed = self.reason is None
+        self.id = self.created = self.model = None
+        self.texts: list[str] = []
+        self.tokens = 0  # token events relayed, all legs
+        self.leg_start = 0  # tokens relayed before the current leg
+        self.finish_reason: str | None = None
+        self.usage: dict | None = None
+        self.done = False
+        self.legs = 0  # replicas that served this stream so far
+        self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        self.limit = req.output_limit
+        self.prompt_tokens = prompt_tokens  # the original prompt's tokens, when the gateway knows them exactly
+        self._head: tuple[Any, Any, Any] | None = None
+
+    # ---- relaying ------------------------------------------------------------------------------
+    @property
+    def text(self) -> str:
+        if len(self.texts) > 1:
+            self.texts = ["".join(self.texts)]
+        return self.texts[0] if self.texts else ""
+
+    @property
+    def remaining(self) -> int | None:
+        return None if self.limit is None else self.limit - self.tokens
+
+    def observe(self, payload: bytes) -> None:
+        """Validate and record one event of the first leg (relayed unchanged)."""
+        if payload == DONE:
+            self.done = True
+            return
+        try:
+            c = _decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise BadEvent(f"the engine sent an event that is not an OpenAI chunk ({e}): {payload[:80]!r}") from None
+        if c.error is not None:
+            raise BadEvent(f"the engine reported an error mid-stream: {str(c.error)[:200]}")
+        if self._head is None:
+            self._head = (c.id, c.created, c.model)
+            self.id, self.created, self.model = self._head
+        if c.usage is not None:
+            self.usage = c.usage
+        for ch in c.choices:
+            self._choice(ch)
+
+    def _choice(self, ch: _Choice) -> None:
+        if ch.index != 0:
+            self._refuse("n > 1")
+        if ch.logprobs is not None:
+            self._refuse("logprobs")
+        if ch.finish_reason is not None:
+            self.finish_reason = ch.finish_reason
+        if self.chat:
+            d = ch.delta
+            if d is None:
+                return
+            if d.tool_calls or d.function_call:
+                self._refuse("a tool call in progress")
+            if d.content:
+                self.texts.append(d.content)
+            if d.role is None:
+                self.tokens += 1
+        else:
+            if ch.text is not None:
+                self.texts.append(ch.text)
+                self.tokens += 1
+
+    def _refuse(self, reason: str) -> None:
+        if self.allowed:
+            self.allowed, self.reason = False, reason
+
+    # ---- continuing ----------------------------------------------------------------------------
+    def request_body(self) -> bytes:
+        """The request that continues this stream on another replica."""
+        body = orjson.loads(self._body)
+        text = self.text
+        rem = self.remaining
+        if self.chat:
+            body["messages"] = list(body["messages"]) + [{"role": "assistant", "content": text}]
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+            key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        else:
+            p = body["prompt"]
+            body["prompt"] = p + text if isinstance(p, str) else [p[0] + text]
+            key = "max_tokens"
+        if rem is not None:
+            body[key] = rem
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # to report the whole stream's usage at its end
+        return orjson.dumps(body)
+
+    def begin_leg(self) -> None:
+        """A replica starts serving this stream (the first, or a continuation)."""
+        self.legs += 1
+        self.leg_start = self.tokens
+
+    def rewrite(self, payload: bytes) -> bytes | None:
+        """A continuation leg's event as the client must see it (None: drop it)."""
+        if payload == DONE:
+            self.done = True
+            return payload
+        self.observe_leg(payload)
+        obj = orjson.loads(payload)
+        if self._head is not None:
+            for k, v in zip(("id", "created", "model"), self._head):
+                if k in obj:
+                    obj[k] = v
+        choices = obj.get("choices") or []
+        role_chunk = False
+        for ch in choices:
+            d = ch.get("delta") if isinstance(ch, dict) else None
+            if isinstance(d, dict) and "role" in d:
+                del d["role"]
+                role_chunk = True
+        if role_chunk and all(_empty_chat_choice(ch) for ch in choices) and obj.get("usage") is None:
+            return None  # the continuation's own role chunk: the client already had one
+        usage = obj.get("usage")
+        if usage is not None:
+            obj["usage"] = self.whole_usage(usage)
+            if not choices and not self.include_usage:
+                return None
+        elif "usage" in obj and not self.include_usage:
+            del obj["usage"]
+        return orjson.dumps(obj)
+
+    def observe_leg(self, payload: bytes) -> None:
+        try:
+            c = _decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            raise BadEvent(f"the engine sent an event that is not an OpenAI chunk ({e}): {payload[:80]!r}") from None
+        if c.error is not None:
+            raise BadEvent(f"the engine reported an error mid-stream: {str(c.error)[:200]}")
+        for ch in c.choices:
+            self._choice(ch)
+
+    def whole_usage(self, leg_usage: dict) -> dict:
+        """The usage of the whole stream from a continuation leg's usage."""
+        u = dict(leg_usage)
+        leg_completion = int(u.get("completion_tokens") or 0)
+        prompt = self.prompt_tokens
+        if prompt is None:  # the engine counted the emitted text as prompt: take it back out
+            prompt = max(0, int(u.get("prompt_tokens") or 0) - self.leg_start)
+        u["prompt_tokens"] = prompt
+        u["completion_tokens"] = self.leg_start + leg_completion
+        u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+        return u
+
+    def closing_events(self) -> bytes:
+        """End a stream locally when nothing is left to generate (the engine died after its last token)."""
+        out = b""
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+            ch: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            if self.chat:
+                ch["delta"] = {}
+            else:
+                ch["text"] = ""
+            out += _event(self._chunk([ch]))
+        if self.include_usage:
+            prompt = self.prompt_tokens if self.prompt_tokens is not None else 0
+            usage = {"prompt_tokens": prompt, "completion_tokens": self.tokens, "total_tokens": prompt + self.tokens}
+            out += _event(self._chunk([], usage))
+        self.done = True
+        return out + b"data: [DONE]\n\n"
+
+    def _chunk(self, choices: list, usage: dict | None = None) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        d = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            d["usage"] = usage
+        return d
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _empty_chat_choice(ch: Any) -> bool:
+    if not isinstance(ch, dict) or ch.get("finish_reason") is not None:
+        return False
+    d = ch.get("delta") or {}
+    return not d.get("content") and not d.get("tool_calls") and set(d) <= {"content"}
+
+
+def _raw_fields(body: bytes) -> dict[str, Any]:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
