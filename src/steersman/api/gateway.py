@@ -31,10 +31,12 @@ from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
-from steersman.pipeline.runner import Pipeline, send_error
+from steersman.pipeline.brownout import Brownout
+from steersman.pipeline.runner import Pipeline, Retrier, send_error
 from steersman.pipeline.stages import ParseRequest, ResolveModel
 from steersman.policy import PLUGIN_LATENCY, make_policy
 from steersman.policy.kernels import warm_up
+from steersman.reliability import ReplicaGuard
 from steersman.sim import gpu_profile
 
 __all__ = ["Gateway"]
@@ -101,6 +103,7 @@ class Gateway(RequestLifecycle):
         replicas = [self._replica(i, ep) for i, ep in enumerate(endpoints)]
         self.fleet = Fleet(replicas, self.clock, self.scheduler_settings)
         self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20)
+        self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
         self.metrics.track_queue(lambda: float(self.plane.waiting))
@@ -116,10 +119,16 @@ class Gateway(RequestLifecycle):
                 Authenticate(self.tenants),
                 ResolveModel(self.fleet),
                 Describe(self),
+                Brownout(self),
                 Schedule(self),
-                Forward(self.fleet, self.metrics, self.clock),
-            ]
+                Forward(self.fleet, self.metrics, self.clock, self.settings.max_sse_event_bytes),
+            ],
+            Retrier(self.cfg.reliability, self.clock),
+            self.fleet,
         )
+        self.pipeline.watch(self.fleet.guard, [r.name for r in replicas])
+        for fam in self.pipeline.retrier.families:
+            self.metrics.registry.register(fam)
         self.port = await self.http.start(self.settings.host, self.settings.port)
 
     async def _discover_models(self) -> None:

@@ -13,11 +13,12 @@ from steersman.config._base import sources
 from steersman.config.admission import AdmissionSettings
 from steersman.config.engine import EngineSettings
 from steersman.config.gateway import GatewaySettings
+from steersman.config.reliability import ReliabilitySettings
 from steersman.config.llamacpp import LlamaCppSettings
 from steersman.config.scheduler import SchedulerSettings, SloClass
 from steersman.config.simserver import SimServerSettings
 
-__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "LlamaCppSettings", "SchedulerSettings", "SimServerSettings", "SloClass", "sources"]
+__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "LlamaCppSettings", "ReliabilitySettings", "SchedulerSettings", "SimServerSettings", "SloClass", "sources"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class Settings:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
+    reliability: ReliabilitySettings = field(default_factory=ReliabilitySettings)
 
 
 DEFAULTS = Settings()

@@ -10,6 +10,7 @@ scheduler:                                     # any SchedulerSettings field, SL
     mine: {filters: [shortlist, fits-kv], scorers: [{type: prefix-affinity, weight: 3}, {type: load-balance, weight: 1}],
            picker: max-score, queue_when_saturated: true}
 admission: {queue_max_entries: 1024}          # any AdmissionSettings field
+reliability: {consecutive_failures: 5, brownout_models: {llama-3.1-70b: llama-3.1-8b}}   # any ReliabilitySettings field
 tenants:                                       # with no api_keys the gateway runs open
   acme: {priority: critical, requests_per_minute: 600, tokens_per_minute: 200000, budget_usd: 50}
 api_keys:                                      # SHA-256 of each key (`steersman keys create`)
@@ -34,7 +35,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, SchedulerSettings, SloClass
+from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, ReliabilitySettings, SchedulerSettings, SloClass
 from steersman.config._base import override
 from steersman.control.tenants import TenantConfigError, TenantDirectory
 
@@ -76,6 +77,7 @@ class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
     policy: str = DEFAULTS.scheduler.profile
     scheduler: dict[str, Any] = msgspec.field(default_factory=dict)
     admission: dict[str, Any] = msgspec.field(default_factory=dict)
+    reliability: dict[str, Any] = msgspec.field(default_factory=dict)
     tenants: dict[str, Any] | None = None
     api_keys: list[Any] | None = None
     endpoints: list[EndpointConfig] = msgspec.field(default_factory=list)
@@ -91,6 +93,7 @@ class FleetConfig(msgspec.Struct, frozen=True):
     admission: AdmissionSettings = DEFAULTS.admission
     tenants: TenantDirectory | None = None  # None: open (every request is the default tenant)
     profiles: Any = MappingProxyType({})  # custom scheduling profiles by name (scheduler.profiles)
+    reliability: ReliabilitySettings = DEFAULTS.reliability
 
 
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
@@ -111,6 +114,12 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         if scheduler.default_slo not in scheduler.slo_classes:
             raise FleetConfigError(f"{where}: scheduler.default_slo {scheduler.default_slo!r} is not an SLO class")
         admission = override(DEFAULTS.admission, raw.admission, f"{where}: admission")
+        rel_raw = dict(raw.reliability)
+        brownout_models = rel_raw.pop("brownout_models", None)
+        reliability = override(DEFAULTS.reliability, rel_raw, f"{where}: reliability")
+        if brownout_models is not None:
+            brownout_models = MappingProxyType(msgspec.convert(brownout_models, dict[str, str]))
+            reliability = replace(reliability, brownout_models=brownout_models)
         tenants = None
         if raw.tenants is not None or raw.api_keys is not None:
             tenants = TenantDirectory.from_data(
@@ -140,7 +149,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         except (KeyError, TypeError, ValueError) as e:
             raise FleetConfigError(f"{where}: scheduler.profiles.{name}: {e}") from None
     return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants,
-                       MappingProxyType(profiles))
+                       MappingProxyType(profiles), reliability)
 
 
 def make_profile(name: str, spec: dict, settings: SchedulerSettings):

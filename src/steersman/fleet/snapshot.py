@@ -61,6 +61,8 @@ class FleetSnapshot:
     tpot_prior: float = 1.0
     recent_at: np.ndarray | None = None  # when each replica's recent_tokens was last decayed
     recent_tau_s: float = 60.0
+    blocked_until: np.ndarray | None = None  # out of rotation until then: ejected / breaker open (steersman.reliability)
+    limits: np.ndarray | None = None  # adaptive concurrency limit per replica (None: unlimited)
 
     @property
     def size(self) -> int:

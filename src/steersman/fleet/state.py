@@ -57,6 +57,7 @@ class Ticket:
     predicted_ttft: float | None = None  # what the scheduler expected, to learn the per-replica correction
     predicted_tpot: float | None = None
     first_at: float | None = None
+    verdict: bool | None = None  # the attempt's verdict on the replica: served (True) / server-side failure (False)
 
 
 def _or_one(x: float) -> float:
@@ -86,6 +87,7 @@ class Fleet:
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
         self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
+        self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._static()
 
     def _static(self) -> None:
@@ -128,7 +130,10 @@ class Fleet:
         live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
         self._recent_at[index] = now
         batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
-        return Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot)
+        t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot)
+        if self.guard is not None:
+            self.guard.dispatched(index, id(t), now)
+        return t
 
     def first_token(self, t: Ticket) -> None:
         if t.first_at is not None:
@@ -140,6 +145,8 @@ class Fleet:
         live[S.DECODING, t.replica] += 1
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
+        if self.guard is not None:
+            self.guard.first_token(t.replica, id(t), ttft)
         if t.predicted_ttft:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
 
@@ -148,6 +155,7 @@ class Fleet:
         i = t.replica
         live[S.IN_FLIGHT, i] -= 1
         live[S.ACTIVE_BLOCKS, i] -= t.blocks
+        tpot = None
         if t.first_at is None:
             live[S.PENDING_PREFILL, i] -= t.uncached
         else:
@@ -157,6 +165,18 @@ class Fleet:
                 self._ewma(S.TPOT_EWMA, i, tpot)
                 if t.predicted_tpot:
                     self._ratio(S.TPOT_RATIO, i, tpot / t.predicted_tpot)
+        if self.guard is not None:
+            now = self.clock.now()
+            if t.verdict is None:
+                self.guard.released(i, id(t), now)
+            elif t.verdict:
+                self.guard.succeeded(i, id(t), now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
+            else:
+                self.guard.failed(i, id(t), now)
+
+    def report(self, t: Ticket, ok: bool) -> None:
+        """An attempt's verdict on its replica's health, applied when the ticket ends (``end``)."""
+        t.verdict = ok
 
     def observe_prefix(self, index: int, predicted_blocks: int, reported_blocks: int) -> None:
         """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""
@@ -197,6 +217,8 @@ class Fleet:
     def set_healthy(self, index: int, healthy: bool) -> None:
         self.healthy[index] = healthy
         self._route(index)
+        if self.guard is not None:
+            self.guard.health(index, healthy, self.clock.now())
 
     def _route(self, index: int) -> None:
         self.routable[index] = self.healthy[index] and self.live[S.WEIGHTS, index] == _WARM
@@ -218,4 +240,6 @@ class Fleet:
             tpot_prior=_or_one(self.ratio_prior[S.TPOT_RATIO]),
             recent_at=self._recent_at.copy(),
             recent_tau_s=self.settings.recent_load_tau_s,
+            blocked_until=None if self.guard is None else _frozen(self.guard.blocked_until(now)),
+            limits=None if self.guard is None else _frozen(np.floor(self.guard.limits)),
         )

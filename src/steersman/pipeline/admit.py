@@ -9,6 +9,7 @@ expired).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from steersman.api.errors import ApiError, bad_request
 from steersman.api.headers import parse_budget
@@ -18,6 +19,7 @@ from steersman.control.tenants import AuthError, TenantDirectory
 from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, parse_workflow_headers
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
+from steersman.policy.base import Queue, Route
 from steersman.policy.request import SchedRequest
 
 __all__ = ["Authenticate", "Describe", "Schedule", "refusal_error"]
@@ -86,6 +88,8 @@ class Schedule:
     async def run(self, ctx: RequestContext) -> Outcome:
         gw = self.gw
         assert ctx.sched is not None and ctx.tenant is not None
+        if ctx.started_at is not None:
+            return self._reroute(ctx)
         out, shed = gw.plane.arrive(ctx, ctx.sched, ctx.tenant, gw.fleet.snapshot(), gw.clock.now())
         gw.notify(shed)
         if isinstance(out, Refuse):
@@ -104,4 +108,23 @@ class Schedule:
                 return Fail(refusal_error(out), Retry.NEVER)
         assert isinstance(out, Dispatch)
         gw.start_dispatch(ctx, out)
+        return CONTINUE
+
+    def _reroute(self, ctx: RequestContext) -> Outcome:
+        """A retry or stream continuation: route again, already admitted, avoiding ``ctx.excluded``.
+
+        The failed attempt's replica accounting ends only once a new replica is chosen
+        (otherwise the request ends as it is and is settled once, as always).  No
+        replica free right now is ``Fail(..., Retry.SAFE)``: the runner may wait and ask again.
+        """
+        gw = self.gw
+        old = ctx.started_at
+        req = replace(ctx.sched, excluded=frozenset(ctx.excluded))
+        decision = gw.policy.pick(gw.fleet.snapshot(), req)
+        if not isinstance(decision, Route):
+            err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,
+                           "no_capacity", 1.0)
+            return Fail(err, Retry.SAFE if isinstance(decision, Queue) else Retry.NEVER)
+        gw.fleet.end(old.ticket, 0)
+        gw.start_dispatch(ctx, Dispatch(decision, old.admit))
         return CONTINUE

@@ -1,15 +1,53 @@
-"""Runs the ordered stages of the request path under the one outcome contract."""
+"""Runs the ordered stages of the request path under the one outcome contract, retrying only where safe.
+
+Stages run in order until one responds or fails.  From the ``schedule`` stage on,
+the runner loops (when it has a :class:`Retrier`):
+
+* ``Fail(err, Retry.SAFE)`` from ``forward`` (nothing reached the client): if the
+  attempt count (``retry_max_attempts``), the request's deadline, the retry budget
+  (Envoy's: retries <= 20 % of active requests, min 3; a protected workflow step
+  buys a larger share) allow, the failed replica joins ``ctx.excluded``, the runner
+  sleeps a full-jitter backoff on the injected clock, re-runs ``schedule`` (which
+  routes again without re-admitting, avoiding ``ctx.excluded``) and forwards again.
+* ``Fail(err, Retry.CONTINUE_ONLY)`` (bytes have streamed): if
+  ``ctx.continuation.allowed`` and the deadline allows, the same, without backoff
+  or budget (this is the same request going on, not more load): ``forward`` sees
+  ``ctx.continuation`` and resumes the stream on the new replica.
+* Otherwise the failure is answered (:func:`send_error` ends a started stream
+  with an error event).
+
+Every upstream attempt first passes the gateway's client-side adaptive throttle
+(Google SRE); each attempt's verdict on its replica (served / server-side
+failure) goes to the fleet (:meth:`Fleet.report`), which feeds outlier
+ejection, the circuit breaker and the concurrency limiter.
+
+Deadlines: ``forward`` is raced against the request's deadline
+(``x-steersman-deadline-ms``); at the deadline the upstream exchange is
+cancelled (the engine sees the connection drop and aborts) and the client gets
+504, or an error event ending its stream.  When a replica is ejected, its
+attempts that have not sent the client anything are abandoned (their engine
+connection dropped) and retried elsewhere (:meth:`Pipeline.evict`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from steersman.api.errors import ApiError, sse_error_event
+from steersman.clock import Clock
+from steersman.config import DEFAULTS, ReliabilitySettings
+from steersman.obs.histogram import CounterFamily
 from steersman.pipeline.context import RequestContext
-from steersman.pipeline.outcome import Continue, Fail, Outcome, Respond
+from steersman.pipeline.outcome import Continue, Fail, Outcome, Respond, Retry
+from steersman.reliability.budget import AdaptiveThrottle, RetryBudget, full_jitter
 
-__all__ = ["Stage", "Pipeline", "send_error"]
+__all__ = ["Stage", "Pipeline", "Retrier", "send_error"]
+
+log = logging.getLogger("steersman.reliability")
 
 
 @runtime_checkable
@@ -30,12 +68,56 @@ def send_error(ctx: RequestContext, err: ApiError) -> None:
         req.end_stream()
 
 
+def _deadline_error() -> ApiError:
+    return ApiError(504, "The request's deadline (x-steersman-deadline-ms) passed before the engine finished.",
+                    "server_error", None, "deadline_exceeded")
+
+
+def _throttled_error() -> ApiError:
+    return ApiError(503, "The gateway is throttling requests: the engines are failing too many of them.",
+                    "server_error", None, "throttled", 1.0)
+
+
+class Retrier:
+    """The gateway-wide retry state: budget, adaptive throttle, jitter source, counters."""
+
+    def __init__(self, settings: ReliabilitySettings = DEFAULTS.reliability, clock: Clock | None = None,
+                 rng: random.Random | None = None) -> None:
+        from steersman.clock import WallClock
+
+        self.s = settings
+        self.clock = clock or WallClock()
+        self.rng = rng or random.Random(0)
+        self.budget = RetryBudget(settings)
+        self.throttle = AdaptiveThrottle(settings)
+        self.requests = 0  # client requests that reached the retry section
+        self.attempts = 0  # upstream attempts
+        self.counts = CounterFamily("steersman_retries", "Retry decisions of the gateway by outcome.", ["outcome"])
+        self.families = [self.counts]  # metric families to register with the gateway's registry
+
+    def share(self, ctx: RequestContext) -> float:
+        """A protected workflow step (value > 0) may use a larger share of the budget."""
+        return self.s.workflow_retry_share if ctx.sched is not None and ctx.sched.protection > 0 else 1.0
+
+    def remaining(self, ctx: RequestContext) -> float | None:
+        deadline = ctx.sched.budget.deadline if ctx.sched is not None else None
+        return None if deadline is None else deadline - self.clock.now()
+
+
 class Pipeline:
-    def __init__(self, stages: Sequence[Stage]) -> None:
+    def __init__(self, stages: Sequence[Stage], retrier: Retrier | None = None, fleet=None) -> None:
         self.stages = tuple(stages)
+        self.retrier = retrier
+        self.fleet = fleet  # steersman.fleet.state.Fleet: attempt verdicts (None: not reported)
+        names = [s.name for s in self.stages]
+        self._loop_at = names.index("schedule") if "schedule" in names and names[-1] == "forward" else None
+        self._active: dict[int, set[RequestContext]] = {}  # replica -> attempts in progress there
+        self._evicted: set[RequestContext] = set()  # attempts abandoned because their replica was ejected
 
     async def handle(self, ctx: RequestContext) -> None:
-        for stage in self.stages:
+        stages = self.stages
+        head = stages if self._loop_at is None or self.retrier is None else stages[: self._loop_at]
+        for stage in head:
             out = await stage.run(ctx)
             if isinstance(out, Continue):
                 continue
@@ -44,4 +126,160 @@ class Pipeline:
             if isinstance(out, Fail):
                 send_error(ctx, out.error)
                 return
-        raise RuntimeError("the request path ended without a response")  # a wiring bug, not a request error
+        if head is stages:
+            raise RuntimeError("the request path ended without a response")  # a wiring bug, not a request error
+        out = await self._route_and_forward(ctx, stages[self._loop_at : -1], stages[-1])
+        if isinstance(out, Fail):
+            send_error(ctx, out.error)
+
+    # ---- the retry loop ---------------------------------------------------------------------
+    async def _route_and_forward(self, ctx: RequestContext, route: Sequence[Stage], forward: Stage) -> Outcome:
+        r = self.retrier
+        assert r is not None
+        r.requests += 1
+        r.budget.begin()
+        holding = False  # a retry-budget token, held from the first retry to the end
+        last: Fail | None = None  # the last upstream failure: what the client sees if no retry succeeds
+        reschedules = 0
+        try:
+            while True:
+                out = await self._route(ctx, route)
+                if isinstance(out, Fail):
+                    if last is None or out.retry is not Retry.SAFE:
+                        return last or out
+                    # a retry found no replica free right now: wait (bounded) and route again
+                    reschedules += 1
+                    if reschedules >= r.s.retry_max_attempts or not await self._backoff(ctx, reschedules):
+                        return last
+                    continue
+                if not isinstance(out, Continue):
+                    return out
+                if not r.throttle.admit(r.clock.now(), r.rng.random()):
+                    r.counts.inc("throttled")
+                    return last or Fail(_throttled_error(), Retry.NEVER)
+                ticket = ctx.ticket
+                ctx.attempts += 1
+                r.attempts += 1
+                out = await self._attempt(ctx, forward)
+                if isinstance(out, Respond):
+                    r.throttle.accepted(r.clock.now())
+                    self._verdict(ticket, True)
+                    return out
+                if not isinstance(out, Fail) or out.retry is Retry.NEVER:
+                    return out
+                self._verdict(ticket, False)
+                last = out
+                if ctx.replica is not None:
+                    ctx.excluded.add(ctx.replica)
+                evicted = ctx in self._evicted
+                self._evicted.discard(ctx)
+                if out.retry is Retry.CONTINUE_ONLY:
+                    cont = ctx.continuation
+                    if cont is None or not cont.allowed or not self._in_time(ctx):
+                        r.counts.inc("not_continuable")
+                        return out
+                    r.counts.inc("continued")
+                    continue
+                if ctx.attempts >= r.s.retry_max_attempts:
+                    r.counts.inc("attempts_exhausted")
+                    return out
+                if not holding and not evicted:
+                    if not r.budget.try_retry(r.share(ctx)):
+                        r.counts.inc("budget_exhausted")
+                        return out
+                    holding = True
+                if not await self._backoff(ctx, ctx.attempts):
+                    r.counts.inc("deadline")
+                    return out
+                r.counts.inc("evicted" if evicted else "retried")
+        finally:
+            self._evicted.discard(ctx)
+            if holding:
+                r.budget.end_retry()
+            r.budget.end()
+
+    async def _route(self, ctx: RequestContext, route: Sequence[Stage]) -> Outcome:
+        for stage in route:
+            out = await stage.run(ctx)
+            if not isinstance(out, Continue):
+                return out
+        return out
+
+    def _in_time(self, ctx: RequestContext) -> bool:
+        left = self.retrier.remaining(ctx)
+        return left is None or left > 0
+
+    async def _backoff(self, ctx: RequestContext, attempt: int) -> bool:
+        """Sleep a full-jitter backoff unless it would end past the deadline; False: no time left."""
+        r = self.retrier
+        delay = full_jitter(attempt - 1, r.s.retry_base_backoff_s, r.s.retry_max_backoff_s, r.rng.random())
+        left = r.remaining(ctx)
+        if left is not None and delay >= left:
+            return False
+        await r.clock.sleep(delay)
+        return True
+
+    def _verdict(self, ticket, ok: bool) -> None:
+        if self.fleet is not None and ticket is not None:
+            self.fleet.report(ticket, ok)
+
+    # ---- one upstream attempt: deadline and eviction ----------------------------------------------
+    async def _attempt(self, ctx: RequestContext, forward: Stage) -> Outcome:
+        i = ctx.replica
+        active = self._active.setdefault(i, set()) if i is not None else None
+        if active is not None:
+            active.add(ctx)
+        try:
+            left = self.retrier.remaining(ctx)
+            if left is None:
+                return await forward.run(ctx)
+            if left <= 0:
+                return Fail(_deadline_error(), Retry.NEVER)
+            return await self._before_deadline(ctx, forward, left)
+        finally:
+            if active is not None:
+                active.discard(ctx)
+
+    async def _before_deadline(self, ctx: RequestContext, forward: Stage, left: float) -> Outcome:
+        task = asyncio.ensure_future(forward.run(ctx))
+        timer = asyncio.ensure_future(self.retrier.clock.sleep(left))
+        try:
+            await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            timer.cancel()
+            raise
+        if task.done():
+            timer.cancel()
+            return task.result()
+        task.cancel()  # forward drops the engine connection: the engine aborts the request
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        self.retrier.counts.inc("deadline_exceeded")
+        return Fail(_deadline_error(), Retry.NEVER)
+
+    def watch(self, guard, names: Sequence[str]) -> None:
+        """Follow a :class:`~steersman.reliability.ReplicaGuard`: log and count ejections, evict their attempts."""
+        ejections = CounterFamily("steersman_replica_ejections", "Replicas taken out of rotation by outlier detection.",
+                                  ["replica"])
+        self.retrier.families.append(ejections)
+
+        def ejected(i: int, reason: str) -> None:
+            ejections.inc(names[i])
+            n = self.evict(i)
+            log.warning("replica %s ejected (%s); %d waiting attempt(s) moved", names[i], reason, n)
+
+        guard.on_eject = ejected
+
+    def evict(self, replica: int) -> int:
+        """The replica was ejected: drop its attempts that sent the client nothing, so they retry elsewhere."""
+        n = 0
+        for ctx in list(self._active.get(replica, ())):
+            producer = getattr(ctx.http, "producer", None)
+            if not ctx.bytes_sent and producer is not None and hasattr(producer, "abort"):
+                self._evicted.add(ctx)
+                producer.abort()
+                n += 1
+        return n

@@ -6,7 +6,7 @@ default) or a baseline (``round-robin``, ``random``, ``least-request``,
 """
 
 from steersman.config import DEFAULTS, SchedulerSettings
-from steersman.policy import model_based, predict, scorers  # noqa: F401  (registers plugins)
+from steersman.policy import model_based, predict, reliability, scorers  # noqa: F401  (registers plugins)
 from steersman.policy.base import POLICIES, Decision, Queue, Reject, Route, RoutingPolicy
 from steersman.policy.framework import FILTERS, PICKERS, PLUGIN_LATENCY, SCORERS, DecisionContext, Profile, WeightedScorer, build
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest, WorkflowView

@@ -177,8 +177,12 @@ class Profile:
         self.scorers = tuple(scorers)
         self.picker = picker
         self.saturation = saturation
+        from steersman.policy.reliability import RELIABILITY  # every profile's first step (late: it imports us)
+
+        self.gate = RELIABILITY
         self._hist = {p.name: PLUGIN_LATENCY.labels(p.name) for p in (*self.filters, *(w.scorer for w in self.scorers), picker)}
         self._hist["saturation"] = PLUGIN_LATENCY.labels("saturation")
+        self._hist[self.gate.name] = PLUGIN_LATENCY.labels(self.gate.name)
 
     def context(self, snapshot: FleetSnapshot, request: SchedRequest) -> DecisionContext:
         return DecisionContext(snapshot, request, snapshot.candidates(request.model))
@@ -189,6 +193,11 @@ class Profile:
     def decide(self, ctx: DecisionContext) -> Decision:
         if ctx.candidates.size == 0:
             return Reject(f"no healthy replica serves model {ctx.request.model!r}", retry_after=1.0)
+        keep = _timed(self._hist[self.gate.name], self.gate.filter, ctx)  # reliability: ejected, breaker, limit, excluded
+        if not keep.all():
+            if not keep.any():
+                return self.gate.empty(ctx)
+            ctx.narrow(keep)
         if self.saturation is not None:
             sat = _timed(self._hist["saturation"], self.saturation, ctx)
             if sat.all():

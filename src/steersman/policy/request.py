@@ -67,6 +67,7 @@ class SchedRequest:
     expected_output: int  # max_tokens, or the fleet's running estimate when absent
     budget: LatencyBudget = LatencyBudget()
     workflow: WorkflowView | None = None
+    excluded: frozenset[int] = frozenset()  # replicas not to pick (a retry avoids the ones that failed it)
 
     @property
     def protection(self) -> float:

@@ -1,0 +1,152 @@
+"""Outlier ejection: take replicas that fail or fall far behind their peers out of rotation for a while.
+
+Passive detection, per replica (Envoy's outlier detection, adapted to LLM latency):
+
+* **Consecutive failures** — ``consecutive_failures`` (Envoy ``consecutive_5xx``, 5)
+  server-side failures in a row (5xx, connect failure, broken stream) eject it.
+* **Latency outliers** — a replica is an outlier when, against the *median of its
+  peers* (the other replicas with ``latency_min_samples`` samples):
+  its TTFT EWMA or TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or its
+  oldest request still waiting for a first token (a *stall*: how a hung GPU shows,
+  it never produces a sample) has waited ``latency_outlier_ratio`` x the peers'
+  TTFT (and x their own oldest stall, so a fleet-wide queue is not an outlier).
+  Nothing under the standard SLO targets (``latency_floor_ttft_s`` /
+  ``latency_floor_tpot_s``) is ever an outlier.  Envoy has no latency detector; its
+  success-rate detector compares hosts with the fleet the same way (mean - 1.9
+  stdev, needing 5 hosts) — a ratio to the median works from 2 replicas on.
+
+An ejected replica is out for ``base_ejection_time_s`` x (its ejection count),
+at most ``max_ejection_time_s``; the count drops by one for every
+``ejection_decay_s`` it spends in rotation.  At most ``max_ejection_percent`` of
+the fleet is out at once — but with ``always_eject_one`` at least one replica may
+be (Envoy's documented behaviour; with 2-4 replicas 10 % would otherwise be none).
+When its time is up the replica returns with fresh latency statistics.
+
+Pure: time is passed in; state is per-replica arrays.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from steersman.config.reliability import ReliabilitySettings
+
+__all__ = ["OutlierDetector"]
+
+
+class OutlierDetector:
+    def __init__(self, n: int, settings: ReliabilitySettings, alpha: float) -> None:
+        self.s = settings
+        self.n = n
+        self.alpha = alpha
+        self.until = np.full(n, -np.inf)  # ejected until this time
+        self.count = np.zeros(n, dtype=np.int64)  # ejection multiplier
+        self.total = np.zeros(n, dtype=np.int64)  # ejections ever (metrics / tests)
+        self._back_at = np.zeros(n)  # when the multiplier last decayed / the replica came back
+        self.consecutive = np.zeros(n, dtype=np.int64)
+        self.ttft = np.full(n, np.nan)
+        self.tpot = np.full(n, np.nan)
+        self.samples = np.zeros(n, dtype=np.int64)
+        self._pending: list[dict[int, float]] = [{} for _ in range(n)]  # key -> dispatch time, in order
+        self.reasons: list[str] = [""] * n
+
+    # ---- observations -------------------------------------------------------------
+    def dispatched(self, i: int, key: int, now: float) -> None:
+        self._pending[i][key] = now
+
+    def answered(self, i: int, key: int) -> None:
+        self._pending[i].pop(key, None)
+
+    def success(self, i: int) -> None:
+        self.consecutive[i] = 0
+
+    def failure(self, i: int, now: float) -> bool:
+        """A server-side failure; True when it ejected the replica."""
+        self.consecutive[i] += 1
+        if self.consecutive[i] >= self.s.consecutive_failures and not self.is_ejected(i, now):
+            return self.eject(i, now, f"{int(self.consecutive[i])} consecutive failures")
+        return False
+
+    def latency(self, i: int, ttft: float | None = None, tpot: float | None = None) -> None:
+        a = self.alpha
+        if ttft is not None:
+            old = self.ttft[i]
+            self.ttft[i] = ttft if math.isnan(old) else old + a * (ttft - old)
+            self.samples[i] += 1
+        if tpot is not None:
+            old = self.tpot[i]
+            self.tpot[i] = tpot if math.isnan(old) else old + a * (tpot - old)
+
+    # ---- ejection -----------------------------------------------------------------------
+    def is_ejected(self, i: int, now: float) -> bool:
+        return bool(self.until[i] > now)
+
+    def max_ejected(self) -> int:
+        cap = int(self.s.max_ejection_percent * self.n / 100.0)
+        return max(cap, 1) if self.s.always_eject_one else cap
+
+    def eject(self, i: int, now: float, reason: str) -> bool:
+        if int((self.until > now).sum()) >= self.max_ejected():
+            return False
+        self._decay(i, now)
+        self.count[i] += 1
+        self.total[i] += 1
+        self.until[i] = now + min(self.s.base_ejection_time_s * self.count[i], self.s.max_ejection_time_s)
+        self.reasons[i] = reason
+        self.consecutive[i] = 0
+        self.ttft[i] = self.tpot[i] = np.nan  # it comes back with fresh statistics
+        self.samples[i] = 0
+        return True
+
+    def uneject(self, i: int, now: float) -> None:
+        if self.until[i] > now:
+            self.until[i] = now
+            self._back_at[i] = now
+
+    def _decay(self, i: int, now: float) -> None:
+        if self.until[i] > now:
+            return
+        back = max(self._back_at[i], self.until[i])
+        steps = int((now - back) // self.s.ejection_decay_s) if math.isfinite(back) else 0
+        if steps > 0:
+            self.count[i] = max(0, self.count[i] - steps)
+            self._back_at[i] = back + steps * self.s.ejection_decay_s
+
+    def stall(self, i: int, now: float) -> float:
+        """How long the oldest request on replica ``i`` has waited for its first token."""
+        p = self._pending[i]
+        return now - next(iter(p.values())) if p else 0.0
+
+    def sweep(self, now: float) -> list[int]:
+        """Judge latency outliers; returns the replicas ejected by this sweep."""
+        s = self.s
+        n = self.n
+        if n < 2:
+            return []
+        active = self.until <= now
+        judged = active & (self.samples >= s.latency_min_samples)
+        stalls = np.array([self.stall(i, now) for i in range(n)])
+        out = []
+        for i in np.flatnonzero(active):
+            peers = judged.copy()
+            peers[i] = False
+            if not peers.any():
+                continue
+            ref_ttft = float(np.nanmedian(self.ttft[peers]))
+            ref_tpot = float(np.nanmedian(self.tpot[peers])) if np.isfinite(self.tpot[peers]).any() else math.nan
+            others = active.copy()
+            others[i] = False
+            ref_stall = float(np.median(stalls[others])) if others.any() else 0.0
+            r = s.latency_outlier_ratio
+            why = ""
+            if judged[i] and self.ttft[i] >= max(r * ref_ttft, s.latency_floor_ttft_s):
+                why = f"TTFT {self.ttft[i]:.3g}s vs peers' {ref_ttft:.3g}s"
+            elif judged[i] and self.tpot[i] >= max(r * ref_tpot, s.latency_floor_tpot_s):  # NaN compares False
+                why = f"TPOT {self.tpot[i]:.3g}s vs peers' {ref_tpot:.3g}s"
+            elif stalls[i] >= max(r * ref_ttft, r * ref_stall, s.latency_floor_ttft_s):
+                why = f"no first token for {stalls[i]:.3g}s vs peers' TTFT {ref_ttft:.3g}s"
+            if why and self.eject(int(i), now, why):
+                out.append(int(i))
+        return out

@@ -1,0 +1,117 @@
+"""Per-replica reliability state of a fleet: outlier ejection, circuit breakers, concurrency limits.
+
+The fleet's IO edge feeds it what happens to each request (dispatched, first
+token, finished, failed) and to each health check; policies see only its
+read-only view in the fleet snapshot: ``blocked_until`` (a replica is out of
+rotation until then: ejected, or its breaker open / out of half-open probes)
+and ``limits`` (adaptive concurrency).  The ``reliability`` filter of every
+scheduling profile applies them (see :mod:`steersman.policy.reliability`).
+
+Requests are identified by an opaque ``key`` (the fleet's ticket); pure: the
+caller passes ``now``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from steersman.config.reliability import ReliabilitySettings
+from steersman.reliability.breaker import BreakerState, CircuitBreaker
+from steersman.reliability.ejection import OutlierDetector
+from steersman.reliability.limiter import GradientLimiter
+
+__all__ = ["ReplicaGuard"]
+
+
+class ReplicaGuard:
+    def __init__(self, n: int, settings: ReliabilitySettings, alpha: float) -> None:
+        self.s = settings
+        self.n = n
+        self.outliers = OutlierDetector(n, settings, alpha)
+        self.breakers = [CircuitBreaker(settings) for _ in range(n)]
+        self.limiters = [GradientLimiter(settings) for _ in range(n)]
+        self.limits = np.array([lim.limit for lim in self.limiters])
+        self._breaker_until = np.full(n, -np.inf)
+        self._probes: dict[int, int] = {}  # key -> replica, for half-open probes in flight
+        self._swept = -np.inf
+        self.on_eject = None  # optional callback(replica, reason) at the IO edge (logging, metrics)
+
+    # ---- the view policies read ------------------------------------------------------------
+    def blocked_until(self, now: float) -> np.ndarray:
+        if now - self._swept >= self.s.outlier_sweep_s:
+            self.sweep(now)
+        return np.maximum(self.outliers.until, self._breaker_until)
+
+    def available(self, now: float) -> np.ndarray:
+        return self.blocked_until(now) <= now
+
+    def sweep(self, now: float) -> None:
+        self._swept = now
+        for i in self.outliers.sweep(now):
+            self._ejected(i)
+
+    def _ejected(self, i: int) -> None:
+        if self.on_eject is not None:
+            self.on_eject(i, self.outliers.reasons[i])
+
+    def _sync_breaker(self, i: int, now: float) -> None:
+        b = self.breakers[i]
+        st = b.state(now)
+        if st is BreakerState.CLOSED:
+            self._breaker_until[i] = -np.inf
+        elif st is BreakerState.OPEN:
+            self._breaker_until[i] = b.open_until
+        else:  # half-open: open to probes until they are all out
+            self._breaker_until[i] = -np.inf if b.allows(now) else np.inf
+
+    # ---- request events ---------------------------------------------------------------------
+    def dispatched(self, i: int, key: int, now: float) -> None:
+        self.outliers.dispatched(i, key, now)
+        if self.breakers[i].on_call(now):
+            self._probes[key] = i
+        self._sync_breaker(i, now)
+
+    def first_token(self, i: int, key: int, ttft: float) -> None:
+        self.outliers.answered(i, key)
+        self.outliers.latency(i, ttft=ttft)
+
+    def succeeded(self, i: int, key: int, now: float, e2e: float, output_tokens: int, in_flight: float,
+                  tpot: float | None = None) -> None:
+        """The replica served the request (its answer reached the end; 4xx answers count: not its fault)."""
+        self.outliers.answered(i, key)
+        self.outliers.success(i)
+        if tpot is not None:
+            self.outliers.latency(i, tpot=tpot)
+        self.breakers[i].on_result(True, now, self._probes.pop(key, None) is not None)
+        self._sync_breaker(i, now)
+        self.limits[i] = self.limiters[i].on_sample(e2e / (output_tokens + 1), in_flight)
+
+    def failed(self, i: int, key: int, now: float) -> None:
+        """A server-side failure of the replica (5xx, connect failure, broken or stalled stream)."""
+        self.outliers.answered(i, key)
+        if self.outliers.failure(i, now):
+            self._ejected(i)
+        self.breakers[i].on_result(False, now, self._probes.pop(key, None) is not None)
+        self._sync_breaker(i, now)
+        self.limits[i] = self.limiters[i].on_failure()
+
+    def released(self, i: int, key: int, now: float) -> None:
+        """The request ended without a verdict on the replica (the client left, a deadline passed)."""
+        self.outliers.answered(i, key)
+        if self._probes.pop(key, None) is not None:
+            self.breakers[i].release_probe()
+            self._sync_breaker(i, now)
+
+    def health(self, i: int, ok: bool, now: float) -> None:
+        """An active health check's result (the metrics scraper)."""
+        if ok and self.s.uneject_on_active_health:
+            self.outliers.uneject(i, now)
+
+    # ---- introspection -----------------------------------------------------------------------
+    def state(self, i: int, now: float) -> dict:
+        o = self.outliers
+        return {
+            "ejected": o.is_ejected(i, now), "ejections": int(o.total[i]), "reason": o.reasons[i],
+            "breaker": self.breakers[i].state(now).value, "breaker_opens": self.breakers[i].opens,
+            "limit": float(self.limits[i]),
+        }
