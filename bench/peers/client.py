@@ -1,0 +1,68 @@
+"""A closed-loop streaming client (aiohttp, TCP_NODELAY) that times TTFT and counts output tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from workload import Request
+
+
+@dataclass(slots=True)
+class Result:
+    ok: bool
+    ttft: float | None  # seconds to the first content token
+    tokens: int  # content events (one token each on llama-server / engine-sim)
+    e2e: float
+    error: str = ""
+
+
+async def _one(session: aiohttp.ClientSession, url: str, model: str, req: Request, max_tokens: int) -> Result:
+    body = {"model": model, "messages": list(req.messages), "stream": True, "max_tokens": max_tokens, "temperature": 0}
+    t0 = time.perf_counter()
+    ttft = None
+    tokens = 0
+    try:
+        async with session.post(url + "/v1/chat/completions", data=orjson.dumps(body),
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                return Result(False, None, 0, time.perf_counter() - t0, f"HTTP {resp.status}: {(await resp.text())[:200]}")
+            async for line in resp.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                try:
+                    ev = orjson.loads(line[6:])
+                except orjson.JSONDecodeError:
+                    continue
+                for ch in ev.get("choices") or ():
+                    if (ch.get("delta") or {}).get("content"):
+                        tokens += 1
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return Result(False, ttft, tokens, time.perf_counter() - t0, repr(e))
+    return Result(ttft is not None, ttft, tokens, time.perf_counter() - t0, "" if ttft is not None else "no token")
+
+
+async def run(url: str, model: str, reqs: list[Request], concurrency: int, max_tokens: int,
+              timeout: float = 300.0) -> tuple[list[Result], float]:
+    """Send ``reqs`` in order with ``concurrency`` streams in flight; returns (results, wall seconds)."""
+    conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    results: list[Result | None] = [None] * len(reqs)
+    nxt = 0
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        nonlocal nxt
+        while nxt < len(reqs):
+            i = nxt
+            nxt += 1
+            results[i] = await _one(session, url, model, reqs[i], max_tokens)
+
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as s:
+        await asyncio.gather(*(worker(s) for _ in range(concurrency)))
+    return [r for r in results if r is not None], time.perf_counter() - t0

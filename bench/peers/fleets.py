@@ -1,0 +1,103 @@
+"""Engines and routers for bench/peers: fresh engines per setup (no cache carried over), one router each.
+
+Every process goes through bench/procs.py's ProcessGroup (own session, PDEATHSIG, stopped on exit).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from procs import ProcessGroup, free_port, wait_http
+
+from steersman.engines.llamacpp import llamacpp_metrics
+from steersman.engines.metric_names import METRIC_NAMES
+from steersman.engines.openai_http import parse_metrics
+from steersman.fleet.processes import LlamaServerFleet
+
+BIN = Path(sys.executable).parent
+
+
+class SkipSetup(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    name: str  # "llamacpp" | "sim"
+    replicas: int
+    model: str
+    engine_kind: str  # the steersman fleet-file engine kind
+    sim_gpu: str = "H100"
+    sim_speedup: float = 10.0
+
+
+def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str) -> list[str]:
+    urls, procs = [], []
+    lf = LlamaServerFleet(1) if spec.name == "llamacpp" else None
+    if lf is not None and (lf.binary is None or lf.model is None):
+        raise SystemExit("llama-server / GGUF missing: run `make llama` first")
+    for i in range(spec.replicas):
+        port = free_port()
+        if lf is not None:
+            argv = lf.command(port)
+        else:
+            argv = [BIN / "steersman", "engine-sim", "--gpu", spec.sim_gpu, "--model", spec.model,
+                    "--port", port, "--speedup", spec.sim_speedup]
+        procs.append(pg.start(f"{tag}-engine{i}", argv, role="engine"))
+        urls.append(f"http://127.0.0.1:{port}")
+    for p, u in zip(procs, urls):
+        wait_http(p, u + "/health", timeout=180)
+    return urls
+
+
+def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str], peers: Path) -> str:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    if setup == "steersman":
+        cfg = pg.log_dir / f"fleet-{spec.name}.yaml"
+        lines = [f"gateway: {{host: 127.0.0.1, port: {port}}}", "endpoints:"]
+        for i, u in enumerate(urls):
+            gpu = f", gpu: {spec.sim_gpu}" if spec.name == "sim" else ""
+            lines.append(f'  - {{name: e{i}, url: "{u}", engine: {spec.engine_kind}, models: [{spec.model}]{gpu}}}')
+        cfg.write_text("\n".join(lines) + "\n")
+        p = pg.start("steersman", [BIN / "steersman", "serve", "--config", cfg], role="router")
+        wait_http(p, base + "/health", timeout=120)
+        return base
+    router, _, policy = setup.partition(":")
+    exe = peers / "bin" / router
+    if not exe.exists():
+        raise SkipSetup(f"{exe} missing: run bench/setup_peers.sh")
+    prom = str(free_port())
+    common = ["--host", "127.0.0.1", "--port", port, "--worker-urls", *urls, "--policy", policy,
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", prom]
+    if router == "vllm-router":
+        p = pg.start(setup.replace(":", "-"), [exe, *common, "--worker-startup-check-interval", "1"],
+                     role="router", env={"RUST_LOG": "warn"})
+        wait_http(p, base + "/health", timeout=120)
+        return base
+    p = pg.start(setup.replace(":", "-"), [exe, "launch", *common, "--log-level", "warn"], role="router")
+
+    def ready(st, body):
+        try:
+            return st == 200 and json.loads(body).get("healthy_workers", 0) >= len(urls)
+        except ValueError:
+            return False
+
+    wait_http(p, base + "/readiness", timeout=120, want=ready)
+    return base
+
+
+def prefix_counters(spec: FleetSpec, urls: list[str]) -> tuple[float, float]:
+    """(prompt tokens queried, prompt tokens served from the prefix cache) summed over the engines."""
+    q = h = 0.0
+    for u in urls:
+        with urllib.request.urlopen(u + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        m = llamacpp_metrics(text, None) if spec.name == "llamacpp" else parse_metrics(text, METRIC_NAMES["engine-sim"])
+        q += m.prefix_queries
+        h += m.prefix_hits
+    return q, h

@@ -1,0 +1,161 @@
+"""steersman vs the peer routers on the same engines, in one run (bench/README.md).
+
+For each fleet (2 real llama-server replicas of Gemma 3 270M; N engine-sim replicas for a larger
+fleet) and each setup (steersman default profile, sglang-router cache_aware / round_robin,
+vllm-router cache_aware), the engines are started fresh (empty prefix caches), the router in front,
+and the same seeded workload is sent: tenants sharing long system prompts plus unique prompts,
+closed loop.  Reported: TTFT p50/p99, output tokens/s, the prefix-cache hit rate read from the
+engines' own counters, and added latency (TTFT p50 through the router minus direct to an engine,
+short prompts, one at a time, interleaved).  Ratios are against steersman, all from this run.
+
+    .venv/bin/python bench/peers/run.py                 # both fleets, ~4-6 minutes on 2 cores
+    .venv/bin/python bench/peers/run.py --fleets sim --sim-replicas 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+import client  # noqa: E402
+from fleets import FleetSpec, SkipSetup, prefix_counters, start_engines, start_router  # noqa: E402
+from procs import ProcessGroup  # noqa: E402
+from workload import Request, requests  # noqa: E402
+
+SETUPS = ["steersman", "sglang-router:cache_aware", "sglang-router:round_robin", "vllm-router:cache_aware"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--fleets", default="llamacpp,sim", help="comma list: llamacpp, sim")
+    ap.add_argument("--setups", default=",".join(SETUPS))
+    ap.add_argument("--llama-replicas", type=int, default=2)
+    ap.add_argument("--sim-replicas", type=int, default=4)
+    ap.add_argument("--sim-speedup", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--llama-requests", type=int, default=48)
+    ap.add_argument("--llama-concurrency", type=int, default=4)
+    ap.add_argument("--llama-max-tokens", type=int, default=16)
+    ap.add_argument("--sim-requests", type=int, default=400)
+    ap.add_argument("--sim-concurrency", type=int, default=16)
+    ap.add_argument("--sim-max-tokens", type=int, default=32)
+    ap.add_argument("--tenants", type=int, default=6)
+    ap.add_argument("--unique-frac", type=float, default=0.2)
+    ap.add_argument("--probe-pairs", type=int, default=20, help="added-latency probe: direct/router request pairs")
+    ap.add_argument("--peers-venv", default=str(HERE.parent / ".venv-peers"))
+    ap.add_argument("--out", default=str(HERE / "results.json"))
+    return ap.parse_args(argv)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def _probe(router: str, direct: str, model: str, pairs: int) -> float:
+    """TTFT p50 via the router minus direct, short unique prompts, alternating (seconds)."""
+    via, dir_ = [], []
+    for i in range(pairs):
+        for url, acc in ((direct, dir_), (router, via)) if i % 2 else ((router, via), (direct, dir_)):
+            req = Request(None, ({"role": "user", "content": f"Probe {i} {url[-5:]}: say ok."},))
+            res, _ = await client.run(url, model, [req], 1, 1)
+            if res and res[0].ok:
+                acc.append(res[0].ttft)
+    return statistics.median(via) - statistics.median(dir_) if via and dir_ else float("nan")
+
+
+def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, max_tokens: int, log) -> dict:
+    pg = ProcessGroup(Path(tempfile.mkdtemp(prefix=f"peers-{spec.name}-")))
+    try:
+        urls = start_engines(spec, pg, spec.name)
+        try:
+            base = start_router(setup, spec, pg, urls, Path(a.peers_venv))
+        except SkipSetup as e:
+            log(f"  skip {setup}: {e}")
+            return {"setup": setup, "skipped": str(e)}
+        q0, h0 = prefix_counters(spec, urls)
+        results, wall = asyncio.run(client.run(base, spec.model, reqs, conc, max_tokens))
+        q1, h1 = prefix_counters(spec, urls)
+        added = asyncio.run(_probe(base, urls[0], spec.model, a.probe_pairs))
+    finally:
+        pg.stop_all()
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in ok]
+    errors = sorted({r.error for r in results if not r.ok})[:3]
+    return {
+        "setup": setup, "requests": len(results), "ok": len(ok), "errors": errors, "wall_s": wall,
+        "ttft_p50_ms": _pct(ttfts, 0.5) * 1e3, "ttft_p99_ms": _pct(ttfts, 0.99) * 1e3,
+        "output_tok_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
+        "prefix_hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0,
+        "added_ttft_p50_ms": added * 1e3,
+    }
+
+
+def table(fleet: str, rows: list[dict]) -> str:
+    ref = next((r for r in rows if r["setup"] == "steersman" and "skipped" not in r), None)
+    head = f"{'setup':28} {'ok':>7} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'out tok/s':>10} {'prefix hit':>10} {'added ms':>9}"
+    lines = [f"== {fleet}", head]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"{r['setup']:28} skipped: {r['skipped']}")
+            continue
+        lines.append(f"{r['setup']:28} {r['ok']:>3}/{r['requests']:<3} {r['ttft_p50_ms']:12.1f} {r['ttft_p99_ms']:12.1f} "
+                     f"{r['output_tok_s']:10.1f} {r['prefix_hit_rate']:10.1%} {r['added_ttft_p50_ms']:9.2f}")
+    if ref is not None:
+        lines.append("ratios peer/steersman (TTFT: >1 means steersman faster; tok/s and hit rate: <1 means steersman ahead)")
+        for r in rows:
+            if r is ref or "skipped" in r:
+                continue
+            lines.append(f"  {r['setup']:26} TTFT p50 x{r['ttft_p50_ms'] / ref['ttft_p50_ms']:.2f}  "
+                         f"p99 x{r['ttft_p99_ms'] / ref['ttft_p99_ms']:.2f}  tok/s x{r['output_tok_s'] / max(ref['output_tok_s'], 1e-9):.2f}  "
+                         f"hit x{r['prefix_hit_rate'] / max(ref['prefix_hit_rate'], 1e-9):.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", flush=True)
+
+    setups = [s for s in a.setups.split(",") if s]
+    out: dict = {"args": vars(a), "fleets": {}}
+    for fleet in [f for f in a.fleets.split(",") if f]:
+        if fleet == "llamacpp":
+            spec = FleetSpec("llamacpp", a.llama_replicas, "gemma-3-270m", "llamacpp")
+            reqs = requests(a.llama_requests, a.tenants, 260, a.unique_frac, 120, a.seed)
+            conc, mt = a.llama_concurrency, a.llama_max_tokens
+        elif fleet == "sim":
+            spec = FleetSpec("sim", a.sim_replicas, "llama-3.1-8b", "engine-sim", sim_speedup=a.sim_speedup)
+            reqs = requests(a.sim_requests, a.tenants * 3, 1500, a.unique_frac, 600, a.seed)
+            conc, mt = a.sim_concurrency, a.sim_max_tokens
+        else:
+            raise SystemExit(f"unknown fleet {fleet!r}")
+        rows = []
+        for setup in setups:
+            log(f"{fleet}: {setup} ({len(reqs)} requests, {conc} streams, {spec.replicas} replicas)")
+            rows.append(run_setup(setup, spec, reqs, a, conc, mt, log))
+            if "skipped" not in rows[-1]:
+                r = rows[-1]
+                log(f"  ok {r['ok']}/{r['requests']} TTFT p50 {r['ttft_p50_ms']:.1f} ms, hit {r['prefix_hit_rate']:.1%} {r['errors'] or ''}")
+        out["fleets"][fleet] = rows
+        print(table(f"{fleet} x{spec.replicas}", rows), flush=True)
+    Path(a.out).write_text(json.dumps(out, indent=1, default=str))
+    log(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

