@@ -154,6 +154,10 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
             raise ValueError("output_token_ids needs prompt_tail = the prompt tokens after its last full block")
         if req.status != WAITING or req._computed or req._output or req._dc is not None:
             raise ValueError("request was already used")
+        if req.kv_ready:
+            if req.max_output < 2:
+                raise ValueError("a kv_ready request has its first token already: max_output must be >= 2")
+            req._output = 1
         self._seq += 1
         req.seq = self._seq
         req._hashing = s.kv.caching and req.can_hash_output(bs)

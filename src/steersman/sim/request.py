@@ -52,7 +52,14 @@ class SimRequest:
     straddles prompt and output needs them).  Without it, only prompt blocks are
     cached.
 
-    Fields after ``prompt_tail`` are maintained by the engine; read them, don't set
+    ``kv_ready``: the decode side of a disaggregated request.  Its prompt's KV and its
+    first token come from a prefill replica: it starts with one output token,
+    admission allocates the blocks of prompt + that token without computing any
+    (the KV is written by the transfer), and it decodes from its second token on
+    (``max_output`` counts the first; it must be >= 2).  If it is preempted, it
+    recomputes locally like any other request.
+
+    Fields after ``kv_ready`` are maintained by the engine; read them, don't set
     them.  ``num_computed``, ``num_output``, ``num_hashed`` and ``blocks`` are
     properties: a decoding request's progress is kept lazily by the engine and
     derived on read (O(1); ``blocks`` is O(blocks)).
@@ -66,6 +73,7 @@ class SimRequest:
     arrival: float = 0.0
     output_token_ids: Callable[[int], Sequence[int]] | None = field(default=None, repr=False)
     prompt_tail: Sequence[int] = field(default=(), repr=False)
+    kv_ready: bool = False  # prefill/decode disaggregation: see the class docstring
 
     status: str = field(default=WAITING, init=False)
     num_cached_tokens: int = field(default=-1, init=False)  # prefix hit at first scheduling (-1: not yet)

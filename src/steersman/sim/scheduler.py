@@ -204,10 +204,16 @@ class Scheduler:
         while budget > 0 and self.num_waiting and num_running < max_seqs:
             r = waiting.peek()
             assert r is not None
-            got = kv.admit(r, budget, chunked)
+            ready = r.kv_ready and r._output == 1 and not r.num_preemptions
+            if ready:  # KV transferred in: blocks for prompt + first token, nothing computed but that token
+                got = kv.admit(r, r.prompt_len + 1, True)
+            else:
+                got = kv.admit(r, budget, chunked)
             if got is None:
                 break
             hits, n = got
+            if ready:
+                n = 1
             waiting.pop()
             self.num_waiting -= 1
             running.append(r)
@@ -216,10 +222,10 @@ class Scheduler:
             self._rpos += 1
             r._rpos = self._rpos
             hit_tokens = hits * bs
-            r._computed = hit_tokens
+            r._computed = hit_tokens if not ready else r.prompt_len
             if r.num_cached_tokens < 0:
                 r.num_cached_tokens = hit_tokens
-            if caching:
+            if caching and not ready:
                 self.prefix_queries += r.prompt_len + r._output
                 self.prefix_hits += hit_tokens
             sched.append((r, n))
@@ -238,6 +244,8 @@ class Scheduler:
             return False
         kv = self.kv
         ntok = r.prompt_len + r._output
+        if r.kv_ready and r._output == 1 and not r.num_preemptions:  # blocks only, one token of budget
+            return kv.num_free * kv.block_size >= ntok or kv.admit(r, ntok, True, dry=True) is not None
         if (self.chunked or ntok <= budget) and kv.num_free * kv.block_size >= ntok:
             return True  # fits even without a single cache hit
         return kv.admit(r, budget, self.chunked, dry=True) is not None

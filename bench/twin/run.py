@@ -1,0 +1,183 @@
+"""Digital-twin speed: requests simulated per wall-second at fleet scale.
+
+The whole twin runs -- workload generation, the event loop, the real control plane
+(admission, queue, the routing policy on fleet snapshots, accounting, prefix
+index) and the engine model of every replica -- on a fleet of ``--gpus`` H100
+replicas of Llama-3.1-8B (one GPU each) under an agentic mix (chatbots and coding
+copilots, each application sharing its system prompt) whose rate scales with the
+fleet, until ``--requests`` requests have arrived (then in-flight ones drain).
+
+Prints the wall time, requests simulated per wall-second, the simulated span and
+utilisation, and (``--profile``) where the time goes: cProfile's top functions
+and a breakdown by area (engine model, policy, control plane, fleet state, event
+loop, workload).  The target is 1,000,000 requests over 1,000 GPUs in <= 60 s of
+wall time on one core.  GC: generational collection is left on with raised
+thresholds and the start-up heap frozen (``gc.freeze``) during the run, restored
+after (``--gc default`` keeps Python's settings, to compare).
+
+    .venv/bin/python bench/twin/run.py                                   # 1,000,000 requests, 1,000 GPUs
+    .venv/bin/python bench/twin/run.py --requests 100000 --gpus 100      # quick
+    .venv/bin/python bench/twin/run.py --requests 20000 --gpus 1000 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from steersman.policy import make_policy  # noqa: E402
+from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize  # noqa: E402
+from steersman.twin.workload import load_workload  # noqa: E402
+
+# per GPU: 0.7 chatbot tasks/s (1-6 turns, 20 s apart) + 0.04 copilot tasks/s (10-20 calls, 1.5 s apart): ~1.3
+# requests/s per GPU once sessions overlap, ~70% GPU utilisation (--load scales it)
+_CHAT_PER_GPU = 0.7
+_COPILOT_PER_GPU = 0.04
+
+
+def spec(gpus: int, load: float) -> dict:
+    return {
+        "model": "llama-3.1-8b",
+        "duration_s": 1e9,  # stopped by the request cap
+        "sources": [
+            {"kind": "chatbot", "slo": "interactive", "tasks_per_s": _CHAT_PER_GPU * gpus * load,
+             "system_prompt_tokens": 600},
+            {"kind": "copilot", "slo": "standard", "tasks_per_s": _COPILOT_PER_GPU * gpus * load,
+             "system_prompt_tokens": 2000, "system_prompt_id": "ide",
+             "max_context_tokens": 16000, "compact_to_tokens": 6000},
+        ],
+    }
+
+
+class Capped:
+    """A workload that stops after ``n`` arrivals (open-loop ones and closed-loop follow-ups alike)."""
+
+    def __init__(self, inner, n: int) -> None:
+        self.inner, self.left = inner, n
+
+    def _take(self, items):
+        items = list(items)
+        if len(items) > self.left:
+            items = items[: self.left]
+        self.left -= len(items)
+        return items
+
+    def start(self):
+        return self._take(self.inner.start())
+
+    def next_batch(self, until):
+        return self._take(self.inner.next_batch(until)) if self.left > 0 else []
+
+    def on_complete(self, a, finished_at, ok):
+        out = self.inner.on_complete(a, finished_at, ok)
+        return self._take(out) if self.left > 0 else []
+
+    @property
+    def done(self) -> bool:
+        return self.left <= 0 or self.inner.done
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+_AREAS = [  # (area, substrings of a profiled function's file path), first match wins
+    ("engine model", ("steersman/sim/",)),
+    ("policy", ("steersman/policy/", "steersman/plugins", "numba")),
+    ("fleet state / snapshot", ("steersman/fleet/",)),
+    ("control plane", ("steersman/control/",)),
+    ("twin loop + replicas", ("steersman/twin/core", "steersman/twin/replica", "steersman/twin/results",
+                              "steersman/twin/clock", "heapq")),
+    ("workload", ("steersman/twin/workload/", "numpy/random", "random.py")),
+]
+
+
+def breakdown(prof: cProfile.Profile) -> list[tuple[str, float]]:
+    """Self time per area (cProfile's tottime summed by file)."""
+    st = pstats.Stats(prof)
+    total = 0.0
+    areas: dict[str, float] = {}
+    for (file, _line, _fn), (_cc, _nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        total += tt
+        name = "other (builtins, numpy, dataclasses, ...)"
+        for area, keys in _AREAS:
+            if any(k in file for k in keys):
+                name = area
+                break
+        areas[name] = areas.get(name, 0.0) + tt
+    return sorted(((k, v / total) for k, v in areas.items()), key=lambda kv: -kv[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--gpus", type=int, default=1000)
+    ap.add_argument("--load", type=float, default=1.0, help="x the default offered rate (about 2/3 of capacity)")
+    ap.add_argument("--policy", default="steersman")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--gc", choices=("tuned", "default"), default="tuned")
+    ap.add_argument("--profile", action="store_true", help="cProfile the run (slower) and print the breakdown")
+    ap.add_argument("--out", help="write the numbers as JSON here")
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    fleet = TwinFleet([ReplicaPlan(f"h100-{i}", "H100", "llama-3.1-8b") for i in range(args.gpus)])
+    wl = Capped(load_workload(spec(args.gpus, args.load), args.seed), args.requests)
+    twin = Twin(fleet, wl, make_policy(args.policy, fleet.scheduler), cfg=TwinConfig(seed=args.seed))
+    setup = time.perf_counter() - t0
+
+    prof = cProfile.Profile() if args.profile else None
+    thresholds = gc.get_threshold()
+    if args.gc == "tuned":
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(200_000, 50, 1000)
+    t1 = time.perf_counter()
+    try:
+        if prof is not None:
+            prof.enable()
+        rec = twin.run()
+        if prof is not None:
+            prof.disable()
+    finally:
+        wall = time.perf_counter() - t1
+        if args.gc == "tuned":
+            gc.set_threshold(*thresholds)
+            gc.unfreeze()
+    s = summarize(rec)
+    n = s["requests"]
+    steps = sum(r.engine.num_steps for r in fleet.replicas)
+    out = {
+        "requests": n, "gpus": args.gpus, "policy": args.policy, "gc": args.gc, "profiled": args.profile,
+        "wall_s": wall, "setup_s": setup, "requests_per_wall_s": n / wall, "us_per_request": wall / n * 1e6,
+        "simulated_s": rec.duration, "completed": s["completed"], "gpu_utilisation": s["gpu_utilisation"],
+        "engine_steps": steps, "ttft_p50_s": s["ttft_s"]["p50"], "tpot_p50_s": s["tpot_s"]["p50"],
+        "extrapolated_1M_s": wall / n * 1_000_000,
+    }
+    print(f"twin: {n:,} requests over {args.gpus:,} x H100 (policy {args.policy}, gc {args.gc}"
+          f"{', PROFILED' if args.profile else ''})")
+    print(f"  wall {wall:8.2f} s   {n / wall:10,.0f} requests/wall-s   {wall / n * 1e6:7.1f} us/request"
+          f"   (setup {setup:.2f} s; 1M requests at this rate: {wall / n * 1e6:.0f} s)")
+    print(f"  simulated {rec.duration:,.0f} s: {s['completed']:,} completed, GPU utilisation "
+          f"{s['gpu_utilisation']:.0%}, {steps:,} engine steps, TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, "
+          f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.1f} ms")
+    if prof is not None:
+        print("  self time by area:")
+        for area, share in breakdown(prof):
+            print(f"    {area:42s} {share:6.1%}")
+        out["breakdown"] = dict(breakdown(prof))
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
