@@ -1,0 +1,92 @@
+"""Outlier ejection: consecutive failures, latency outliers (incl. a stalled first token), timing and the fleet cap."""
+
+from dataclasses import replace
+
+import numpy as np
+
+from steersman.config import DEFAULTS
+from steersman.reliability import OutlierDetector
+
+S = DEFAULTS.reliability
+
+
+def _warm(d: OutlierDetector, ttft: list[float], tpot: list[float] | None = None, n: int = 5) -> None:
+    for i, t in enumerate(ttft):
+        for _ in range(n):
+            d.latency(i, ttft=t, tpot=None if tpot is None else tpot[i])
+
+
+def test_five_consecutive_failures_eject_for_base_times_count():
+    d = OutlierDetector(4, S, alpha=0.2)
+    for k in range(4):
+        assert not d.failure(0, now=1.0)
+    d.success(0)
+    assert [d.failure(0, 2.0) for _ in range(5)] == [False] * 4 + [True]
+    assert d.is_ejected(0, 31.9) and not d.is_ejected(0, 32.0)  # base 30 s x 1
+    for _ in range(5):
+        d.failure(0, 33.0)
+    assert d.is_ejected(0, 92.9) and not d.is_ejected(0, 93.0)  # 30 s x 2: back within a decay interval
+    for _ in range(5):
+        d.failure(0, 93.0 + 25.0)  # 25 s back (2 decay intervals): the multiplier drops 2 -> 0 before counting 1
+    assert not d.is_ejected(0, 118.0 + 30.0)
+
+
+def test_ejection_time_is_capped():
+    d = OutlierDetector(2, replace(S, base_ejection_time_s=100.0), alpha=0.2)
+    t, spans = 0.0, []
+    for _ in range(4):
+        for _ in range(5):
+            d.failure(0, t)
+        spans.append(float(d.until[0]) - t)
+        t = float(d.until[0])  # fails again the moment it is back
+    assert spans == [100.0, 200.0, 300.0, 300.0]
+
+
+def test_at_most_ten_percent_but_always_one():
+    d = OutlierDetector(4, S, alpha=0.2)  # 10 % of 4 = 0, but one may always go
+    assert d.max_ejected() == 1
+    for _ in range(5):
+        d.failure(0, 0.0)
+        d.failure(1, 0.0)
+    assert d.is_ejected(0, 1.0) and not d.is_ejected(1, 1.0)
+    assert OutlierDetector(30, S, 0.2).max_ejected() == 3
+    assert OutlierDetector(4, replace(S, always_eject_one=False), 0.2).max_ejected() == 0
+
+
+def test_a_replica_whose_ttft_or_tpot_is_far_above_its_peers_is_ejected():
+    d = OutlierDetector(3, S, alpha=0.2)
+    _warm(d, [3.0, 3.2, 10.0])
+    assert d.sweep(1.0) == [2] and "TTFT" in d.reasons[2]
+    d = OutlierDetector(3, S, alpha=0.2)
+    _warm(d, [3.0, 3.0, 3.0], [0.3, 0.3, 1.5])
+    assert d.sweep(1.0) == [2] and "TPOT" in d.reasons[2]
+
+
+def test_fast_replicas_are_never_latency_outliers():
+    d = OutlierDetector(3, S, alpha=0.2)
+    _warm(d, [0.05, 0.05, 1.5], [0.01, 0.01, 0.15])  # 30x and 15x, but within the standard SLO targets
+    assert d.sweep(1.0) == []
+
+
+def test_a_stalled_first_token_ejects_a_hung_replica_but_not_a_fleet_wide_queue():
+    s = replace(S, latency_floor_ttft_s=0.2)
+    d = OutlierDetector(3, s, alpha=0.2)
+    _warm(d, [0.1, 0.1, 0.1])
+    d.dispatched(2, key=1, now=10.0)
+    d.dispatched(0, key=2, now=10.0)
+    d.answered(0, 2)
+    assert d.sweep(10.25) == []  # 0.25 s: under 3x the peers' TTFT
+    assert d.sweep(10.4) == [2] and "no first token" in d.reasons[2]
+    d = OutlierDetector(3, s, alpha=0.2)
+    _warm(d, [0.1, 0.1, 0.1])
+    for i in range(3):  # everyone's queue is deep: nobody is an outlier
+        d.dispatched(i, key=i, now=10.0)
+    assert d.sweep(11.0) == []
+
+
+def test_an_ejected_replica_comes_back_with_fresh_statistics():
+    d = OutlierDetector(3, S, alpha=0.2)
+    _warm(d, [3.0, 3.0, 30.0])
+    assert d.sweep(0.0) == [2]
+    assert d.samples[2] == 0 and np.isnan(d.ttft[2])
+    assert d.sweep(31.0) == []  # back, no samples yet: not judged
