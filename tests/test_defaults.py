@@ -14,6 +14,7 @@ PINNED = {
     "engine.max_model_len": None,
     "engine.step_overhead_s": 0.002,
     "engine.weight_load_gbps": 2.0,
+    "engine.kv_link_gbit_s": 400.0,
     "gateway.host": "127.0.0.1",
     "gateway.port": 8080,
     "gateway.max_body_bytes": 10 * 1024 * 1024,

@@ -34,3 +34,8 @@ class EngineSettings:
     weight_load_gbps: float = setting(
         2.0, "weights load bandwidth in GB/s from local NVMe into HBM (safetensors, typical 1.5-3 GB/s)"
     )
+    kv_link_gbit_s: float = setting(
+        400.0,
+        "KV transfer link per GPU in Gbit/s between prefill and decode replicas (disaggregated serving): one "
+        "ConnectX-7 NDR InfiniBand NIC per GPU, 400 Gb/s, as in NVIDIA DGX H100 (RDMA via NIXL in vLLM / Dynamo)",
+    )

@@ -21,6 +21,10 @@ simulated:                                     # engine-sim replicas started for
   speedup: 1.0
   replicas:
     - {gpu: H100, model: llama-3.1-8b, count: 2}
+  # digital twin only (`steersman simulate`): prefill/decode disaggregation -- role: prefill | decode | both
+  # (default both); KV moves over kv_link_gbit_s (default engine.kv_link_gbit_s). The live gateway ignores role.
+  # replicas: [{gpu: H100, model: llama-3.1-8b, count: 2, role: prefill}, {..., role: decode}]
+  # kv_link_gbit_s: 400
 ```
 Upstream URLs come from this file only; requests cannot name them.
 """
@@ -65,11 +69,13 @@ class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
     pool: str = "default"
     served_model_name: str | None = None
     cold_start: bool = False
+    role: str = "both"  # digital twin: prefill | decode | both (prefill/decode disaggregation)
 
 
 class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
     replicas: list[SimReplicaConfig]
     speedup: float = DEFAULTS.sim_server.speedup
+    kv_link_gbit_s: float | None = None  # digital twin: KV transfer link (None: DEFAULTS.engine.kv_link_gbit_s)
 
 
 class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -138,6 +144,17 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         for i, r in enumerate(raw.simulated.replicas):
             if r.count < 1:
                 raise FleetConfigError(f"{where}: simulated.replicas[{i}].count must be >= 1")
+            if r.role not in ("both", "prefill", "decode"):
+                raise FleetConfigError(f"{where}: simulated.replicas[{i}].role must be both, prefill or decode, "
+                                       f"got {r.role!r}")
+        roles = {(r.model, r.role) for r in raw.simulated.replicas}
+        for model, role in sorted(roles):
+            other = "decode" if role == "prefill" else "prefill"
+            if role != "both" and (model, other) not in roles:
+                raise FleetConfigError(f"{where}: simulated.replicas: {model} has {role} replicas but no {other} ones")
+        link = raw.simulated.kv_link_gbit_s
+        if link is not None and not link > 0:
+            raise FleetConfigError(f"{where}: simulated.kv_link_gbit_s must be > 0, got {link}")
     from steersman.policy import POLICIES
 
     if raw.policy not in POLICIES and raw.policy not in profiles:

@@ -34,6 +34,7 @@ from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
 from steersman.twin.fleet import TwinFleet
+from steersman.twin.pd import Disaggregation
 from steersman.twin.results import Recorder
 
 if TYPE_CHECKING:
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["Twin", "TwinConfig"]
 
 _ARRIVAL, _WAKE, _EXPIRE, _DRILL, _PULL, _DELIVER = range(6)
+_KV = 16  # a disaggregated request's KV reached its decode replica (steersman.twin.pd)
 _PULL_WINDOW_S = 1.0  # open-loop arrivals are pulled from the workload one virtual second at a time
 _EXPIRE_EVERY_S = 0.05  # as the gateway: queued deadlines re-checked at the scrape cadence
 
@@ -67,6 +69,9 @@ class _Req:
     tenant: TenantConfig
     started: Started | None = None
     sim: SimRequest | None = None
+    pd: int = 0  # prefill/decode disaggregation: 0 colocated, 1 prefilling, 2 KV moving / decoding
+    decode: int = -1  # its decode replica
+    cached: int = -1  # prompt tokens found in the prefill replica's prefix cache
 
 
 class Twin:
@@ -83,6 +88,7 @@ class Twin:
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, fleet.scheduler, fleet.block_size)
         self.tenants = tenants or {}
         self.rec = Recorder(fleet)
+        self.pd = Disaggregation(fleet) if fleet.disaggregated else None
         self.progress = progress
         self._heap: list = []
         self._seq = itertools.count()
@@ -120,6 +126,8 @@ class Twin:
                 self._pull(t)
             elif kind == _DELIVER:
                 self._deliver(data)
+            elif kind == _KV:
+                self._kv_arrived(*data)
             elif kind == _EXPIRE:
                 self._expire()
             else:
@@ -201,7 +209,10 @@ class Twin:
             return
         a = r.arrival
         rid = str(r.idx)
-        r.sim = SimRequest(req_id=rid, prompt_len=max(a.prompt_tokens, 1), max_output=max(a.output_tokens, 1),
+        prefill = self.pd is not None and self.pd.is_prefill(i)  # prefill only: its first token, then KV moves
+        r.pd = 1 if prefill else 0
+        r.sim = SimRequest(req_id=rid, prompt_len=max(a.prompt_tokens, 1),
+                           max_output=1 if prefill else max(a.output_tokens, 1),
                            block_hashes=a.block_hashes, priority=int(r.sched.priority), arrival=now)
         self._reqs[rid] = r
         try:
@@ -222,13 +233,16 @@ class Twin:
         self.rec.replica_time(i, res.busy_s, res.compute_bound_s)
         for rid in res.first_tokens:
             r = self._reqs.get(rid)
-            if r is not None and r.started is not None:
+            if r is not None and r.started is not None and not r.pd:
                 self.accounting.first_token(r.started)
                 self.rec.first_token(r.idx, self.clock.t)
         for rid in res.finished:
             r = self._reqs.pop(rid, None)
             if r is not None:
-                self._finished(r)
+                if r.pd == 1:
+                    self._handoff(r, i)
+                else:
+                    self._finished(r)
         if nxt is not None:
             self._push(nxt, _WAKE, (i, rep.generation))
         self._scrape(i)
@@ -246,11 +260,55 @@ class Twin:
 
     def _finished(self, r: _Req) -> None:
         sim = r.sim
-        cost = self.accounting.ended(r.started, sim.num_output, True, max(sim.num_cached_tokens, 0))
-        self.rec.finished(r.idx, self.clock.t, sim.num_output, max(sim.num_cached_tokens, 0), cost)
+        cached = max(sim.num_cached_tokens, 0) if r.cached < 0 else r.cached
+        if r.decode >= 0:
+            self.pd.load[r.decode] -= 1
+        cost = self.accounting.ended(r.started, sim.num_output, True, cached)
+        self.rec.finished(r.idx, self.clock.t, sim.num_output, cached, cost)
         self._follow_up(r, ok=True)
 
+    # ---- prefill/decode disaggregation (steersman.twin.pd) --------------------------------------
+    def _handoff(self, r: _Req, i: int) -> None:
+        """Prefill done on replica ``i``: its KV moves to a decode replica."""
+        model = self.tf.plans[i].model
+        j = self.pd.pick_decode(model)
+        if j is None:  # every decode replica of the model is dead
+            self._failed(r)
+            return
+        r.pd, r.decode, r.cached = 2, j, max(r.sim.num_cached_tokens, 0)
+        self.pd.load[j] += 1
+        self._push(self.clock.t + self.pd.transfer_s(model, r.sim.prompt_len, i, j), _KV, (r, j))
+
+    def _kv_arrived(self, r: _Req, j: int) -> None:
+        """The KV is on decode replica ``j``: the first token reaches the client, decoding starts there."""
+        now = self.clock.t
+        rep = self.tf.replicas[j]
+        if rep.dead:
+            self._failed(r)
+            return
+        self.accounting.first_token(r.started)
+        self.rec.first_token(r.idx, now)
+        a = r.arrival
+        if a.output_tokens <= 1:
+            self._finished(r)
+            return
+        p = r.sim
+        r.sim = SimRequest(req_id=p.req_id, prompt_len=p.prompt_len, max_output=a.output_tokens,
+                           block_hashes=p.block_hashes, priority=p.priority, arrival=now, kv_ready=True)
+        self._reqs[p.req_id] = r
+        try:
+            wake = rep.submit(r.sim, now)
+        except ValueError:  # can never run there
+            del self._reqs[p.req_id]
+            self._failed(r)
+            return
+        if wake is not None:
+            self._push(wake, _WAKE, (j, rep.generation))
+
     def _failed(self, r: _Req) -> None:
+        if r.decode >= 0:
+            self.pd.load[r.decode] -= 1
+            r.decode = -1
         cost = self.accounting.ended(r.started, 0, False) if r.started is not None else 0.0
         self.rec.failed(r.idx, self.clock.t, cost)
         self._follow_up(r, ok=False)

@@ -3,6 +3,11 @@
 Every ``simulated:`` replica, and every ``endpoints:`` entry that names a known
 GPU and model, becomes an engine-model replica (:class:`SimReplica`); the
 scheduler, admission and tenant settings of the file apply unchanged.
+
+Prefill/decode disaggregation (``role: prefill`` / ``role: decode`` replicas, see
+:mod:`steersman.twin.pd`): the gateway-side fleet the policy sees lists decode
+replicas under a model name no request asks for (``<model>@decode``), so the
+routing policy places requests on prefill (and ``both``) replicas only.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class ReplicaPlan:
     pool: str = "default"
     served_model_name: str | None = None
     engine: EngineSettings = DEFAULTS.engine
+    role: str = "both"  # prefill | decode | both (prefill/decode disaggregation)
 
     @property
     def price_per_hour(self) -> float:
@@ -38,10 +44,13 @@ class TwinFleet:
     """Replica plans plus the engine models and the gateway-side fleet state built from them."""
 
     def __init__(self, plans: list[ReplicaPlan], scheduler: SchedulerSettings = DEFAULTS.scheduler,
-                 admission: AdmissionSettings = DEFAULTS.admission) -> None:
+                 admission: AdmissionSettings = DEFAULTS.admission,
+                 kv_link_gbit_s: float = DEFAULTS.engine.kv_link_gbit_s) -> None:
         if not plans:
             raise FleetConfigError("the fleet has no replica the twin can simulate")
         self.plans = plans
+        self.kv_link_gbit_s = kv_link_gbit_s
+        self.disaggregated = any(p.role != "both" for p in plans)
         self.scheduler = scheduler
         self.admission = admission
         self.block_size = DEFAULTS.engine.block_size
@@ -59,7 +68,7 @@ class TwinFleet:
                 gpu = gpu_profile(spec.gpu).name
                 for k in range(spec.count):
                     plans.append(ReplicaPlan(f"{spec.pool}-{gpu.lower()}-{len(plans)}", spec.gpu, spec.model, spec.tp,
-                                             spec.pool, spec.served_model_name))
+                                             spec.pool, spec.served_model_name, role=spec.role))
         for ep in cfg.endpoints:
             if ep.gpu and ep.models:
                 try:
@@ -67,11 +76,13 @@ class TwinFleet:
                 except KeyError:
                     continue
                 plans.append(ReplicaPlan(ep.name or f"replica-{len(plans)}", ep.gpu, ep.models[0], ep.tp, ep.pool))
-        return cls(plans, cfg.scheduler, cfg.admission)
+        link = cfg.simulated.kv_link_gbit_s if cfg.simulated is not None else None
+        return cls(plans, cfg.scheduler, cfg.admission, link if link is not None else DEFAULTS.engine.kv_link_gbit_s)
 
     def build_state(self, clock) -> Fleet:
         reps = [Replica(i, p.name, f"http://twin.invalid/{p.name}", "engine-sim", gpu_profile(p.gpu).name,
-                        (p.served_model_name or p.model,), p.pool, p.price_per_hour, p.tp, adapter=None)
+                        (p.served_model_name or p.model,) if p.role != "decode" else (f"{p.model}@decode",),
+                        p.pool, p.price_per_hour, p.tp, adapter=None)
                 for i, p in enumerate(self.plans)]
         fleet = Fleet(reps, clock, self.scheduler)
         fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)

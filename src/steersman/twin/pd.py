@@ -1,0 +1,74 @@
+"""Prefill/decode disaggregation in the twin: separate pools, the KV cache moved between them.
+
+A fleet declares replicas with ``role: prefill`` and ``role: decode`` (``both``, the
+default, serves requests whole).  The routing policy places each request on a
+prefill (or ``both``) replica, exactly as it would live; on a prefill replica it
+runs as a prefill-only request (``max_output = 1``: the prompt is computed, the
+first token sampled, the blocks freed -- its prompt blocks stay in that replica's
+prefix cache).  Its KV then moves to a decode replica of the same model:
+
+    transfer_s = prompt tokens x model KV bytes per token / link bandwidth
+
+with the link ``kv_link_gbit_s`` per GPU (default ``DEFAULTS.engine.kv_link_gbit_s``,
+400 Gb/s: one ConnectX-7 NDR NIC per GPU, as in a DGX H100) and the shards of a
+tensor-parallel replica moving in parallel (bandwidth x the smaller TP of the two
+sides).  The request then joins the decode replica as ``kv_ready``
+(:class:`~steersman.sim.SimRequest`): admission allocates its blocks without
+computing them, and it decodes from its second token.  Its first token reaches the
+client when the KV has arrived (TTFT = queueing + prefill + transfer); TPOT is
+measured from there, as for a colocated request.
+
+The decode replica is chosen by the twin, not by the routing policy: the one of
+the request's model with the fewest requests handed to it and not yet finished
+(lowest index on ties), as the load-based decode routers of disaggregated stacks
+do.  Simplifications: the prefill side frees its blocks when the prefill step
+ends (a real one holds them until the transfer completes), and the transfer does
+not wait for blocks on the decode side (it queues there once arrived).
+"""
+
+from __future__ import annotations
+
+from steersman.sim import model_profile
+
+__all__ = ["Disaggregation"]
+
+
+class Disaggregation:
+    """Decode-replica choice and KV transfer times of a disaggregated :class:`~steersman.twin.fleet.TwinFleet`."""
+
+    __slots__ = ("roles", "tp", "link_bytes_s", "_decoders", "_kv_bytes", "load", "replicas")
+
+    def __init__(self, tf) -> None:
+        plans = tf.plans
+        self.replicas = tf.replicas
+        self.roles = [p.role for p in plans]
+        self.tp = [p.tp for p in plans]
+        self.link_bytes_s = tf.kv_link_gbit_s * 1e9 / 8
+        if not self.link_bytes_s > 0:
+            raise ValueError(f"kv_link_gbit_s must be > 0, got {tf.kv_link_gbit_s}")
+        self._decoders: dict[str, list[int]] = {}
+        for i, p in enumerate(plans):
+            if p.role == "decode":
+                self._decoders.setdefault(p.model, []).append(i)
+        for p in plans:
+            if p.role == "prefill" and p.model not in self._decoders:
+                raise ValueError(f"prefill replica {p.name} ({p.model}) has no decode replica of its model")
+        self._kv_bytes = {p.model: model_profile(p.model).kv_bytes_per_token for p in plans}
+        self.load = [0] * len(plans)  # requests handed to each decode replica and not finished
+
+    def is_prefill(self, i: int) -> bool:
+        return self.roles[i] == "prefill"
+
+    def pick_decode(self, model: str) -> int | None:
+        """The live decode replica of ``model`` with the fewest unfinished requests handed to it, or None."""
+        best = None
+        load = self.load
+        for j in self._decoders.get(model, ()):
+            if not self.replicas[j].dead and (best is None or load[j] < load[best]):
+                best = j
+        return best
+
+    def transfer_s(self, model: str, prompt_tokens: int, src: int, dst: int) -> float:
+        """Seconds to move ``prompt_tokens`` tokens of KV from replica ``src`` to ``dst``."""
+        tp = min(self.tp[src], self.tp[dst])
+        return prompt_tokens * self._kv_bytes[model] / (self.link_bytes_s * tp)

@@ -1,0 +1,163 @@
+"""Prefill/decode disaggregation in the twin: fleets from the example YAML files, transfer time accounted."""
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from steersman.config import DEFAULTS
+from steersman.fleet.config import FleetConfigError, load_fleet, parse_fleet
+from steersman.policy import make_policy
+from steersman.sim import model_profile
+from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
+from steersman.twin.results import OK
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+MODEL = "llama-3.1-8b"
+
+
+@dataclass(frozen=True, slots=True)
+class _A:
+    time: float
+    seq: int
+    prompt_tokens: int
+    block_hashes: tuple
+    output_tokens: int
+    tenant: str = "t"
+    model: str = MODEL
+    max_tokens: int | None = None
+    slo_class: str | None = None
+    deadline_s: float | None = None
+    workflow: str | None = None
+    step: int | None = None
+    steps: int | None = None
+
+
+class _List:
+    def __init__(self, items) -> None:
+        self.items, self.pos = items, 0
+
+    def start(self):
+        return []
+
+    def next_batch(self, until):
+        out = []
+        while self.pos < len(self.items) and self.items[self.pos].time < until:
+            out.append(self.items[self.pos])
+            self.pos += 1
+        return out
+
+    def on_complete(self, a, finished_at, ok):
+        return []
+
+    @property
+    def done(self):
+        return self.pos >= len(self.items)
+
+
+def _long(n: int, rate: float, seed: int = 5) -> _List:
+    """Long unique prompts (4,000-8,000 tokens) and long outputs (200-400 tokens)."""
+    rng = random.Random(seed)
+    t, items = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        p = rng.randint(4000, 8000)
+        items.append(_A(t, i, p, tuple(hash((seed, i, j)) for j in range(p // 16)), rng.randint(200, 400)))
+    return _List(items)
+
+
+def _run(fleet: TwinFleet, wl, policy: str = "least-request"):
+    twin = Twin(fleet, wl, make_policy(policy, fleet.scheduler), cfg=TwinConfig())
+    return twin, twin.run()
+
+
+def test_example_fleets_parse_with_roles_and_link():
+    pd = TwinFleet.from_config(load_fleet(EXAMPLES / "twin-fleet-disaggregated.yaml"))
+    co = TwinFleet.from_config(load_fleet(EXAMPLES / "twin-fleet-colocated.yaml"))
+    assert [p.role for p in pd.plans] == ["prefill", "prefill", "decode", "decode"] and pd.disaggregated
+    assert pd.kv_link_gbit_s == 400 and not co.disaggregated and len(co.plans) == len(pd.plans)
+    # the routing policy sees decode replicas under a model name no request asks for
+    assert pd.build_state(None).models() == [f"{MODEL}", f"{MODEL}@decode"]
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"role": "middle"}, "role must be both, prefill or decode"),
+    ({"role": "prefill"}, "has prefill replicas but no decode ones"),
+])
+def test_bad_roles_are_refused_naming_the_field(bad, msg):
+    with pytest.raises(FleetConfigError, match=msg):
+        parse_fleet({"simulated": {"replicas": [{"gpu": "H100", "model": MODEL, **bad}]}})
+
+
+def test_disaggregation_improves_tpot_on_long_prompts_and_outputs():
+    """Colocated, every 4-8k-token prefill stalls the decoding batch of its replica for 0.1-0.2 s (a third of
+    the time at this load); disaggregated, decode replicas only decode -- with twice the batch each, so the gain
+    is what is left after that (measured: TPOT p50 -19%, p90 -27%; TTFT +43% from the busier prefill pool and
+    the transfer).  Same 4 H100s, same arrivals."""
+    co = TwinFleet.from_config(load_fleet(EXAMPLES / "twin-fleet-colocated.yaml"))
+    pd = TwinFleet.from_config(load_fleet(EXAMPLES / "twin-fleet-disaggregated.yaml"))
+    wl = _long(300, 10.0)
+    _, rc = _run(co, _long(300, 10.0))
+    twin, rp = _run(pd, _long(300, 10.0))
+    sc, sp = summarize(rc), summarize(rp)
+    assert sc["completed"] == sp["completed"] == 300
+    assert sp["tpot_s"]["p50"] < 0.9 * sc["tpot_s"]["p50"], (sp["tpot_s"], sc["tpot_s"])
+    assert sp["tpot_s"]["p90"] < 0.85 * sc["tpot_s"]["p90"], (sp["tpot_s"], sc["tpot_s"])
+    assert sp["ttft_s"]["p50"] > sc["ttft_s"]["p50"]  # the price: a busier prefill pool, plus the transfer
+    # the work really was split: prefill replicas computed every prompt, decode replicas every later token
+    states = rp.engine_states
+    prompts = sum(a.prompt_tokens for a in wl.items)
+    assert states[0].prompt_tokens_total + states[1].prompt_tokens_total == prompts
+    assert states[2].prompt_tokens_total == states[3].prompt_tokens_total == 0
+    outs = sum(a.output_tokens for a in wl.items)
+    assert states[2].generation_tokens_total + states[3].generation_tokens_total == outs - 300
+    assert min(states[2].generation_tokens_total, states[3].generation_tokens_total) > 0.3 * (outs - 300)
+    assert all(x == 0 for x in twin.pd.load)  # every handed-off request settled
+
+
+def _single(link_gbit_s: float, prompt: int = 8000, out: int = 50):
+    fleet = TwinFleet([ReplicaPlan("p", "H100", MODEL, role="prefill"), ReplicaPlan("d", "H100", MODEL, role="decode")],
+                      kv_link_gbit_s=link_gbit_s)
+    wl = _List([_A(0.5, 0, prompt, tuple(range(1, prompt // 16 + 1)), out)])
+    _, rec = _run(fleet, wl, "round-robin")
+    c = rec.arrays()
+    assert c["status"][0] == OK and c["output"][0] == out
+    return c["first"][0] - c["arrival"][0], c["finish"][0] - c["first"][0], rec
+
+
+def test_transfer_time_is_prompt_kv_bytes_over_the_link():
+    prompt = 8000
+    ttft_fast, decode_fast, _ = _single(400.0, prompt)
+    ttft_slow, decode_slow, rec = _single(10.0, prompt)
+    kv_bytes = prompt * model_profile(MODEL).kv_bytes_per_token  # 8,000 x 128 KiB = ~1 GB
+    expected = kv_bytes / (10e9 / 8) - kv_bytes / (400e9 / 8)
+    assert expected > 0.7  # a visible part of TTFT
+    assert ttft_slow - ttft_fast == pytest.approx(expected, rel=1e-9)
+    assert decode_slow == pytest.approx(decode_fast, rel=1e-9)  # decoding does not depend on the link
+    # and TTFT = queueing + prefill + transfer: at 400 Gb/s the transfer is kv_bytes / 50 GB/s
+    assert DEFAULTS.engine.kv_link_gbit_s == 400.0
+    prefill_only, _, _ = _single_colocated(prompt)
+    assert ttft_fast == pytest.approx(prefill_only + kv_bytes / (400e9 / 8), rel=1e-9)
+    assert rec.busy[1] > 0 and rec.engine_states[1].prompt_tokens_total == 0
+
+
+def _single_colocated(prompt: int):
+    fleet = TwinFleet([ReplicaPlan("c", "H100", MODEL)])
+    wl = _List([_A(0.5, 0, prompt, tuple(range(1, prompt // 16 + 1)), 1)])
+    _, rec = _run(fleet, wl, "round-robin")
+    c = rec.arrays()
+    return c["first"][0] - c["arrival"][0], None, rec
+
+
+def test_decode_replica_death_fails_its_requests_and_later_ones_go_to_the_other():
+    fleet = TwinFleet.from_config(load_fleet(EXAMPLES / "twin-fleet-disaggregated.yaml"))
+    twin = Twin(fleet, _long(120, 3.0), make_policy("least-request", fleet.scheduler), cfg=TwinConfig())
+    twin.schedule_drill(10.0, lambda tw: tw.kill(2))
+    rec = twin.run()
+    s = summarize(rec)
+    assert 0 < s["failed"] < 30 and s["completed"] == 120 - s["failed"]
+    assert rec.engine_states[3].generation_tokens_total > rec.engine_states[2].generation_tokens_total
+    assert all(x >= 0 for x in twin.pd.load) and twin.pd.load[3] == 0
+    assert np.isfinite(rec.arrays()["finish"]).all()
