@@ -8,15 +8,18 @@ copilots, each application sharing its system prompt) whose rate scales with the
 fleet, until ``--requests`` requests have arrived (then in-flight ones drain).
 
 Prints the wall time, requests simulated per wall-second, the simulated span and
-utilisation, and (``--profile``) where the time goes: cProfile's top functions
-and a breakdown by area (engine model, policy, control plane, fleet state, event
-loop, workload).  The target is 1,000,000 requests over 1,000 GPUs in <= 60 s of
+utilisation, and where the time goes: ``--breakdown`` times the twin's calls into
+each part (control plane / policy, accounting and prefix index, engine model,
+workload, snapshots, scrapes; the rest is the event loop) at ~5% overhead;
+``--profile`` runs cProfile (much slower, skewed towards many small calls) and
+prints its top functions and self time by area.  The target is 1,000,000 requests over 1,000 GPUs in <= 60 s of
 wall time on one core.  GC: generational collection is left on with raised
 thresholds and the start-up heap frozen (``gc.freeze``) during the run, restored
 after (``--gc default`` keeps Python's settings, to compare).
 
     .venv/bin/python bench/twin/run.py                                   # 1,000,000 requests, 1,000 GPUs
     .venv/bin/python bench/twin/run.py --requests 100000 --gpus 100      # quick
+    .venv/bin/python bench/twin/run.py --requests 100000 --gpus 1000 --breakdown
     .venv/bin/python bench/twin/run.py --requests 20000 --gpus 1000 --profile
 """
 
@@ -100,6 +103,61 @@ _AREAS = [  # (area, substrings of a profiled function's file path), first match
 ]
 
 
+class Timers:
+    """Wall time inside the twin's calls into each part (no profiler: two clock reads per call).
+
+    Inclusive times of the calls the twin's event loop makes; what is left of the
+    wall time is the loop itself (heap, event dispatch, the recorder, glue).
+    """
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._undo: list = []
+
+    def wrap(self, owner, name: str, area: str) -> None:
+        fn = getattr(owner, name)
+        spent, calls, clock = self.spent, self.calls, time.perf_counter
+        spent.setdefault(area, 0.0)
+        calls.setdefault(area, 0)
+
+        def timed(*a, **kw):
+            t = clock()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[area] += clock() - t
+                calls[area] += 1
+
+        self._undo.append((owner, name, owner.__dict__.get(name) if isinstance(owner, type) else None))
+        setattr(owner, name, timed)
+
+    def restore(self) -> None:
+        for owner, name, old in reversed(self._undo):
+            if isinstance(owner, type):
+                setattr(owner, name, old)
+            else:
+                delattr(owner, name)
+
+
+def instrument(twin) -> Timers:
+    from steersman.twin.replica import SimReplica
+
+    tm = Timers()
+    tm.wrap(twin.plane, "arrive", "control plane: admit + policy decision (arrive)")
+    tm.wrap(twin.plane, "dispatch", "control plane: queued dispatch")
+    tm.wrap(twin.fleet, "snapshot", "fleet snapshot")
+    tm.wrap(twin.accounting, "dispatched", "accounting: dispatched (prefix index record)")
+    tm.wrap(twin.accounting, "ended", "accounting: ended")
+    tm.wrap(twin.accounting, "first_token", "accounting: first token")
+    tm.wrap(twin, "_scrape", "metrics scrape (engine state -> fleet)")
+    for name in ("submit", "wake"):
+        tm.wrap(SimReplica, name, "engine model (replica submit / wake)")
+    for name in ("next_batch", "on_complete"):
+        tm.wrap(twin.workload, name, "workload generation")
+    return tm
+
+
 def breakdown(prof: cProfile.Profile) -> list[tuple[str, float]]:
     """Self time per area (cProfile's tottime summed by file)."""
     st = pstats.Stats(prof)
@@ -125,6 +183,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--gc", choices=("tuned", "default"), default="tuned")
     ap.add_argument("--profile", action="store_true", help="cProfile the run (slower) and print the breakdown")
+    ap.add_argument("--breakdown", action="store_true", help="time the twin's calls into each part (~5%% slower)")
     ap.add_argument("--out", help="write the numbers as JSON here")
     args = ap.parse_args()
 
@@ -135,6 +194,7 @@ def main() -> None:
     setup = time.perf_counter() - t0
 
     prof = cProfile.Profile() if args.profile else None
+    timers = instrument(twin) if args.breakdown else None
     thresholds = gc.get_threshold()
     if args.gc == "tuned":
         gc.collect()
@@ -149,6 +209,8 @@ def main() -> None:
             prof.disable()
     finally:
         wall = time.perf_counter() - t1
+        if timers is not None:
+            timers.restore()
         if args.gc == "tuned":
             gc.set_threshold(*thresholds)
             gc.unfreeze()
@@ -169,6 +231,16 @@ def main() -> None:
     print(f"  simulated {rec.duration:,.0f} s: {s['completed']:,} completed, GPU utilisation "
           f"{s['gpu_utilisation']:.0%}, {steps:,} engine steps, TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, "
           f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.1f} ms")
+    if timers is not None:
+        print("  wall time by part (inclusive; the twin's calls into each):")
+        rows = sorted(timers.spent.items(), key=lambda kv: -kv[1])
+        for area, spent in rows:
+            print(f"    {area:52s} {spent:8.2f} s {spent / wall:6.1%}  {spent / n * 1e6:7.1f} us/request"
+                  f"  ({timers.calls[area]:,} calls, {spent / max(timers.calls[area], 1) * 1e6:.1f} us/call)")
+        rest = wall - sum(timers.spent.values())  # snapshots taken inside a queued dispatch count twice
+        print(f"    {'event loop, recorder, glue (the rest)':52s} {rest:8.2f} s {rest / wall:6.1%}  "
+              f"{rest / n * 1e6:7.1f} us/request")
+        out["breakdown_s"] = {**timers.spent, "rest": rest}
     if prof is not None:
         print("  self time by area:")
         for area, share in breakdown(prof):
