@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
                 con.print(f"[red]steersman simulate:[/] {e}")
                 raise typer.Exit(2) from None
         con.print(report.table(exp.runs))
+        if spec.get("drills"):
+            con.print(report.drill_timeline(exp.runs))
         meta = {"fleet": str(fleet), "workload": str(workload or trace), "seed": seed, "loads": loads,
                 "policies": list(policy), "wall_s": time.perf_counter() - t0}
         path = report.write_results(out, meta, exp.runs)

@@ -341,7 +341,7 @@ class Twin:
             if r is not None:
                 self._failed(r)
         detect = DEFAULTS.gateway.unhealthy_after_failures * self.cfg.metrics_interval_s
-        self.schedule_drill(self.clock.t + detect, lambda tw: tw.fleet.set_healthy(i, False))
+        self.schedule_drill(self.clock.t + detect, lambda tw: tw.tf.replicas[i].dead and tw.fleet.set_healthy(i, False))
 
     def slow(self, i: int, factor: float) -> None:
         """Replica ``i``'s GPU degrades: every step from the next boundary on lasts ``factor`` x longer."""
@@ -352,3 +352,27 @@ class Twin:
 
     def errors(self, i: int, rate: float) -> None:
         self.tf.replicas[i].error_rate = rate
+
+    def restore(self, i: int) -> None:
+        """Replica ``i`` recovers: no slowdown, no errors; a dead one restarts cold (weights load, empty KV cache)
+        and takes traffic again once warm and scraped healthy, as the live gateway would see it."""
+        rep = self.tf.replicas[i]
+        self.errors(i, 0.0)
+        self.slow(i, 1.0)
+        if not rep.dead:
+            return
+        rep.dead = False
+        rep.engine.unload()
+        ready = rep.engine.begin_load(self.clock.t)
+        self._scraped[i] = -math.inf
+        self._scrape(i)  # loading: not routable
+
+        def warm(tw: Twin) -> None:
+            tw.tf.replicas[i].engine.state(tw.clock.t)  # the load finished
+            tw._scraped[i] = -math.inf
+            tw._scrape(i)
+            tw.fleet.set_healthy(i, True)
+            if tw.plane.waiting:
+                tw._dispatch_queued()
+
+        self.schedule_drill(ready, warm)

@@ -7,7 +7,7 @@ import numpy as np
 from steersman.fleet.statics import ReplicaSpec, build_statics
 from steersman.twin.results import FAILED, OK, REFUSED, Recorder
 
-__all__ = ["summarize", "PERCENTILES"]
+__all__ = ["summarize", "timeline", "per_replica", "window_for", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -47,7 +47,7 @@ def summarize(rec: Recorder) -> dict:
     out = c["output"].astype(float)
     tpot = np.where(out > 1, (c["finish"] - c["first"]) / np.maximum(out - 1, 1), 0.0)
     e2e = c["finish"] - c["arrival"]
-    met = ok & (ttft <= c["ttft_target"]) & (tpot <= c["tpot_target"]) & (c["finish"] <= c["deadline"])
+    met = _met(c)
     n = int(status.size)
 
     tasks: dict[str, bool] = {}
@@ -92,3 +92,69 @@ def summarize(rec: Recorder) -> dict:
         "capacity_used": out_tokens / dur / capacity if capacity else None,
         "replicas": replicas,
     }
+
+
+_NICE_WINDOWS = (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+
+def window_for(duration_s: float, windows: int = 40) -> float:
+    """A round window length giving at most about ``windows`` windows over the run."""
+    for w in _NICE_WINDOWS:
+        if duration_s / w <= windows:
+            return float(w)
+    return float(_NICE_WINDOWS[-1])
+
+
+def _met(c: dict) -> np.ndarray:
+    out = c["output"].astype(float)
+    ttft = c["first"] - c["arrival"]
+    tpot = np.where(out > 1, (c["finish"] - c["first"]) / np.maximum(out - 1, 1), 0.0)
+    return (c["status"] == OK) & (ttft <= c["ttft_target"]) & (tpot <= c["tpot_target"]) & (c["finish"] <= c["deadline"])
+
+
+def timeline(rec: Recorder, window_s: float | None = None) -> dict:
+    """What happened per time window (to see a failure drill's effect): arrivals by arrival time; completions,
+    failures, refusals, goodput and TTFT percentiles of completed requests by finish time."""
+    c = rec.arrays()
+    w = window_s or window_for(rec.duration)
+    n = max(1, int(np.ceil(rec.duration / w))) if rec.duration > 0 else 1
+    status, fin = c["status"], c["finish"]
+    met = _met(c)
+    ttft = c["first"] - c["arrival"]
+
+    def bins(t: np.ndarray) -> np.ndarray:
+        return np.clip((np.nan_to_num(t, nan=-1.0) // w).astype(int), -1, n - 1)
+
+    fb, ab = bins(fin), bins(c["arrival"])
+    rows = []
+    for k in range(n):
+        here = fb == k
+        ok = here & (status == OK)
+        tt = ttft[ok]
+        rows.append({
+            "t_s": k * w, "arrived": int((ab == k).sum()), "completed": int(ok.sum()),
+            "failed": int((here & (status == FAILED)).sum()), "refused": int((here & (status == REFUSED)).sum()),
+            "goodput_rps": float((here & met).sum() / w),
+            "ttft_p50_s": float(np.percentile(tt, 50)) if tt.size else None,
+            "ttft_p99_s": float(np.percentile(tt, 99)) if tt.size else None,
+        })
+    return {"window_s": w, "windows": rows}
+
+
+def per_replica(rec: Recorder) -> list[dict]:
+    """Per replica: its name, requests dispatched there, how they ended, TTFT percentiles, busy share."""
+    c = rec.arrays()
+    status, rep = c["status"], c["replica"]
+    ttft = c["first"] - c["arrival"]
+    dur = max(rec.duration, 1e-9)
+    out = []
+    for i, plan in enumerate(rec.fleet.plans):
+        mine = rep == i
+        ok = mine & (status == OK)
+        tt = ttft[ok]
+        out.append({"name": plan.name, "gpu": plan.gpu, "requests": int(mine.sum()), "completed": int(ok.sum()),
+                    "failed": int((mine & (status == FAILED)).sum()),
+                    "ttft_p50_s": float(np.percentile(tt, 50)) if tt.size else None,
+                    "ttft_p99_s": float(np.percentile(tt, 99)) if tt.size else None,
+                    "gpu_utilisation": float(rec.busy[i] / dur)})
+    return out

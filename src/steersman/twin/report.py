@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["table", "write_results", "plot"]
+__all__ = ["table", "write_results", "plot", "drill_timeline"]
 
 _COLUMNS = (
     ("policy", None), ("load", None), ("req/s", "throughput_rps"), ("goodput", "goodput_rps"),
@@ -112,3 +112,31 @@ def plot(out: Path, runs: dict[str, dict[float, dict]], samples: dict[str, dict[
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def drill_timeline(runs: dict[str, dict[float, dict]]):
+    """A rich table of goodput per time window for every policy (at load 1x or the first), with the drills marked."""
+    from rich.table import Table
+
+    first = next(iter(runs.values()))
+    s0 = first[1.0] if 1.0 in first else first[min(first)]
+    drills = s0.get("drills") or []
+    w = s0["timeline"]["window_s"]
+    t = Table(title=f"goodput per {w:g} s window (requests meeting their SLO per s; * = a drill step in the window)",
+              title_justify="left")
+    t.add_column("t (s)", justify="right")
+    for policy in runs:
+        t.add_column(policy, justify="right")
+    t.add_column("drill")
+    cols = []
+    for by in runs.values():
+        s = by[1.0] if 1.0 in by else by[min(by)]
+        cols.append(s["timeline"]["windows"])
+    for k in range(max(len(c) for c in cols)):
+        t0 = k * w
+        here = [d for d in drills if t0 <= d["at_s"] < t0 + w]
+        label = "; ".join(f"{d['action']} {d['replica']}" + (f" {d['value']:g}" if d["value"] is not None else "")
+                          for d in here)
+        t.add_row(f"{t0:g}{'*' if here else ''}", *(f"{c[k]['goodput_rps']:.2f}" if k < len(c) else "-" for c in cols),
+                  label)
+    return t

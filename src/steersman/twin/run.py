@@ -3,7 +3,9 @@
 Every (policy, load) run gets a fresh workload from the same spec and seed, so
 each policy sees exactly the same arrivals (closed-loop agents react to each
 policy's own latencies, as real users would).  ``load`` scales the spec's
-offered rate: trace ``speed``, agent ``tasks_per_s`` and ``users``.
+offered rate: trace ``speed``, agent ``tasks_per_s`` and ``users``.  The spec's
+``drills:`` (:mod:`steersman.twin.drills`) are put on every run's timeline, at
+the same simulated times whatever the load.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import yaml
 from steersman.fleet.config import FleetConfig, make_profile
 from steersman.policy import make_policy
 from steersman.twin.core import Twin, TwinConfig
+from steersman.twin.drills import parse_drills, schedule_drills
 from steersman.twin.fleet import TwinFleet
-from steersman.twin.metrics import summarize
-from steersman.twin.results import OK
+from steersman.twin.metrics import per_replica, summarize, timeline, window_for
+from steersman.twin.results import OK, Recorder
 from steersman.twin.workload import load_workload
 
 __all__ = ["Experiment", "scale_spec", "policy_for", "read_spec"]
@@ -60,8 +63,11 @@ class Experiment:
     base_dir: Path | None = None
     seed: int = 0
     duration_s: float | None = None
+    timeline_s: float | None = None  # timeline window (None: ~40 windows over the first run, kept for the rest)
     runs: dict[str, dict[float, dict]] = field(default_factory=dict)
     samples: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: the recorder of the latest run (per-request columns, for analyses beyond the summary)
+    last: Recorder | None = None
 
     def run(self, policy: str, load: float = 1.0, progress: Callable[[float, int], None] | None = None) -> dict:
         tf = TwinFleet.from_config(self.fleet)
@@ -73,8 +79,16 @@ class Experiment:
             tenants.update(self.fleet.tenants.tenants)
         twin = Twin(tf, wl, policy_for(policy, self.fleet), tenants, TwinConfig(duration_s=duration, seed=self.seed),
                     progress)
+        drills = parse_drills(self.spec.get("drills"))
+        schedule_drills(twin, drills)
         rec = twin.run()
+        self.last = rec
         s = summarize(rec)
+        s["drills"] = [d.as_json() for d in drills]
+        if self.timeline_s is None:  # one window for every run of the experiment: timelines line up
+            self.timeline_s = window_for(rec.duration)
+        s["timeline"] = timeline(rec, self.timeline_s)
+        s["per_replica"] = per_replica(rec)
         self.runs.setdefault(policy, {})[load] = s
         if load == 1.0 or policy not in self.samples:
             c = rec.arrays()

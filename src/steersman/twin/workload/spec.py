@@ -53,6 +53,9 @@ sources:
     max_tokens: null           # null | an integer | exact
     deadline_s: null
     curve: office
+drills:                        # optional failure drills (see steersman.twin.drills), at simulated times
+  - {at: 120s, kill: h100-h100-sxm-0}
+  - {at: 300s, restore: h100-h100-sxm-0}
 ```
 
 Errors are :class:`WorkloadSpecError` naming the field, e.g.
@@ -72,6 +75,7 @@ import yaml
 
 from steersman.config.scheduler import SchedulerSettings
 from steersman.control.tenants import TenantConfigError, TenantDirectory
+from steersman.twin.drills import DrillError, parse_drills
 from steersman.twin.workload.agents import PRESETS, AgentApp, AgentSource
 from steersman.twin.workload.curve import CurveError, DailyCurve, parse_curve
 from steersman.twin.workload.dists import DistError, parse_dist
@@ -85,7 +89,7 @@ class WorkloadSpecError(ValueError):
     """The workload spec is invalid; the message names the field."""
 
 
-_TOP = {"model", "duration_s", "block_size", "seed", "tenants", "curves", "sources"}
+_TOP = {"model", "duration_s", "block_size", "seed", "tenants", "curves", "sources", "drills"}
 _COMMON = {"kind", "name", "tenant", "model", "slo", "deadline_s", "end_s", "curve"}
 _AGENT_LOAD = {"tasks_per_s", "users", "think_s", "ramp_s", "tasks_per_user", "max_tasks", "start_s"}
 _APP_DISTS = ("task_tokens", "calls", "output_tokens", "tool_tokens", "gap_s")
@@ -141,6 +145,11 @@ def parse_workload(data: Any, seed: int | None = None, *, slo_classes: Iterable[
     elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise err(f"seed must be an integer >= 0, got {seed!r}")
     slos = set(SchedulerSettings().slo_classes) if slo_classes is None else set(slo_classes)
+
+    try:
+        parse_drills(data.get("drills"))  # applied by the twin (steersman.twin.run); validated with the spec
+    except DrillError as e:
+        raise err(str(e)) from None
 
     tenants_raw = data.get("tenants")
     tenants = None
