@@ -32,10 +32,11 @@ def test_throttle_follows_the_sre_formula_and_forgets_after_two_minutes():
     t = AdaptiveThrottle(S)
     for _ in range(100):
         assert t.admit(0.0, 0.999)
-        t.accepted(0.0)
+        t.result(0.0, True)
     assert t.reject_probability(1.0) == 0.0  # a healthy backend: never throttled
     for _ in range(300):
-        t.admit(1.0, 0.999)  # the backend rejects everything from now on
+        if t.admit(1.0, 0.999):  # the backend rejects everything from now on
+            t.result(1.0, False)
     req, acc = t.totals(1.0)
     assert (req, acc) == (400, 100)
     assert t.reject_probability(1.0) == pytest.approx((400 - 2 * 100) / 401)
@@ -49,8 +50,7 @@ def _offered(accept_rate: float) -> int:
     for i in range(4000):  # 4000 attempts over 40 s
         if t.admit(i * 0.01, rng.random()):
             sent += 1
-            if rng.random() < accept_rate:
-                t.accepted(i * 0.01)
+            t.result(i * 0.01, rng.random() < accept_rate)
     return sent
 
 
@@ -112,9 +112,9 @@ class BudgetMachine(RuleBasedStateMachine):
         admitted = self.t.admit(self.now, u)
         assert admitted == (u >= p)
         self.req += 1
-        if admitted and ok:
-            self.t.accepted(self.now)
-            self.acc += 1
+        if admitted:
+            self.t.result(self.now, ok)
+            self.acc += ok
 
     @invariant()
     def counts_agree(self):

@@ -79,8 +79,7 @@ def _run(script, n=3, settings=DEFAULTS.reliability, ctx=None, clock=None):
     sched = _Schedule(n)
     p = Pipeline([sched, fwd], Retrier(settings, clock, random.Random(0)))
     for _ in range(100):  # a history of served attempts: the adaptive throttle lets everything through
-        p.retrier.throttle.admit(0.0, 0.5)
-        p.retrier.throttle.accepted(0.0)
+        p.retrier.throttle.result(0.0, True)
     ctx = ctx or _ctx()
 
     async def go():
@@ -142,7 +141,7 @@ def test_the_adaptive_throttle_rejects_attempts_locally_when_the_engines_fail():
     clock = FakeClock()
     p = Pipeline([_Schedule(3), _Forward(["ok"])], Retrier(DEFAULTS.reliability, clock, random.Random(0)))
     for _ in range(1000):
-        p.retrier.throttle.admit(0.0, 0.999)  # 1000 attempts, none served
+        p.retrier.throttle.result(0.0, False)  # 1000 attempts, none served
     ctx = _ctx()
     asyncio.run(p.handle(ctx))
     assert ctx.http.answer[0] == 503 and b"throttled" in ctx.http.answer[1] and b"Retry-After" in ctx.http.answer[2]

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,7 @@ class Ticket:
     predicted_tpot: float | None = None
     first_at: float | None = None
     verdict: bool | None = None  # the attempt's verdict on the replica: served (True) / server-side failure (False)
+    on_first: Any = None  # called once at the first token (the runner releases a retry-budget token)
 
 
 def _or_one(x: float) -> float:
@@ -140,6 +142,9 @@ class Fleet:
             return
         now = self.clock.now()
         t.first_at = now
+        if t.on_first is not None:
+            t.on_first, hook = None, t.on_first
+            hook()
         live = self.live
         live[S.PENDING_PREFILL, t.replica] -= t.uncached
         live[S.DECODING, t.replica] += 1
@@ -171,12 +176,16 @@ class Fleet:
                 self.guard.released(i, id(t), now)
             elif t.verdict:
                 self.guard.succeeded(i, id(t), now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
-            else:
-                self.guard.failed(i, id(t), now)
 
     def report(self, t: Ticket, ok: bool) -> None:
-        """An attempt's verdict on its replica's health, applied when the ticket ends (``end``)."""
+        """An attempt's verdict on its replica's health: a failure counts at once, a success when the ticket ends."""
         t.verdict = ok
+        if not ok and self.guard is not None:
+            self.guard.failed(t.replica, id(t), self.clock.now())
+
+    def blocked(self, index: int) -> bool:
+        """Is the replica out of rotation now (ejected, breaker open)?"""
+        return self.guard is not None and bool(self.guard.blocked_until(self.clock.now())[index] > self.clock.now())
 
     def observe_prefix(self, index: int, predicted_blocks: int, reported_blocks: int) -> None:
         """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""

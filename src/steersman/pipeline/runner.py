@@ -6,7 +6,9 @@ the runner loops (when it has a :class:`Retrier`):
 * ``Fail(err, Retry.SAFE)`` from ``forward`` (nothing reached the client): if the
   attempt count (``retry_max_attempts``), the request's deadline, the retry budget
   (Envoy's: retries <= 20 % of active requests, min 3; a protected workflow step
-  buys a larger share) allow, the failed replica joins ``ctx.excluded``, the runner
+  buys a larger share; a retry away from a replica its failure just took out of
+  rotation needs no token; a token is held until the retried attempt's first
+  token — from then on the retry has worked and its load is the request's own) allow, the failed replica joins ``ctx.excluded``, the runner
   sleeps a full-jitter backoff on the injected clock, re-runs ``schedule`` (which
   routes again without re-admitting, avoiding ``ctx.excluded``) and forwards again.
 * ``Fail(err, Retry.CONTINUE_ONLY)`` (bytes have streamed): if
@@ -138,7 +140,7 @@ class Pipeline:
         assert r is not None
         r.requests += 1
         r.budget.begin()
-        holding = False  # a retry-budget token, held from the first retry to the end
+        holding = [False]  # a retry-budget token: held from a retry decision to its attempt's first token
         last: Fail | None = None  # the last upstream failure: what the client sees if no retry succeeds
         reschedules = 0
         try:
@@ -160,9 +162,11 @@ class Pipeline:
                 ticket = ctx.ticket
                 ctx.attempts += 1
                 r.attempts += 1
+                if holding[0] and ticket is not None:
+                    ticket.on_first = lambda: self._release(holding)
                 out = await self._attempt(ctx, forward)
+                r.throttle.result(r.clock.now(), isinstance(out, Respond))
                 if isinstance(out, Respond):
-                    r.throttle.accepted(r.clock.now())
                     self._verdict(ticket, True)
                     return out
                 if not isinstance(out, Fail) or out.retry is Retry.NEVER:
@@ -183,19 +187,21 @@ class Pipeline:
                 if ctx.attempts >= r.s.retry_max_attempts:
                     r.counts.inc("attempts_exhausted")
                     return out
-                if not holding and not evicted:
+                # a retry away from a replica that is now out of rotation (ejected, breaker open) or that the
+                # gateway abandoned re-routes that replica's share; it is not load on a failing fleet: no token
+                exempt = evicted or (self.fleet is not None and ctx.replica is not None and self.fleet.blocked(ctx.replica))
+                if not holding[0] and not exempt:
                     if not r.budget.try_retry(r.share(ctx)):
                         r.counts.inc("budget_exhausted")
                         return out
-                    holding = True
+                    holding[0] = True
                 if not await self._backoff(ctx, ctx.attempts):
                     r.counts.inc("deadline")
                     return out
-                r.counts.inc("evicted" if evicted else "retried")
+                r.counts.inc("evicted" if evicted else "rerouted" if exempt else "retried")
         finally:
             self._evicted.discard(ctx)
-            if holding:
-                r.budget.end_retry()
+            self._release(holding)
             r.budget.end()
 
     async def _route(self, ctx: RequestContext, route: Sequence[Stage]) -> Outcome:
@@ -218,6 +224,11 @@ class Pipeline:
             return False
         await r.clock.sleep(delay)
         return True
+
+    def _release(self, holding: list[bool]) -> None:
+        if holding[0]:
+            holding[0] = False
+            self.retrier.budget.end_retry()
 
     def _verdict(self, ticket, ok: bool) -> None:
         if self.fleet is not None and ticket is not None:

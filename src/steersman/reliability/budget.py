@@ -6,7 +6,7 @@
   workflow step buys ``workflow_retry_share`` times the budget).
 * :class:`AdaptiveThrottle` — over the last ``throttle_window_s`` the gateway
   counts upstream *requests* (attempts, including ones it rejected itself) and
-  *accepts* (the engine served them); a new attempt is rejected locally with
+  *accepts* (the engine served them), counting each when it ends; a new attempt is rejected locally with
   probability ``max(0, (requests - K * accepts) / (requests + 1))``, K =
   ``throttle_k`` (SRE book, "Handling Overload").  A healthy fleet never
   throttles (accepts == requests); a failing one sheds at the gateway instead of
@@ -67,14 +67,21 @@ class AdaptiveThrottle:
         return max(0.0, (req - self.k * acc) / (req + 1))
 
     def admit(self, now: float, u: float) -> bool:
-        """Count an attempt; ``u`` is a uniform draw in [0, 1).  False: reject it locally."""
-        p = self.reject_probability(now)
-        self._counts.add(now, self._REQ)
-        return not u < p
+        """May an attempt go upstream?  ``u`` is a uniform draw in [0, 1).  A local rejection counts as a request."""
+        if u < self.reject_probability(now):
+            self._counts.add(now, self._REQ)
+            return False
+        return True
 
-    def accepted(self, now: float) -> None:
-        """The engine served an attempt (any answer that was not a server-side failure)."""
-        self._counts.add(now, self._ACC)
+    def result(self, now: float, accepted: bool) -> None:
+        """An admitted attempt ended: the engine served it (any answer but a server-side failure) or not.
+
+        Counted when it ends, not when sent, so requests still in flight do not
+        look rejected (at start-up the first concurrent requests would throttle each other).
+        """
+        self._counts.add(now, self._REQ)
+        if accepted:
+            self._counts.add(now, self._ACC)
 
     def totals(self, now: float) -> tuple[int, int]:
         req, acc = self._counts.totals(now)

@@ -1,0 +1,70 @@
+"""A hung replica and a slow one are ejected within 10 s (scaled); TTFT is back to normal afterwards."""
+
+import time
+
+import pytest
+
+from conftest import SPEEDUP, background, body, fault, result, scaled, until
+from steersman.enginesim.app import SimServerConfig
+from steersman.testing import LiveFleet
+from steersman.testing.faultload import Client, Load, open_loop, percentile
+
+RATE = 40.0  # requests per second, well under the fleet's capacity
+RUN_S = 5.0
+FAULT_AT = 1.5
+
+
+def _drill(spec: dict, rel: dict):
+    sims = [SimServerConfig(speedup=SPEEDUP, port=0) for _ in range(3)]
+    with LiveFleet(sims=sims, extra={"reliability": rel}) as lf:
+        gw = lf.gateway
+
+        async def load():
+            c = Client(lf.url, retries=0, patience_s=20.0)
+            try:
+                return await open_loop(c, [Load("std", body=body("a steady stream of questions", 24))], RATE, RUN_S)
+            finally:
+                await c.close()
+
+        th, box = background(load)
+        time.sleep(FAULT_AT)
+        t_fault = time.monotonic()
+        fault(lf.sims[1].url, **spec)
+        took = until(lambda: gw.fleet.blocked(1), "the faulty replica is ejected", timeout=RUN_S)
+        t_out = t_fault + took
+        done = result(th, box)
+        fault(lf.sims[1].url)
+        return done, t_fault, t_out, lf.call(_state, gw)
+
+
+async def _state(gw):
+    return gw.fleet.guard.state(1, gw.clock.now()), dict(gw.pipeline.retrier.counts.values)
+
+
+def _check(done, t_fault, t_out):
+    assert t_out - t_fault < 10.0 / SPEEDUP, f"ejected after {t_out - t_fault:.2f}s"
+    failed = [d for d in done if not d.ok]
+    assert not failed, failed[:3]
+    before = [d.ttft for d in done if d.end < t_fault]
+    after = [d.ttft for d in done if d.start > t_out + 0.1]
+    assert len(before) > 20 and len(after) > 20
+    p99_before, p99_after = percentile(before, 99), percentile(after, 99)
+    assert p99_after <= max(2.0 * p99_before, p99_before + 0.05), (p99_before, p99_after)
+    return p99_before, p99_after
+
+
+def test_hung_replica_is_ejected_and_its_waiting_requests_move():
+    # a hang shows as a stalled first token: 3x the peers' TTFT, over the standard TTFT target scaled (2 s / SPEEDUP)
+    done, t_fault, t_out, (st, counts) = _drill({"hang": True}, scaled(latency_floor_ttft_s=2.0 / SPEEDUP))
+    assert "no first token" in st["reason"], st
+    _check(done, t_fault, t_out)
+    assert counts.get(("evicted",), 0) >= 1  # requests stuck on the hung engine were re-sent elsewhere
+
+
+def test_slow_replica_is_ejected_for_its_latency():
+    # 8x slower steps; its TTFT/TPOT are far above the peers' (the floors are off: this engine is fast enough
+    # that even 8x slower it would meet the standard SLO, which would make it no outlier by design)
+    rel = scaled(latency_floor_ttft_s=0.0, latency_floor_tpot_s=0.0)
+    done, t_fault, t_out, (st, counts) = _drill({"slowdown": 8.0}, rel)
+    assert any(k in st["reason"] for k in ("TTFT", "TPOT", "no first token")), st
+    _check(done, t_fault, t_out)
