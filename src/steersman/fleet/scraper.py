@@ -57,7 +57,13 @@ class Scraper:
         self._tasks = [loop.create_task(self._loop(r), name=f"scrape-{r.name}") for r in self.fleet.replicas]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # cancel until they end: on Python 3.11 a wait_for (connect, scrape timeout) whose inner call finishes
+        # just as the cancel arrives swallows it (gh-86296), and the loop would go on scraping forever
+        pending = set(self._tasks)
+        for _ in range(50):
+            if not pending:
+                break
+            for t in pending:
+                t.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.1)
         self._tasks = []

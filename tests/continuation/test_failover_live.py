@@ -1,0 +1,111 @@
+"""Kill a replica mid-stream: every stream completes on another replica, token for token.
+
+Live: engine-sim replicas (50x real time) behind the real gateway, the official
+``openai`` client.  References are uninterrupted runs of the same requests on the
+same fleet before the fault (engine-sim's text is a function of the context, so
+any healthy replica gives the same answer).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from steersman.enginesim.faults import FaultSpec
+from steersman.testing import LiveFleet
+
+from cont_streams import Seen, chat, completion, migrations, sims
+
+MODEL = "llama-3.1-8b"
+
+
+def _die(lf: LiveFleet, index: int, after: int) -> None:
+    async def f():
+        lf.sims[index].faults.apply(FaultSpec(die_after_tokens=after))
+
+    lf.call(f)
+
+
+def _check_same(got: Seen, ref: Seen, include_usage: bool) -> None:
+    assert got.pieces == ref.pieces  # no lost, no duplicated, no reordered token
+    assert got.finish == ref.finish
+    assert len(got.heads) == 1  # one id / created / model in every chunk
+    if include_usage:
+        assert got.usage is not None and ref.usage is not None
+        assert (got.usage.prompt_tokens, got.usage.completion_tokens, got.usage.total_tokens) == (
+            ref.usage.prompt_tokens, ref.usage.completion_tokens, ref.usage.total_tokens)
+    else:
+        assert got.usage is None
+
+
+def _requests(client, stop_word: str | None):
+    msgs = lambda s: [{"role": "user", "content": s}]  # noqa: E731
+    calls = [
+        ("chat", False, lambda: chat(client, model=MODEL, max_tokens=48, messages=msgs("Tell me about replicas."))),
+        ("chat", True, lambda: chat(client, model=MODEL, max_tokens=40, messages=msgs("Explain prefix caching, briefly."),
+                                    stream_options={"include_usage": True})),
+        ("completion", True, lambda: completion(client, model=MODEL, max_tokens=44, prompt="Once upon a time ",
+                                                 stream_options={"include_usage": True})),
+        ("completion", False, lambda: completion(client, model=MODEL, max_tokens=36, prompt="The fleet router said")),
+    ]
+    if stop_word is not None:
+        calls.append(("chat", True, lambda: chat(client, model=MODEL, max_tokens=60, messages=msgs("Tell me about replicas."),
+                                                 stop=[stop_word], stream_options={"include_usage": True})))
+    return calls
+
+
+def test_kill_a_replica_mid_stream_every_stream_continues_token_exact(openai_client):
+    with LiveFleet(sims=sims(3), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        base = chat(client, model=MODEL, max_tokens=48, messages=[{"role": "user", "content": "Tell me about replicas."}])
+        stop_word = base.pieces[30].strip(" ,.;:") or base.pieces[31].strip(" ,.;:")  # cuts the answer late
+        calls = _requests(client, stop_word)
+        refs = [fn() for _, _, fn in calls]
+        assert refs[-1].finish == "stop" and len(refs[-1].pieces) < 60
+        before = migrations(lf.url)
+        _die(lf, 0, after=15)  # replica 0 crashes (connections reset, port closed) after 15 more tokens
+        with ThreadPoolExecutor(len(calls) * 2) as pool:
+            got = list(pool.map(lambda c: c[2](), calls * 2))
+        for (kind, usage, _), ref, g in zip(calls * 2, refs * 2, got):
+            _check_same(g, ref, usage)
+            if kind == "chat":
+                assert g.roles == 1  # no second role chunk from the continuation
+        assert lf.sims[0].faults.dead
+        assert migrations(lf.url) - before >= 1  # streams that had not started there are plain retries
+
+
+@pytest.mark.parametrize("kind,kw", [
+    ("chat", dict(max_tokens=30, messages=[{"role": "user", "content": "One stream, cut early."}],
+                  stream_options={"include_usage": True})),
+    ("chat", dict(max_tokens=60, messages=[{"role": "user", "content": "Tell me about replicas."}], stop=["yellow"])),
+    ("completion", dict(max_tokens=30, prompt="A prompt that ends in whitespace\n\n", stream_options={"include_usage": True})),
+    ("completion", dict(max_tokens=30, prompt=["Once upon a time "], stream_options={"include_usage": True})),
+])
+def test_one_stream_migrates_with_exact_tokens_and_usage(openai_client, kind, kw):
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        run = chat if kind == "chat" else completion
+        ref = run(client, model=MODEL, **kw)
+        assert len(ref.pieces) > 6
+        if "stop" in kw:
+            assert ref.finish == "stop" and len(ref.pieces) < kw["max_tokens"]
+        _die(lf, 0, after=4)  # round-robin sends this stream to replica 0 (the reference went to 1): it dies after 4 tokens
+        first = run(client, model=MODEL, **kw)
+        _check_same(first, ref, "stream_options" in kw)
+        assert migrations(lf.url) == 1
+        if kind == "chat":
+            assert first.roles == 1
+
+
+def test_structured_output_is_not_continued_the_stream_ends_with_an_error_event(openai_client):
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        _die(lf, 0, after=4)
+        _die(lf, 1, after=4)
+        with pytest.raises(openai.APIError) as e:
+            chat(client, model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Tell me about replicas."}],
+                 response_format={"type": "json_object"})
+        assert "cannot be continued" in str(e.value) and "response_format" in str(e.value)
+        assert migrations(lf.url) == 0
