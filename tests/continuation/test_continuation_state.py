@@ -1,0 +1,115 @@
+"""Continuation state: what is recorded from a stream, the continuation request, the rewritten chunks."""
+
+import orjson
+import pytest
+
+from steersman.api.schema import decode_chat, decode_completion
+from steersman.engines.sse import DONE
+from steersman.enginesim.chunks import ChunkWriter
+from steersman.pipeline.continuation import BadEvent, Continuation
+
+LIMIT = 131072
+
+
+def chat_cont(**extra):
+    body = orjson.dumps({"model": "m", "stream": True, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+                         "x_unknown": 1, **extra})
+    return Continuation(decode_chat(body, LIMIT), body, 7)
+
+
+def payload(event: bytes) -> bytes:
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    return event[6:-2]
+
+
+def test_records_text_tokens_and_builds_the_assistant_prefix_request():
+    c = chat_cont()
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    c.begin_leg()
+    for e in (w.role(), w.token("Hello"), w.token(" world")):
+        c.observe(payload(e))
+    assert (c.text, c.tokens, c.remaining, c.allowed) == ("Hello world", 2, 8, True)
+    body = orjson.loads(c.request_body())
+    assert body["messages"][-1] == {"role": "assistant", "content": "Hello world"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_tokens"] == 8 and body["stream_options"] == {"include_usage": True}
+    assert body["x_unknown"] == 1  # unknown fields travel on, as in the original request
+
+
+def test_rewrite_drops_the_second_role_chunk_and_keeps_the_first_head():
+    c = chat_cont(stream_options={"include_usage": True})
+    c.begin_leg()
+    w1 = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    for e in (w1.role(), w1.token("a"), w1.token(" b")):
+        c.observe(payload(e))
+    c.begin_leg()
+    w2 = ChunkWriter(True, "chatcmpl-2", 999, "m2")
+    assert c.rewrite(payload(w2.role())) is None
+    t = orjson.loads(c.rewrite(payload(w2.token(" c", "length"))))
+    assert (t["id"], t["created"], t["model"]) == ("chatcmpl-1", 123, "m")
+    assert t["choices"][0]["delta"] == {"content": " c"}
+    u = orjson.loads(c.rewrite(payload(w2.usage({"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}))))
+    assert u["usage"] == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert c.rewrite(DONE) == DONE and c.done
+
+
+def test_usage_chunk_dropped_when_the_client_did_not_ask():
+    c = chat_cont()
+    c.begin_leg()
+    c.begin_leg()
+    w = ChunkWriter(True, "x", 1, "m")
+    assert c.rewrite(payload(w.usage({"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}))) is None
+
+
+def test_completion_continuation_appends_to_the_prompt():
+    body = orjson.dumps({"model": "m", "prompt": "Once ", "max_tokens": 5, "stream": True})
+    c = Continuation(decode_completion(body, LIMIT), body, None)
+    c.begin_leg()
+    w = ChunkWriter(False, "cmpl-1", 1, "m")
+    c.observe(payload(w.token("upon")))
+    b = orjson.loads(c.request_body())
+    assert b["prompt"] == "Once upon" and b["max_tokens"] == 4
+
+
+@pytest.mark.parametrize("extra,reason", [
+    ({"n": 2}, "n > 1"),
+    ({"logprobs": True}, "logprobs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+    ({"guided_json": {"type": "object"}}, "guided"),
+])
+def test_unsafe_requests_are_not_continued(extra, reason):
+    c = chat_cont(**extra)
+    assert not c.allowed and reason in c.reason
+
+
+def test_a_tool_call_in_progress_forbids_continuation():
+    c = chat_cont(tools=[{"type": "function", "function": {"name": "f"}}])
+    assert c.allowed
+    c.begin_leg()
+    c.observe(b'{"id":"x","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}')
+    assert not c.allowed and "tool call" in c.reason
+
+
+def test_token_id_prompts_are_not_continued():
+    body = orjson.dumps({"model": "m", "prompt": [1, 2, 3], "stream": True})
+    assert not Continuation(decode_completion(body, LIMIT), body, None).allowed
+
+
+def test_malformed_events_raise():
+    c = chat_cont()
+    for bad in (b"{not json", b"[1,2]", b'{"choices": 5}', b'{"error": {"message": "boom"}}'):
+        with pytest.raises(BadEvent):
+            c.observe(bad)
+
+
+def test_closing_events_when_the_engine_died_after_its_last_token():
+    c = chat_cont(stream_options={"include_usage": True})
+    c.begin_leg()
+    w = ChunkWriter(True, "chatcmpl-1", 5, "m")
+    c.observe(payload(w.role()))
+    for i in range(10):
+        c.observe(payload(w.token(f" t{i}")))
+    assert c.remaining == 0
+    events = [orjson.loads(e[6:]) for e in c.closing_events().split(b"\n\n") if e and e != b"data: [DONE]"]
+    assert events[0]["choices"][0]["finish_reason"] == "length"
+    assert events[1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}
