@@ -27,12 +27,13 @@ class SseError(ValueError):
 
 
 class SseParser:
-    __slots__ = ("max_event_bytes", "_buf", "_slow")
+    __slots__ = ("max_event_bytes", "_buf", "_slow", "clean")
 
     def __init__(self, max_event_bytes: int) -> None:
         self.max_event_bytes = max_event_bytes
         self._buf = b""
         self._slow = False  # once a "\r" was seen, every read takes the general path
+        self.clean = False  # the last feed was exactly whole one-line ``data: `` events (relay it as it came)
 
     @property
     def pending(self) -> int:
@@ -41,9 +42,14 @@ class SseParser:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The data payloads of the events completed by ``data``."""
+        self.clean = False
         if self._buf:
             data = self._buf + data
             self._buf = b""
+        elif (data.startswith(b"data: ") and data.endswith(b"\n\n") and data.count(b"\n") == 2
+              and not self._slow and b"\r" not in data):
+            self.clean = True  # one whole one-line event: the common read of a paced engine
+            return [data[6:-2]]
         if not self._slow and b"\r" in data:
             self._slow = True
         if self._slow:
@@ -54,13 +60,17 @@ class SseParser:
             raise SseError(f"an event is longer than {self.max_event_bytes} bytes")
         self._buf = rest
         out = []
+        clean = not rest
         for ev in parts:
             if ev.startswith(b"data: ") and b"\n" not in ev:
                 out.append(ev[6:])  # the one-line event every OpenAI server writes
-            elif ev:
-                p = _payload(ev.split(b"\n"))
-                if p is not None:
-                    out.append(p)
+            else:
+                clean = False
+                if ev:
+                    p = _payload(ev.split(b"\n"))
+                    if p is not None:
+                        out.append(p)
+        self.clean = clean
         return out
 
     def _feed_general(self, data: bytes) -> list[bytes]:

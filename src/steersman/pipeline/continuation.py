@@ -36,6 +36,9 @@ __all__ = ["Continuation", "BadEvent", "refusal_reason"]
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "grammar", "json_schema")
 
 
+_RAW_KEYS = (b'logprobs"', b"guided_", b'structured_outputs"', b'grammar"', b'json_schema"')
+
+
 class BadEvent(ValueError):
     """An engine event that is not an OpenAI stream chunk."""
 
@@ -284,6 +287,9 @@ def _empty_chat_choice(ch: Any) -> bool:
 
 
 def _raw_fields(body: bytes) -> dict[str, Any]:
+    """The request's fields outside the typed schema that matter here (parsed only when present)."""
+    if not any(k in body for k in _RAW_KEYS):
+        return {}
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:

@@ -61,11 +61,12 @@ class _Relay:
         if self.error is not None or self.cont.done:
             return
         try:
-            self.events(self.parser.feed(data))
+            self.events(self.parser.feed(data), data)
         except SseError as e:
             self.fail(f"malformed event stream: {e}")
 
-    def events(self, payloads: list[bytes]) -> None:
+    def events(self, payloads: list[bytes], data: bytes | None = None) -> None:
+        """Record, validate and relay complete events; ``data``: the read they came in, if it was exactly them."""
         if not payloads:
             return
         cont = self.cont
@@ -87,7 +88,8 @@ class _Relay:
             self.fail(str(e))
             return
         if kept:
-            self.write(_frame(kept))
+            clean = data is not None and not self.resumed and self.parser.clean and len(kept) == len(payloads)
+            self.write(data if clean else _frame(kept))
 
     def write(self, out: bytes) -> None:
         t = self.now()
