@@ -94,3 +94,15 @@ def test_oversized_event_is_an_error_not_a_growing_buffer():
     p = SseParser(1000)
     with pytest.raises(SseError):
         p.feed(b"\r" + b"y" * 2000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(stream=event_streams(), data=st.data())
+def test_clean_means_the_read_was_exactly_its_events(stream, data):
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    p = SseParser(1 << 20)
+    for a, b in zip([0] + cuts, cuts + [len(stream)]):
+        chunk = stream[a:b]
+        got = p.feed(chunk)
+        if p.clean:
+            assert chunk == b"".join(b"data: " + e + b"\n\n" for e in got)

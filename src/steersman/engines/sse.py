@@ -43,9 +43,11 @@ class SseParser:
     def feed(self, data: bytes) -> list[bytes]:
         """The data payloads of the events completed by ``data``."""
         self.clean = False
+        whole = True  # ``data`` starts at an event boundary
         if self._buf:
             data = self._buf + data
             self._buf = b""
+            whole = False
         elif (data.startswith(b"data: ") and data.endswith(b"\n\n") and data.count(b"\n") == 2
               and not self._slow and b"\r" not in data):
             self.clean = True  # one whole one-line event: the common read of a paced engine
@@ -60,7 +62,7 @@ class SseParser:
             raise SseError(f"an event is longer than {self.max_event_bytes} bytes")
         self._buf = rest
         out = []
-        clean = not rest
+        clean = whole and not rest
         for ev in parts:
             if ev.startswith(b"data: ") and b"\n" not in ev:
                 out.append(ev[6:])  # the one-line event every OpenAI server writes
