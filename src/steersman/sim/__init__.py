@@ -3,8 +3,9 @@
 * :mod:`~steersman.sim.gpus`, :mod:`~steersman.sim.models`: hardware and model profiles.
 * :mod:`~steersman.sim.roofline`: calibrated step-time model (also usable alone to
   predict a hypothetical batch).
-* :mod:`~steersman.sim.kvcache`, :mod:`~steersman.sim.scheduler`: vLLM v1's paged KV
-  cache with prefix caching and its continuous-batching scheduler.
+* :mod:`~steersman.sim.kvcache` (+ :mod:`~steersman.sim.kvextras`: introspection and
+  the per-call vLLM API), :mod:`~steersman.sim.scheduler`: vLLM v1's paged KV cache
+  with prefix caching and its continuous-batching scheduler.
 * :mod:`~steersman.sim.engine`: :class:`EngineModel`, driven step by step with
   ``now`` passed in (its parts: :mod:`~steersman.sim.decodeset`, the lazy running
   set; :mod:`~steersman.sim.weights`; :mod:`~steersman.sim.engine_types`, what it

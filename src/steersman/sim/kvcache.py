@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from steersman.sim.kvextras import KVPoolExtras
 from steersman.sim.request import _NEVER, SimRequest
 
 __all__ = ["KVPool"]
@@ -75,7 +76,7 @@ class _Seg:
         self.root = root
 
 
-class KVPool:
+class KVPool(KVPoolExtras):
     __slots__ = ("num_blocks", "block_size", "caching", "num_free", "_free", "_idx", "_orph", "_ncached")
 
     def __init__(self, num_blocks: int, block_size: int, caching: bool = True) -> None:
@@ -103,35 +104,6 @@ class KVPool:
 
     def usage(self) -> float:
         return 1.0 - self.num_free / self.num_blocks if self.num_blocks else 0.0
-
-    def ref_counts(self) -> dict[int, int]:
-        """Every cached block: hash -> ref count (0 = free, evictable).  O(cached blocks)."""
-        out = {}
-        for s in self._segments():
-            hs, ref = s.hs, s.ref
-            for p in range(s.lo, s.hi):
-                out[hs[p]] = ref
-        return out
-
-    def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self.ref_counts()
-
-    def ref_count(self, block_hash: int) -> int:
-        return self.ref_counts().get(block_hash, 0)
-
-    def free_queue(self) -> list[int | None]:
-        """The free queue front to back: a hash per cached block, None per uncached one (tests)."""
-        out: list[int | None] = []
-        for key in self._free:
-            if key.__class__ is _Run:
-                out.extend([None] * key.n)  # type: ignore[attr-defined]
-            else:
-                hs = key.hs  # type: ignore[attr-defined]
-                out.extend(hs[p] for p in range(key.hi - 1, key.lo - 1, -1))  # type: ignore[attr-defined]
-        return out
-
-    def _segments(self) -> list[_Seg]:
-        return list(self._idx.values())
 
     def block_list(self, req: SimRequest, n: int) -> list[int | None]:
         """``req``'s first ``n`` blocks: hash if cached, else None."""
@@ -359,56 +331,6 @@ class KVPool:
             if hi > req._cov:
                 self._register(req, req._cov, hi, hs)
             req._hashed = full if hi == full else _NEVER
-
-    def lookup(self, req: SimRequest) -> list[int]:
-        """Hashes of the longest run of ``req``'s leading blocks in the cache.
-
-        As vLLM's get_computed_blocks: at most (num_tokens - 1) // block_size blocks,
-        so at least the last token is recomputed (a fully cached, block-aligned prompt
-        recomputes its whole last block).
-        """
-        if not self.caching:
-            return []
-        bs = self.block_size
-        limit = (req.num_tokens - 1) // bs
-        hs = req.chain(limit, bs)
-        limit = min(limit, len(hs))
-        hits, _, _ = self._walk(hs, limit) if limit > 0 else (0, 0, None)
-        return hs[:hits]
-
-    def blocks_needed(self, req: SimRequest, num_tokens: int, hits: list[int] | None = None) -> int:
-        """Free blocks that :meth:`allocate` would consume (vLLM get_num_blocks_to_allocate)."""
-        n_hits = len(hits) if hits else 0
-        need = -(-num_tokens // self.block_size) - req.num_blocks - n_hits
-        if need < 0:
-            need = 0
-        if hits:
-            need += self._walk(req.chain(n_hits, self.block_size), n_hits)[1]
-        return need
-
-    def allocate(self, req: SimRequest, num_tokens: int, hits: list[int] | None = None) -> bool:
-        """Make ``req`` hold blocks for its first ``num_tokens`` tokens (vLLM allocate_slots).
-
-        ``hits`` (from :meth:`lookup`, for a request holding nothing) are touched and
-        become its first blocks.  Returns False, changing nothing, if the free queue is
-        too short.  Does not cache anything: call :meth:`cache` next.
-        """
-        if self.blocks_needed(req, num_tokens, hits) > self.num_free:
-            return False
-        req._kv = self
-        if req._ent is None:
-            req._ent = []
-        if hits:
-            n_hits = len(hits)
-            _, _, path = self._walk(req.chain(n_hits, self.block_size), n_hits)
-            self._touch(req, path)
-            req._cov = req._nblocks = n_hits
-            req._hashed = 0
-        total = -(-num_tokens // self.block_size)
-        if total > req._nblocks:
-            self.take(total - req._nblocks)
-            req._nblocks = total
-        return True
 
     def take(self, n: int) -> None:
         """Take ``n`` blocks off the free queue's front, evicting cached ones."""
