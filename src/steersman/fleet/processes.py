@@ -2,7 +2,8 @@
 
 :class:`LlamaServerFleet` starts N ``llama-server`` processes on free loopback
 ports (parallel slots, ``--metrics``, ``/slots``, ``--swa-full`` so Gemma 3 can
-reuse prompt prefixes, ``--cache-reuse``), waits for each ``/health``, hands back
+reuse prompt prefixes, ``--cache-reuse``, the built-in chat template with
+``--no-jinja``, ``--no-repack`` to stay off AMX, see ``LlamaCppSettings``), waits for each ``/health``, hands back
 fleet-file endpoint entries, and stops them (SIGTERM, SIGKILL after a grace).
 Each child also gets ``PR_SET_PDEATHSIG`` (Linux): if steersman itself is
 killed with SIGKILL the kernel stops the engines, so no orphans are left.
@@ -157,8 +158,8 @@ class LlamaServerFleet:
         return [
             str(self.binary), "-m", str(self.model), "--host", self.host, "--port", str(port),
             "--alias", s.model_name, "-np", str(s.parallel), "-c", str(s.ctx_size), "-t", str(s.threads),
-            "--metrics", "--slots", "--swa-full", "--chat-template", s.chat_template,
-            "--cache-reuse", str(s.cache_reuse), *self.extra_args,
+            "--metrics", "--slots", "--swa-full", "--no-jinja", "--chat-template", s.chat_template,
+            "--cache-reuse", str(s.cache_reuse), *(() if s.repack else ("--no-repack",)), *self.extra_args,
         ]
 
     def _spawn(self, i: int) -> EngineProcess:

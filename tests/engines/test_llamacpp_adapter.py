@@ -1,0 +1,55 @@
+"""llama.cpp adapter against real llama-server pages (recorded by scripts/record-llamacpp-samples.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from steersman.engines.llamacpp import SlotState, llamacpp_metrics, parse_slots
+
+DATA = Path(__file__).parent / "data"
+
+
+def _page(tag: str) -> str:
+    return (DATA / f"llamacpp_metrics_{tag}.txt").read_text()
+
+
+def _slots(tag: str) -> list[SlotState]:
+    return parse_slots(json.loads((DATA / f"llamacpp_slots_{tag}.json").read_text()))
+
+
+def test_idle_server_after_a_prefix_hit():
+    # two requests sharing a system prompt: the second computed only its suffix
+    m = llamacpp_metrics(_page("idle"), _slots("idle"), block_size=16)
+    assert (m.num_running, m.num_waiting) == (0, 0)
+    assert m.prefix_hits == 409  # llamacpp:prompt_tokens_cached_total
+    assert m.prefix_queries == 423 + 409  # processed (cached excluded) + cached
+    assert m.kv_usage == 0.0  # nothing processing: held prefixes are reusable cache, not load
+    assert m.kv_blocks_total == 4 * 2048 / 16  # -np 4 slots of 2048 tokens (-c 8192)
+
+
+def test_idle_slots_keep_the_prefix_they_hold():
+    slots = _slots("idle")
+    assert [s.id for s in slots] == [0, 1, 2, 3]
+    assert not any(s.processing for s in slots)
+    assert max(s.held_tokens for s in slots) == 423  # the shared prompt stays in one slot's KV
+
+
+def test_busy_server_running_and_deferred():
+    slots = _slots("busy")
+    m = llamacpp_metrics(_page("busy"), slots, block_size=16)
+    assert (m.num_running, m.num_waiting) == (2, 2)  # -np 2: two decode, two wait for a slot
+    assert all(s.processing and s.decoded > 0 for s in slots)
+    assert m.kv_usage == pytest.approx((425 + 426) / 8192)
+    assert m.kv_blocks_total == 8192 / 16
+
+
+def test_metrics_without_slots_still_read_the_load():
+    m = llamacpp_metrics(_page("busy"), None)
+    assert (m.num_running, m.num_waiting, m.kv_usage, m.kv_blocks_total) == (2, 2, 0.0, None)
+
+
+@pytest.mark.parametrize("bad", [{"error": "disabled"}, [{"n_ctx": 1}], "x"])
+def test_not_a_slot_list_is_refused(bad):
+    with pytest.raises(ValueError):
+        parse_slots(bad)
