@@ -201,6 +201,7 @@ def main() -> None:
         gc.freeze()
         gc.set_threshold(200_000, 50, 1000)
     t1 = time.perf_counter()
+    c1 = time.process_time()
     try:
         if prof is not None:
             prof.enable()
@@ -209,6 +210,7 @@ def main() -> None:
             prof.disable()
     finally:
         wall = time.perf_counter() - t1
+        cpu = time.process_time() - c1
         if timers is not None:
             timers.restore()
         if args.gc == "tuned":
@@ -219,7 +221,7 @@ def main() -> None:
     steps = sum(r.engine.num_steps for r in fleet.replicas)
     out = {
         "requests": n, "gpus": args.gpus, "policy": args.policy, "gc": args.gc, "profiled": args.profile,
-        "wall_s": wall, "setup_s": setup, "requests_per_wall_s": n / wall, "us_per_request": wall / n * 1e6,
+        "wall_s": wall, "cpu_s": cpu, "setup_s": setup, "cpu_us_per_request": cpu / n * 1e6, "requests_per_wall_s": n / wall, "us_per_request": wall / n * 1e6,
         "simulated_s": rec.duration, "completed": s["completed"], "gpu_utilisation": s["gpu_utilisation"],
         "engine_steps": steps, "ttft_p50_s": s["ttft_s"]["p50"], "tpot_p50_s": s["tpot_s"]["p50"],
         "extrapolated_1M_s": wall / n * 1_000_000,
@@ -228,6 +230,8 @@ def main() -> None:
           f"{', PROFILED' if args.profile else ''})")
     print(f"  wall {wall:8.2f} s   {n / wall:10,.0f} requests/wall-s   {wall / n * 1e6:7.1f} us/request"
           f"   (setup {setup:.2f} s; 1M requests at this rate: {wall / n * 1e6:.0f} s)")
+    print(f"  CPU  {cpu:8.2f} s   {n / cpu:10,.0f} requests/CPU-s    {cpu / n * 1e6:7.1f} us/request"
+          f"   (wall / CPU = {wall / cpu:.2f}: > 1 when other processes share the core)")
     print(f"  simulated {rec.duration:,.0f} s: {s['completed']:,} completed, GPU utilisation "
           f"{s['gpu_utilisation']:.0%}, {steps:,} engine steps, TTFT p50 {s['ttft_s']['p50'] * 1e3:.0f} ms, "
           f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.1f} ms")
