@@ -24,6 +24,7 @@ PINNED = {
     "gateway.connect_timeout_s": 2.0,
     "gateway.upstream_idle_timeout_s": 4.0,
     "gateway.client_idle_timeout_s": 75.0,
+    "gateway.client_request_timeout_s": 60.0,
     "gateway.unhealthy_after_failures": 3,
     "gateway.max_sse_event_bytes": 1024 * 1024,
     "sim_server.host": "127.0.0.1",

@@ -15,6 +15,7 @@ import orjson
 
 from steersman.api.errors import ApiError, error_body
 from steersman.api.lifecycle import RequestLifecycle
+from steersman.api.schema import content_type_error
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
@@ -78,7 +79,8 @@ class Gateway(RequestLifecycle):
         self.pipeline: Pipeline | None = None
         self._seq = 0
         self.port = self.settings.port
-        self.http = HttpServer(error_body, self.settings.max_body_bytes, self.settings.client_idle_timeout_s)
+        self.http = HttpServer(error_body, self.settings.max_body_bytes, self.settings.client_idle_timeout_s,
+                               self.settings.client_request_timeout_s)
         self.http.route("POST", "/v1/chat/completions", self.chat)
         self.http.route("POST", "/v1/completions", self.completions)
         self.http.route("GET", "/v1/models", self.models)
@@ -170,7 +172,11 @@ class Gateway(RequestLifecycle):
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         m = self.metrics
         try:
-            await self.pipeline.handle(ctx)
+            bad_type = content_type_error(request.headers.get("content-type"))
+            if bad_type is not None:
+                send_error(ctx, bad_type)
+            else:
+                await self.pipeline.handle(ctx)
         except asyncio.CancelledError:
             ctx.status = 499  # client closed the request
             raise

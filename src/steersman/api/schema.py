@@ -1,8 +1,13 @@
 """Typed OpenAI request bodies, decoded and validated with msgspec.
 
 Decoding is strict about types (``max_tokens: "5"`` or ``true`` is an error that
-names ``max_tokens``) and lenient about unknown fields, which are forwarded to
-the engine untouched because the gateway forwards the original bytes.
+names ``max_tokens``) and lenient about unknown fields, which are accepted and
+forwarded to the engine untouched because the gateway forwards the original
+bytes.  That is deliberate and consistent on every endpoint: OpenAI itself
+rejects unknown parameters, but the engines behind the gateway take their own
+extensions in the same body (vLLM's ``ignore_eos``, ``guided_json``,
+``continue_final_message``; llama.cpp's ``cache_prompt``), and vLLM ignores what
+it does not know, so the gateway does what the engine does.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from steersman.api.errors import bad_request
+from steersman.api.errors import ApiError, bad_request
 
 __all__ = [
     "ChatMessage",
@@ -21,6 +26,7 @@ __all__ = [
     "StreamOptions",
     "decode_chat",
     "decode_completion",
+    "content_type_error",
 ]
 
 
@@ -131,11 +137,29 @@ def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_to
         raise bad_request("`stop` entries must be non-empty strings.", "stop")
 
 
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+
+def content_type_error(content_type: str | None) -> ApiError | None:
+    """A JSON API: a body declared as something else is a 415 naming the header (no header: read as JSON)."""
+    if content_type is None:
+        return None
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in ("", "application/json") or media.endswith("+json"):
+        return None
+    return ApiError(415, f"Header `Content-Type` must be application/json, got {content_type[:60]!r}.",
+                    "invalid_request_error", "Content-Type", "unsupported_media_type")
+
+
 def decode_chat(body: bytes, max_tokens_limit: int) -> ChatCompletionRequest:
     """Decode and validate a ``/v1/chat/completions`` body or raise :class:`ApiError`."""
     req: ChatCompletionRequest = _decode(_chat_decoder, body)
     if not req.messages:
         raise bad_request("`messages` must contain at least one message.", "messages")
+    for i, m in enumerate(req.messages):
+        if m.role not in _ROLES:
+            raise bad_request(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES))}, got {m.role[:40]!r}.",
+                              f"messages[{i}].role")
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
     return req

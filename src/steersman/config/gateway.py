@@ -25,6 +25,10 @@ class GatewaySettings:
     upstream_idle_timeout_s: float = setting(
         4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s"
     )
+    client_request_timeout_s: float = setting(
+        60.0, "a whole request (headers and body) must arrive within 60 s of its first byte, else 408: nginx "
+        "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)"
+    )
     client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)")
     max_sse_event_bytes: int = setting(
         1024 * 1024, "one streamed engine event (a token's chunk, ~300 B; tool-call or logprob chunks more): "

@@ -77,7 +77,8 @@ class Generator:
         if room < 1 or (want is not None and want > room):
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(ids) + (want or 1)} tokens ({len(ids)} in the prompt, {want or 1} for the completion).",
+                f"{len(ids) + (want or 1)} tokens ({len(ids)} in the {field}, {want or 1} for the completion). "
+                f"Please reduce the length of the `{field}` or completion.",
                 field,
             )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))

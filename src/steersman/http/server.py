@@ -25,6 +25,8 @@ from http import HTTPStatus
 
 import httptools
 
+from steersman.config import DEFAULTS
+
 __all__ = ["HttpRequest", "HttpServer", "Handler"]
 
 log = logging.getLogger("steersman.http")
@@ -202,7 +204,13 @@ class _Connection(asyncio.Protocol):
         self._reset_message()
         if self._idle is not None:
             self._idle.cancel()
-            self._idle = None
+        # the whole request (headers and body) must arrive in time: a slow-loris client is cut off with a 408
+        self._idle = asyncio.get_running_loop().call_later(self.server.request_timeout_s, self._read_timeout)
+
+    def _read_timeout(self) -> None:
+        self._idle = None
+        s = self.server.request_timeout_s
+        self._reject(408, f"The request was not received completely within {s:g} s.", "request_timeout")
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -237,6 +245,9 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
         if self._rejected:
             return
         p = self.parser
@@ -313,10 +324,12 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """Routes ``(method, path)`` to async handlers; everything else is 404/405 in ``error_body``'s format."""
 
-    def __init__(self, error_body: ErrorBody, max_body_bytes: int, idle_timeout_s: float = 75.0) -> None:
+    def __init__(self, error_body: ErrorBody, max_body_bytes: int, idle_timeout_s: float = 75.0,
+                 request_timeout_s: float = DEFAULTS.gateway.client_request_timeout_s) -> None:
         self.error_body = error_body
         self.max_body_bytes = max_body_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s  # to receive one whole request once its first byte came
         self.routes: dict[tuple[str, str], Handler] = {}
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None

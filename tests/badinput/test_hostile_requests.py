@@ -1,0 +1,158 @@
+"""Hostile requests against the live gateway: the right status, an OpenAI-format error naming the field,
+never a 5xx, a traceback or a hang; the gateway stays healthy after."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+from steersman.enginesim.app import SimServerConfig
+from steersman.testing import LiveFleet
+
+CHAT, CMPL = "/v1/chat/completions", "/v1/completions"
+G = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+C = {"model": "llama-3.1-8b", "prompt": "hi", "max_tokens": 3}
+JSON = {"Content-Type": "application/json"}
+LIMIT = 200_000
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    sim = [SimServerConfig(gpu="H100", model="llama-3.1-8b", speedup=50.0, port=0)]
+    with LiveFleet(sims=sim, gateway={"max_body_bytes": LIMIT, "client_request_timeout_s": 1.0}) as lf:
+        yield lf
+
+
+def _case(name, path, body, status, param=None, headers=JSON):
+    return pytest.param(path, body, status, param, headers, id=name)
+
+
+def _j(base, **kw):
+    return json.dumps({**base, **kw}).encode()
+
+
+WRONG_TYPES = [
+    ("model", 1), ("model", None), ("messages", "hi"), ("max_tokens", "5"), ("max_tokens", True),
+    ("max_tokens", 1.5), ("stream", "yes"), ("temperature", "hot"), ("top_p", "x"), ("n", "2"), ("stop", 5),
+    ("seed", "x"), ("user", 5), ("response_format", "json"), ("tools", 5), ("tool_choice", 5), ("stream_options", 5),
+    ("max_completion_tokens", "9"),
+]
+CASES = [
+    _case("over the body limit", CHAT, _j(G, messages=[{"role": "user", "content": "x" * (LIMIT + 10)}]), 413),
+    _case("deeply nested JSON", CHAT, b'{"model":"llama-3.1-8b","x":' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400),
+    _case("deeply nested messages", CHAT, b'{"model":"llama-3.1-8b","messages":' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "messages[0]"),
+    _case("invalid UTF-8 in a value", CHAT, b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"\xff\xfe"}]}', 400),
+    _case("invalid UTF-8 in a key", CHAT, b'{"mo\xffdel":"x","messages":[]}', 400),
+    _case("not JSON", CHAT, b"{nope", 400),
+    _case("empty body", CHAT, b"", 400),
+    _case("JSON array body", CHAT, b"[1, 2]", 400),
+    _case("NaN", CHAT, b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi"}],"temperature":NaN}', 400),
+    _case("negative max_tokens", CHAT, _j(G, max_tokens=-5), 400, "max_tokens"),
+    _case("zero max_tokens", CMPL, _j(C, max_tokens=0), 400, "max_tokens"),
+    _case("max_tokens 10^12", CHAT, _j(G, max_tokens=10**12), 400, "max_tokens"),
+    _case("max_tokens 10^30", CMPL, _j(C, max_tokens=10**30), 400, "max_tokens"),
+    _case("empty messages", CHAT, _j(G, messages=[]), 400, "messages"),
+    _case("message of wrong type", CHAT, _j(G, messages=[1]), 400, "messages[0]"),
+    _case("message without role", CHAT, _j(G, messages=[{"content": "x"}]), 400, "messages[0].role"),
+    _case("unknown role", CHAT, _j(G, messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role"),
+    _case("content of wrong type", CHAT, _j(G, messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    _case("empty prompt", CMPL, _j(C, prompt=[]), 400, "prompt"),
+    _case("mixed prompt", CMPL, _j(C, prompt=[1, "a"]), 400, "prompt"),
+    _case("prompt of wrong type", CMPL, _j(C, prompt={"a": 1}), 400, "prompt"),
+    _case("temperature out of range", CHAT, _j(G, temperature=7), 400, "temperature"),
+    _case("n out of range", CHAT, _j(G, n=0), 400, "n"),
+    _case("empty stop string", CHAT, _j(G, stop=[""]), 400, "stop"),
+    _case("stream_options without stream", CHAT, _j(G, stream_options={"include_usage": True}), 400, "stream_options"),
+    _case("unknown model", CHAT, _j(G, model="gpt-99"), 404, "model"),
+    _case("context longer than the model's", CHAT, _j(G, max_tokens=131_070), 400, "messages"),
+    _case("text/plain body", CHAT, _j(G), 415, "Content-Type", {"Content-Type": "text/plain"}),
+    _case("form body (curl -d)", CMPL, _j(C), 415, "Content-Type", {"Content-Type": "application/x-www-form-urlencoded"}),
+    _case("bad deadline header", CHAT, _j(G), 400, "x-steersman-deadline-ms", {**JSON, "x-steersman-deadline-ms": "soon"}),
+] + [_case(f"chat {f}={v!r}", CHAT, _j(G, **{f: v}), 400, f) for f, v in WRONG_TYPES] + [
+    _case(f"completion {f}={v!r}", CMPL, _j(C, **{f: v}), 400, f)
+    for f, v in (("prompt", 5), ("prompt", None), ("max_tokens", "5"), ("echo", "x"), ("stream", 1), ("n", 1.5))
+]
+
+
+def check(r: httpx.Response, status: int, param: str | None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert "Traceback" not in err["message"] and "File \"" not in err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+        assert param.split("[")[0].split(".")[0] in err["message"], err
+    return err
+
+
+@pytest.mark.parametrize("path,body,status,param,headers", CASES)
+def test_hostile_request(fleet, path, body, status, param, headers):
+    r = httpx.post(fleet.url + path, content=body, headers=headers, timeout=10)
+    check(r, status, param)
+
+
+@pytest.mark.parametrize("path,body", [(CHAT, _j(G, frobnicate=1, ignore_eos=True)), (CMPL, _j(C, frobnicate={"a": [1]}))])
+def test_unknown_fields_are_accepted_and_forwarded_like_vllm(fleet, path, body):
+    r = httpx.post(fleet.url + path, content=body, headers=JSON, timeout=10)
+    assert r.status_code == 200, r.text
+
+
+def _raw(fleet) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", fleet.gateway.port), timeout=10)
+    return s
+
+
+def _read_all(s: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            b = s.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not b:
+            break
+        out += b
+    return out
+
+
+@pytest.mark.parametrize("sent", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Ty",  # headers never finish
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"model\"",
+], ids=["partial headers", "partial body"])
+def test_slowloris_is_cut_off_with_408(fleet, sent):
+    s = _raw(fleet)
+    t0 = time.monotonic()
+    s.sendall(sent)
+    data = _read_all(s)
+    s.close()
+    assert time.monotonic() - t0 < 8  # the gateway's client_request_timeout_s (1 s here), not the client's patience
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), data[:200]
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_slow_but_steady_client_within_the_timeout_is_served(fleet):
+    body = _j(G)
+    s = _raw(fleet)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body))
+    for i in range(0, len(body), 20):
+        s.sendall(body[i : i + 20])
+        time.sleep(0.02)
+    assert _read_all(s).startswith(b"HTTP/1.1 200")
+    s.close()
+
+
+def test_gateway_stays_healthy_after_all_that(fleet):
+    from openai import OpenAI
+
+    assert httpx.get(fleet.url + "/health", timeout=5).status_code == 200
+    with OpenAI(base_url=fleet.url + "/v1", api_key="unused", max_retries=0, timeout=10) as c:
+        r = c.chat.completions.create(model="llama-3.1-8b", max_tokens=4, messages=[{"role": "user", "content": "still there?"}])
+        assert r.choices[0].message.content
+    m = httpx.get(fleet.url + "/metrics", timeout=5).text
+    assert 'status="500"' not in m and 'status="502"' not in m
