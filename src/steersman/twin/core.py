@@ -220,6 +220,8 @@ class Twin:
         except ValueError:  # can never run there (context too long for the replica)
             del self._reqs[rid]
             self._failed(r)
+            if rep.wake_at is not None:  # submit may have cut a decode run first: its new end must still wake it
+                self._push(rep.wake_at, _WAKE, (i, rep.generation))  # (a duplicate of a live wake is dropped as stale)
             return
         if wake is not None:
             self._push(wake, _WAKE, (i, rep.generation))
