@@ -15,6 +15,7 @@ import orjson
 
 from steersman.api.errors import ApiError, error_body
 from steersman.api.lifecycle import RequestLifecycle
+from steersman.api.openapi import openapi_document
 from steersman.api.schema import content_type_error
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
@@ -86,6 +87,7 @@ class Gateway(RequestLifecycle):
         self.http.route("GET", "/v1/models", self.models)
         self.http.route("GET", "/health", self.health)
         self.http.route("GET", "/metrics", self.metrics_handler)
+        self.http.route("GET", "/openapi.json", self.openapi)
 
     # ---- lifecycle ---------------------------------------------------------
     def _replica(self, i: int, ep: EndpointConfig) -> Replica:
@@ -199,6 +201,11 @@ class Gateway(RequestLifecycle):
                 counts[mdl] = counts.get(mdl, 0) + 1
         data = [{"id": mdl, "object": "model", "created": created, "owned_by": "steersman", "replicas": n} for mdl, n in sorted(counts.items())]
         request.respond(200, orjson.dumps({"object": "list", "data": data}))
+
+    async def openapi(self, request: HttpRequest) -> None:
+        assert self.fleet is not None
+        models = sorted({m for r in self.fleet.replicas for m in r.models})
+        request.respond(200, orjson.dumps(openapi_document(models, self.settings.max_tokens_limit)))
 
     async def health(self, request: HttpRequest) -> None:
         fleet = self.fleet

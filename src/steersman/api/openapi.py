@@ -1,0 +1,116 @@
+"""The gateway's OpenAPI 3.1 description, served at ``GET /openapi.json``.
+
+It documents what the gateway itself checks (types, ranges, the models it
+serves, every status it answers with and the OpenAI error body), so a schema
+fuzzer (Schemathesis, in tests/badinput) can hold the live gateway to it.
+Engine extensions that the gateway forwards untouched (``ignore_eos``,
+``guided_json``, ...) are allowed but not described: they are the engine's API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["openapi_document"]
+
+_ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def _common(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
+    tokens = _nullable({"type": "integer", "minimum": 1, "maximum": max_tokens})
+    return {
+        "model": {"type": "string", "enum": list(models)} if models else {"type": "string", "minLength": 1},
+        "stream": {"type": "boolean"},
+        "stream_options": _nullable(_ref("StreamOptions")),
+        "max_tokens": tokens,
+        "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+                           {"type": "null"}]},
+        "n": {"type": "integer", "minimum": 1, "maximum": 128},
+        "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+        "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+        "seed": _nullable({"type": "integer"}),
+        "user": _nullable({"type": "string"}),
+    }
+
+
+def _error_responses(*codes: int) -> dict[str, Any]:
+    text = {400: "Invalid request (the field is named in `error.param`)", 401: "Missing or unknown API key",
+            404: "Unknown model", 408: "The request did not arrive in time", 413: "Body over the size limit",
+            415: "Body is not JSON", 429: "Rate limit or budget exceeded (Retry-After)",
+            502: "The engine failed", 503: "No capacity (Retry-After)", 504: "The request's deadline passed"}
+    body = {"application/json": {"schema": _ref("ErrorResponse")}}
+    return {str(c): {"description": text[c], "content": body} for c in codes}
+
+
+def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {
+            "200": {"description": "The answer, whole (JSON) or streamed (server-sent events)",
+                    "content": {"application/json": {"schema": _ref(response)},
+                                "text/event-stream": {"schema": _ref("StreamEvent")}}},
+            **_error_responses(400, 401, 404, 408, 413, 415, 429, 502, 503, 504),
+        },
+    }}
+
+
+def openapi_document(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
+    """The description of a gateway serving ``models`` with ``max_tokens`` as the output bound."""
+    common = _common(models, max_tokens)
+    message = {
+        "type": "object", "required": ["role"],
+        "properties": {
+            "role": {"type": "string", "enum": _ROLES},
+            "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}, {"type": "null"}]},
+            "name": _nullable({"type": "string"}),
+        },
+    }
+    chat = {"type": "object", "required": ["model", "messages"], "properties": {
+        **common,
+        "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
+        "max_completion_tokens": common["max_tokens"],
+        "response_format": _nullable({"type": "object"}),
+    }}
+    prompt = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]}
+    completion = {"type": "object", "required": ["model", "prompt"], "properties": {
+        **common, "prompt": prompt, "echo": {"type": "boolean"}}}
+    answer = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+        "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
+        "model": {"type": "string"}, "choices": {"type": "array", "items": {"type": "object"}},
+        "usage": _nullable({"type": "object"}),
+    }}
+    error = {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": _nullable({"type": "string"}), "code": _nullable({"type": "string"}),
+        }}}}
+    plain = {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "steersman gateway", "version": "1", "description": "OpenAI-compatible inference gateway."},
+        "paths": {
+            "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "Completion"),
+            "/v1/completions": _generation("Text completion", "CompletionRequest", "Completion"),
+            "/v1/models": {"get": {"summary": "Models served by the fleet", "responses": plain}},
+            "/health": {"get": {"summary": "200 while a replica is healthy", "responses": {
+                **plain, "503": {"description": "No healthy replica", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": plain}},
+        },
+        "components": {"schemas": {
+            "ChatCompletionRequest": chat, "CompletionRequest": completion, "ChatMessage": message,
+            "StreamOptions": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+            "Completion": answer, "ErrorResponse": error,
+            # one server-sent event: a JSON chunk, a JSON error (a stream that failed), or [DONE]
+            "StreamEvent": {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}},
+        }},
+    }
