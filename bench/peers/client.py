@@ -21,14 +21,15 @@ class Result:
     error: str = ""
 
 
-async def _one(session: aiohttp.ClientSession, url: str, model: str, req: Request, max_tokens: int) -> Result:
+async def _one(session: aiohttp.ClientSession, url: str, model: str, req: Request, max_tokens: int,
+               headers: dict[str, str]) -> Result:
     body = {"model": model, "messages": list(req.messages), "stream": True, "max_tokens": max_tokens, "temperature": 0}
     t0 = time.perf_counter()
     ttft = None
     tokens = 0
     try:
         async with session.post(url + "/v1/chat/completions", data=orjson.dumps(body),
-                                headers={"Content-Type": "application/json"}) as resp:
+                                headers={"Content-Type": "application/json", **headers}) as resp:
             if resp.status != 200:
                 return Result(False, None, 0, time.perf_counter() - t0, f"HTTP {resp.status}: {(await resp.text())[:200]}")
             async for line in resp.content:
@@ -49,7 +50,7 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: Reques
 
 
 async def run(url: str, model: str, reqs: list[Request], concurrency: int, max_tokens: int,
-              timeout: float = 300.0) -> tuple[list[Result], float]:
+              timeout: float = 300.0, headers: dict[str, str] | None = None) -> tuple[list[Result], float]:
     """Send ``reqs`` in order with ``concurrency`` streams in flight; returns (results, wall seconds)."""
     conn = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     results: list[Result | None] = [None] * len(reqs)
@@ -60,7 +61,7 @@ async def run(url: str, model: str, reqs: list[Request], concurrency: int, max_t
         while nxt < len(reqs):
             i = nxt
             nxt += 1
-            results[i] = await _one(session, url, model, reqs[i], max_tokens)
+            results[i] = await _one(session, url, model, reqs[i], max_tokens, headers or {})
 
     t0 = time.perf_counter()
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout)) as s:

@@ -57,7 +57,7 @@ def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str) -> list[str]:
 def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str], peers: Path) -> str:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    if setup == "steersman":
+    if setup.startswith("steersman"):
         cfg = pg.log_dir / f"fleet-{spec.name}.yaml"
         lines = [f"gateway: {{host: 127.0.0.1, port: {port}}}", "endpoints:"]
         for i, u in enumerate(urls):

@@ -31,7 +31,10 @@ from fleets import FleetSpec, SkipSetup, prefix_counters, start_engines, start_r
 from procs import ProcessGroup  # noqa: E402
 from workload import Request, requests  # noqa: E402
 
-SETUPS = ["steersman", "sglang-router:cache_aware", "sglang-router:round_robin", "vllm-router:cache_aware"]
+#: steersman:batch is the same gateway and profile with every request in the `batch` SLO class
+#: (x-steersman-slo: batch, no TTFT target), which the peers ignore: it shows what the default
+#: `standard` class's 2 s TTFT target does to routing when the engines are this slow.
+SETUPS = ["steersman", "steersman:batch", "sglang-router:cache_aware", "sglang-router:round_robin", "vllm-router:cache_aware"]
 
 
 def parse_args(argv=None):
@@ -50,7 +53,7 @@ def parse_args(argv=None):
     ap.add_argument("--sim-max-tokens", type=int, default=32)
     ap.add_argument("--tenants", type=int, default=6)
     ap.add_argument("--unique-frac", type=float, default=0.2)
-    ap.add_argument("--probe-pairs", type=int, default=20, help="added-latency probe: direct/router request pairs")
+    ap.add_argument("--probe-pairs", type=int, default=40, help="added-latency probe: direct/router request pairs")
     ap.add_argument("--peers-venv", default=str(HERE.parent / ".venv-peers"))
     ap.add_argument("--out", default=str(HERE / "results.json"))
     return ap.parse_args(argv)
@@ -85,7 +88,8 @@ def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, ma
             log(f"  skip {setup}: {e}")
             return {"setup": setup, "skipped": str(e)}
         q0, h0 = prefix_counters(spec, urls)
-        results, wall = asyncio.run(client.run(base, spec.model, reqs, conc, max_tokens))
+        hdrs = {"x-steersman-slo": "batch"} if setup == "steersman:batch" else None
+        results, wall = asyncio.run(client.run(base, spec.model, reqs, conc, max_tokens, headers=hdrs))
         q1, h1 = prefix_counters(spec, urls)
         added = asyncio.run(_probe(base, urls[0], spec.model, a.probe_pairs))
     finally:
