@@ -1,0 +1,43 @@
+"""Starting engine processes: failures are explained, nothing is left running."""
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from steersman.fleet.processes import EngineStartError, LlamaServerFleet, find_llama_server
+
+
+def test_missing_binary_says_how_to_build_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("STEERSMAN_LLAMA_SERVER", str(tmp_path / "nope"))
+    assert find_llama_server() is None
+    with pytest.raises(EngineStartError, match="make llama"):
+        asyncio.run(LlamaServerFleet(1, model=tmp_path / "m.gguf").start())
+
+
+def test_engine_that_exits_at_start_is_reported_with_its_log(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    fleet = LlamaServerFleet(2, binary=Path("/bin/false"), model=gguf)
+    with pytest.raises(EngineStartError, match="exited with 1"):
+        asyncio.run(fleet.start())
+    assert all(not p.alive() for p in fleet.procs)
+
+
+def test_command_carries_the_flags_that_matter():
+    cmd = LlamaServerFleet(1, binary=Path("/x/llama-server"), model=Path("/m.gguf")).command(1234)
+    for flag in ("--metrics", "--slots", "--swa-full", "--no-jinja", "--no-repack"):
+        assert flag in cmd
+    assert cmd[cmd.index("--chat-template") + 1] == "gemma"
+    assert cmd[cmd.index("-np") + 1] == "4" and cmd[cmd.index("--port") + 1] == "1234"
+
+
+def test_up_without_a_built_engine_is_a_clear_error(tmp_path):
+    env = {**os.environ, "STEERSMAN_LLAMA_SERVER": str(tmp_path / "nope")}
+    r = subprocess.run([sys.executable, "-m", "steersman", "up", "--engines", "llamacpp:1", "--port", "0"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "make llama" in r.stderr and "Traceback" not in r.stderr
