@@ -26,6 +26,8 @@ PINNED = {
     "gateway.client_idle_timeout_s": 75.0,
     "gateway.client_request_timeout_s": 60.0,
     "gateway.unhealthy_after_failures": 3,
+    "gateway.admin_key_sha256": None,
+    "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,
     "sim_server.host": "127.0.0.1",
     "sim_server.port": 8000,

@@ -15,6 +15,7 @@ import orjson
 
 from steersman.api.errors import ApiError, error_body
 from steersman.api.lifecycle import RequestLifecycle
+from steersman.api.admin import AdminGuard, fleet_view
 from steersman.api.openapi import openapi_document
 from steersman.api.schema import content_type_error
 from steersman.clock import Clock, WallClock
@@ -88,6 +89,8 @@ class Gateway(RequestLifecycle):
         self.http.route("GET", "/health", self.health)
         self.http.route("GET", "/metrics", self.metrics_handler)
         self.http.route("GET", "/openapi.json", self.openapi)
+        self.http.route("GET", "/admin/fleet", self.admin_fleet)
+        self.admin = AdminGuard(self.settings.admin_key_sha256)
 
     # ---- lifecycle ---------------------------------------------------------
     def _replica(self, i: int, ep: EndpointConfig) -> Replica:
@@ -111,6 +114,8 @@ class Gateway(RequestLifecycle):
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
         self.metrics.track_queue(lambda: float(self.plane.waiting))
+        if self.admin.open:
+            log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open")
         if self.tenants.open:
             log.warning("no API keys configured: the gateway is OPEN, every request runs as tenant %r", self.tenants.open_tenant.name)
         await self._discover_models()
@@ -173,6 +178,8 @@ class Gateway(RequestLifecycle):
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         m = self.metrics
+        if self.settings.log_prompts:
+            log.debug("request %d %s body: %s", ctx.seq, ep.path, request.body[:65536].decode("utf-8", "replace"))
         try:
             bad_type = content_type_error(request.headers.get("content-type"))
             if bad_type is not None:
@@ -214,5 +221,19 @@ class Gateway(RequestLifecycle):
         body = {"status": "ok" if healthy else "unavailable", "replicas_healthy": healthy, "replicas": total}
         request.respond(200 if healthy else 503, orjson.dumps(body))
 
+    def _admin_refused(self, request: HttpRequest) -> bool:
+        err = self.admin.check(request.headers.get("authorization"))
+        if err is not None:
+            request.respond(err.status, err.body())
+        return err is not None
+
+    async def admin_fleet(self, request: HttpRequest) -> None:
+        if self._admin_refused(request):
+            return
+        assert self.fleet is not None
+        request.respond(200, orjson.dumps(fleet_view(self.fleet)))
+
     async def metrics_handler(self, request: HttpRequest) -> None:
+        if self._admin_refused(request):
+            return
         request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         error_rate: float = typer.Option(0.0, help="Fault: share of requests answered with a 5xx."),
         error_status: int = typer.Option(500, help="Fault: status code of injected errors."),
         refuse_for: float = typer.Option(0.0, help="Fault: refuse connections for this many seconds at start."),
-        admin_key: str | None = typer.Option(None, envvar="STEERSMAN_SIM_ADMIN_KEY", help="Require this bearer key on /admin."),
+        admin_key_sha256: str | None = typer.Option(None, envvar="STEERSMAN_SIM_ADMIN_KEY_SHA256",
+                                                    help="Require the key with this SHA-256 hex as bearer key on /admin."),
     ) -> None:
         """Serve one simulated GPU replica over an OpenAI-compatible HTTP API."""
         from steersman.cli._run import run_service
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
         cfg = SimServerConfig(
             gpu=gpu, model=model, host=host, port=port, speedup=speedup, served_model_name=served_model_name,
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
-            admin_key=admin_key, exit_on_crash=True,
+            admin_key_sha256=admin_key_sha256, exit_on_crash=True,
         )
         try:
             server = SimServer(cfg)

@@ -30,6 +30,14 @@ class GatewaySettings:
         "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)"
     )
     client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)")
+    admin_key_sha256: str | None = setting(
+        None, "no admin key: /metrics and /admin/* are open, like open tenant mode (said at startup); set the SHA-256 "
+        "hex of a key to require `Authorization: Bearer <key>` (keys are stored only as hashes, like tenant keys)"
+    )
+    log_prompts: bool = setting(
+        False, "prompts are user data: never logged unless asked (GDPR art. 5(1)(c) data minimisation); "
+        "true logs request bodies at DEBUG"
+    )
     max_sse_event_bytes: int = setting(
         1024 * 1024, "one streamed engine event (a token's chunk, ~300 B; tool-call or logprob chunks more): "
         "1 MiB bounds the gateway's buffer per stream; a longer event ends the stream with an error"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import msgspec
 import orjson
 
+from steersman.api.admin import AdminGuard
 from steersman.api.errors import ApiError, bad_request, error_body
 from steersman.clock import Clock, ScaledClock
 from steersman.config import DEFAULTS, EngineSettings
@@ -40,7 +41,7 @@ class SimServerConfig:
     engine: EngineSettings = field(default_factory=EngineSettings)
     cold_start: bool = False
     faults: FaultSpec = field(default_factory=FaultSpec)
-    admin_key: str | None = None
+    admin_key_sha256: str | None = None  # SHA-256 hex of the key /admin needs (the key itself is never stored)
     exit_on_crash: bool = False
 
 
@@ -65,6 +66,7 @@ class SimServer:
         }
         self.metrics = SimMetrics(self.model_name, lambda: self.engine.state(self.clock.now()), self.max_model_len, info)
         self.faults = Faults(cfg.faults)
+        self.admin = AdminGuard(cfg.admin_key_sha256)
         self.runner = EngineRunner(self.engine, self.clock, self.metrics, self.faults)
         self.generator = Generator(self.model_name, self.max_model_len, cfg.engine.block_size, cfg.mean_output_tokens,
                                    self.runner, self.faults, self.clock, self.crash)
@@ -115,11 +117,16 @@ class SimServer:
 
     # ---- admin -------------------------------------------------------------
     def _check_admin(self, request: HttpRequest) -> None:
-        key = self.cfg.admin_key
-        if key and request.headers.get("authorization", "") != f"Bearer {key}":
-            raise ApiError(401, "Admin endpoints need the admin key.", "authentication_error", None, "invalid_api_key")
+        err = self.admin.check(request.headers.get("authorization"))
+        if err is not None:
+            raise err
 
     async def get_faults(self, request: HttpRequest) -> None:
+        try:
+            self._check_admin(request)
+        except ApiError as e:
+            request.respond(e.status, e.body())
+            return
         request.respond(200, msgspec.json.encode(self.faults.spec))
 
     async def set_faults(self, request: HttpRequest) -> None:

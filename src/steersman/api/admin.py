@@ -1,0 +1,62 @@
+"""Admin endpoints of the gateway and the admin key that guards them.
+
+Everything that reveals the fleet's internals is an admin endpoint: ``GET
+/metrics`` (replica names, per-tenant and per-replica counters) and ``GET
+/admin/fleet`` (every replica's URL, engine, health and load).  With
+``gateway.admin_key_sha256`` set (the SHA-256 hex of the key, like tenant keys:
+the key itself is never stored) they need ``Authorization: Bearer <admin key>``;
+a missing key is a 401, any other key (a tenant's included) a 403, both in the
+OpenAI error format.  Without it they are open, like the open tenant mode, and
+the gateway says so at startup.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+
+from steersman.api.errors import ApiError
+from steersman.control.tenants import hash_key
+
+__all__ = ["AdminGuard", "fleet_view"]
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+class AdminGuard:
+    __slots__ = ("_digest",)
+
+    def __init__(self, admin_key_sha256: str | None) -> None:
+        if admin_key_sha256 is not None:
+            admin_key_sha256 = admin_key_sha256.strip().lower()
+            if not _HEX64.fullmatch(admin_key_sha256):
+                raise ValueError("gateway.admin_key_sha256 must be the SHA-256 hex digest of the admin key (64 hex digits)")
+        self._digest = admin_key_sha256
+
+    @property
+    def open(self) -> bool:
+        return self._digest is None
+
+    def check(self, authorization: str | None) -> ApiError | None:
+        """None if the request may use admin endpoints, else the error to answer."""
+        if self._digest is None:
+            return None
+        parts = (authorization or "").split()
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            return ApiError(401, "Admin endpoints need the admin key: `Authorization: Bearer <admin key>`.",
+                            "authentication_error", None, "missing_admin_key")
+        if not hmac.compare_digest(hash_key(parts[1]), self._digest):
+            return ApiError(403, "This key may not use admin endpoints.", "permission_error", None, "not_admin")
+        return None
+
+
+def fleet_view(fleet) -> dict:
+    """What ``GET /admin/fleet`` shows: every replica's address, engine, models, health and load."""
+    reps = []
+    for r in fleet.replicas:
+        reps.append({
+            "name": r.name, "url": r.url, "engine": r.engine, "gpu": r.gpu, "models": list(r.models), "pool": r.pool,
+            "healthy": bool(fleet.healthy[r.index]), "routable": bool(fleet.routable[r.index]),
+            "in_flight": float(fleet.in_flight[r.index]),
+        })
+    return {"replicas": reps}
