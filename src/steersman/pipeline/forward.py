@@ -93,12 +93,13 @@ class _Relay:
 
     def write(self, out: bytes) -> None:
         t = self.now()
-        if self.last is None and not self.ctx.bytes_sent:
-            self.ttft.observe(t - self.ctx.started)
-            self.ctx.bytes_sent = True
+        if self.last is None:  # the first event of this leg: its replica produced its first token
+            if not self.ctx.bytes_sent:
+                self.ttft.observe(t - self.ctx.started)
+                self.ctx.bytes_sent = True
             if self.ticket is not None:
                 self.fleet.first_token(self.ticket)
-        elif self.last is not None:
+        else:
             self.itl.observe(t - self.last)
         self.last = t
         self.ctx.http.send(out)
