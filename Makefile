@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test venv llama up-llama bench-overhead bench-scheduler bench-peers bench-twin clean
+.PHONY: up test venv llama up-llama bench-overhead bench-scheduler bench-peers bench-twin bench-policies clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ bench-overhead: $(STAMP)
 
 bench-scheduler: $(STAMP)
 	$(BIN)/python bench/scheduler/run.py
+
+bench-policies: $(STAMP)
+	$(BIN)/python bench/policies/run.py
 
 bench-twin: $(STAMP)   # 1,000,000 requests over 1,000 simulated GPUs; quicker: bench/twin/run.py --requests N --gpus G
 	$(BIN)/python bench/twin/run.py

@@ -7,7 +7,7 @@ import numpy as np
 from steersman.fleet.statics import ReplicaSpec, build_statics
 from steersman.twin.results import FAILED, OK, REFUSED, Recorder
 
-__all__ = ["summarize", "timeline", "per_replica", "window_for", "PERCENTILES"]
+__all__ = ["summarize", "timeline", "per_replica", "window_for", "slo_met", "PERCENTILES"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -47,7 +47,7 @@ def summarize(rec: Recorder) -> dict:
     out = c["output"].astype(float)
     tpot = np.where(out > 1, (c["finish"] - c["first"]) / np.maximum(out - 1, 1), 0.0)
     e2e = c["finish"] - c["arrival"]
-    met = _met(c)
+    met = slo_met(c)
     n = int(status.size)
 
     tasks: dict[str, bool] = {}
@@ -105,7 +105,8 @@ def window_for(duration_s: float, windows: int = 40) -> float:
     return float(_NICE_WINDOWS[-1])
 
 
-def _met(c: dict) -> np.ndarray:
+def slo_met(c: dict) -> np.ndarray:
+    """Per request of ``Recorder.arrays()``: completed within its TTFT and TPOT targets and its deadline."""
     out = c["output"].astype(float)
     ttft = c["first"] - c["arrival"]
     tpot = np.where(out > 1, (c["finish"] - c["first"]) / np.maximum(out - 1, 1), 0.0)
@@ -119,7 +120,7 @@ def timeline(rec: Recorder, window_s: float | None = None) -> dict:
     w = window_s or window_for(rec.duration)
     n = max(1, int(np.ceil(rec.duration / w))) if rec.duration > 0 else 1
     status, fin = c["status"], c["finish"]
-    met = _met(c)
+    met = slo_met(c)
     ttft = c["first"] - c["arrival"]
 
     def bins(t: np.ndarray) -> np.ndarray:

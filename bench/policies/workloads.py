@@ -1,0 +1,52 @@
+"""The workloads and the fleet of bench/policies (one fleet for all of them).
+
+* ``azure-conv`` / ``azure-code``: the Azure LLM inference traces 2023 (no prefix
+  sharing: every prompt is its own), SLO class ``standard`` (TTFT 2 s, TPOT 200 ms).
+* ``mooncake``: the Mooncake trace, the **prefix-heavy** one (``hash_ids`` shared
+  between requests: 122k prompt blocks, 44k distinct), SLO class ``standard``.
+* ``agentic``: examples/agentic-mix.yaml -- copilots (critical tenant, interactive),
+  a chatbot (standard), research agents (batch); the tasks are workflows.
+
+Traces replay their first ``requests`` requests; the agentic mix runs ``agentic_s``
+simulated seconds of task arrivals (then drains).  ``load`` (set by the capacity
+probe) scales the trace's speed or the mix's task rates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT.parent / "shared" / "traces"
+FLEET = ROOT / "examples" / "twin-fleet.yaml"
+AGENTIC = ROOT / "examples" / "agentic-mix.yaml"
+
+__all__ = ["Workload", "workloads", "FLEET"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    spec: dict
+    base_dir: Path
+    prefix_heavy: bool = False
+    agentic: bool = False
+
+
+def _trace(file: str, requests: int) -> dict:
+    return {"model": "llama-3.1-8b",
+            "sources": [{"kind": "trace", "path": str(TRACES / file), "slo": "standard", "limit": requests}]}
+
+
+def workloads(requests: int, agentic_s: float) -> list[Workload]:
+    mix = yaml.safe_load(AGENTIC.read_text())
+    mix["duration_s"] = agentic_s
+    return [
+        Workload("azure-conv", _trace("azure-llm-2023-conv.csv", requests), ROOT),
+        Workload("azure-code", _trace("azure-llm-2023-code.csv", requests), ROOT),
+        Workload("mooncake", _trace("mooncake-synthetic.jsonl", requests), ROOT, prefix_heavy=True),
+        Workload("agentic", mix, AGENTIC.parent, agentic=True),
+    ]
