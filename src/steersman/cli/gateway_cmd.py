@@ -76,12 +76,13 @@ def _run(cfg, engines: tuple[str, int] | None = None) -> None:
     async def start() -> None:
         nonlocal cfg
         if procs is not None:
-            from steersman.fleet.config import parse_fleet
+            import msgspec
+
+            from steersman.fleet.config import EndpointConfig
 
             logging.getLogger("steersman.engines").info("starting %d llama-server replica(s)", procs.count)
-            endpoints = await procs.start()
-            gw_settings = {f: getattr(cfg.gateway, f) for f in cfg.gateway.__dataclass_fields__}
-            cfg = parse_fleet({"gateway": gw_settings, "policy": cfg.policy, "endpoints": endpoints}, "--engines")
+            endpoints = tuple(msgspec.convert(ep, EndpointConfig) for ep in await procs.start())
+            cfg = msgspec.structs.replace(cfg, endpoints=endpoints, simulated=None)  # the real engines replace the sims
         gw = holder["gw"] = Gateway(cfg)
         await gw.start()
         _banner(gw)
