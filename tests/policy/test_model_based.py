@@ -24,9 +24,13 @@ def test_faster_gpu_predicts_lower_latency_and_queue_ahead_adds_ttft():
     busy = fleet_snapshot(["H100", "H100"], pending_prefill=[20000, 0])
     q = predict(busy, sched_request(prompt_tokens=2000))
     assert q.ttft[0] > 5 * q.ttft[1]
-    slow = fleet_snapshot(["H100", "H100"], tpot_ratio=[5.0, 1.0])
+    slow = fleet_snapshot(["H100", "H100"], tpot_ratio=[5.0, 1.0], in_flight=1, decoding=1, running=1)
     s = predict(slow, sched_request())
     assert np.isclose(s.tpot[0], 5 * s.tpot[1])
+    # idle, its TPOT ratio (batch interference it saw then) gives way to the fleet's
+    idle = fleet_snapshot(["H100", "H100"], tpot_ratio=[5.0, 1.0])
+    s = predict(idle, sched_request())
+    assert np.isclose(s.tpot[0], s.tpot[1])
 
 
 def test_cached_prefix_cuts_predicted_ttft_and_cost():

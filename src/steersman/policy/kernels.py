@@ -64,9 +64,14 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 r = ttft_prior
             ttft = (full * t_full + t_dec + (t_full - t_dec) * (steps - full)) * r
             r = live[_TPOT_R, i]
-            if r != r:
+            if r != r or (in_flight <= 0.0 and live[_RUNNING, i] <= 0.0):
+                # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
+                # stands for it now (else one burst of interference keeps it unpicked, and unobserved, for good)
                 r = tpot_prior
-            tpot = (t_full if work > mine else t_dec) * r
+            # decode steps carry prefill chunks while the prefill queued there lasts: our decode is
+            # mixed for (queued work / P) steps, as long as a queue like today's stays ahead of it
+            share = min(1.0, (work - mine) / (P * max(expected_output, 1.0))) if work > mine else 0.0
+            tpot = (t_dec + (t_full - t_dec) * share) * r
         else:  # unknown hardware: what was observed there
             ttft = live[_TTFT_EWMA, i]
             if ttft != ttft:
@@ -90,8 +95,8 @@ def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, 
         i = idx[j]
         if now - live[_SCRAPED_AT, i] <= staleness:
             slots = max_seqs[i] - live[_RUNNING, i]
-            if not slots > 0.0:  # NaN (unknown engine) or full
-                slots = 0.0
+            if not slots > 0.0 or live[_WAITING, i] > 0.0:  # NaN (unknown engine), full, or already queueing:
+                slots = 0.0  # an engine with waiting requests has no free slot, whatever its max_num_seqs
             waiting = live[_WAITING, i] + max(live[_SINCE, i] - slots, 0.0)
             out[j] = waiting >= depth or live[_KV_USAGE, i] >= kv_threshold
         else:
