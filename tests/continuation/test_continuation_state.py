@@ -113,3 +113,57 @@ def test_closing_events_when_the_engine_died_after_its_last_token():
     events = [orjson.loads(e[6:]) for e in c.closing_events().split(b"\n\n") if e and e != b"data: [DONE]"]
     assert events[0]["choices"][0]["finish_reason"] == "length"
     assert events[1]["usage"] == {"prompt_tokens": 7, "completion_tokens": 10, "total_tokens": 17}
+
+
+def test_plain_token_events_take_the_template_path_and_stay_validated():
+    c = chat_cont()
+    c.begin_leg()
+    w = ChunkWriter(True, "chatcmpl-1", 5, "m")
+    events = [w.role(), w.token("a"), w.token(' "quoted" \\ é'), w.token("\n"), w.token(""), w.token(" b", "length")]
+    assert c.observe_many([payload(e) for e in events]) == len(events)
+    assert c._fh  # learned from the first plain token event
+    assert (c.text, c.tokens, c.finish_reason) == ('a "quoted" \\ é\n b', 5, "length")
+    bad = payload(w.token("x")).replace(b'"x"', b'"x')  # the same bytes around a broken string
+    with pytest.raises(BadEvent):
+        c.observe(bad)
+    with pytest.raises(BadEvent):
+        c.observe(payload(w.token("x")).replace(b'"x"', b'"x",'))
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+def _relay_run(chunks):
+    from types import SimpleNamespace
+
+    from steersman.clock import WallClock
+    from steersman.engines.sse import SseParser
+    from steersman.obs.metrics import GatewayMetrics
+    from steersman.pipeline.forward import _Relay
+
+    sent = []
+    ctx = SimpleNamespace(model="m", started=0.0, ticket=None, bytes_sent=False, http=SimpleNamespace(send=sent.append))
+    c = chat_cont()
+    c.begin_leg()
+    r = _Relay(ctx, None, WallClock(), GatewayMetrics(), c, False, 1 << 20, SimpleNamespace(abort=lambda: None))
+    for ch in chunks:
+        r(ch)
+    p = SseParser(1 << 20)
+    return p.feed(b"".join(sent)) + p.close(), c
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_the_relay_sends_and_records_the_same_whatever_the_reads(data):
+    w = ChunkWriter(True, "chatcmpl-1", 5, "m")
+    words = [" a", ' "q"', " é", ",", " b\\\\", ""]
+    stream = w.role() + b"".join(w.token(x) for x in words) + w.token(" end", "length") + w.done()
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=10)))
+    chunks = [stream[a:b] for a, b in zip([0] + cuts, cuts + [len(stream)])]
+    got, c = _relay_run(chunks)
+    want, ref = _relay_run([stream])
+    per_event, _ = _relay_run([e + b"\n\n" for e in stream.split(b"\n\n")[:-1]])  # the template fast path
+    assert per_event == want
+    assert got == want and got[-1] == DONE
+    assert (c.text, c.tokens, c.finish_reason, c.done) == (ref.text, ref.tokens, ref.finish_reason, True)
+    assert c.text == "".join(words) + " end" and c.tokens == len(words) + 1

@@ -40,7 +40,11 @@ _RAW_KEYS = (b'logprobs"', b"guided_", b'structured_outputs"', b'grammar"', b'js
 
 
 class BadEvent(ValueError):
-    """An engine event that is not an OpenAI stream chunk."""
+    """An engine event that is not an OpenAI stream chunk (``good``: the valid events before it)."""
+
+    def __init__(self, message: str, good: int = 0) -> None:
+        super().__init__(message)
+        self.good = good
 
 
 class _Delta(msgspec.Struct):
@@ -68,6 +72,7 @@ class _Chunk(msgspec.Struct):
 
 
 _decode = msgspec.json.Decoder(_Chunk).decode
+_decode_str = msgspec.json.Decoder(str).decode
 
 
 def refusal_reason(req: ChatCompletionRequest | CompletionRequest, raw: dict[str, Any] | None = None) -> str | None:
@@ -96,7 +101,7 @@ class Continuation:
     """The emitted-so-far state of one stream (``ctx.continuation``)."""
 
     __slots__ = ("chat", "allowed", "reason", "id", "created", "model", "texts", "tokens", "leg_start",
-                 "finish_reason", "usage", "done", "legs", "include_usage", "limit", "prompt_tokens", "_body", "_head")
+                 "finish_reason", "usage", "done", "legs", "include_usage", "limit", "prompt_tokens", "_body", "_head", "_fh", "_ft")
 
     def __init__(self, req: ChatCompletionRequest | CompletionRequest, body: bytes, prompt_tokens: int | None) -> None:
         self.chat = isinstance(req, ChatCompletionRequest)
@@ -115,6 +120,7 @@ class Continuation:
         self.limit = req.output_limit
         self.prompt_tokens = prompt_tokens  # the original prompt's tokens, when the gateway knows them exactly
         self._head: tuple[Any, Any, Any] | None = None
+        self._fh = self._ft = b""  # a plain token event's bytes around its text (see _learn)
 
     # ---- relaying ------------------------------------------------------------------------------
     @property
@@ -129,44 +135,100 @@ class Continuation:
 
     def observe(self, payload: bytes) -> None:
         """Validate and record one event of the first leg (relayed unchanged)."""
-        if payload == DONE:
-            self.done = True
-            return
-        try:
-            c = _decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise BadEvent(f"the engine sent an event that is not an OpenAI chunk ({e}): {payload[:80]!r}") from None
-        if c.error is not None:
-            raise BadEvent(f"the engine reported an error mid-stream: {str(c.error)[:200]}")
-        if self._head is None:
-            self._head = (c.id, c.created, c.model)
-            self.id, self.created, self.model = self._head
-        if c.usage is not None:
-            self.usage = c.usage
-        for ch in c.choices:
-            self._choice(ch)
+        self.observe_many((payload,))
 
-    def _choice(self, ch: _Choice) -> None:
-        if ch.index != 0:
-            self._refuse("n > 1")
-        if ch.logprobs is not None:
-            self._refuse("logprobs")
-        if ch.finish_reason is not None:
-            self.finish_reason = ch.finish_reason
+    def observe_many(self, payloads: list[bytes] | tuple[bytes, ...], leg: bool = False) -> int:
+        """Validate and record first-leg events up to ``[DONE]``; how many were taken.
+
+        The relay's hot path (one call per engine read): kept flat on purpose.
+        A bad event raises :class:`BadEvent` with ``good`` = the events before it.
+        """
+        n = 0
+        chat = self.chat
+        texts = self.texts
+        fh, ft = self._fh, self._ft
+        for payload in payloads:
+            if fh and payload.startswith(fh) and payload.endswith(ft):
+                try:  # same bytes as a validated plain token event around one JSON string: valid iff it is
+                    text = _decode_str(payload[len(fh) : len(payload) - len(ft)])
+                except msgspec.DecodeError:
+                    pass  # the full check below says what is wrong
+                else:
+                    if text:
+                        texts.append(text)
+                    self.tokens += 1
+                    n += 1
+                    continue
+            if payload == DONE:
+                self.done = True
+                return n + 1
+            try:
+                c = _decode(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise BadEvent(f"the engine sent an event that is not an OpenAI chunk ({e}): {payload[:80]!r}", n) from None
+            if c.error is not None:
+                raise BadEvent(f"the engine reported an error mid-stream: {str(c.error)[:200]}", n)
+            if not leg:
+                if self._head is None:
+                    self._head = (c.id, c.created, c.model)
+                    self.id, self.created, self.model = self._head
+                if c.usage is not None:
+                    self.usage = c.usage
+            for ch in c.choices:
+                if ch.index or ch.logprobs is not None:
+                    self._refuse("n > 1" if ch.index else "logprobs")
+                if ch.finish_reason is not None:
+                    self.finish_reason = ch.finish_reason
+                if chat:
+                    d = ch.delta
+                    if d is None:
+                        continue
+                    if d.tool_calls or d.function_call:
+                        self._refuse("a tool call in progress")
+                    if d.content:
+                        texts.append(d.content)
+                    if d.role is None:
+                        self.tokens += 1
+                elif ch.text is not None:
+                    texts.append(ch.text)
+                    self.tokens += 1
+            if not fh and not leg and self.allowed and c.usage is None and len(c.choices) == 1:
+                fh, ft = self._learn(payload, c.choices[0])
+            n += 1
+        return n
+
+    def _learn(self, payload: bytes, ch: _Choice) -> tuple[bytes, bytes]:
+        """From a plain token event (one choice, text only, not finished), the bytes around its text.
+
+        Every later event with the same bytes around one valid JSON string is the
+        same kind of event: it is then recorded without decoding the whole chunk.
+        """
+        if ch.index or ch.finish_reason is not None or ch.logprobs is not None:
+            return b"", b""
         if self.chat:
             d = ch.delta
-            if d is None:
-                return
-            if d.tool_calls or d.function_call:
-                self._refuse("a tool call in progress")
-            if d.content:
-                self.texts.append(d.content)
-            if d.role is None:
-                self.tokens += 1
+            if d is None or d.role is not None or d.tool_calls or d.function_call or d.content is None:
+                return b"", b""
+            key, text = b'"content":', d.content
         else:
-            if ch.text is not None:
-                self.texts.append(ch.text)
-                self.tokens += 1
+            if ch.text is None:
+                return b"", b""
+            key, text = b'"text":', ch.text
+        i = payload.find(key)
+        if i < 0 or payload[i + len(key) : i + len(key) + 1] != b'"':
+            return b"", b""
+        start = i + len(key)
+        j = start + 1
+        while j < len(payload) and payload[j : j + 1] != b'"':
+            j += 2 if payload[j : j + 1] == b"\\" else 1
+        end = j + 1
+        try:
+            if _decode_str(payload[start:end]) != text:
+                return b"", b""
+        except msgspec.DecodeError:
+            return b"", b""
+        self._fh, self._ft = payload[:start], payload[end:]
+        return self._fh, self._ft
 
     def _refuse(self, reason: str) -> None:
         if self.allowed:
@@ -228,14 +290,8 @@ class Continuation:
         return orjson.dumps(obj)
 
     def observe_leg(self, payload: bytes) -> None:
-        try:
-            c = _decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            raise BadEvent(f"the engine sent an event that is not an OpenAI chunk ({e}): {payload[:80]!r}") from None
-        if c.error is not None:
-            raise BadEvent(f"the engine reported an error mid-stream: {str(c.error)[:200]}")
-        for ch in c.choices:
-            self._choice(ch)
+        """Validate and record a continuation leg's event (its own head and usage are not the stream's)."""
+        self.observe_many((payload,), leg=True)
 
     def whole_usage(self, leg_usage: dict) -> dict:
         """The usage of the whole stream from a continuation leg's usage."""

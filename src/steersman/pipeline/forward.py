@@ -14,6 +14,8 @@ handler, which drops the engine connection, which makes the engine abort.
 
 from __future__ import annotations
 
+import msgspec
+
 from steersman.api.errors import ApiError, upstream_failed
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
@@ -28,6 +30,8 @@ from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Retry
 
 __all__ = ["Forward"]
 
+_decode_str = msgspec.json.Decoder(str).decode
+
 
 def _frame(payloads: list[bytes]) -> bytes:
     """SSE events carrying ``payloads`` (a multi-line payload becomes several ``data:`` lines)."""
@@ -39,7 +43,8 @@ def _frame(payloads: list[bytes]) -> bytes:
 class _Relay:
     """Body sink: parses engine events, records them, writes them to the client and times the stream."""
 
-    __slots__ = ("ctx", "fleet", "ticket", "now", "ttft", "itl", "last", "parser", "cont", "resumed", "error", "ex")
+    __slots__ = ("ctx", "fleet", "ticket", "now", "ttft", "itl", "last", "parser", "cont", "resumed", "error", "ex",
+                 "_fp", "_fs")
 
     def __init__(self, ctx: RequestContext, fleet: Fleet, clock: Clock, metrics: GatewayMetrics,
                  cont: Continuation, resumed: bool, max_event_bytes: int, ex: Exchange) -> None:
@@ -56,30 +61,61 @@ class _Relay:
         self.resumed = resumed  # a continuation leg: events are rewritten
         self.error: str | None = None
         self.ex = ex
+        self._fp = self._fs = b""  # a whole plain token event's bytes around its text, once the stream showed one
 
     def __call__(self, data: bytes) -> None:
-        if self.error is not None or self.cont.done:
+        cont = self.cont
+        if self.error is not None or cont.done:
             return
+        fp = self._fp
+        if fp and data.startswith(fp) and data.endswith(self._fs) and not self.parser.pending:
+            # the common read: exactly one plain token event, the same bytes as a validated one around
+            # one JSON string (which cannot hold a raw newline, so this is one whole event)
+            try:
+                text = _decode_str(data[len(fp) : len(data) - len(self._fs)])
+            except msgspec.DecodeError:
+                pass  # the general path below says what is wrong
+            else:
+                if text:
+                    cont.texts.append(text)
+                cont.tokens += 1
+                self.write(data)
+                return
+        elif not fp and cont._fh and not self.resumed:
+            self._fp, self._fs = b"data: " + cont._fh, cont._ft + b"\n\n"
         try:
-            self.events(self.parser.feed(data), data)
+            payloads = self.parser.feed(data)
         except SseError as e:
             self.fail(f"malformed event stream: {e}")
+            return
+        if payloads:
+            self.events(payloads, data)
 
     def events(self, payloads: list[bytes], data: bytes | None = None) -> None:
         """Record, validate and relay complete events; ``data``: the read they came in, if it was exactly them."""
-        if not payloads:
+        if self.resumed:
+            self._rewritten(payloads)
             return
+        try:
+            n = self.cont.observe_many(payloads)  # first leg: relayed unchanged once valid
+        except BadEvent as e:
+            if e.good:
+                self.write(_frame(payloads[: e.good]))
+            self.fail(str(e))
+            return
+        if n == len(payloads) and data is not None and self.parser.clean:
+            self.write(data)
+        elif n:
+            self.write(_frame(payloads[:n]))
+
+    def _rewritten(self, payloads: list[bytes]) -> None:
         cont = self.cont
         kept: list[bytes] = []
         try:
             for p in payloads:
-                if self.resumed:
-                    q = cont.rewrite(p)
-                    if q is not None:
-                        kept.append(q)
-                else:
-                    cont.observe(p)  # first leg: relayed unchanged once valid
-                    kept.append(p)
+                q = cont.rewrite(p)
+                if q is not None:
+                    kept.append(q)
                 if cont.done:
                     break
         except BadEvent as e:
@@ -88,8 +124,7 @@ class _Relay:
             self.fail(str(e))
             return
         if kept:
-            clean = data is not None and not self.resumed and self.parser.clean and len(kept) == len(payloads)
-            self.write(data if clean else _frame(kept))
+            self.write(_frame(kept))
 
     def write(self, out: bytes) -> None:
         t = self.now()
