@@ -4,8 +4,10 @@
   drives (open-loop arrivals pulled in time windows, closed-loop follow-ups
   pushed on completion), :class:`OfferedLoad`, :class:`WorkloadStats`;
 * :mod:`.hashing` -- prompt block hashes without tokens (equal hash = equal prefix);
-* :mod:`.agents` -- chatbot, copilot, research agent, autonomous task;
-* :mod:`.traces` -- Azure LLM 2023 and Mooncake trace replay with a time-scale knob;
+* :mod:`.apps` -- the application shapes (chatbot, copilot, research agent, autonomous task);
+* :mod:`.agents` -- their tasks and calls;
+* :mod:`.trace_data` -- loading the Azure LLM 2023 and Mooncake traces;
+* :mod:`.traces` -- their replay with a time-scale knob;
 * :mod:`.mix` -- several sources and their tenants as one workload;
 * :mod:`.curve` -- a daily load curve shaping a source's rate;
 * :mod:`.spec` -- the YAML workload spec (:func:`load_workload`).

@@ -22,187 +22,21 @@ outputs are capped; ``"exact"``: they ask for exactly their output length) and
 
 from __future__ import annotations
 
-import csv
-import functools
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 from steersman.twin.workload.base import OfferedLoad, Source, SourceInfo, _Draft
 from steersman.twin.workload.curve import DailyCurve
 from steersman.twin.workload.hashing import MAX_KEYS, block_hashes, mask, masks_np, positions, source_namespace
+from steersman.twin.workload.trace_data import MOONCAKE_BLOCK, TraceData, TraceError, load_trace
 
 __all__ = ["TraceData", "TraceSource", "load_trace", "TraceError", "MOONCAKE_BLOCK"]
 
-MOONCAKE_BLOCK = 512
 _CHUNK = 256  # requests whose hashes are built together
-
-
-class TraceError(ValueError):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class TraceData:
-    """A loaded trace (shared by every source that replays it)."""
-
-    path: str
-    format: str  # "azure" | "mooncake"
-    times: np.ndarray  # seconds since the first request, non-decreasing
-    prompt: np.ndarray  # int64 prompt tokens (>= 1)
-    output: np.ndarray  # int64 output tokens (>= 1)
-    chain_ptr: np.ndarray | None = None  # request i's 512-token chains are chains[chain_ptr[i]:chain_ptr[i+1]]
-    chains: np.ndarray | None = None  # dense chain ids (an id together with its prefix)
-    chain_depth: np.ndarray | None = None  # position of each chain in its prompts (in 512-token blocks)
-    chain_last: np.ndarray | None = None  # last request using each chain
-    _cache: dict = field(default_factory=dict, repr=False)
-
-    def __len__(self) -> int:
-        return int(self.times.size)
-
-    @property
-    def n_chains(self) -> int:
-        return 0 if self.chain_depth is None else int(self.chain_depth.size)
-
-    def new_prompt_tokens(self, block_size: int = 16) -> np.ndarray:
-        """Per request: prompt tokens past the longest full-block prefix an earlier request already had."""
-        got = self._cache.get(block_size)
-        if got is not None:
-            return got
-        if self.chains is None:
-            out = self.prompt.copy()
-        else:
-            sub = MOONCAKE_BLOCK // block_size
-            seen: dict[int, int] = {}
-            out = np.empty_like(self.prompt)
-            ptr = self.chain_ptr.tolist()
-            chains = self.chains.tolist()
-            for i, p in enumerate(self.prompt.tolist()):
-                nfull = p // block_size
-                matched = 0
-                cs = chains[ptr[i]:ptr[i + 1]]
-                for j, c in enumerate(cs):
-                    k = min(seen.get(c, 0), nfull - j * sub)
-                    matched += max(k, 0)
-                    if k < sub:
-                        break
-                out[i] = p - block_size * matched
-                for j, c in enumerate(cs):
-                    have = min(sub, nfull - j * sub)
-                    if have <= 0:
-                        break
-                    if seen.get(c, 0) < have:
-                        seen[c] = have
-        out.setflags(write=False)
-        self._cache[block_size] = out
-        return out
-
-
-def _azure_seconds(stamp: str, day0: int) -> float:
-    d, _, tm = stamp.strip().partition(" ")
-    h, m, s = tm.split(":")
-    return (date.fromisoformat(d).toordinal() - day0) * 86400.0 + int(h) * 3600 + int(m) * 60 + float(s)
-
-
-def _load_azure(path: Path) -> TraceData:
-    with path.open(newline="") as f:
-        rows = csv.reader(f)
-        header = next(rows, None)
-        want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
-        if header is None or [h.strip() for h in header[:3]] != want:
-            raise TraceError(f"{path}: expected an Azure LLM trace with header {','.join(want)}, got {header!r}")
-        ts, pr, out = [], [], []
-        day0 = None
-        for n, r in enumerate(rows, 2):
-            if not r:
-                continue
-            try:
-                if day0 is None:
-                    day0 = date.fromisoformat(r[0].strip().partition(" ")[0]).toordinal()
-                ts.append(_azure_seconds(r[0], day0))
-                pr.append(int(r[1]))
-                out.append(int(r[2]))
-            except (ValueError, IndexError) as e:
-                raise TraceError(f"{path}:{n}: bad row {r!r}: {e}") from None
-    if not ts:
-        raise TraceError(f"{path}: no requests")
-    t = np.asarray(ts)
-    order = np.argsort(t, kind="stable")
-    t = t[order] - t[order[0]]
-    return TraceData(str(path), "azure", t, np.maximum(np.asarray(pr, np.int64)[order], 1),
-                     np.maximum(np.asarray(out, np.int64)[order], 1))
-
-
-def _load_mooncake(path: Path) -> TraceData:
-    ts, pr, out, ptr, chains = [], [], [], [0], []
-    dense: dict[tuple[int, int], int] = {}
-    depth: list[int] = []
-    last: list[int] = []
-    with path.open("rb") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = orjson.loads(line)
-                t, p, o, ids = float(r["timestamp"]), int(r["input_length"]), int(r["output_length"]), r["hash_ids"]
-                if not isinstance(ids, list):
-                    raise ValueError("hash_ids must be a list")
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise TraceError(f"{path}:{n}: bad record: {e}") from None
-            i = len(ts)
-            ts.append(t / 1000.0)
-            pr.append(p)
-            out.append(o)
-            parent = -1
-            for j, x in enumerate(ids):
-                key = (parent, int(x))
-                c = dense.get(key)
-                if c is None:
-                    c = dense[key] = len(depth)
-                    depth.append(j)
-                    last.append(i)
-                else:
-                    last[c] = i
-                chains.append(c)
-                parent = c
-            ptr.append(len(chains))
-    if not ts:
-        raise TraceError(f"{path}: no requests")
-    t = np.asarray(ts)
-    if np.any(np.diff(t) < 0):
-        raise TraceError(f"{path}: timestamps must be non-decreasing (Mooncake traces keep multi-turn order)")
-    return TraceData(str(path), "mooncake", t - t[0], np.maximum(np.asarray(pr, np.int64), 1),
-                     np.maximum(np.asarray(out, np.int64), 1), np.asarray(ptr, np.int64), np.asarray(chains, np.int64),
-                     np.asarray(depth, np.int64), np.asarray(last, np.int64))
-
-
-@functools.lru_cache(maxsize=16)
-def _load_cached(path: str, fmt: str, mtime: float, size: int) -> TraceData:
-    p = Path(path)
-    return _load_azure(p) if fmt == "azure" else _load_mooncake(p)
-
-
-def load_trace(path: str | os.PathLike, format: str = "auto") -> TraceData:
-    """Load (and cache) a trace; ``format`` is ``azure``, ``mooncake`` or ``auto`` (by extension: .csv / .jsonl)."""
-    p = Path(path)
-    if format == "auto":
-        suffix = p.suffix.lower()
-        format = {".csv": "azure", ".jsonl": "mooncake", ".json": "mooncake"}.get(suffix, "")
-        if not format:
-            raise TraceError(f"{p}: cannot tell the trace format from the extension; give format: azure | mooncake")
-    if format not in ("azure", "mooncake"):
-        raise TraceError(f"trace format must be azure, mooncake or auto, got {format!r}")
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise TraceError(f"cannot read trace {p}: {e.strerror or e}") from None
-    return _load_cached(str(p.resolve()), format, st.st_mtime, st.st_size)
 
 
 def _choices(spec: str | Mapping[str, float] | None, what: str) -> tuple[list, np.ndarray | None]:
