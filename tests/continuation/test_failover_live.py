@@ -109,3 +109,16 @@ def test_structured_output_is_not_continued_the_stream_ends_with_an_error_event(
                  response_format={"type": "json_object"})
         assert "cannot be continued" in str(e.value) and "response_format" in str(e.value)
         assert migrations(lf.url) == 0
+
+
+def test_engine_dying_after_its_last_token_is_finished_locally(openai_client):
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        kw = dict(model=MODEL, max_tokens=12, messages=[{"role": "user", "content": "Tell me about replicas."}],
+                  stream_options={"include_usage": True})
+        ref = chat(client, **kw)
+        assert ref.finish == "length" and len(ref.pieces) == 12
+        _die(lf, 0, after=12)  # it streams all 12 tokens (the last with finish_reason), then dies before [DONE]
+        got = chat(client, **kw)
+        _check_same(got, ref, True)
+        assert lf.sims[0].faults.dead and migrations(lf.url) == 0  # nothing left to generate: no new leg

@@ -305,8 +305,11 @@ class Continuation:
         u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
         return u
 
-    def closing_events(self) -> bytes:
-        """End a stream locally when nothing is left to generate (the engine died after its last token)."""
+    def closing_events(self, prompt_estimate: int | None = None) -> bytes:
+        """End a stream locally when nothing is left to generate (the engine died after its last token).
+
+        ``prompt_estimate``: the gateway's count of the prompt, for ``usage`` when no exact one is known.
+        """
         out = b""
         if self.finish_reason is None:
             self.finish_reason = "length"
@@ -317,7 +320,11 @@ class Continuation:
                 ch["text"] = ""
             out += _event(self._chunk([ch]))
         if self.include_usage:
-            prompt = self.prompt_tokens if self.prompt_tokens is not None else 0
+            prompt = self.prompt_tokens
+            if prompt is None and isinstance(self.usage, dict):
+                prompt = self.usage.get("prompt_tokens")
+            if prompt is None:
+                prompt = prompt_estimate or 0
             usage = {"prompt_tokens": prompt, "completion_tokens": self.tokens, "total_tokens": prompt + self.tokens}
             out += _event(self._chunk([], usage))
         self.done = True

@@ -168,7 +168,8 @@ class Forward:
                 return Fail(_no_continuation(cont.reason), Retry.NEVER)
             rem = cont.remaining
             if cont.finish_reason is not None or (rem is not None and rem <= 0):
-                ctx.http.send(cont.closing_events())  # the engine died after its last token
+                estimate = ctx.sched.prompt_tokens if ctx.sched is not None else None
+                ctx.http.send(cont.closing_events(estimate))  # the engine died after its last token
                 ctx.http.end_stream()
                 return RESPONDED
             body = cont.request_body()
