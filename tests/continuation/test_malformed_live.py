@@ -29,6 +29,9 @@ SCENARIOS = {
     "not-a-chunk": [ROLE, b'data: [1, 2, 3]\n\n', "hang"],
     "engine-error-event": [ROLE, CHUNK, b'data: {"error": {"message": "engine OOM", "code": 500}}\n\n', "hang"],
     "bad-first-event": [b"data: {{{\n\n", "hang"],
+    "tool-call-then-reset": [ROLE, b'data: {"id":"x1","object":"chat.completion.chunk","created":1,"model":"raw","choices":'
+                             b'[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":'
+                             b'{"name":"f","arguments":"{\\"a\\""}}]},"finish_reason":null}]}\n\n', "reset"],
     "split-bytes": [ROLE[:7], ROLE[7:50], ROLE[50:], CHUNK[:1], CHUNK[1:], b"data: [DONE]\r\n", b"\r\n", "end"],
 }
 
@@ -115,8 +118,9 @@ def client(fleet):
     ("not-a-chunk", "not an OpenAI chunk"),
     ("engine-error-event", "engine OOM"),
     ("bad-first-event", "not an OpenAI chunk"),
+    ("tool-call-then-reset", "cannot be continued .*tool call in progress"),
 ])
-def test_malformed_engine_stream_ends_with_an_error_event(client, scenario, says):
+def test_malformed_engine_stream_ends_with_an_error_event(fleet, client, scenario, says):
     import re
 
     t0 = time.monotonic()
@@ -128,6 +132,10 @@ def test_malformed_engine_stream_ends_with_an_error_event(client, scenario, says
     assert re.search(says, str(e.value)), str(e.value)
     assert "Traceback" not in str(e.value)
     assert all(s == " tok" for s in seen)  # only the valid events before the fault reached the client
+    if scenario.startswith("tool-call"):  # refused continuation, not migrated
+        samples = [x for x in httpx.get(fleet.url + "/metrics").text.splitlines()
+                   if x.startswith("steersman_stream_migrations_total{")]
+        assert not samples, samples
 
 
 def test_events_split_anywhere_and_crlf_are_relayed_whole(client):
