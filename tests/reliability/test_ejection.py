@@ -53,10 +53,10 @@ def test_at_most_ten_percent_but_always_one():
     assert OutlierDetector(4, replace(S, always_eject_one=False), 0.2).max_ejected() == 0
 
 
-def test_a_replica_whose_ttft_or_tpot_is_far_above_its_peers_is_ejected():
+def test_a_replica_whose_tpot_is_far_above_its_peers_is_ejected_but_not_for_queueing():
     d = OutlierDetector(3, S, alpha=0.2)
-    _warm(d, [3.0, 3.2, 10.0])
-    assert d.sweep(1.0) == [2] and "TTFT" in d.reasons[2]
+    _warm(d, [3.0, 3.2, 10.0])  # a long TTFT is queueing: never judged on its own
+    assert d.sweep(1.0) == []
     d = OutlierDetector(3, S, alpha=0.2)
     _warm(d, [3.0, 3.0, 3.0], [0.3, 0.3, 1.5])
     assert d.sweep(1.0) == [2] and "TPOT" in d.reasons[2]
@@ -86,7 +86,19 @@ def test_a_stalled_first_token_ejects_a_hung_replica_but_not_a_fleet_wide_queue(
 
 def test_an_ejected_replica_comes_back_with_fresh_statistics():
     d = OutlierDetector(3, S, alpha=0.2)
-    _warm(d, [3.0, 3.0, 30.0])
+    _warm(d, [3.0, 3.0, 3.0], [0.3, 0.3, 3.0])
     assert d.sweep(0.0) == [2]
     assert d.samples[2] == 0 and np.isnan(d.ttft[2])
     assert d.sweep(31.0) == []  # back, no samples yet: not judged
+
+
+def test_a_busy_replica_that_keeps_producing_is_not_stalled():
+    s = replace(S, latency_floor_ttft_s=0.2)
+    d = OutlierDetector(3, s, alpha=0.2)
+    _warm(d, [0.1, 0.1, 0.1])
+    d.dispatched(2, key=1, now=10.0)  # a request queued long in the engine...
+    for k in range(2, 12):
+        d.dispatched(2, key=k, now=10.0 + k * 0.1)
+        d.answered(2, k, now=10.05 + k * 0.1)  # ...while others get their first tokens
+    assert d.stall(2, 11.2) < 0.1
+    assert d.sweep(11.2) == []

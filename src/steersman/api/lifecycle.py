@@ -56,8 +56,11 @@ class RequestLifecycle:
     def _dispatch(self) -> None:
         self._kick_pending = False
         now = self.clock.now()
-        for ctx, d in self.plane.dispatch(self.fleet.snapshot, now):
-            self.notify([(ctx, d)])
+        for _ in range(64):  # one at a time: each dispatch's accounting must be in the next decision's snapshot
+            out = self.plane.dispatch(self.fleet.snapshot, now, limit=1)
+            if not out:
+                break
+            self.notify(out)
 
     async def _expire_loop(self) -> None:
         while self.plane.waiting:

@@ -158,7 +158,8 @@ class ControlPlane:
             q = self._waiting.pop(item, None)
             if q is not None:
                 self.admitter.release(q.admit, now)
-                out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", None)))
+                # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
+                out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
         return out
 
     # ---- endings -------------------------------------------------------------------------

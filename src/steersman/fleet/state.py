@@ -151,7 +151,7 @@ class Fleet:
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
         if self.guard is not None:
-            self.guard.first_token(t.replica, id(t), ttft)
+            self.guard.first_token(t.replica, id(t), ttft, now)
         if t.predicted_ttft:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
 
@@ -222,6 +222,8 @@ class Fleet:
             self._route(index)
         col[S.SCRAPED_AT] = self.clock.now()
         col[S.SINCE_SCRAPE] = 0
+        if self.guard is not None:  # sweeps must run with no traffic too (a hung replica's last requests)
+            self.guard.maybe_sweep(col[S.SCRAPED_AT])
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self.healthy[index] = healthy

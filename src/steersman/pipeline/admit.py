@@ -106,6 +106,8 @@ class Schedule:
                 ctx.waiter = None
             if isinstance(out, Refuse):
                 return Fail(refusal_error(out), Retry.NEVER)
+            assert isinstance(out, Dispatch) and ctx.started_at is not None
+            return CONTINUE  # notify() started the dispatch as it woke us: starting it again leaked a ticket
         assert isinstance(out, Dispatch)
         gw.start_dispatch(ctx, out)
         return CONTINUE

@@ -285,12 +285,24 @@ class Pipeline:
         guard.on_eject = ejected
 
     def evict(self, replica: int) -> int:
-        """The replica was ejected: drop its attempts that sent the client nothing, so they retry elsewhere."""
+        """The replica was ejected: drop its attempts that sent the client nothing, so they retry elsewhere.
+
+        An attempt still waiting for the engine's response headers has no connection
+        to drop yet: it is looked at again shortly (bounded), until it has one.
+        """
         n = 0
         for ctx in list(self._active.get(replica, ())):
-            producer = getattr(ctx.http, "producer", None)
-            if not ctx.bytes_sent and producer is not None and hasattr(producer, "abort"):
-                self._evicted.add(ctx)
-                producer.abort()
+            if not ctx.bytes_sent:
+                self._evict_one(ctx, replica, 50)
                 n += 1
         return n
+
+    def _evict_one(self, ctx: RequestContext, replica: int, tries: int) -> None:
+        if ctx.bytes_sent or ctx not in self._active.get(replica, ()):
+            return  # it produced after all, or the attempt is over
+        producer = getattr(ctx.http, "producer", None)
+        if producer is not None and hasattr(producer, "abort"):
+            self._evicted.add(ctx)
+            producer.abort()
+        elif tries > 0:
+            asyncio.get_running_loop().call_later(0.02, self._evict_one, ctx, replica, tries - 1)

@@ -6,10 +6,16 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   server-side failures in a row (5xx, connect failure, broken stream) eject it.
 * **Latency outliers** — a replica is an outlier when, against the *median of its
   peers* (the other replicas with ``latency_min_samples`` samples):
-  its TTFT EWMA or TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or its
-  oldest request still waiting for a first token (a *stall*: how a hung GPU shows,
-  it never produces a sample) has waited ``latency_outlier_ratio`` x the peers'
-  TTFT (and x their own oldest stall, so a fleet-wide queue is not an outlier).
+  its TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or it has
+  *stalled* ``latency_outlier_ratio`` x the peers' TTFT (and x their own
+  stalls, so a fleet-wide freeze is not an outlier).  TTFT itself is not
+  compared: it is mostly queueing, which differs between healthy replicas under
+  load, and ejecting a busy replica under overload starts the very cascade this
+  is meant to stop (the overload drill did exactly that); a degraded GPU shows in
+  its TPOT, a hung one in its stall.  A stall is how long a
+  replica holding requests has shown no progress (no first token, no finished
+  request): how a hung GPU shows — it never produces a sample — while a merely
+  busy replica keeps producing first tokens however long its queue.
   Nothing under the standard SLO targets (``latency_floor_ttft_s`` /
   ``latency_floor_tpot_s``) is ever an outlier.  Envoy has no latency detector; its
   success-rate detector compares hosts with the fleet the same way (mean - 1.9
@@ -50,14 +56,18 @@ class OutlierDetector:
         self.tpot = np.full(n, np.nan)
         self.samples = np.zeros(n, dtype=np.int64)
         self._pending: list[dict[int, float]] = [{} for _ in range(n)]  # key -> dispatch time, in order
+        self._progress = np.full(n, -np.inf)  # when each replica last produced a first token or finished a request
         self.reasons: list[str] = [""] * n
 
     # ---- observations -------------------------------------------------------------
     def dispatched(self, i: int, key: int, now: float) -> None:
         self._pending[i][key] = now
 
-    def answered(self, i: int, key: int) -> None:
+    def answered(self, i: int, key: int, now: float | None = None) -> None:
+        """The request got its first token (or ended); ``now`` given: that was progress on the replica."""
         self._pending[i].pop(key, None)
+        if now is not None:
+            self._progress[i] = now
 
     def success(self, i: int) -> None:
         self.consecutive[i] = 0
@@ -115,9 +125,11 @@ class OutlierDetector:
             self._back_at[i] = back + steps * self.s.ejection_decay_s
 
     def stall(self, i: int, now: float) -> float:
-        """How long the oldest request on replica ``i`` has waited for its first token."""
+        """How long replica ``i`` has held requests without progress (0 when it holds none)."""
         p = self._pending[i]
-        return now - next(iter(p.values())) if p else 0.0
+        if not p:
+            return 0.0
+        return now - max(next(iter(p.values())), self._progress[i])
 
     def sweep(self, now: float) -> list[int]:
         """Judge latency outliers; returns the replicas ejected by this sweep."""
@@ -134,16 +146,14 @@ class OutlierDetector:
             peers[i] = False
             if not peers.any():
                 continue
-            ref_ttft = float(np.nanmedian(self.ttft[peers]))
+            ref_ttft = float(np.median(self.ttft[peers]))  # judged peers have a TTFT
             ref_tpot = float(np.nanmedian(self.tpot[peers])) if np.isfinite(self.tpot[peers]).any() else math.nan
             others = active.copy()
             others[i] = False
             ref_stall = float(np.median(stalls[others])) if others.any() else 0.0
             r = s.latency_outlier_ratio
             why = ""
-            if judged[i] and self.ttft[i] >= max(r * ref_ttft, s.latency_floor_ttft_s):
-                why = f"TTFT {self.ttft[i]:.3g}s vs peers' {ref_ttft:.3g}s"
-            elif judged[i] and self.tpot[i] >= max(r * ref_tpot, s.latency_floor_tpot_s):  # NaN compares False
+            if judged[i] and self.tpot[i] >= max(r * ref_tpot, s.latency_floor_tpot_s):  # NaN compares False
                 why = f"TPOT {self.tpot[i]:.3g}s vs peers' {ref_tpot:.3g}s"
             elif stalls[i] >= max(r * ref_ttft, r * ref_stall, s.latency_floor_ttft_s):
                 why = f"no first token for {stalls[i]:.3g}s vs peers' TTFT {ref_ttft:.3g}s"

@@ -38,9 +38,13 @@ class ReplicaGuard:
 
     # ---- the view policies read ------------------------------------------------------------
     def blocked_until(self, now: float) -> np.ndarray:
+        self.maybe_sweep(now)
+        return np.maximum(self.outliers.until, self._breaker_until)
+
+    def maybe_sweep(self, now: float) -> None:
+        """Judge latency outliers if ``outlier_sweep_s`` passed (called per snapshot and per scrape)."""
         if now - self._swept >= self.s.outlier_sweep_s:
             self.sweep(now)
-        return np.maximum(self.outliers.until, self._breaker_until)
 
     def available(self, now: float) -> np.ndarray:
         return self.blocked_until(now) <= now
@@ -71,14 +75,14 @@ class ReplicaGuard:
             self._probes[key] = i
         self._sync_breaker(i, now)
 
-    def first_token(self, i: int, key: int, ttft: float) -> None:
-        self.outliers.answered(i, key)
+    def first_token(self, i: int, key: int, ttft: float, now: float | None = None) -> None:
+        self.outliers.answered(i, key, now)
         self.outliers.latency(i, ttft=ttft)
 
     def succeeded(self, i: int, key: int, now: float, e2e: float, output_tokens: int, in_flight: float,
                   tpot: float | None = None) -> None:
         """The replica served the request (its answer reached the end; 4xx answers count: not its fault)."""
-        self.outliers.answered(i, key)
+        self.outliers.answered(i, key, now)
         self.outliers.success(i)
         if tpot is not None:
             self.outliers.latency(i, tpot=tpot)

@@ -37,7 +37,7 @@ class Done:
     status: int  # the last HTTP status (0: transport error)
     start: float
     end: float
-    ttft: float | None = None  # from the last try's send to its first content event
+    ttft: float | None = None  # from the first try's send to the first content event (what the user waited)
     tries: int = 1
     tokens: int = 0
     error: str = ""
@@ -67,6 +67,7 @@ class Client:
         self.retry_after_scale = retry_after_scale
         self.patience_s = patience_s
         self.sent = 0  # HTTP requests sent (first tries and retries)
+        self.missing_retry_after = 0  # 429 / 503 answers without a Retry-After header
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(patience_s + 5.0),
                                       limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
 
@@ -80,15 +81,16 @@ class Client:
         while True:
             tries += 1
             self.sent += 1
-            t0 = time.monotonic()
             status, ttft, tokens, err, retry_after = await self._once(load)
             now = time.monotonic()
+            if status in (429, 503) and retry_after is None:
+                self.missing_retry_after += 1
             if status in (429, 503) and tries <= self.retries:
                 wait = (retry_after if retry_after is not None else 1.0) * self.retry_after_scale
                 if now + wait < give_up:
                     await asyncio.sleep(wait)
                     continue
-            return Done(load.cls, status, start, now, None if ttft is None else ttft - t0, tries, tokens, err)
+            return Done(load.cls, status, start, now, None if ttft is None else ttft - start, tries, tokens, err)
 
     async def _once(self, load: Load) -> tuple[int, float | None, int, str, float | None]:
         ttft = None
