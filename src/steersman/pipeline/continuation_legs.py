@@ -1,0 +1,134 @@
+"""Continuation legs: the request that resumes a stream, and its events as the client must see them.
+
+A mixin of :class:`steersman.pipeline.continuation.Continuation` (kept apart so
+each module stays small): what happens after an engine failed mid-stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from steersman.engines.sse import DONE
+
+__all__ = ["Legs"]
+
+
+class Legs:
+    """Continuing a stream on another replica (state lives in ``Continuation``)."""
+
+    __slots__ = ()
+
+    def request_body(self) -> bytes:
+        """The request that continues this stream on another replica."""
+        body = orjson.loads(self._body)
+        text = self.text
+        rem = self.remaining
+        if self.chat:
+            body["messages"] = list(body["messages"]) + [{"role": "assistant", "content": text}]
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
+            key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        else:
+            p = body["prompt"]
+            body["prompt"] = p + text if isinstance(p, str) else [p[0] + text]
+            key = "max_tokens"
+        if rem is not None:
+            body[key] = rem
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}  # to report the whole stream's usage at its end
+        return orjson.dumps(body)
+
+    def begin_leg(self) -> None:
+        """A replica starts serving this stream (the first, or a continuation)."""
+        self.legs += 1
+        self.leg_start = self.tokens
+
+    def rewrite(self, payload: bytes) -> bytes | None:
+        """A continuation leg's event as the client must see it (None: drop it)."""
+        if payload == DONE:
+            self.done = True
+            return payload
+        self.observe_leg(payload)
+        obj = orjson.loads(payload)
+        if self._head is not None:
+            for k, v in zip(("id", "created", "model"), self._head):
+                if k in obj:
+                    obj[k] = v
+        choices = obj.get("choices") or []
+        role_chunk = False
+        for ch in choices:
+            d = ch.get("delta") if isinstance(ch, dict) else None
+            if isinstance(d, dict) and "role" in d:
+                del d["role"]
+                role_chunk = True
+        if role_chunk and all(_empty_chat_choice(ch) for ch in choices) and obj.get("usage") is None:
+            return None  # the continuation's own role chunk: the client already had one
+        usage = obj.get("usage")
+        if usage is not None:
+            obj["usage"] = self.whole_usage(usage)
+            if not choices and not self.include_usage:
+                return None
+        elif "usage" in obj and not self.include_usage:
+            del obj["usage"]
+        return orjson.dumps(obj)
+
+    def observe_leg(self, payload: bytes) -> None:
+        """Validate and record a continuation leg's event (its own head and usage are not the stream's)."""
+        self.observe_many((payload,), leg=True)
+
+    def whole_usage(self, leg_usage: dict) -> dict:
+        """The usage of the whole stream from a continuation leg's usage."""
+        u = dict(leg_usage)
+        leg_completion = int(u.get("completion_tokens") or 0)
+        prompt = self.prompt_tokens
+        if prompt is None:  # the engine counted the emitted text as prompt: take it back out
+            prompt = max(0, int(u.get("prompt_tokens") or 0) - self.leg_start)
+        u["prompt_tokens"] = prompt
+        u["completion_tokens"] = self.leg_start + leg_completion
+        u["total_tokens"] = u["prompt_tokens"] + u["completion_tokens"]
+        return u
+
+    def closing_events(self, prompt_estimate: int | None = None) -> bytes:
+        """End a stream locally when nothing is left to generate (the engine died after its last token).
+
+        ``prompt_estimate``: the gateway's count of the prompt, for ``usage`` when no exact one is known.
+        """
+        out = b""
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+            ch: dict[str, Any] = {"index": 0, "finish_reason": "length", "logprobs": None}
+            if self.chat:
+                ch["delta"] = {}
+            else:
+                ch["text"] = ""
+            out += _event(self._chunk([ch]))
+        if self.include_usage:
+            prompt = self.prompt_tokens
+            if prompt is None and isinstance(self.usage, dict):
+                prompt = self.usage.get("prompt_tokens")
+            if prompt is None:
+                prompt = prompt_estimate or 0
+            usage = {"prompt_tokens": prompt, "completion_tokens": self.tokens, "total_tokens": prompt + self.tokens}
+            out += _event(self._chunk([], usage))
+        self.done = True
+        return out + b"data: [DONE]\n\n"
+
+    def _chunk(self, choices: list, usage: dict | None = None) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        d = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            d["usage"] = usage
+        return d
+
+
+def _event(obj: dict) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _empty_chat_choice(ch: Any) -> bool:
+    if not isinstance(ch, dict) or ch.get("finish_reason") is not None:
+        return False
+    d = ch.get("delta") or {}
+    return not d.get("content") and not d.get("tool_calls") and set(d) <= {"content"}
