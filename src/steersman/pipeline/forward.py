@@ -227,6 +227,9 @@ class Forward:
             return Fail(upstream_failed(f"Engine {name} answered {ex.status}: {detail}", 502), retry)
         if resuming:  # the stream has started: an engine refusing the continuation ends it with an error event
             return Fail(upstream_failed(f"Engine {name} refused to continue the stream ({ex.status}): {detail}", 502), Retry.NEVER)
+        if ctx.http.started:  # an earlier attempt began the stream (no event yet): the refusal becomes an error event
+            return Fail(ApiError(ex.status, f"Engine {name} refused the request: {detail}", "invalid_request_error",
+                                 None, "engine_refused"), Retry.NEVER)
         # the engine refused the request itself (e.g. context too long): relay its OpenAI error
         ctx.status = ex.status
         ctype = ex.headers.get("content-type", "application/json").encode("latin-1")
