@@ -27,6 +27,7 @@ PINNED = {
     "gateway.client_request_timeout_s": 60.0,
     "gateway.unhealthy_after_failures": 3,
     "gateway.admin_key_sha256": None,
+    "gateway.isolate_tenant_caches": False,
     "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,
     "sim_server.host": "127.0.0.1",

@@ -242,3 +242,26 @@ def test_no_request_field_or_header_redirects_the_gateway(fleet):
         assert decoy.connections == 0
     finally:
         decoy.close()
+
+
+# ---- engine prefix caches: a tenant's cached prompt is no timing oracle for another ------------------------
+@pytest.mark.parametrize("isolate", [True, False])
+def test_tenant_prefix_caches_are_isolated_when_configured(isolate):
+    long_prompt = " ".join(f"confidential clause {i} of the merger agreement" for i in range(60))
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": long_prompt}]}
+
+    def cached(key: str, salt: str | None = None) -> int:
+        b = dict(body, cache_salt=salt) if salt else body
+        r = httpx.post(lf.url + "/v1/chat/completions", json=b, headers=_auth(key), timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    with LiveFleet(sims=_sims(), extra=_extra(), gateway={"isolate_tenant_caches": isolate}) as lf:
+        assert cached(KEY_A) == 0
+        assert cached(KEY_A) > 0  # a tenant keeps its own cache hits
+        if isolate:
+            acme_salt = "steersman-" + __import__("hashlib").sha256(b"acme").hexdigest()[:24]
+            assert cached(KEY_B, salt=acme_salt) == 0  # naming acme's salt does not reach acme's blocks
+            assert cached(KEY_B) > 0  # (the gateway's salt for rival won: that was rival's own first request)
+        else:
+            assert cached(KEY_B) > 0  # engines share prefix blocks across tenants (vLLM's default)

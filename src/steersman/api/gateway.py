@@ -8,6 +8,7 @@ through adapters; the scraper feeds engine metrics into the fleet state.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -17,10 +18,12 @@ from steersman.api.errors import ApiError, error_body
 from steersman.api.lifecycle import RequestLifecycle
 from steersman.api.admin import AdminGuard, fleet_view
 from steersman.api.openapi import openapi_document
+from steersman.api.prompt import with_cache_salt
 from steersman.api.schema import content_type_error
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
+from steersman.control.tenants import AuthError
 from steersman.control.accounting import Accounting
 from steersman.control.plane import ControlPlane
 from steersman.engines import EngineAdapter, UpstreamError, adapter_for
@@ -178,6 +181,8 @@ class Gateway(RequestLifecycle):
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         m = self.metrics
+        if self.settings.isolate_tenant_caches:
+            self._salt(request)
         if self.settings.log_prompts:
             log.debug("request %d %s body: %s", ctx.seq, ep.path, request.body[:65536].decode("utf-8", "replace"))
         try:
@@ -198,6 +203,13 @@ class Gateway(RequestLifecycle):
             label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
             m.count(label, ctx.status)
             m.model(label).e2e.observe(self.clock.now() - ctx.started)
+
+    def _salt(self, request: HttpRequest) -> None:
+        """Each tenant's prompts share the engines' prefix caches only with its own (vLLM ``cache_salt``)."""
+        got = self.tenants.authenticate(request.headers.get("authorization"))
+        if not isinstance(got, AuthError):  # refused later by the authenticate stage
+            salt = "steersman-" + hashlib.sha256(got.name.encode()).hexdigest()[:24]
+            request.body = with_cache_salt(request.body, salt)
 
     async def models(self, request: HttpRequest) -> None:
         assert self.fleet is not None

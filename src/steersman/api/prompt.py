@@ -8,10 +8,30 @@ anyway).
 
 from __future__ import annotations
 
+import zlib
+
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
 from steersman.text import block_hashes, render_chat, tokenize
+from steersman.text.tokenizer import ROOT_HASH
 
-__all__ = ["prompt_shape"]
+__all__ = ["prompt_shape", "cache_root", "with_cache_salt"]
+
+
+def cache_root(salt: str | None) -> int:
+    """The parent hash of block 0: prompts share cached blocks only under the same ``cache_salt`` (vLLM)."""
+    if not salt:
+        return ROOT_HASH
+    return hash((ROOT_HASH, zlib.crc32(salt.encode("utf-8", "surrogatepass"))))
+
+
+def with_cache_salt(body: bytes, salt: str) -> bytes:
+    """``body`` (a JSON object) with ``cache_salt`` set last, so it wins over one the client sent."""
+    b = body.rstrip()
+    if not b.endswith(b"}"):
+        return body  # not an object: parsing will refuse it
+    field = b'"cache_salt":"' + salt.encode() + b'"}'
+    inner = b[:-1].rstrip()
+    return inner + (field if inner.endswith(b"{") else b"," + field)
 
 
 def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, tuple[int, ...]]:
@@ -30,4 +50,4 @@ def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int
                 ids = tokenize("".join(x for x in p if isinstance(x, str)))
         else:
             ids = tokenize(p)
-    return len(ids), tuple(block_hashes(ids, block_size))
+    return len(ids), tuple(block_hashes(ids, block_size, cache_root(req.cache_salt)))

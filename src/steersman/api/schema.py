@@ -56,6 +56,7 @@ class _Common(msgspec.Struct, kw_only=True):
     user: str | None = None
     ignore_eos: bool = False
     priority: int = 0
+    cache_salt: str | None = None  # vLLM: requests share prefix-cache blocks only with the same salt
 
 
 class ChatCompletionRequest(_Common, kw_only=True):

@@ -34,6 +34,10 @@ class GatewaySettings:
         None, "no admin key: /metrics and /admin/* are open, like open tenant mode (said at startup); set the SHA-256 "
         "hex of a key to require `Authorization: Bearer <key>` (keys are stored only as hashes, like tenant keys)"
     )
+    isolate_tenant_caches: bool = setting(
+        False, "vLLM shares prefix-cache blocks across all requests (a cache hit is a timing side channel between "
+        "tenants); true adds a per-tenant `cache_salt` (vLLM's request field) at the cost of cross-tenant hits"
+    )
     log_prompts: bool = setting(
         False, "prompts are user data: never logged unless asked (GDPR art. 5(1)(c) data minimisation); "
         "true logs request bodies at DEBUG"

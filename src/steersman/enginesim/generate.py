@@ -6,6 +6,7 @@ import itertools
 import secrets
 
 from steersman.api.errors import ApiError, bad_request, not_found_model
+from steersman.api.prompt import cache_root
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest, decode_chat, decode_completion
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
@@ -86,7 +87,8 @@ class Generator:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{next(self._ids):x}"
         now = self.clock.now()
         sim = SimRequest(req_id=rid, prompt_len=len(ids), max_output=len(gen.pieces),
-                         block_hashes=block_hashes(ids, self.block_size), priority=req.priority, arrival=now)
+                         block_hashes=block_hashes(ids, self.block_size, cache_root(req.cache_salt)),
+                         priority=req.priority, arrival=now)
         job = Job(sim=sim, gen=gen, arrival=now)
         try:
             self.runner.submit(job)
