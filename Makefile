@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: up test venv llama up-llama bench-overhead bench-scheduler bench-peers bench-twin bench-policies clean
+.PHONY: up test venv llama up-llama bench-overhead bench-scheduler bench-peers bench-twin bench-policies bench-faults clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ bench-overhead: $(STAMP)
 
 bench-scheduler: $(STAMP)
 	$(BIN)/python bench/scheduler/run.py
+
+bench-faults: $(STAMP)   # live fault drills (overload, cascade); one: bench/faults/run.py overload
+	$(BIN)/python bench/faults/run.py
 
 bench-policies: $(STAMP)
 	$(BIN)/python bench/policies/run.py

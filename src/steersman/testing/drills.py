@@ -7,9 +7,14 @@ latencies are), so the issue's numbers keep their meaning.
 
 * :func:`overload` — measure the fleet's capacity (closed loop, same fleet, same
   run), then offer ``factor`` x that rate (Poisson arrivals) of a critical and a
-  standard tenant whose clients retry 429/503 after ``Retry-After``; report retry
-  amplification (upstream attempts / client HTTP requests), goodput vs capacity,
-  the critical tenant's SLO attainment and the gateway queue's high-water mark.
+  standard tenant whose clients retry 429/503 after ``Retry-After``; the gateway
+  queue is bounded (``queue_max`` entries: beyond it the least important request is
+  shed with 503 + Retry-After).  Reports retry amplification (upstream attempts /
+  client HTTP requests), goodput vs capacity, the critical tenant's SLO attainment
+  and the gateway queue's high-water mark.  ``deadline_s`` gives standard requests
+  a deadline header; with it the fleet currently goes idle in waves (see the
+  report of issue #5: deadline-infeasible refusals from an inflated latency
+  correction), so it is off by default.
 * :func:`cascade` — steady load at ``load`` x capacity with retrying clients; one
   replica degrades ``slowdown`` x, then recovers; report failures, goodput during
   the fault and the time from the fault clearing until goodput is back.
@@ -46,7 +51,7 @@ def _reliability(speedup: float) -> dict:
 
 
 def _fleet(replicas: int, speedup: float, max_num_seqs: int, tenants: dict[str, str],
-           queue_depth: int | None = None) -> tuple[LiveFleet, dict[str, str]]:
+           queue_depth: int | None = None, queue_max: int | None = None) -> tuple[LiveFleet, dict[str, str]]:
     keys, entries = {}, []
     for name in tenants:
         k, digest = generate_key()
@@ -58,7 +63,7 @@ def _fleet(replicas: int, speedup: float, max_num_seqs: int, tenants: dict[str, 
     rel = {**_reliability(speedup), "limit_initial": 2.0 * max_num_seqs}
     extra = {"tenants": {t: {"priority": p} for t, p in tenants.items()}, "api_keys": entries,
              "scheduler": {"slo_classes": _slo(speedup), **({} if queue_depth is None else {"saturation_queue_depth": queue_depth})},
-             "reliability": rel}
+             "reliability": rel, "admission": {} if queue_max is None else {"queue_max_entries": queue_max}}
     return LiveFleet(sims=sims, extra=extra), keys
 
 
@@ -68,7 +73,7 @@ def _body(max_tokens: int) -> dict[str, Any]:
 
 
 def _capacity(url: str, load: Load, concurrency: int, seconds: float) -> float:
-    """Completions per second with the fleet saturated (over the second half of ``seconds``).
+    """Completions per second with the fleet saturated (over all but the first ``seconds / 3``).
 
     A few requests one at a time first: the gateway learns each replica's unloaded
     latency (the concurrency limiter's baseline), as a fleet does before it is busy.
@@ -83,7 +88,7 @@ def _capacity(url: str, load: Load, concurrency: int, seconds: float) -> float:
 
     t0 = time.monotonic() + 1.0
     done = run_in_thread(go, timeout=seconds + 60)
-    lo, hi = t0 + seconds / 2, t0 + seconds
+    lo, hi = t0 + seconds / 3, t0 + seconds
     return sum(1 for d in done if d.ok and lo <= d.end <= hi) / (hi - lo)
 
 
@@ -120,10 +125,10 @@ class OverloadResult:
         return self.critical_in_slo / max(1, self.critical_total)
 
 
-def overload(factor: float = 3.0, seconds: float = 6.0, speedup: float = 1.0, replicas: int = 2, max_num_seqs: int = 4,
-             max_tokens: int = 64, critical_share: float = 0.1, seed: int = 0, deadline_s: float | None = 4.0,
-             queue_depth: int | None = None) -> OverloadResult:
-    lf, keys = _fleet(replicas, speedup, max_num_seqs, {"gold": "critical", "std": "standard"}, queue_depth)
+def overload(factor: float = 3.0, seconds: float = 8.0, speedup: float = 1.0, replicas: int = 2, max_num_seqs: int = 4,
+             max_tokens: int = 64, critical_share: float = 0.1, seed: int = 0, deadline_s: float | None = None,
+             queue_depth: int | None = None, queue_max: int | None = 64) -> OverloadResult:
+    lf, keys = _fleet(replicas, speedup, max_num_seqs, {"gold": "critical", "std": "standard"}, queue_depth, queue_max)
     ttft_target = 2.0 / speedup  # the standard SLO class's TTFT target, scaled
     with lf:
         gw = lf.gateway
@@ -135,7 +140,7 @@ def overload(factor: float = 3.0, seconds: float = 6.0, speedup: float = 1.0, re
             std_h["x-steersman-deadline-ms"] = str(int(deadline_s * 1000 / speedup))
         std = Load("standard", std_h, _body(max_tokens), 1 - critical_share)
         cap = _capacity(lf.url, Load("standard", {"Authorization": f"Bearer {keys['std']}"}, _body(max_tokens)),
-                        concurrency=replicas * max_num_seqs * 3, seconds=4.0)
+                        concurrency=replicas * max_num_seqs * 3, seconds=6.0)
         attempts0 = gw.pipeline.retrier.attempts
         high = [0]
         stop = threading.Event()
