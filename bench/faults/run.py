@@ -13,6 +13,7 @@ each prints its rows side by side with the issue's targets, measured in this one
   capacity, critical SLO attainment, Retry-After coverage, gateway queue high-water mark.
 * ``cascade`` — one replica degrades 5x under 0.7x-capacity load with retrying clients, then recovers:
   failures, goodput before / during, recovery time after the fault clears.
+* ``kill`` — ``bench/faults/kill.py``: a replica dies mid-stream; lost / duplicated tokens, migrations.
 """
 
 from __future__ import annotations
@@ -62,6 +63,25 @@ def _cascade(a: argparse.Namespace) -> list[Row]:
         ("goodput during the fault / before", r.goodput_during / max(1e-9, r.goodput_before), ">= 0.8"),
         ("recovery after the fault clears (s, engine time x10)", r.recovery_s * 10.0, "<= 60"),
         ("slow replica ejected", float(r.replica_ejected), "(routing may avoid it first)"),
+    ]
+
+
+@scenario("kill")
+def _kill(a: argparse.Namespace) -> list[Row]:
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import kill  # bench/faults/kill.py: its own engineer's scenario, with its own CLI
+
+    r = kill.run([])
+    itl99 = max(r["itl_p99_ms"], 1e-9)
+    return [
+        ("streams completed / started", r["completed"] / max(1, r["streams"]), "1.0"),
+        ("lost tokens", r["lost_tokens"], "0"),
+        ("duplicated tokens", r["duplicated_tokens"], "0"),
+        ("usage mismatches", r["usage_mismatches"], "0"),
+        ("migrations", r["migrations"], ""),
+        ("worst failover gap / normal p99 inter-token gap", max(r["failover_gap_ms"], default=0.0) / itl99, ""),
     ]
 
 
