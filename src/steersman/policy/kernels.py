@@ -68,10 +68,7 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
                 # stands for it now (else one burst of interference keeps it unpicked, and unobserved, for good)
                 r = tpot_prior
-            # decode steps carry prefill chunks while the prefill queued there lasts: our decode is
-            # mixed for (queued work / P) steps, as long as a queue like today's stays ahead of it
-            share = min(1.0, (work - mine) / (P * max(expected_output, 1.0))) if work > mine else 0.0
-            tpot = (t_dec + (t_full - t_dec) * share) * r
+            tpot = (t_full if work > mine else t_dec) * r
         else:  # unknown hardware: what was observed there
             ttft = live[_TTFT_EWMA, i]
             if ttft != ttft:

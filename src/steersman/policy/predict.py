@@ -17,10 +17,8 @@ tokens (``B`` = max_num_batched_tokens), so
 
     TTFT ≈ (⌊W / P⌋ × t_step(B) + t_step(D + W mod P)) × ttft_ratio,   W = queue ahead + own uncached
     (the partial step interpolated between the decode-only and the full step)
-    TPOT ≈ (t_step(D + 1) + (t_step(B) − t_step(D + 1)) × s) × tpot_ratio,
-           s = min(1, other prefill queued / (P × expected_output))
-    (the share of this request's decode steps that carry prefill chunks, if a queue like
-    the one there now stays ahead of it; 0 with no other prefill waiting)
+    TPOT ≈ t_step(decodes only, D + 1) × tpot_ratio          (no other prefill waiting)
+         ≈ t_step(B) × tpot_ratio                              (other prefill waiting)
 
 where the ratios are each replica's observed/predicted correction (a degraded
 GPU learns a ratio above 1; a replica not yet observed takes the fleet's, so it
