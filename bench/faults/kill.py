@@ -36,6 +36,7 @@ from steersman.enginesim.faults import FaultSpec
 from steersman.testing import LiveFleet
 
 MODEL = "llama-3.1-8b"
+_FULL = {"ignore_eos": True}  # every stream runs its max_tokens: each one on replica 0 is mid-way at the kill
 
 
 @dataclass
@@ -54,11 +55,11 @@ def _one(client: OpenAI, i: int, max_tokens: int, started: threading.Semaphore |
     try:
         if i % 2 == 0:
             it = client.chat.completions.create(
-                model=MODEL, stream=True, max_tokens=max_tokens, stream_options={"include_usage": True},
+                model=MODEL, stream=True, max_tokens=max_tokens, stream_options={"include_usage": True}, extra_body=_FULL,
                 messages=[{"role": "user", "content": f"Request {i}: tell me about replicas and queues."}])
         else:
             it = client.completions.create(model=MODEL, stream=True, max_tokens=max_tokens, stream_options={"include_usage": True},
-                                           prompt=f"Request {i}: once upon a time ")
+                                           prompt=f"Request {i}: once upon a time ", extra_body=_FULL)
         for ch in it:
             now = time.monotonic()
             if ch.usage is not None:
