@@ -24,13 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from steersman.config import DEFAULTS
+from steersman.config import DEFAULTS, ReliabilitySettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig, WorkflowTracker
 from steersman.control.accounting import Accounting, Started
 from steersman.control.plane import ControlPlane, Dispatch, Refuse, Wait
 from steersman.control.workflow import WorkflowHeaders
 from steersman.engines.base import EngineMetrics
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
+from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
 from steersman.twin.fleet import TwinFleet
@@ -57,6 +58,9 @@ class TwinConfig:
     #: added latency, measured by bench/overhead at one stream (+0.64-0.80 ms TTFT over loopback)
     gateway_latency_s: float = 0.0007
     seed: int = 0
+    #: the gateway's reliability mechanisms (outlier ejection, breakers, adaptive concurrency), on the
+    #: virtual clock; None: off (the twin's results before issue #5 stay as they were)
+    reliability: ReliabilitySettings | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -81,6 +85,8 @@ class Twin:
         self.clock = VirtualClock()
         self.tf = fleet
         self.fleet = fleet.build_state(self.clock)
+        if cfg.reliability is not None:
+            self.fleet.guard = ReplicaGuard(len(fleet.replicas), cfg.reliability, fleet.scheduler.latency_ewma_alpha)
         self.workload = workload
         admission = fleet.admission
         self.plane = ControlPlane(policy, DefaultAdmitter(admission), GatewayQueue(admission), fleet.scheduler)
@@ -265,6 +271,7 @@ class Twin:
         cached = max(sim.num_cached_tokens, 0) if r.cached < 0 else r.cached
         if r.decode >= 0:
             self.pd.load[r.decode] -= 1
+        self.fleet.report(r.started.ticket, True)  # the attempt's verdict on its replica (reliability guard)
         cost = self.accounting.ended(r.started, sim.num_output, True, cached)
         self.rec.finished(r.idx, self.clock.t, sim.num_output, cached, cost)
         self._follow_up(r, ok=True)
@@ -311,6 +318,8 @@ class Twin:
         if r.decode >= 0:
             self.pd.load[r.decode] -= 1
             r.decode = -1
+        if r.started is not None:
+            self.fleet.report(r.started.ticket, False)
         cost = self.accounting.ended(r.started, 0, False) if r.started is not None else 0.0
         self.rec.failed(r.idx, self.clock.t, cost)
         self._follow_up(r, ok=False)
