@@ -185,7 +185,9 @@ class LlamaServerFleet:
             raise EngineStartError(f"GGUF {self.settings.gguf_file} not found under {cache_dir() / 'models'} or $STEERSMAN_GGUF: {_BUILD_HINT}")
         self._logdir = Path(tempfile.mkdtemp(prefix="steersman-llamacpp-"))
         try:
-            self.procs = [self._spawn(i) for i in range(self.count)]
+            self.procs = []
+            for i in range(self.count):
+                self.procs.append(self._spawn(i))  # one at a time: a failed spawn leaves the others stoppable
             await asyncio.gather(*(self._wait_healthy(p) for p in self.procs))
         except BaseException:
             await self.stop()
@@ -229,6 +231,9 @@ class LlamaServerFleet:
                     p.proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.proc.wait(timeout=5)
+        if self._logdir is not None:
+            shutil.rmtree(self._logdir, ignore_errors=True)  # the engines' logs (read into errors already)
+            self._logdir = None
 
     def stop_now(self) -> None:
         """Synchronous last resort (atexit, signal handlers): SIGKILL everything still running."""
