@@ -22,7 +22,7 @@ import math
 import random
 
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from legacy_engine import LegacyEngineModel, LegacyRequest
 from simhelpers import BS, tokens
@@ -214,10 +214,26 @@ def _same_step(a, b):
     assert a.first_tokens == [rid for rid, n in a.outputs if n == 1]
 
 
+def _duplicate_after_eviction() -> Workload:
+    """Regression (found by the property test): r4 repeats r0's prompt and output; its block 1 is a duplicate
+    of r0's, whose segment is later evicted and re-registered.  r4's block 2 must still count as a duplicate
+    of the re-registered block 2 (vLLM: its hash is cached), not be cached a second time."""
+    s = dataclasses.replace(EngineSettings(), max_model_len=384, step_overhead_s=0.002, scheduling_policy="priority",
+                            max_num_batched_tokens=64, max_num_seqs=4, enable_chunked_prefill=True,
+                            enable_prefix_caching=True)
+    reqs = [(0.0, "r0", tokens(101, 32), 17, 1), (0.0, "r1", tokens(100, 16), 1, 0),
+            (0.001, "r2", tokens(4, 64) + tokens(100, 16), 5, 0), (0.001, "r3", tokens(2, 200) + tokens(100, 16), 2, 0),
+            (0.001, "r4", tokens(101, 32), 17, 0), (0.001, "r5", tokens(100, 16), 1, 0),
+            (0.001, "r6", tokens(100, 16), 1, 0)]
+    return Workload([(t, rid, p, out, prio, tokens(500, out)) for t, rid, p, out, prio in reqs],
+                    [(0.0, "r1"), (0.001, "r5")], s, 24, True)
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(w=workloads(), seed=st.integers(0, 1000))
+@example(w=_duplicate_after_eviction(), seed=0)
 def test_step_loop_and_twin_pattern_equal_the_oracle(w, seed):
-    import os, pickle  # DEBUG
+    import os, pickle  # EQ_DUMP=path: pickle a failing example (w, seed) for replay
     try:
         _body(w, seed)
     except AssertionError:

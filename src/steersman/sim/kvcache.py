@@ -182,6 +182,14 @@ class KVPool(KVPoolExtras):
             i = k
         return i, fh, path
 
+    def _holding(self, i: int, h: int) -> _Seg | None:
+        """The cached segment holding hash ``h`` at position ``i``, wherever it starts.  O(segments): only
+        for a request whose previous block's cached twin was evicted (its pointer went stale)."""
+        for s in self._idx.values():
+            if s.lo <= i < s.hi and s.hs[i] == h:
+                return s
+        return None
+
     def _touch(self, req: SimRequest, path: list) -> None:
         """The hits of ``path`` become ``req``'s first blocks (ref + 1, out of the free queue)."""
         ent = req._ent
@@ -212,7 +220,10 @@ class KVPool(KVPoolExtras):
             while x is not None and x.lo > i:
                 x = x.sp
             if x is None or i >= x.hi or x.hs[i] != h:
+                stale = cur is not None and (x is None or x.hi < i)  # block i - 1's cached twin was evicted
                 x = idx.get(h)
+                if x is None and stale:  # block i may still be cached inside a segment registered since
+                    x = self._holding(i, h)
             if x is not None:  # duplicates as long as the chains agree
                 e = x.hi if x.hi < hi else hi
                 xs = x.hs
