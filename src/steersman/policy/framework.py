@@ -31,7 +31,7 @@ from steersman.policy.request import SchedRequest
 
 __all__ = [
     "DecisionContext", "Filter", "Scorer", "Picker", "Profile", "Scores", "WeightedScorer",
-    "FILTERS", "SCORERS", "PICKERS", "FEATURES", "PLUGIN_LATENCY", "feature",
+    "FILTERS", "SCORERS", "PICKERS", "FEATURES", "PER_REPLICA", "PLUGIN_LATENCY", "feature",
 ]
 
 #: Per-plugin decision latency (framework-measured; perf_counter is a CPU-cost
@@ -43,13 +43,22 @@ PLUGIN_LATENCY = HistogramFamily(
 
 #: Shared features by name: ``f(ctx) -> value`` (arrays aligned with ``ctx.candidates``).
 FEATURES: dict[str, Callable[[DecisionContext], Any]] = {}
+#: Features with one value per replica of the fleet (not per candidate): never re-sliced when filters narrow.
+PER_REPLICA: set[str] = set()
 
 
-def feature(name: str):
-    """Register a shared per-decision feature computed lazily from the context."""
+def feature(name: str, per_replica: bool = False):
+    """Register a shared per-decision feature computed lazily from the context.
+
+    ``per_replica``: its value is indexed by replica (the whole fleet), not aligned with the
+    candidates, so narrowing the candidates leaves it as it is."""
 
     def add(f: Callable[[DecisionContext], Any]):
         FEATURES[name] = f
+        if per_replica:
+            PER_REPLICA.add(name)
+        else:
+            PER_REPLICA.discard(name)
         return f
 
     return add
@@ -80,7 +89,7 @@ class DecisionContext:
         if entry is None:
             entry = self._features[name] = (FEATURES[name](self), self.sel)
         value, at = entry
-        if at is self.sel:
+        if at is self.sel or name in PER_REPLICA:
             return value
         # narrowed since: positions now in play, relative to those the feature was computed for
         rel = self.sel if at is None else np.searchsorted(at, self.sel)

@@ -104,7 +104,10 @@ def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, 
 @njit(cache=True, nogil=True)
 def prefix_kernel(idx, held, live, kv_blocks, indexed, out):
     """``out[j]`` = leading blocks replica ``idx[j]`` probably holds: the index's match, discounted by
-    how much of what is indexed there its KV cache can hold and by its observed hit accuracy."""
+    how much of what is indexed there its KV cache can hold and by its observed hit accuracy.
+    ``held`` and ``indexed`` are per replica of the fleet (indexed by ``idx``), not per candidate."""
+    if held.size != live.shape[1] or indexed.size != live.shape[1]:
+        raise ValueError("prefix_kernel: held / indexed must have one entry per replica")
     for j in range(idx.size):
         i = idx[j]
         h = held[i]
@@ -142,6 +145,8 @@ def _insert(buf_key, buf_pos, m, key, pos):
 def shortlist_kernel(idx, live, held, compute_price, k, keep):
     """Mark in ``keep`` (over positions of ``idx``) the k/2 least loaded candidates, the k/4 holding
     the longest prefix and the k/4 with the cheapest compute: one pass, small sorted buffers."""
+    if held.size and held.size != live.shape[1]:
+        raise ValueError("shortlist_kernel: held must have one entry per replica")
     m_load, m_held, m_cost = k // 2, k // 4, k // 4
     lk = np.full(m_load, np.inf)
     lp = np.full(m_load, -1)

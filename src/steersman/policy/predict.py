@@ -66,7 +66,7 @@ class Prediction:
         return Prediction(self.ttft[sel], self.tpot[sel], self.e2e[sel], self.cost[sel], self.uncached[sel])
 
 
-@feature("prefix_held")
+@feature("prefix_held", per_replica=True)
 def prefix_held(ctx: DecisionContext) -> np.ndarray:
     """The prefix index's raw match for every replica (not only candidates): leading blocks held."""
     snap, req = ctx.snapshot, ctx.request
