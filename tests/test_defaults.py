@@ -96,8 +96,8 @@ PINNED = {
     "llamacpp.parallel": 4,
     "llamacpp.ctx_size": 8192,
     "llamacpp.threads": 1,
-    "llamacpp.cache_reuse": 256,
     "llamacpp.repack": False,
+    "llamacpp.cache_reuse": 256,
     "llamacpp.start_timeout_s": 120.0,
     "llamacpp.stop_grace_s": 5.0,
 }
