@@ -7,6 +7,7 @@ checks.  Readers: policies, through :meth:`Fleet.snapshot` only.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,7 @@ class Ticket:
     first_at: float | None = None
     verdict: bool | None = None  # the attempt's verdict on the replica: served (True) / server-side failure (False)
     on_first: Any = None  # called once at the first token (the runner releases a retry-budget token)
+    key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
 
 
 def _or_one(x: float) -> float:
@@ -90,6 +92,7 @@ class Fleet:
         self._recent_at = np.zeros(n)
         self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
+        self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
         self._static()
 
     def _static(self) -> None:
@@ -132,9 +135,9 @@ class Fleet:
         live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
         self._recent_at[index] = now
         batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
-        t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot)
+        t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys))
         if self.guard is not None:
-            self.guard.dispatched(index, id(t), now)
+            self.guard.dispatched(index, t.key, now)
         return t
 
     def first_token(self, t: Ticket) -> None:
@@ -151,7 +154,7 @@ class Fleet:
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
         if self.guard is not None:
-            self.guard.first_token(t.replica, id(t), ttft, now)
+            self.guard.first_token(t.replica, t.key, ttft, now)
         if t.predicted_ttft:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
 
@@ -173,15 +176,15 @@ class Fleet:
         if self.guard is not None:
             now = self.clock.now()
             if t.verdict is None:
-                self.guard.released(i, id(t), now)
+                self.guard.released(i, t.key, now)
             elif t.verdict:
-                self.guard.succeeded(i, id(t), now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
+                self.guard.succeeded(i, t.key, now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
 
     def report(self, t: Ticket, ok: bool) -> None:
         """An attempt's verdict on its replica's health: a failure counts at once, a success when the ticket ends."""
         t.verdict = ok
         if not ok and self.guard is not None:
-            self.guard.failed(t.replica, id(t), self.clock.now())
+            self.guard.failed(t.replica, t.key, self.clock.now())
 
     def blocked(self, index: int) -> bool:
         """Is the replica out of rotation now (ejected, breaker open)?"""
