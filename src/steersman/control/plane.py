@@ -91,7 +91,13 @@ class ControlPlane:
             if late is not None:
                 self.admitter.release(a, now)
                 return Refuse(late.status, late.code, late.reason, late.retry_after), []
-        decision = self.policy.pick(snapshot, req)
+        if len(self.queue) and self.queue.waiting_models().get(req.model):
+            # requests already wait for this model: capacity that frees goes to them in queue order (band,
+            # fairness, value, deadline), not to whoever arrives at that moment (issue #5: a critical request
+            # queued behind a stream of new standard arrivals missed its SLO)
+            decision = Queue("requests for this model are already waiting")
+        else:
+            decision = self.policy.pick(snapshot, req)
         if isinstance(decision, Route):
             return Dispatch(decision, a), []
         if isinstance(decision, Reject):
