@@ -129,6 +129,7 @@ class PrefixIndex:
         self._nbytes_mask = (n_replicas + 7) // 8
         self._gens = [_Gen(n_replicas, 0)]
         self._trim()
+        self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
 
     # ---- capacity -----------------------------------------------------------
     @property
@@ -220,6 +221,7 @@ class PrefixIndex:
     # ---- writes (the IO edge) ----------------------------------------------
     def record(self, replica: int, hashes: Sequence[int]) -> None:
         """The request was routed to ``replica``: its blocks now live there (and are the most recent)."""
+        self._memo = None
         hashes = hashes[self._recent_prefix(replica, hashes):]
         i, n = 0, len(hashes)
         while i < n:
@@ -322,6 +324,7 @@ class PrefixIndex:
         """The engine reported that only the first ``cached_blocks`` blocks of ``hashes`` were cached on
         ``replica`` (e.g. ``usage.prompt_tokens_details.cached_tokens // block_size``): add the replica
         to those blocks and drop it from the later ones the index had predicted."""
+        self._memo = None
         k = max(0, min(int(cached_blocks), len(hashes)))
         if k:
             self.record(replica, hashes[:k])
@@ -348,6 +351,7 @@ class PrefixIndex:
     def forget_replica(self, replica: int) -> None:
         """The replica's KV cache is gone (restart, weights reload).  O(generations): existing
         generations mask the replica out from now on; what is recorded later starts a new one."""
+        self._memo = None
         bit = 1 << replica
         for g in self._gens:
             g.stale |= bit
@@ -369,7 +373,19 @@ class PrefixIndex:
 
         Walks the prompt forward over runs of blocks with the same holder set, finding the end of each
         run by binary search: O((1 + holder-set changes) x log len(hashes)) lookups.  A replica's match
-        ends at the first block it is missing from (see the module doc for the approximation)."""
+        ends at the first block it is missing from (see the module doc for the approximation).
+
+        The result is read-only and memoised until the next write: asking again for the same
+        ``hashes`` object (the policy's match, then the accounting's on dispatch) costs nothing."""
+        memo = self._memo
+        if memo is not None and memo[0] is hashes and memo[1] == len(hashes):
+            return memo[2]
+        out = self._match(hashes)
+        out.flags.writeable = False
+        self._memo = (hashes, len(hashes), out)
+        return out
+
+    def _match(self, hashes: Sequence[int]) -> np.ndarray:
         out = np.zeros(self.n, dtype=np.int64)
         n = len(hashes)
         get = self._get
