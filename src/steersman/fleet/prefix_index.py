@@ -254,71 +254,75 @@ class PrefixIndex:
         return lo
 
     def _record(self, r: int, hashes: Sequence[int]) -> None:
-        """Filter tests are vectorised over the blocks; only blocks a generation may hold are looked
-        up one by one, and fresh blocks go in with one ``dict.update``."""
+        """One pass over the blocks, O(1) work each: a block the filter has never seen (the common
+        case for a new tail) costs one byte lookup; only blocks a generation may hold are probed."""
         bit, one = 1 << r, self._one[r]
         new = self._gens[-1]
-        nd = new.d
-        added = vbytes = 0
+        nd, nbit = new.d, new.bit
+        filt, fmask = self._filter, self._fmask
+        older = self._newest_first[1:]
+        added = vbytes = inserts = 0
         memo: dict[int, int] = {}
-        slots = np.fromiter(hashes, dtype=np.int64, count=len(hashes)) & self._fmask
-        may = self._fview[slots]  # which generations may hold each block
-
-        def plus(v: int) -> int:
-            nv = memo.get(v)
-            if nv is None:
-                nv = memo[v] = _mask(v) | bit
-            return nv
-
-        rest = np.ones(len(hashes), dtype=bool)  # not in the newest generation
-        for p in np.flatnonzero(may & new.bit).tolist() if nd else ():
-            h = hashes[p]
-            v = nd.get(h)
-            if v is None:
-                continue
-            rest[p] = False
-            if v == one or (v > 0 and v & bit):
-                continue
-            nv = nd[h] = plus(v)  # another replica's block, already recent: add our bit in place
-            vbytes += _vcost(nv) - _vcost(v)
-            added += 1
-        rest = np.flatnonzero(rest)
         moved: dict[tuple[_Gen, int], int] = {}
-        entered: list[int] = []  # positions moved in from older generations
-        for g in self._newest_first[1:]:
-            if not rest.size:
-                break
-            gd, hit = g.d, []
-            for p in rest[(may[rest] & g.bit) != 0].tolist():
-                v = gd.pop(hashes[p], None)
-                if v is None:
+        fresh: dict[int, int] = {}
+        for h in hashes:
+            slot = h & fmask
+            c = filt[slot]
+            if c:
+                if c & nbit:
+                    v = nd.get(h)
+                    if v is not None:  # already recent
+                        if v == one or (v > 0 and v & bit):
+                            continue
+                        nv = memo.get(v)  # another replica's block: add our bit in place
+                        if nv is None:
+                            nv = memo[v] = _mask(v) | bit
+                        nd[h] = nv
+                        vbytes += _vcost(nv) - _vcost(v)
+                        added += 1
+                        continue
+                entered = False
+                for g in older:  # newest first
+                    if not c & g.bit:
+                        continue
+                    v = g.d.pop(h, None)
+                    if v is None:
+                        continue
+                    g.vbytes -= _vcost(v)
+                    if g.stale and (v := self._live(v, g.stale)) is None:
+                        continue  # only forgotten replicas held it: new unless an older generation has it
+                    moved[g, v] = moved.get((g, v), 0) + 1
+                    if v == one or (v > 0 and v & bit):
+                        nd[h] = v
+                    else:
+                        nv = memo.get(v)
+                        if nv is None:
+                            nv = memo[v] = _mask(v) | bit
+                        nd[h] = v = nv
+                        added += 1
+                    vbytes += _vcost(v)
+                    entered = True
+                    break
+                if entered:
+                    filt[slot] = c | nbit
+                    inserts += 1
                     continue
-                g.vbytes -= _vcost(v)
-                if g.stale and (v := self._live(v, g.stale)) is None:
-                    continue  # only forgotten replicas held it: it is new
-                hit.append(p)
-                moved[g, v] = moved.get((g, v), 0) + 1
-                has = v == one or (v > 0 and v & bit)
-                nd[hashes[p]] = nv = v if has else plus(v)
-                vbytes += _vcost(nv)
-                added += not has
-            if hit:
-                entered += hit
-                rest = np.setdiff1d(rest, hit, assume_unique=True)
-        if rest.size:  # nowhere: new blocks held by this replica alone
-            fresh = dict.fromkeys([hashes[p] for p in rest.tolist()], one)
+                filt[slot] = c | nbit
+            else:
+                filt[slot] = nbit
+            fresh[h] = one  # nowhere: a new block held by this replica alone
+        if fresh:  # one update, after the moved blocks (sizes the table as it always did)
             nd.update(fresh)
+            inserts += len(fresh)
             added += len(fresh)
-        if entered:
-            rest = np.concatenate([rest, np.array(entered, dtype=np.intp)])
-        self._fview[slots[rest]] |= new.bit  # duplicates are harmless: OR with one constant
-        new.inserts += rest.size
+        new.inserts += inserts
         new.vbytes += vbytes
-        for (g, v), c in moved.items():
-            self._scatter(g.counts, v, -c, add=True)
-            self._scatter(new.counts, v, c, add=True)
-        new.counts[r] += added
-        self._total[r] += added
+        for (g, v), k in moved.items():
+            self._scatter(g.counts, v, -k, add=True)
+            self._scatter(new.counts, v, k, add=True)
+        if added:
+            new.counts[r] += added
+            self._total[r] += added
 
     def correct(self, replica: int, hashes: Sequence[int], cached_blocks: int) -> None:
         """The engine reported that only the first ``cached_blocks`` blocks of ``hashes`` were cached on
