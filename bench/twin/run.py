@@ -13,9 +13,9 @@ each part (control plane / policy, accounting and prefix index, engine model,
 workload, snapshots, scrapes; the rest is the event loop) at ~5% overhead;
 ``--profile`` runs cProfile (much slower, skewed towards many small calls) and
 prints its top functions and self time by area.  The target is 1,000,000 requests over 1,000 GPUs in <= 60 s of
-wall time on one core.  GC: generational collection is left on with raised
-thresholds and the start-up heap frozen (``gc.freeze``) during the run, restored
-after (``--gc default`` keeps Python's settings, to compare).
+wall time on one core.  GC: ``Twin.run`` leaves generational collection on with
+raised thresholds and the start-up heap frozen (``gc.freeze``) during the run,
+restored after (``TwinConfig.tune_gc``; ``--gc default`` keeps Python's settings, to compare).
 
     .venv/bin/python bench/twin/run.py                                   # 1,000,000 requests, 1,000 GPUs
     .venv/bin/python bench/twin/run.py --requests 100000 --gpus 100      # quick
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import gc
 import json
 import pstats
 import sys
@@ -190,16 +189,12 @@ def main() -> None:
     t0 = time.perf_counter()
     fleet = TwinFleet([ReplicaPlan(f"h100-{i}", "H100", "llama-3.1-8b") for i in range(args.gpus)])
     wl = Capped(load_workload(spec(args.gpus, args.load), args.seed), args.requests)
-    twin = Twin(fleet, wl, make_policy(args.policy, fleet.scheduler), cfg=TwinConfig(seed=args.seed))
+    twin = Twin(fleet, wl, make_policy(args.policy, fleet.scheduler),
+                cfg=TwinConfig(seed=args.seed, tune_gc=args.gc == "tuned"))
     setup = time.perf_counter() - t0
 
     prof = cProfile.Profile() if args.profile else None
     timers = instrument(twin) if args.breakdown else None
-    thresholds = gc.get_threshold()
-    if args.gc == "tuned":
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(200_000, 50, 1000)
     t1 = time.perf_counter()
     c1 = time.process_time()
     try:
@@ -213,9 +208,6 @@ def main() -> None:
         cpu = time.process_time() - c1
         if timers is not None:
             timers.restore()
-        if args.gc == "tuned":
-            gc.set_threshold(*thresholds)
-            gc.unfreeze()
     s = summarize(rec)
     n = s["requests"]
     steps = sum(r.engine.num_steps for r in fleet.replicas)

@@ -6,11 +6,17 @@ collecting very often), on a fleet larger than the shortlist (32) under load,
 must write identical ``results.json`` metrics (only the wall time differs).
 """
 
+import gc
 import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+
+from steersman.config import DEFAULTS
+from steersman.policy import make_policy
+from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 
 FLEET = """\
 simulated:
@@ -32,10 +38,12 @@ sources:
   - {kind: research, tenant: lab, slo: batch, tasks_per_s: 3, system_prompt_tokens: 3000}
 """
 
-GC_SETTINGS = {
+_OWN_GC = ("import steersman.twin.core as C; C._gc_tuned.__enter__ = lambda self: None; "
+           "C._gc_tuned.__exit__ = lambda self, *exc: None; ")
+GC_SETTINGS = {  # Twin.run's own tuning; the process's settings kept (Twin.run's tuning off): disabled, very eager
     "default": "",
-    "disabled": "gc.disable()",
-    "eager": "gc.set_threshold(100, 2, 2)",
+    "disabled": _OWN_GC + "gc.disable()",
+    "eager": _OWN_GC + "gc.set_threshold(100, 2, 2)",
 }
 
 
@@ -63,3 +71,57 @@ def test_same_seed_same_results_whatever_gc_and_hash_seed(tmp_path):
     assert sum(r["requests"] > 0 for r in run["per_replica"]) > 32  # the shortlist narrowed candidates
     for name, res in runs.items():
         assert res == base, f"results differ with gc {name!r}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Arrival:
+    time: float
+    seq: int
+    tenant: str = "t"
+    model: str = "llama-3.1-8b"
+    prompt_tokens: int = 300
+    block_hashes: tuple = ()
+    output_tokens: int = 20
+    max_tokens: int | None = 20
+    slo_class: str | None = None
+    deadline_s: float | None = None
+    workflow: str | None = None
+    step: int | None = None
+    steps: int | None = None
+
+
+class _Spy:
+    """20 arrivals, 0.1 s apart; records the GC settings whenever the twin pulls arrivals."""
+
+    def __init__(self) -> None:
+        self.items = [_Arrival(0.1 * i, i) for i in range(20)]
+        self.seen: list = []
+
+    def start(self):
+        return []
+
+    def next_batch(self, until):
+        self.seen.append((gc.get_threshold(), gc.get_freeze_count() > 0))
+        out = [a for a in self.items if a.time < until]
+        self.items = self.items[len(out):]
+        return out
+
+    def on_complete(self, a, finished_at, ok):
+        return []
+
+    @property
+    def done(self):
+        return not self.items
+
+
+def test_twin_run_tunes_gc_and_restores_it():
+    before = gc.get_threshold()
+    fleet = TwinFleet([ReplicaPlan(f"r{i}", "H100", "llama-3.1-8b") for i in range(2)])
+    wl = _Spy()
+    assert summarize(Twin(fleet, wl, make_policy("steersman", fleet.scheduler)).run())["completed"] == 20
+    t = DEFAULTS.twin
+    assert wl.seen and all(th == (t.gc_threshold0, t.gc_threshold1, t.gc_threshold2) and frozen for th, frozen in wl.seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    wl = _Spy()
+    Twin(fleet, wl, make_policy("steersman", fleet.scheduler), cfg=TwinConfig(tune_gc=False)).run()
+    assert all(th == before and not frozen for th, frozen in wl.seen)

@@ -17,8 +17,9 @@ from steersman.config.reliability import ReliabilitySettings
 from steersman.config.llamacpp import LlamaCppSettings
 from steersman.config.scheduler import SchedulerSettings, SloClass
 from steersman.config.simserver import SimServerSettings
+from steersman.config.twin import TwinSettings
 
-__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "LlamaCppSettings", "ReliabilitySettings", "SchedulerSettings", "SimServerSettings", "SloClass", "sources"]
+__all__ = ["Settings", "DEFAULTS", "AdmissionSettings", "EngineSettings", "GatewaySettings", "LlamaCppSettings", "ReliabilitySettings", "SchedulerSettings", "SimServerSettings", "SloClass", "TwinSettings", "sources"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class Settings:
     admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     llamacpp: LlamaCppSettings = field(default_factory=LlamaCppSettings)
     reliability: ReliabilitySettings = field(default_factory=ReliabilitySettings)
+    twin: TwinSettings = field(default_factory=TwinSettings)
 
 
 DEFAULTS = Settings()

@@ -16,6 +16,7 @@ workflows, queue expiry checks, and failure-drill steps.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -61,6 +62,8 @@ class TwinConfig:
     #: the gateway's reliability mechanisms (outlier ejection, breakers, adaptive concurrency), on the
     #: virtual clock; None: off (the twin's results before issue #5 stay as they were)
     reliability: ReliabilitySettings | None = None
+    #: during the run, raise the GC thresholds (DEFAULTS.twin) and freeze the start-up heap; restored after
+    tune_gc: bool = True
 
 
 @dataclass(slots=True, eq=False)
@@ -76,6 +79,26 @@ class _Req:
     pd: int = 0  # prefill/decode disaggregation: 0 colocated, 1 prefilling, 2 KV moving / decoding
     decode: int = -1  # its decode replica
     cached: int = -1  # prompt tokens found in the prefill replica's prefix cache
+
+
+class _gc_tuned:
+    """Fewer collections while the event loop runs: the heap that exists at the start (fleet, workload,
+    index) is frozen out of collection and the thresholds raised (``DEFAULTS.twin``); both restored after.
+    Results do not depend on it (``tests/twin/test_determinism.py``); only speed does."""
+
+    def __enter__(self) -> None:
+        self._thresholds = gc.get_threshold()
+        self._froze = gc.get_freeze_count() == 0  # someone else's frozen heap stays theirs to unfreeze
+        if self._froze:
+            gc.collect()
+            gc.freeze()
+        t = DEFAULTS.twin
+        gc.set_threshold(t.gc_threshold0, t.gc_threshold1, t.gc_threshold2)
+
+    def __exit__(self, *exc) -> None:
+        gc.set_threshold(*self._thresholds)
+        if self._froze:
+            gc.unfreeze()
 
 
 class Twin:
@@ -114,6 +137,12 @@ class Twin:
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> Recorder:
+        if not self.cfg.tune_gc:
+            return self._run()
+        with _gc_tuned():
+            return self._run()
+
+    def _run(self) -> Recorder:
         for a in self.workload.start():
             self._push(a.time, _ARRIVAL, a)
         self._push(0.0, _PULL, None)
