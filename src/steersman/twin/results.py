@@ -34,49 +34,63 @@ class _Wf:
     bad: int = 0
 
 
+_COLUMNS = ("arrival", "dispatch", "first", "finish", "status", "replica", "prompt", "output", "cached", "cost",
+            "ttft_target", "tpot_target", "deadline", "tenant", "workflow", "http")
+(_ARRIVAL, _DISPATCH, _FIRST, _FINISH, _STATUS, _REPLICA, _PROMPT, _OUTPUT, _CACHED, _COST,
+ _TTFT_T, _TPOT_T, _DEADLINE, _TENANT, _WORKFLOW, _HTTP) = range(len(_COLUMNS))
+_NAN, _INF = float("nan"), float("inf")
+
+
 class Recorder:
+    """Per-request rows (one small list each, written in place as the request moves), turned into
+    columns once, by :meth:`arrays`."""
+
+    __slots__ = ("fleet", "busy", "compute_bound", "_rows", "_by_idx", "duration", "engine_states", "_arrays")
+
     def __init__(self, fleet) -> None:
         self.fleet = fleet
         n = len(fleet.replicas)
         self.busy = np.zeros(n)
         self.compute_bound = np.zeros(n)
-        self.cols: dict[str, list] = {k: [] for k in (
-            "arrival", "dispatch", "first", "finish", "status", "replica", "prompt", "output", "cached", "cost",
-            "ttft_target", "tpot_target", "deadline", "tenant", "workflow", "http")}
-        self._index: dict[int, int] = {}
+        self._rows: list[list] = []
+        self._by_idx: dict[int, list] = {}
         self.duration = 0.0
         self.engine_states: list = []
+        self._arrays: dict[str, np.ndarray] | None = None
 
     def arrived(self, idx: int, a, s: SchedRequest) -> None:
-        c = self.cols
-        self._index[idx] = len(c["arrival"])
-        for k, v in (("arrival", s.arrival), ("dispatch", np.nan), ("first", np.nan), ("finish", np.nan),
-                     ("status", PENDING), ("replica", -1), ("prompt", a.prompt_tokens), ("output", 0), ("cached", 0),
-                     ("cost", 0.0), ("ttft_target", s.budget.ttft_s if s.budget.ttft_s is not None else np.inf),
-                     ("tpot_target", s.budget.tpot_s if s.budget.tpot_s is not None else np.inf),
-                     ("deadline", s.budget.deadline if s.budget.deadline is not None else np.inf),
-                     ("tenant", s.tenant), ("workflow", a.workflow or f"#{idx}"), ("http", 0)):
-            c[k].append(v)
-
-    def _set(self, idx: int, **kw) -> None:
-        j = self._index[idx]
-        for k, v in kw.items():
-            self.cols[k][j] = v
+        b = s.budget
+        row = [s.arrival, _NAN, _NAN, _NAN, PENDING, -1, a.prompt_tokens, 0, 0, 0.0,
+               _INF if b.ttft_s is None else b.ttft_s, _INF if b.tpot_s is None else b.tpot_s,
+               _INF if b.deadline is None else b.deadline, s.tenant, a.workflow or f"#{idx}", 0]
+        self._rows.append(row)
+        self._by_idx[idx] = row
+        self._arrays = None
 
     def dispatched(self, idx: int, t: float, replica: int) -> None:
-        self._set(idx, dispatch=t, replica=replica)
+        row = self._by_idx[idx]
+        row[_DISPATCH] = t
+        row[_REPLICA] = replica
+        self._arrays = None
 
     def first_token(self, idx: int, t: float) -> None:
-        self._set(idx, first=t)
+        self._by_idx[idx][_FIRST] = t
+        self._arrays = None
 
     def finished(self, idx: int, t: float, output: int, cached: int, cost: float) -> None:
-        self._set(idx, finish=t, output=output, cached=cached, cost=cost, status=OK, http=200)
+        row = self._by_idx[idx]
+        row[_FINISH], row[_OUTPUT], row[_CACHED], row[_COST], row[_STATUS], row[_HTTP] = t, output, cached, cost, OK, 200
+        self._arrays = None
 
     def refused(self, idx: int, t: float, status: int) -> None:
-        self._set(idx, finish=t, status=REFUSED, http=status)
+        row = self._by_idx[idx]
+        row[_FINISH], row[_STATUS], row[_HTTP] = t, REFUSED, status
+        self._arrays = None
 
     def failed(self, idx: int, t: float, cost: float) -> None:
-        self._set(idx, finish=t, status=FAILED, http=502, cost=cost)
+        row = self._by_idx[idx]
+        row[_FINISH], row[_STATUS], row[_HTTP], row[_COST] = t, FAILED, 502, cost
+        self._arrays = None
 
     def replica_time(self, i: int, busy: float, compute_bound: float) -> None:
         self.busy[i] += busy
@@ -85,6 +99,16 @@ class Recorder:
     def close(self, t: float, fleet) -> None:
         self.duration = t
         self.engine_states = [r.engine.state() for r in self.fleet.replicas]
+        self._arrays = None
+
+    @property
+    def cols(self) -> dict[str, list]:
+        """The columns as lists (a copy)."""
+        return {k: [row[j] for row in self._rows] for j, k in enumerate(_COLUMNS)}
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v) for k, v in self.cols.items()}
+        """One array per column (computed once per state of the recorder; treat as read-only)."""
+        if self._arrays is None:
+            cols = list(zip(*self._rows)) if self._rows else [()] * len(_COLUMNS)
+            self._arrays = {k: np.asarray(v) for k, v in zip(_COLUMNS, cols)}
+        return self._arrays
