@@ -218,6 +218,23 @@ class PrefixIndex:
         else:
             out[idx] = value
 
+    def _weighted_bits(self, items: list[tuple[int, int]]) -> np.ndarray:
+        """``sum(k x indicator(replicas in v))`` over ``(v, k)`` pairs, as int64 per replica: single
+        replicas and small sets one by one, large bitmasks unpacked together in one numpy pass."""
+        out = np.zeros(self.n, dtype=np.int64)
+        big_v, big_k = [], []
+        for v, k in items:
+            if v < 0 or v.bit_count() <= 24:
+                self._scatter(out, v, k, add=True)
+            else:
+                big_v.append(v.to_bytes(self._nbytes_mask, "little"))
+                big_k.append(k)
+        if big_v:
+            raw = np.frombuffer(b"".join(big_v), dtype=np.uint8).reshape(len(big_v), self._nbytes_mask)
+            bits = np.unpackbits(raw, axis=1, count=self.n, bitorder="little")
+            out += np.asarray(big_k, dtype=np.int64) @ bits.astype(np.int64)
+        return out
+
     # ---- writes (the IO edge) ----------------------------------------------
     def record(self, replica: int, hashes: Sequence[int]) -> None:
         """The request was routed to ``replica``: its blocks now live there (and are the most recent)."""
@@ -317,9 +334,14 @@ class PrefixIndex:
             added += len(fresh)
         new.inserts += inserts
         new.vbytes += vbytes
-        for (g, v), k in moved.items():
-            self._scatter(g.counts, v, -k, add=True)
-            self._scatter(new.counts, v, k, add=True)
+        if moved:
+            by_gen: dict[_Gen, list[tuple[int, int]]] = {}
+            for (g, v), k in moved.items():
+                by_gen.setdefault(g, []).append((v, k))
+            for g, items in by_gen.items():
+                delta = self._weighted_bits(items)
+                g.counts -= delta
+                new.counts += delta
         if added:
             new.counts[r] += added
             self._total[r] += added
@@ -399,6 +421,7 @@ class PrefixIndex:
         alive = _mask(v)  # replicas holding every block so far
         last = get(hashes[n - 1])
         pos, levels = 0, 0
+        ended: list[tuple[int, int]] = []  # (replicas whose match ends, its length): disjoint sets
         while True:
             levels += 1
             if levels > _MAX_LEVELS:
@@ -418,8 +441,8 @@ class PrefixIndex:
             nm = 0 if nxt is None else _mask(nxt)
             gone = alive & ~nm
             if gone:
-                self._scatter(out, gone, end + 1)
+                ended.append((gone, end + 1))
                 alive &= nm
             if not alive:
-                return out
+                return self._weighted_bits(ended) if len(ended) > 1 else self._scatter(out, gone, end + 1) or out
             pos, v = end + 1, nxt

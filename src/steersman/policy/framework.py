@@ -27,6 +27,7 @@ from steersman.fleet.snapshot import FleetSnapshot
 from steersman.obs.histogram import HistogramFamily
 from steersman.plugins import Registry
 from steersman.policy.base import Decision, Queue, Reject, Route
+from steersman.policy.kernels import add_clamped
 from steersman.policy.request import SchedRequest
 
 __all__ = [
@@ -225,7 +226,9 @@ class Profile:
         total = np.zeros(ctx.candidates.size)
         for ws in self.scorers:
             s = np.asarray(_timed(self._hist[ws.scorer.name], ws.scorer.score, ctx), dtype=float)
-            total += ws.weight * np.fmin(np.fmax(s, 0.0), 1.0)  # fmax/fmin drop NaN: NaN -> 0, +inf -> 1
+            if s.shape != total.shape:
+                s = np.broadcast_to(s, total.shape)
+            add_clamped(total, np.ascontiguousarray(s), ws.weight)  # clamped to [0, 1]: NaN -> 0, +inf -> 1
         return total
 
 

@@ -17,7 +17,8 @@ from numba import njit
 
 from steersman.fleet import snapshot as S
 
-__all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_kernel", "slo_pool_kernel", "warm_up"]
+__all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_kernel", "slo_pool_kernel",
+           "add_clamped", "warm_up"]
 
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
@@ -230,6 +231,17 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_
     return count, False
 
 
+@njit(cache=True, nogil=True)
+def add_clamped(total, scores, weight):
+    """``total += weight * clamp(scores, 0, 1)`` with NaN counted as 0 (``np.fmin(np.fmax(s, 0), 1)``)."""
+    for j in range(total.size):
+        v = scores[j]
+        if not v > 0.0:  # NaN, negative, -inf
+            continue
+        total[j] += weight * (v if v < 1.0 else 1.0)
+    return total
+
+
 def warm_up() -> None:
     """Compile (or load) the kernels now rather than on the first request."""
     idx = np.zeros(1, dtype=np.intp)
@@ -242,3 +254,4 @@ def warm_up() -> None:
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
     slo_pool_kernel(one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, np.empty(1, dtype=np.bool_))
+    add_clamped(np.zeros(1), one, 1.0)
