@@ -231,8 +231,9 @@ class PrefixIndex:
                 big_k.append(k)
         if big_v:
             raw = np.frombuffer(b"".join(big_v), dtype=np.uint8).reshape(len(big_v), self._nbytes_mask)
-            bits = np.unpackbits(raw, axis=1, count=self.n, bitorder="little")
-            out += np.asarray(big_k, dtype=np.int64) @ bits.astype(np.int64)
+            rows, cols = np.nonzero(np.unpackbits(raw, axis=1, count=self.n, bitorder="little"))
+            weights = np.asarray(big_k, dtype=np.float64)[rows]  # small integers: exact in float64
+            out += np.bincount(cols, weights=weights, minlength=self.n).astype(np.int64)
         return out
 
     # ---- writes (the IO edge) ----------------------------------------------
