@@ -231,9 +231,8 @@ class PrefixIndex:
                 big_k.append(k)
         if big_v:
             raw = np.frombuffer(b"".join(big_v), dtype=np.uint8).reshape(len(big_v), self._nbytes_mask)
-            rows, cols = np.nonzero(np.unpackbits(raw, axis=1, count=self.n, bitorder="little"))
-            weights = np.asarray(big_k, dtype=np.float64)[rows]  # small integers: exact in float64
-            out += np.bincount(cols, weights=weights, minlength=self.n).astype(np.int64)
+            bits = np.unpackbits(raw, axis=1, count=self.n, bitorder="little")
+            out += np.asarray(big_k, dtype=np.int64) @ bits
         return out
 
     # ---- writes (the IO edge) ----------------------------------------------
@@ -445,5 +444,9 @@ class PrefixIndex:
                 ended.append((gone, end + 1))
                 alive &= nm
             if not alive:
-                return self._weighted_bits(ended) if len(ended) > 1 else self._scatter(out, gone, end + 1) or out
+                if len(ended) > 2:
+                    return self._weighted_bits(ended)
+                for m, k in ended:
+                    self._scatter(out, m, k)
+                return out
             pos, v = end + 1, nxt
