@@ -22,6 +22,7 @@ latencies are), so the issue's numbers keep their meaning.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class OverloadResult:
 def overload(factor: float = 3.0, seconds: float = 8.0, speedup: float = 1.0, replicas: int = 2, max_num_seqs: int = 4,
              max_tokens: int = 64, critical_share: float = 0.1, seed: int = 0, deadline_s: float | None = None,
              queue_depth: int | None = None, queue_max: int | None = 64) -> OverloadResult:
+    gc.collect()  # a full collection mid-drill (a long test session) would stall every stream at once
     lf, keys = _fleet(replicas, speedup, max_num_seqs, {"gold": "critical", "std": "standard"}, queue_depth, queue_max)
     ttft_target = 2.0 / speedup  # the standard SLO class's TTFT target, scaled
     with lf:
@@ -194,6 +196,7 @@ class CascadeResult:
 
 def cascade(slowdown: float = 5.0, load: float = 0.7, speedup: float = 10.0, replicas: int = 3, max_num_seqs: int = 8,
             max_tokens: int = 32, before_s: float = 2.0, fault_s: float = 3.0, after_s: float = 5.0) -> CascadeResult:
+    gc.collect()
     lf, keys = _fleet(replicas, speedup, max_num_seqs, {"std": "standard"})
     with lf:
         gw = lf.gateway
