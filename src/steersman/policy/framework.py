@@ -79,10 +79,16 @@ class DecisionContext:
     base: np.ndarray  # initial candidate replica indices
     sel: np.ndarray | None = None  # positions in ``base`` still in play (None: all)
     _features: dict[str, tuple[Any, np.ndarray | None]] = field(default_factory=dict)
+    _cand: np.ndarray | None = None  # ``base[sel]``, kept by :meth:`narrow`
 
     @property
     def candidates(self) -> np.ndarray:
-        return self.base if self.sel is None else self.base[self.sel]
+        if self.sel is None:
+            return self.base
+        cand = self._cand
+        if cand is None:
+            cand = self._cand = self.base[self.sel]
+        return cand
 
     def feature(self, name: str) -> Any:
         """A shared feature over the current candidates (arrays, or objects with ``select(positions)``)."""
@@ -101,8 +107,8 @@ class DecisionContext:
 
     def narrow(self, keep: np.ndarray) -> None:
         """Keep only the current candidates where ``keep`` is true."""
-        pos = np.arange(self.base.size) if self.sel is None else self.sel
-        self.sel = pos[keep]
+        self.sel = np.flatnonzero(keep) if self.sel is None else self.sel[keep]
+        self._cand = None
 
 
 @runtime_checkable
