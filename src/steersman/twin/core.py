@@ -148,19 +148,22 @@ class Twin:
         self._push(0.0, _PULL, None)
         heap, clock = self._heap, self.clock
         stop = self.cfg.duration_s
+        drain = self.cfg.drain
+        pop = heapq.heappop
+        wake, arrive, deliver = self._wake, self._arrive, self._deliver  # bound once: the loop runs per event
         while heap:
-            t, _, kind, data = heapq.heappop(heap)
-            if stop is not None and t > stop and (not self.cfg.drain or kind in (_ARRIVAL, _PULL)):
+            t, _, kind, data = pop(heap)
+            if stop is not None and t > stop and (not drain or kind in (_ARRIVAL, _PULL)):
                 continue
             clock.t = t
             if kind == _WAKE:
-                self._wake(*data)
+                wake(*data)
             elif kind == _ARRIVAL:
-                self._arrive(data)
+                arrive(data)
+            elif kind == _DELIVER:
+                deliver(data)
             elif kind == _PULL:
                 self._pull(t)
-            elif kind == _DELIVER:
-                self._deliver(data)
             elif kind == _KV:
                 self._kv_arrived(*data)
             elif kind == _EXPIRE:
