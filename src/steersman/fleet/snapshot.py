@@ -45,7 +45,7 @@ LIVE_FIELDS = (
  TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY) = range(len(LIVE_FIELDS))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)  # the fleet tracks its latest snapshot (copy on write)
 class FleetSnapshot:
     time: float
     names: tuple[str, ...]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -73,6 +74,11 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _view(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a`` (no copy)."""
+    return _frozen(a.view())
+
+
 class Fleet:
     def __init__(self, replicas: Sequence[Replica], clock: Clock, settings: SchedulerSettings = DEFAULTS.scheduler) -> None:
         self.replicas = list(replicas)
@@ -92,6 +98,7 @@ class Fleet:
         self._recent_at = np.zeros(n)
         self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
+        self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
         self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
         self._static()
 
@@ -125,6 +132,7 @@ class Fleet:
     # ---- request path -----------------------------------------------------
     def begin(self, index: int, uncached: int = 0, blocks: int = 0,
               predicted_ttft: float | None = None, predicted_tpot: float | None = None) -> Ticket:
+        self._own()
         now = self.clock.now()
         live = self.live
         live[S.IN_FLIGHT, index] += 1
@@ -141,6 +149,7 @@ class Fleet:
         return t
 
     def first_token(self, t: Ticket) -> None:
+        self._own()
         if t.first_at is not None:
             return
         now = self.clock.now()
@@ -159,6 +168,7 @@ class Fleet:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
 
     def end(self, t: Ticket, output_tokens: int = 0) -> None:
+        self._own()
         live = self.live
         i = t.replica
         live[S.IN_FLIGHT, i] -= 1
@@ -192,6 +202,7 @@ class Fleet:
 
     def observe_prefix(self, index: int, predicted_blocks: int, reported_blocks: int) -> None:
         """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""
+        self._own()
         if predicted_blocks > 0:
             self._ewma(S.PREFIX_ACCURACY, index, min(reported_blocks / predicted_blocks, 1.0))
 
@@ -209,6 +220,7 @@ class Fleet:
 
     # ---- scraper / health -------------------------------------------------
     def update_metrics(self, index: int, m: EngineMetrics) -> None:
+        self._own()
         col = self.live[:, index]
         col[S.RUNNING] = m.num_running
         col[S.WAITING] = m.num_waiting
@@ -229,6 +241,7 @@ class Fleet:
             self.guard.maybe_sweep(col[S.SCRAPED_AT])
 
     def set_healthy(self, index: int, healthy: bool) -> None:
+        self._own()
         self.healthy[index] = healthy
         self._route(index)
         if self.guard is not None:
@@ -237,23 +250,41 @@ class Fleet:
     def _route(self, index: int) -> None:
         self.routable[index] = self.healthy[index] and self.live[S.WEIGHTS, index] == _WARM
 
+    def _own(self) -> None:
+        """Before a write: a snapshot still alive that reads the fleet's arrays gets its own frozen copies
+        (copy on write; a snapshot dropped before the write, as every decision's is, costs no copy)."""
+        ref = self._lent
+        if ref is None:
+            return
+        self._lent = None
+        snap = ref()
+        if snap is not None:
+            for name, a in (("live", self.live), ("healthy", self.healthy), ("routable", self.routable),
+                            ("recent_at", self._recent_at)):
+                object.__setattr__(snap, name, _frozen(a.copy()))
+
     def snapshot(self) -> FleetSnapshot:
+        """A frozen view of the fleet now: its arrays are the fleet's, read-only, until the fleet's next
+        write (then the snapshot, if still referenced, gets copies: see :meth:`_own`)."""
+        self._own()  # an older snapshot still alive keeps what it saw
         now = self.clock.now()
-        return FleetSnapshot(
+        snap = FleetSnapshot(
             time=now,
             names=self._names,
             gpus=self._gpus,
             pools=self._pools,
             model_masks=self._masks,
-            healthy=_frozen(self.healthy.copy()),
-            routable=_frozen(self.routable.copy()),
-            live=_frozen(self.live.copy()),
+            healthy=_view(self.healthy),
+            routable=_view(self.routable),
+            live=_view(self.live),
             statics=self.statics,
             prefix=self.prefix,
             ttft_prior=_or_one(self.ratio_prior[S.TTFT_RATIO]),
             tpot_prior=_or_one(self.ratio_prior[S.TPOT_RATIO]),
-            recent_at=self._recent_at.copy(),
+            recent_at=_view(self._recent_at),
             recent_tau_s=self.settings.recent_load_tau_s,
             blocked_until=None if self.guard is None else _frozen(self.guard.blocked_until(now)),
             limits=None if self.guard is None else _frozen(np.floor(self.guard.limits)),
         )
+        self._lent = weakref.ref(snap)
+        return snap
