@@ -23,12 +23,11 @@ __all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_ke
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
 _TTFT_R, _TPOT_R, _TTFT_EWMA, _TPOT_EWMA = S.TTFT_RATIO, S.TPOT_RATIO, S.TTFT_EWMA, S.TPOT_EWMA
-_RECENT = S.RECENT_TOKENS
 
 
 @njit(cache=True, nogil=True)
 def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output,
-                   ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out):
+                   ctx_len, ttft_prior, tpot_prior, reference_batch, out):
     """``out[0..3, j]`` = predicted TTFT, TPOT, end-to-end seconds and $ for candidate ``idx[j]``.
 
     The formula is documented in :mod:`steersman.policy.predict`.
@@ -70,18 +69,7 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
                 # stands for it now (else one burst of interference keeps it unpicked, and unobserved, for good)
                 r = tpot_prior
-            # share of this request's decode steps that carry prefill chunks: the prefill queued there
-            # now, spread over its decode, plus prefill arriving at the rate routed there recently
-            # (decayed sum / tau); at >= 1 the prefill budget is always in use (every step is full)
-            lam = live[_RECENT, i] * math.exp(-max(now - recent_at[i], 0.0) / recent_tau) / recent_tau
-            rho = lam * t_full / P
-            if rho >= 1.0:
-                share = 1.0
-            else:
-                mixed = lam / P
-                share = mixed / (mixed + (1.0 - rho) / t_dec)
-            share = min(1.0, share + max(work - mine, 0.0) / (P * max(expected_output, 1.0)))
-            tpot = (t_dec + (t_full - t_dec) * share) * r
+            tpot = (t_full if work > mine else t_dec) * r
         else:  # unknown hardware: what was observed there
             ttft = live[_TTFT_EWMA, i]
             if ttft != ttft:
@@ -248,7 +236,7 @@ def warm_up() -> None:
     live = np.zeros((len(S.LIVE_FIELDS), 1))
     one = np.ones(1)
     predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
-                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((4, 1)))
+                   1.0, 1.0, 32.0, np.empty((4, 1)))
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, np.empty(1, dtype=np.bool_))
     held = np.zeros(1, dtype=np.int64)
     prefix_kernel(idx, held, live, one, one, np.empty(1))

@@ -17,16 +17,10 @@ tokens (``B`` = max_num_batched_tokens), so
 
     TTFT ≈ (⌊W / P⌋ × t_step(B) + t_step(D + W mod P)) × ttft_ratio,   W = queue ahead + own uncached
     (the partial step interpolated between the decode-only and the full step)
-    TPOT ≈ (t_step(D + 1) + (t_step(B) − t_step(D + 1)) × s) × tpot_ratio,   s = min(1, m + q)
+    TPOT ≈ t_step(decodes only, D + 1) × tpot_ratio          (no other prefill waiting)
+         ≈ t_step(B) × tpot_ratio                              (other prefill waiting)
 
-where ``s`` is the share of the request's decode steps that carry prefill chunks:
-``q = prefill queued there now / (P × expected_output)`` (it drains during the
-decode) and ``m`` the share of steps that prefill arriving at the rate routed there
-recently (``λ = recent_tokens / τ``) keeps busy: with ``ρ = λ t_step(B) / P``,
-``m = (λ/P) / (λ/P + (1 − ρ) / t_step(D + 1))``, and ``m = 1`` once ``ρ ≥ 1`` (the
-prefill budget is always in use: every step is a full one).
-
-The ratios are each replica's observed/predicted correction (a degraded
+where the ratios are each replica's observed/predicted correction (a degraded
 GPU learns a ratio above 1; a replica not yet observed takes the fleet's, so it
 is explored on equal terms; an idle replica takes the fleet's TPOT ratio, since
 the TPOT it was observed at described the batches it had then).  Replicas without a known GPU/model use their
@@ -108,8 +102,6 @@ def predict(ctx: DecisionContext) -> Prediction:
     out = predict_kernel(
         idx, snap.live, st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, own,
         float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
-        snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH,
-        snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
-        float(snap.time), float(snap.recent_tau_s), np.empty((4, idx.size)),
+        snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH, np.empty((4, idx.size)),
     )
     return Prediction(out[0], out[1], out[2], out[3], own)
