@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 
 from steersman.config import DEFAULTS
 from steersman.policy import make_policy
+from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 
 
@@ -25,31 +26,13 @@ class _A:  # the twin's arrival shape
     steps: int | None = None
 
 
-class Poisson:
-    def __init__(self, rate: float, n: int, seed: int = 0) -> None:
-        rng = random.Random(seed)
-        t, self.items = 0.0, []
-        for i in range(n):
-            t += rng.expovariate(rate)
-            self.items.append(_A(t, i, block_hashes=tuple(hash((i, j)) for j in range(40))))
-        self.pos = 0
-
-    def start(self):
-        return []
-
-    def next_batch(self, until):
-        out = []
-        while self.pos < len(self.items) and self.items[self.pos].time < until:
-            out.append(self.items[self.pos])
-            self.pos += 1
-        return out
-
-    def on_complete(self, a, finished_at, ok):
-        return []
-
-    @property
-    def done(self):
-        return self.pos >= len(self.items)
+def Poisson(rate: float, n: int, seed: int = 0) -> ReplayWorkload:
+    rng = random.Random(seed)
+    t, items = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        items.append(_A(t, i, block_hashes=tuple(hash((i, j)) for j in range(40))))
+    return ReplayWorkload(items)
 
 
 def _run(reliability):

@@ -4,6 +4,7 @@ import random
 from dataclasses import dataclass
 
 from steersman.policy import make_policy
+from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 
 
@@ -24,32 +25,14 @@ class A:
     steps: int | None = None
 
 
-class Poisson:
-    def __init__(self, rate: float, n: int, seed: int = 0, shared: int = 0) -> None:
-        rng = random.Random(seed)
-        t, self.items = 0.0, []
-        for i in range(n):
-            t += rng.expovariate(rate)
-            hashes = tuple(range(shared)) + tuple(hash((i, j)) for j in range(40 - shared))
-            self.items.append(A(t, i, block_hashes=hashes, prompt_tokens=16 * 40 + 5))
-        self.pos = 0
-
-    def start(self):
-        return []
-
-    def next_batch(self, until):
-        out = []
-        while self.pos < len(self.items) and self.items[self.pos].time < until:
-            out.append(self.items[self.pos])
-            self.pos += 1
-        return out
-
-    def on_complete(self, a, finished_at, ok):
-        return []
-
-    @property
-    def done(self):
-        return self.pos >= len(self.items)
+def Poisson(rate: float, n: int, seed: int = 0, shared: int = 0) -> ReplayWorkload:
+    rng = random.Random(seed)
+    t, items = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        hashes = tuple(range(shared)) + tuple(hash((i, j)) for j in range(40 - shared))
+        items.append(A(t, i, block_hashes=hashes, prompt_tokens=16 * 40 + 5))
+    return ReplayWorkload(items)
 
 
 def test_twin_runs_and_measures():

@@ -14,7 +14,7 @@ import numpy as np
 
 from steersman.enginesim.app import SimServerConfig
 from steersman.policy import make_policy
-from steersman.testing import LiveFleet
+from steersman.testing import LiveFleet, ReplayWorkload
 from steersman.text import block_hashes, render_chat, tokenize
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 
@@ -57,31 +57,9 @@ def _workload(seed: int = 7) -> list[_Arrival]:
     return out
 
 
-class _Replay:
-    def __init__(self, items):
-        self.items, self.pos = items, 0
-
-    def start(self):
-        return []
-
-    def next_batch(self, until):
-        got = []
-        while self.pos < len(self.items) and self.items[self.pos].time < until:
-            got.append(self.items[self.pos])
-            self.pos += 1
-        return got
-
-    def on_complete(self, a, t, ok):
-        return []
-
-    @property
-    def done(self):
-        return self.pos >= len(self.items)
-
-
 def _twin(policy: str, items) -> tuple[float, float]:
     fleet = TwinFleet([ReplicaPlan(f"r{i}", GPU, MODEL) for i in range(2)])
-    s = summarize(Twin(fleet, _Replay(items), make_policy(policy), cfg=TwinConfig()).run())
+    s = summarize(Twin(fleet, ReplayWorkload(items), make_policy(policy), cfg=TwinConfig()).run())
     assert s["completed"] == N
     return s["ttft_s"]["p50"], s["tpot_s"]["p50"], s["ttft_s"]["mean"]
 

@@ -11,6 +11,7 @@ from steersman.config import DEFAULTS
 from steersman.fleet.config import FleetConfigError, load_fleet, parse_fleet
 from steersman.policy import make_policy
 from steersman.sim import model_profile
+from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 from steersman.twin.results import OK
 
@@ -35,29 +36,7 @@ class _A:
     steps: int | None = None
 
 
-class _List:
-    def __init__(self, items) -> None:
-        self.items, self.pos = items, 0
-
-    def start(self):
-        return []
-
-    def next_batch(self, until):
-        out = []
-        while self.pos < len(self.items) and self.items[self.pos].time < until:
-            out.append(self.items[self.pos])
-            self.pos += 1
-        return out
-
-    def on_complete(self, a, finished_at, ok):
-        return []
-
-    @property
-    def done(self):
-        return self.pos >= len(self.items)
-
-
-def _long(n: int, rate: float, seed: int = 5) -> _List:
+def _long(n: int, rate: float, seed: int = 5) -> ReplayWorkload:
     """Long unique prompts (4,000-8,000 tokens) and long outputs (200-400 tokens)."""
     rng = random.Random(seed)
     t, items = 0.0, []
@@ -65,7 +44,7 @@ def _long(n: int, rate: float, seed: int = 5) -> _List:
         t += rng.expovariate(rate)
         p = rng.randint(4000, 8000)
         items.append(_A(t, i, p, tuple(hash((seed, i, j)) for j in range(p // 16)), rng.randint(200, 400)))
-    return _List(items)
+    return ReplayWorkload(items)
 
 
 def _run(fleet: TwinFleet, wl, policy: str = "least-request"):
@@ -120,7 +99,7 @@ def test_disaggregation_improves_tpot_on_long_prompts_and_outputs():
 def _single(link_gbit_s: float, prompt: int = 8000, out: int = 50):
     fleet = TwinFleet([ReplicaPlan("p", "H100", MODEL, role="prefill"), ReplicaPlan("d", "H100", MODEL, role="decode")],
                       kv_link_gbit_s=link_gbit_s)
-    wl = _List([_A(0.5, 0, prompt, tuple(range(1, prompt // 16 + 1)), out)])
+    wl = ReplayWorkload([_A(0.5, 0, prompt, tuple(range(1, prompt // 16 + 1)), out)])
     _, rec = _run(fleet, wl, "round-robin")
     c = rec.arrays()
     assert c["status"][0] == OK and c["output"][0] == out
@@ -145,7 +124,7 @@ def test_transfer_time_is_prompt_kv_bytes_over_the_link():
 
 def _single_colocated(prompt: int):
     fleet = TwinFleet([ReplicaPlan("c", "H100", MODEL)])
-    wl = _List([_A(0.5, 0, prompt, tuple(range(1, prompt // 16 + 1)), 1)])
+    wl = ReplayWorkload([_A(0.5, 0, prompt, tuple(range(1, prompt // 16 + 1)), 1)])
     _, rec = _run(fleet, wl, "round-robin")
     c = rec.arrays()
     return c["first"][0] - c["arrival"][0], None, rec

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from steersman.policy import make_policy
+from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 from steersman.twin.results import OK
 
@@ -29,37 +30,18 @@ class _A:
     steps: int | None = None
 
 
-class _Stream:
+def _Stream(n: int, rate: float, seed: int = 3) -> ReplayWorkload:
     """Poisson arrivals: prompts 200-3,000 tokens (half share one of 4 prefixes), outputs 5-400 tokens."""
-
-    def __init__(self, n: int, rate: float, seed: int = 3) -> None:
-        rng = random.Random(seed)
-        t, self.items = 0.0, []
-        for i in range(n):
-            t += rng.expovariate(rate)
-            blocks = rng.randint(12, 187)
-            shared = rng.randint(4, 10) if rng.random() < 0.5 else 0
-            p = rng.randrange(4)
-            hashes = tuple(hash(("p", p, j)) for j in range(shared)) + tuple(hash((i, j)) for j in range(blocks - shared))
-            self.items.append(_A(t, i, blocks * 16 + rng.randrange(16), hashes, rng.randint(5, 400)))
-        self.pos = 0
-
-    def start(self):
-        return []
-
-    def next_batch(self, until):
-        out = []
-        while self.pos < len(self.items) and self.items[self.pos].time < until:
-            out.append(self.items[self.pos])
-            self.pos += 1
-        return out
-
-    def on_complete(self, a, finished_at, ok):
-        return []
-
-    @property
-    def done(self):
-        return self.pos >= len(self.items)
+    rng = random.Random(seed)
+    t, items = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        blocks = rng.randint(12, 187)
+        shared = rng.randint(4, 10) if rng.random() < 0.5 else 0
+        p = rng.randrange(4)
+        hashes = tuple(hash(("p", p, j)) for j in range(shared)) + tuple(hash((i, j)) for j in range(blocks - shared))
+        items.append(_A(t, i, blocks * 16 + rng.randrange(16), hashes, rng.randint(5, 400)))
+    return ReplayWorkload(items)
 
 
 def _run(macro: bool, policy: str, drill=None, n: int = 600, rate: float = 14.0):
