@@ -73,8 +73,8 @@ class RequestLifecycle:
             self._expiry.cancel()
 
     # ---- the end of every request ---------------------------------------------------------
-    def expected_output(self, model: str) -> int:
-        return self.accounting.expected_output(model)
+    def expected_output(self, model: str, tenant: str | None = None, max_tokens: int | None = None) -> int:
+        return self.accounting.expected_output(model, tenant, max_tokens)
 
     def end_request(self, ctx: RequestContext) -> None:
         """Settle the request once (see :meth:`Accounting.ended`), then let queued requests in."""

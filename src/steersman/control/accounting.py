@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from steersman.config import SchedulerSettings
 from steersman.control.admission import Admit
+from steersman.control.output_estimate import OutputEstimate
 from steersman.control.plane import ControlPlane, Dispatch
 from steersman.control.workflow import WorkflowTracker
 from steersman.fleet.state import Fleet, Ticket
@@ -42,11 +43,11 @@ class Accounting:
         self.workflows = workflows
         self.settings = settings
         self.block_size = block_size
-        self._out_est: dict[str, float] = {}
+        self.outputs = OutputEstimate(settings.latency_ewma_alpha, settings.initial_output_estimate)
 
-    def expected_output(self, model: str) -> int:
-        """Output tokens to expect when a request sets no limit: a running average per model."""
-        return int(self._out_est.get(model, self.settings.initial_output_estimate))
+    def expected_output(self, model: str, tenant: str | None = None, max_tokens: int | None = None) -> int:
+        """Output tokens to expect: the running mean per (model, tenant), capped by ``max_tokens``."""
+        return self.outputs.expected(model, tenant, max_tokens)
 
     def dispatched(self, req: SchedRequest, d: Dispatch) -> Started:
         """The request goes to ``d.route.replica``: account it there now (before the next decision)."""
@@ -79,9 +80,7 @@ class Accounting:
             self.workflows.record(req.tenant, req.workflow.workflow_id, tokens=req.prompt_tokens + output_tokens,
                                   cost_usd=cost, now=now)
         if ok and output_tokens:
-            old = self._out_est.get(req.model)
-            a = self.settings.latency_ewma_alpha
-            self._out_est[req.model] = output_tokens if old is None else old + a * (output_tokens - old)
+            self.outputs.observe(req.model, req.tenant, output_tokens)
         if cached_tokens is not None:
             self.fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         return cost

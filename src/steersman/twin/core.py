@@ -198,7 +198,7 @@ class Twin:
         wf = None
         if a.workflow is not None:
             wf = self.workflows.track(tenant.name, WorkflowHeaders(a.workflow, a.step, a.steps), now)
-        expected = a.max_tokens if a.max_tokens is not None else self.accounting.expected_output(a.model)
+        expected = self.accounting.expected_output(a.model, tenant.name, a.max_tokens)
         self._n += 1
         sched = SchedRequest(seq=self._n, model=a.model, kind="chat", stream=True, tenant=tenant.name,
                              priority=tenant.priority, arrival=now, prompt_tokens=a.prompt_tokens,
