@@ -48,6 +48,8 @@ PINNED = {
     "scheduler.saturation_kv_usage": 0.8,
     "scheduler.saturation_staleness_s": 0.2,
     "scheduler.initial_output_estimate": 211,
+    "scheduler.unprofiled_prefill_s_per_token": 0.001,
+    "scheduler.unprofiled_decode_step_s": 0.05,
     "admission.queue_max_entries": 1024,
     "admission.rate_burst_s": 60.0,
     "admission.open_tenant": "default",

@@ -50,3 +50,11 @@ class SchedulerSettings:
     initial_output_estimate: int = setting(
         211, "expected output tokens before any are observed: mean of the Azure LLM 2023 conversation trace"
     )
+    unprofiled_prefill_s_per_token: float = setting(
+        0.001, "replicas without a GPU profile (llama.cpp): prior prompt-processing time, 1 ms/token (~1k tok/s, "
+        "llama.cpp llama-bench pp512 order for sub-1B Q4 models on CPU); each replica's observed/predicted ratio corrects it"
+    )
+    unprofiled_decode_step_s: float = setting(
+        0.05, "replicas without a GPU profile: prior decode step (and first-token overhead) 50 ms, 20 tok/s; "
+        "corrected per replica by the observed/predicted TPOT ratio"
+    )

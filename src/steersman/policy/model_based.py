@@ -12,6 +12,7 @@ every candidate is saturated the request waits in the gateway queue.
 from __future__ import annotations
 
 from steersman.config import SchedulerSettings
+from steersman.fleet import snapshot as S
 from steersman.policy.base import POLICIES, Decision, Route
 import numpy as np
 
@@ -21,7 +22,7 @@ from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
-__all__ = ["SloCheapest", "steersman_profile", "SAFETY_MARGIN", "COST_TIE"]
+__all__ = ["SloCheapest", "steersman_profile", "corrections", "SAFETY_MARGIN", "COST_TIE"]
 
 #: Share of the budget a protected request (critical, or a workflow with sunk cost)
 #: may use: predictions are estimates, so protected traffic keeps 20% in reserve.
@@ -50,7 +51,24 @@ class SloCheapest:
             top = np.flatnonzero(s >= s.max() - 1e-12)
             j = int(top[req.seq % top.size])
         reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
-        return Route(int(ctx.candidates[j]), reason, float(p.ttft[j]), float(p.tpot[j]))
+        i = int(ctx.candidates[j])
+        r_ttft, r_tpot = corrections(ctx.snapshot, i)
+        # the fleet learns observed / predicted: it must see the model's prediction *before* the correction,
+        # else the learned ratio converges to the square root of the true one (r <- k / r)
+        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot)
+
+
+def corrections(snap, i: int) -> tuple[float, float]:
+    """The (TTFT, TPOT) observed/predicted ratios the prediction applied to replica ``i``
+    (the rule of :func:`steersman.policy.kernels.predict_kernel`)."""
+    live = snap.live
+    r_ttft = float(live[S.TTFT_RATIO, i])
+    if r_ttft != r_ttft:
+        r_ttft = snap.ttft_prior
+    r_tpot = float(live[S.TPOT_RATIO, i])
+    if r_tpot != r_tpot or (live[S.IN_FLIGHT, i] <= 0.0 and live[S.RUNNING, i] <= 0.0):
+        r_tpot = snap.tpot_prior
+    return (r_ttft if r_ttft > 0 else 1.0), (r_tpot if r_tpot > 0 else 1.0)
 
 
 def steersman_profile(settings: SchedulerSettings) -> Profile:

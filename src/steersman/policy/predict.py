@@ -23,8 +23,13 @@ tokens (``B`` = max_num_batched_tokens), so
 where the ratios are each replica's observed/predicted correction (a degraded
 GPU learns a ratio above 1; a replica not yet observed takes the fleet's, so it
 is explored on equal terms; an idle replica takes the fleet's TPOT ratio, since
-the TPOT it was observed at described the batches it had then).  Replicas without a known GPU/model use their
-observed latencies.  The **cost** of the request on a replica is the GPU time it uses priced at the
+the TPOT it was observed at described the batches it had then).
+
+Replicas without a known GPU/model (llama.cpp) get a linear model whose priors are
+``DEFAULTS.scheduler.unprofiled_*``: ``TTFT ≈ (t_step + W × s_token) × ttft_ratio`` and
+``TPOT ≈ t_step × tpot_ratio``; the same observed/predicted ratios learn each replica's
+prefill throughput and decode step online, and since ``W`` counts only *uncached*
+tokens, a replica holding the prompt's prefix predicts a low TTFT.  The **cost** of the request on a replica is the GPU time it uses priced at the
 replica's $/h: its prompt's share of the token budget of the steps that prefill
 it, plus ``expected_output × TPOT / REFERENCE_BATCH`` (decode steps are shared by a
 batch).
@@ -36,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from steersman.config import DEFAULTS
+from steersman.fleet import snapshot as S
 from steersman.policy.framework import DecisionContext, feature
 from steersman.policy.kernels import predict_kernel, prefix_kernel
 
@@ -104,4 +111,33 @@ def predict(ctx: DecisionContext) -> Prediction:
         float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
         snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH, np.empty((4, idx.size)),
     )
+    if not st.modelled.all():
+        _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out)
     return Prediction(out[0], out[1], out[2], out[3], own)
+
+
+def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
+                out: np.ndarray) -> None:
+    """Overwrite ``out`` for the candidates without a roofline (see the module doc)."""
+    st = snap.statics
+    u = np.flatnonzero(~st.modelled[idx])
+    if u.size == 0:
+        return
+    i = idx[u]
+    live = snap.live
+    s_tok, step = DEFAULTS.scheduler.unprofiled_prefill_s_per_token, DEFAULTS.scheduler.unprofiled_decode_step_s
+    ours_waiting = np.maximum(live[S.IN_FLIGHT, i] - live[S.DECODING, i], 0.0)
+    others = np.maximum(live[S.WAITING, i] - ours_waiting, 0.0) * prompt_tokens  # NaN (never scraped): none
+    work = np.maximum(live[S.PENDING_PREFILL, i], 0.0) + np.nan_to_num(others) + own[u]
+    r_ttft = live[S.TTFT_RATIO, i]
+    r_ttft = np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
+    r_tpot = live[S.TPOT_RATIO, i]
+    idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
+    r_tpot = np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)
+    ttft = (step + work * s_tok) * r_ttft
+    tpot = step * r_tpot
+    out[0, u] = ttft
+    out[1, u] = tpot
+    out[2, u] = ttft + expected_output * tpot
+    price = np.nan_to_num(st.price_per_hour[i])
+    out[3, u] = price * (own[u] * s_tok * r_ttft + expected_output / REFERENCE_BATCH * tpot) / 3600.0
