@@ -79,3 +79,22 @@ def test_learned_ratio_converges_to_the_true_slowdown():
         r = snap.live[S.TTFT_RATIO, 0]
         snap.live[S.TTFT_RATIO, 0] = r + a * (observed / d.predicted_ttft_s - r)  # the fleet's update
     assert np.isclose(snap.live[S.TTFT_RATIO, 0], k, rtol=1e-3)
+
+
+def test_no_replica_meets_the_slo_near_equal_latency_goes_to_the_cached_prefix():
+    from steersman.policy.model_based import LATENCY_TIE
+    from steersman.policy.request import LatencyBudget
+
+    hashes = chain("ctx", 100)
+    impossible = LatencyBudget(ttft_s=1e-6, tpot_s=1e-6)
+    # replica 0 holds the prompt but decodes a slightly larger batch: a little slower end to end
+    snap = fleet_snapshot(2, prefix=prefix_index(2, {0: hashes}), running=[6, 0], in_flight=[6, 0], decoding=[6, 0])
+    req = sched_request(prompt_tokens=100 * 16, hashes=hashes, expected_output=100, budget=impossible)
+    p = predict(snap, req)
+    assert p.e2e[1] < p.e2e[0] <= p.e2e[1] * LATENCY_TIE
+    d = POLICY.pick(snap, req)
+    assert d.replica == 0 and "no replica meets" in d.reason
+    # far slower: the least latency wins
+    busy = fleet_snapshot(2, prefix=prefix_index(2, {0: hashes}), running=[200, 0], in_flight=[200, 0],
+                          decoding=[200, 0])
+    assert POLICY.pick(busy, req).replica == 1

@@ -22,7 +22,7 @@ from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
-__all__ = ["SloCheapest", "steersman_profile", "corrections", "SAFETY_MARGIN", "COST_TIE"]
+__all__ = ["SloCheapest", "steersman_profile", "corrections", "SAFETY_MARGIN", "COST_TIE", "LATENCY_TIE"]
 
 #: Share of the budget a protected request (critical, or a workflow with sunk cost)
 #: may use: predictions are estimates, so protected traffic keeps 20% in reserve.
@@ -30,6 +30,11 @@ SAFETY_MARGIN = 0.8
 #: Replicas whose predicted cost is within this factor of the cheapest feasible
 #: one count as equally cheap; the weighted scores decide among them.
 COST_TIE = 1.05
+#: When no replica meets the budget, replicas whose predicted end-to-end latency is within
+#: this factor of the least count as equally fast: the weighted scores (prefix affinity
+#: first) decide among them, instead of a prediction's last 10% sending the request away
+#: from where its prompt is cached.
+LATENCY_TIE = 1.10
 
 
 @PICKERS.register("slo-cheapest")
@@ -44,6 +49,9 @@ class SloCheapest:
         pool = np.empty(p.ttft.size, dtype=np.bool_)
         count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, ttft, tpot, left,
                                           SAFETY_MARGIN if protected else 1.0, COST_TIE, pool)
+        if not feasible and count:
+            tie = p.e2e <= p.e2e[pool].min() * LATENCY_TIE
+            pool, count = tie, int(tie.sum())
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
