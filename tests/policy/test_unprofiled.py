@@ -82,7 +82,7 @@ def test_learned_ratio_converges_to_the_true_slowdown():
 
 
 def test_no_replica_meets_the_slo_near_equal_latency_goes_to_the_cached_prefix():
-    from steersman.policy.model_based import LATENCY_TIE
+    from steersman.config import DEFAULTS
     from steersman.policy.request import LatencyBudget
 
     hashes = chain("ctx", 100)
@@ -91,7 +91,7 @@ def test_no_replica_meets_the_slo_near_equal_latency_goes_to_the_cached_prefix()
     snap = fleet_snapshot(2, prefix=prefix_index(2, {0: hashes}), running=[6, 0], in_flight=[6, 0], decoding=[6, 0])
     req = sched_request(prompt_tokens=100 * 16, hashes=hashes, expected_output=100, budget=impossible)
     p = predict(snap, req)
-    assert p.e2e[1] < p.e2e[0] <= p.e2e[1] * LATENCY_TIE
+    assert p.e2e[1] < p.e2e[0] <= p.e2e[1] * DEFAULTS.scheduler.latency_tie
     d = POLICY.pick(snap, req)
     assert d.replica == 0 and "no replica meets" in d.reason
     # far slower: the least latency wins

@@ -58,3 +58,16 @@ class SchedulerSettings:
         0.05, "replicas without a GPU profile: prior decode step (and first-token overhead) 50 ms, 20 tok/s; "
         "corrected per replica by the observed/predicted TPOT ratio"
     )
+    safety_margin: float = setting(
+        0.8, "design: a protected request (critical, or a workflow with sunk cost) may use 80% of its budget; "
+        "predictions are estimates, so protected traffic keeps 20% in reserve"
+    )
+    cost_tie: float = setting(
+        1.05, "design: replicas within 5% of the cheapest feasible predicted cost count as equally cheap; "
+        "the weighted scores decide among them"
+    )
+    latency_tie: float = setting(
+        1.10, "design: when no replica meets the budget, replicas within 10% of the least predicted end-to-end "
+        "latency count as equally fast (prefix affinity decides), so a prediction's last 10% does not send a "
+        "request away from its cached prompt"
+    )

@@ -11,7 +11,7 @@ every candidate is saturated the request waits in the gateway queue.
 
 from __future__ import annotations
 
-from steersman.config import SchedulerSettings
+from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.fleet import snapshot as S
 from steersman.policy.base import POLICIES, Decision, Route
 import numpy as np
@@ -22,24 +22,19 @@ from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
-__all__ = ["SloCheapest", "steersman_profile", "corrections", "SAFETY_MARGIN", "COST_TIE", "LATENCY_TIE"]
-
-#: Share of the budget a protected request (critical, or a workflow with sunk cost)
-#: may use: predictions are estimates, so protected traffic keeps 20% in reserve.
-SAFETY_MARGIN = 0.8
-#: Replicas whose predicted cost is within this factor of the cheapest feasible
-#: one count as equally cheap; the weighted scores decide among them.
-COST_TIE = 1.05
-#: When no replica meets the budget, replicas whose predicted end-to-end latency is within
-#: this factor of the least count as equally fast: the weighted scores (prefix affinity
-#: first) decide among them, instead of a prediction's last 10% sending the request away
-#: from where its prompt is cached.
-LATENCY_TIE = 1.10
+__all__ = ["SloCheapest", "steersman_profile", "corrections"]
 
 
 @PICKERS.register("slo-cheapest")
 class SloCheapest:
+    """Margins and ties from :class:`~steersman.config.SchedulerSettings` (``safety_margin``, ``cost_tie``, ``latency_tie``)."""
+
     name = "slo-cheapest"
+
+    def __init__(self, settings: SchedulerSettings = DEFAULTS.scheduler) -> None:
+        self.safety_margin = settings.safety_margin
+        self.cost_tie = settings.cost_tie
+        self.latency_tie = settings.latency_tie
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
@@ -48,9 +43,9 @@ class SloCheapest:
         protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
         pool = np.empty(p.ttft.size, dtype=np.bool_)
         count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, ttft, tpot, left,
-                                          SAFETY_MARGIN if protected else 1.0, COST_TIE, pool)
+                                          self.safety_margin if protected else 1.0, self.cost_tie, pool)
         if not feasible and count:
-            tie = p.e2e <= p.e2e[pool].min() * LATENCY_TIE
+            tie = p.e2e <= p.e2e[pool].min() * self.latency_tie
             pool, count = tie, int(tie.sum())
         if count == 1:
             j = int(pool.argmax())
@@ -90,7 +85,7 @@ def steersman_profile(settings: SchedulerSettings) -> Profile:
             WeightedScorer(KvHeadroom(), 1.0),
             WeightedScorer(LoadBalance(), 1.0),
         ],
-        picker=SloCheapest(),
+        picker=SloCheapest(settings),
         saturation=Saturation(settings),
     )
 
