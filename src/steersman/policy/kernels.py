@@ -22,7 +22,7 @@ __all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_ke
 
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
-_TTFT_R, _TPOT_R, _TTFT_EWMA, _TPOT_EWMA = S.TTFT_RATIO, S.TPOT_RATIO, S.TTFT_EWMA, S.TPOT_EWMA
+_TTFT_R, _TPOT_R = S.TTFT_RATIO, S.TPOT_RATIO
 
 
 @njit(cache=True, nogil=True)
@@ -70,14 +70,8 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 # stands for it now (else one burst of interference keeps it unpicked, and unobserved, for good)
                 r = tpot_prior
             tpot = (t_full if work > mine else t_dec) * r
-        else:  # unknown hardware: what was observed there
-            ttft = live[_TTFT_EWMA, i]
-            if ttft != ttft:
-                ttft = 0.5
-            tpot = live[_TPOT_EWMA, i]
-            if tpot != tpot:
-                tpot = 0.05
-            t_full = ttft
+        else:  # no roofline (e.g. llama.cpp): steersman.policy.predict._unprofiled fills this column
+            ttft = tpot = t_full = math.nan
         out[0, j] = ttft
         out[1, j] = tpot
         out[2, j] = ttft + expected_output * tpot
