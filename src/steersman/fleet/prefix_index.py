@@ -44,47 +44,20 @@ used) one early; forgets with nothing recorded in between cost no generation.
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Sequence
 
 import numpy as np
 
+from steersman.fleet._prefix_sizing import _MAX_GENS, layout, measured_costs
+
 __all__ = ["PrefixIndex", "measured_costs"]
 
-_MIN_GENS, _MAX_GENS = 2, 8  # generations (the filter has one bit per generation in a byte)
 #: Share of the budget the index's own structures may use.  The rest is left to the allocators:
 #: pymalloc arenas and the C heap keep freed memory around, and over 20M inserted blocks the
 #: process RSS settled ~8% above the bytes :meth:`PrefixIndex.nbytes_estimate` counts.
 _STRUCTURES = 0.9
 _MAX_LEVELS = 32  # holder-set changes handled by binary search before walking block by block
-
-
-@functools.cache
-def measured_costs() -> tuple[float, int]:
-    """(bytes per table slot of a large int-keyed dict, bytes per block-hash int object), measured once."""
-    k = 17  # 4-byte index entries, as for every table size the index uses
-    d = {key: None for key in range(1 << 62, (1 << 62) + (2 << k) // 3)}
-    slot = (sys.getsizeof(d) - sys.getsizeof({})) / (1 << k)
-    key = -(-sys.getsizeof(-(1 << 62)) // 16) * 16  # a 64-bit hash, rounded up to pymalloc's 16-byte classes
-    return slot, key
-
-
-def _layout(max_bytes: float, fixed: float) -> tuple[int, int, int]:
-    """(log2 table slots of a generation, its entries, number of generations) that hold the most."""
-    slot, key = measured_costs()
-    best = None
-    for k in range(6, 30):
-        usable = (2 << k) // 3  # CPython's USABLE_FRACTION of a 2**k table
-        table = slot * (1 << k)
-        free = max_bytes - fixed - (8 << k) - table / 2  # the filter: 8 x 2**k one-byte slots
-        gens = min(_MAX_GENS, int(free // (table + usable * key)))
-        if gens >= _MIN_GENS:
-            held = (gens - 0.5) * usable  # on average the oldest generation is half gone
-            best = max(best or (0.0, 0, 0, 0), (held, -gens, k, usable))
-    if best is None:
-        raise ValueError(f"prefix index budget of {max_bytes:.0f} bytes is too small")
-    return best[2], best[3], -best[1]
 
 
 class _Gen:
@@ -117,7 +90,7 @@ class PrefixIndex:
         self.max_bytes = float(max_bytes)
         self._budget = _STRUCTURES * self.max_bytes
         fixed = 8 * n_replicas * (_MAX_GENS + 2) + 4096
-        k, self.gen_cap, self.gens_target = _layout(self._budget, fixed)
+        k, self.gen_cap, self.gens_target = layout(self._budget, fixed)
         self._table_full = measured_costs()[0] * (1 << k)
         self._key_bytes = measured_costs()[1]
         self._filter = bytearray(8 << k)  # slot h mod 8*2**k: bit j set if generation j got such a key
