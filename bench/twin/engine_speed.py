@@ -10,7 +10,7 @@ twin pattern: at each event, a run of plain decode steps in closed form
 
 Prints the engine CPU per request (time inside engine calls), the wall time of the
 whole loop per request, and the steps simulated per second.  ``--old`` also runs
-the reference (pre-lazy) engine of ``tests/sim/legacy_engine.py`` with
+the reference (pre-lazy) engine of ``tests/sim/legacy_engine/`` with
 ``advance()`` / ``step()``, the loop the twin had before.
 
     .venv/bin/python bench/twin/engine_speed.py [--requests 20000] [--load 0.8] [--old]
