@@ -11,10 +11,14 @@ class RollingCounts:
     """Counts of ``width`` kinds of events over the last ``window_s`` seconds, in ``buckets`` buckets.
 
     Time is passed in (pure): events older than the window fall out bucket by
-    bucket, like Hystrix's rolling statistics.
+    bucket, like Hystrix's rolling statistics.  The window's totals are kept
+    as running sums (a bucket leaving the window is subtracted once), so
+    :meth:`add` and :meth:`totals` cost O(1) per call, not O(buckets): both run
+    on every upstream attempt.  Time that goes backwards counts in the newest
+    bucket.
     """
 
-    __slots__ = ("span", "n", "width", "_counts", "_epoch")
+    __slots__ = ("span", "n", "width", "_counts", "_sums", "_epoch", "_slot")
 
     def __init__(self, window_s: float, buckets: int, width: int = 2) -> None:
         if not window_s > 0 or buckets < 1:
@@ -22,29 +26,40 @@ class RollingCounts:
         self.span = window_s / buckets
         self.n = buckets
         self.width = width
-        self._counts = [[0] * width for _ in range(buckets)]
-        self._epoch = [-1] * buckets  # which bucket epoch each slot holds
+        self.clear()
 
-    def _slot(self, now: float) -> int:
+    def _advance(self, now: float) -> int:
+        """Move the window to ``now``'s bucket (dropping the buckets that left it); that bucket's slot."""
         e = math.floor(now / self.span)
-        i = e % self.n
-        if self._epoch[i] != e:
-            self._epoch[i] = e
-            self._counts[i] = [0] * self.width
-        return i
+        last = self._epoch
+        if e == last or (last is not None and e < last):
+            return self._slot
+        if last is None or e - last >= self.n:
+            for row in self._counts:
+                row[:] = [0] * self.width
+            self._sums = [0] * self.width
+        else:
+            sums = self._sums
+            for ep in range(last + 1, e + 1):
+                row = self._counts[ep % self.n]
+                for k, c in enumerate(row):
+                    if c:
+                        sums[k] -= c
+                        row[k] = 0
+        self._epoch = e
+        self._slot = e % self.n
+        return self._slot
 
     def add(self, now: float, kind: int, count: int = 1) -> None:
-        self._counts[self._slot(now)][kind] += count
+        self._counts[self._advance(now)][kind] += count
+        self._sums[kind] += count
 
     def totals(self, now: float) -> list[int]:
-        e = math.floor(now / self.span)
-        out = [0] * self.width
-        for i in range(self.n):
-            if e - self.n < self._epoch[i] <= e:
-                for k in range(self.width):
-                    out[k] += self._counts[i][k]
-        return out
+        self._advance(now)
+        return list(self._sums)
 
     def clear(self) -> None:
         self._counts = [[0] * self.width for _ in range(self.n)]
-        self._epoch = [-1] * self.n
+        self._sums = [0] * self.width
+        self._epoch: int | None = None  # the newest bucket's epoch (floor(now / span)); None: nothing yet
+        self._slot = 0
