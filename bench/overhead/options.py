@@ -12,6 +12,13 @@ BENCH = Path(__file__).resolve().parent.parent
 SETUPS = ["direct", "steersman-rr", "steersman", "vllm-router", "sglang-router"]
 ROUTER_SETUPS = ["steersman-rr", "steersman", "vllm-router", "sglang-router"]
 MODEL = "llama-3.1-8b"
+#: a setup name ending in this runs the --baseline-bin gateway (setup_kind() strips it)
+BASE_SUFFIX = "@base"
+
+
+def setup_kind(setup: str) -> str:
+    """``steersman-rr@base`` -> ``steersman-rr``: what to start, whichever tree it comes from."""
+    return setup[: -len(BASE_SUFFIX)] if setup.endswith(BASE_SUFFIX) else setup
 
 
 def parse_args(argv=None):
@@ -48,6 +55,10 @@ def parse_args(argv=None):
     ap.add_argument("--peers-venv", default=str(BENCH / ".venv-peers"))
     ap.add_argument("--no-setup-peers", action="store_true", help="do not create the peers venv when it is missing")
     ap.add_argument("--steersman-bin", default=None, help="default: steersman next to this python, then PATH")
+    ap.add_argument("--baseline-bin", default=None,
+                    help="another tree's `steersman` executable (e.g. a wrapper running `python -m steersman` with "
+                         "PYTHONPATH=<worktree>/src): each steersman setup also runs with it, as <setup>@base, "
+                         "right after the current one, so old vs new are compared in the same run")
     ap.add_argument("--request-timeout", type=float, default=20.0)
     ap.add_argument("--max-minutes", type=float, default=10.0, help="skip remaining phases after this")
     ap.add_argument("--wait-quiet", type=float, default=0.0,
@@ -64,5 +75,7 @@ def parse_args(argv=None):
         ap.error(f"unknown setups {bad}")
     if "direct" not in a.setups:
         a.setups.insert(0, "direct")
+    if a.baseline_bin:  # interleaved: base right after new, same engines, same minute of machine load
+        a.setups = [x for s in a.setups for x in ([s, s + BASE_SUFFIX] if s.startswith("steersman") else [s])]
     a.concurrency = [int(c) for c in a.concurrency.split(",") if c.strip()]
     return a

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from options import BENCH, MODEL
+from options import BASE_SUFFIX, BENCH, MODEL, setup_kind
 from procs import Proc, ProcessGroup, free_port, wait_http
 
 
@@ -21,7 +21,9 @@ class SkipSetup(Exception):
     pass
 
 
-def steersman_bin(a) -> str | None:
+def steersman_bin(a, setup: str = "") -> str | None:
+    if setup.endswith(BASE_SUFFIX):
+        return a.baseline_bin
     if a.steersman_bin:
         return a.steersman_bin
     cand = Path(sys.executable).parent / "steersman"
@@ -90,8 +92,9 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
     """Start the router for `setup`; returns (proc, base_url, ready_seconds) or raises SkipSetup."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    sb = steersman_bin(a, setup)
+    setup = setup_kind(setup)
     if setup in ("steersman", "steersman-rr"):
-        sb = steersman_bin(a)
         if not sb:
             raise SkipSetup("no `steersman` executable found (install the repo: pip install -e .)")
         ok, why = check_cli([sb, "serve"])
