@@ -25,7 +25,7 @@ def snapshot(n: int, prefix: PrefixIndex | None = None, routable=None, gpu: str 
     """A fleet of ``n`` identical replicas; ``rows`` set live fields by name (e.g. ``in_flight=[...]``)."""
     live = np.zeros((len(S.LIVE_FIELDS), n))
     live[S.WEIGHTS] = S.WEIGHTS_CODES["warm"]
-    for name in ("kv_blocks_total", "ttft_ewma", "tpot_ewma"):
+    for name in ("kv_blocks_total", "ttft_ewma", "tpot_ewma", "stalled_since"):
         live[S.LIVE_FIELDS.index(name)] = np.nan
     for name in ("ttft_ratio", "tpot_ratio"):
         if name in S.LIVE_FIELDS:

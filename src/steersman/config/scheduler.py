@@ -67,7 +67,8 @@ class SchedulerSettings:
         "the weighted scores decide among them"
     )
     latency_tie: float = setting(
-        1.10, "design: when no replica meets the budget, replicas within 10% of the least predicted end-to-end "
-        "latency count as equally fast (prefix affinity decides), so a prediction's last 10% does not send a "
-        "request away from its cached prompt"
+        1.10, "design: replicas within 10% of the least predicted end-to-end latency count as equally fast "
+        "(among the equally cheap ones when some meet the budget, among all when none does; the scores, e.g. "
+        "prefix affinity, decide then), so a prediction's last 10% does not send a request away from its "
+        "cached prompt, and a stalled replica does not win on price"
     )

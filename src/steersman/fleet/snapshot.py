@@ -33,16 +33,19 @@ WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 #: and the observed latencies ttft_ewma / tpot_ewma; ttft_ratio / tpot_ratio are
 #: observed / predicted (the model's correction per replica: a degraded GPU shows >1);
 #: since_scrape counts requests routed since the engine's metrics were last read;
-#: prefix_accuracy is the engine-reported cache hit / the index's prediction (EWMA).
+#: prefix_accuracy is the engine-reported cache hit / the index's prediction (EWMA);
+#: stalled_since is when the replica last made progress on the requests of ours still
+#: awaiting a first token there (their oldest dispatch, or its latest first token / finished
+#: request if later), NaN when none awaits: ``time - stalled_since`` is the hang signal.
 #: The ratios are NaN until a replica is observed; predictors use the fleet prior then.
 LIVE_FIELDS = (
     "in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at",
     "kv_blocks_total", "pending_prefill", "decoding", "active_blocks", "recent_tokens", "ttft_ewma", "tpot_ewma",
-    "ttft_ratio", "tpot_ratio", "since_scrape", "prefix_accuracy",
+    "ttft_ratio", "tpot_ratio", "since_scrape", "prefix_accuracy", "stalled_since",
 )
 (IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT,
  KV_BLOCKS_TOTAL, PENDING_PREFILL, DECODING, ACTIVE_BLOCKS, RECENT_TOKENS, TTFT_EWMA, TPOT_EWMA,
- TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY) = range(len(LIVE_FIELDS))
+ TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY, STALLED_SINCE) = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # the fleet tracks its latest snapshot (copy on write)
@@ -100,6 +103,11 @@ class FleetSnapshot:
     tpot_ratio = property(lambda s: s.live[TPOT_RATIO])
     since_scrape = property(lambda s: s.live[SINCE_SCRAPE])
     prefix_accuracy = property(lambda s: s.live[PREFIX_ACCURACY])
+
+    @property
+    def stall(self) -> np.ndarray:
+        """Seconds each replica has held requests of ours awaiting a first token without progress (0: none)."""
+        return np.nan_to_num(np.maximum(self.time - self.live[STALLED_SINCE], 0.0))
 
     @property
     def metrics_age(self) -> np.ndarray:

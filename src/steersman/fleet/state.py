@@ -88,7 +88,7 @@ class Fleet:
         self.live = np.zeros((len(S.LIVE_FIELDS), n))
         self.live[S.WEIGHTS] = _WARM
         self.live[S.SCRAPED_AT] = -np.inf
-        for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA):
+        for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA, S.STALLED_SINCE):
             self.live[row] = np.nan
         self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = np.nan  # unobserved: the fleet-wide prior applies
         self.live[S.PREFIX_ACCURACY] = 1.0
@@ -96,6 +96,7 @@ class Fleet:
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
+        self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
@@ -144,6 +145,10 @@ class Fleet:
         self._recent_at[index] = now
         batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
         t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys))
+        waiting = self._awaiting[index]
+        if not waiting:
+            live[S.STALLED_SINCE, index] = now
+        waiting[t.key] = now
         if self.guard is not None:
             self.guard.dispatched(index, t.key, now)
         return t
@@ -160,6 +165,7 @@ class Fleet:
         live = self.live
         live[S.PENDING_PREFILL, t.replica] -= t.uncached
         live[S.DECODING, t.replica] += 1
+        self._progress(t, now)
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
         if self.guard is not None:
@@ -176,8 +182,11 @@ class Fleet:
         tpot = None
         if t.first_at is None:
             live[S.PENDING_PREFILL, i] -= t.uncached
+            self._progress(t, None)
         else:
             live[S.DECODING, i] -= 1
+            if t.verdict is not False and self._awaiting[i]:  # a finished stream is progress too
+                live[S.STALLED_SINCE, i] = self.clock.now()
             if output_tokens > 1:
                 tpot = (self.clock.now() - t.first_at) / (output_tokens - 1)
                 self._ewma(S.TPOT_EWMA, i, tpot)
@@ -189,6 +198,19 @@ class Fleet:
                 self.guard.released(i, t.key, now)
             elif t.verdict:
                 self.guard.succeeded(i, t.key, now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
+
+    def _progress(self, t: Ticket, now: float | None) -> None:
+        """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica)."""
+        waiting = self._awaiting[t.replica]
+        if waiting.pop(t.key, None) is None:
+            return
+        row = self.live[S.STALLED_SINCE]
+        if not waiting:
+            row[t.replica] = math.nan
+        elif now is not None:
+            row[t.replica] = now
+        else:  # it left without progress: the rest wait since the oldest's dispatch, or the last progress
+            row[t.replica] = max(row[t.replica], next(iter(waiting.values())))
 
     def report(self, t: Ticket, ok: bool) -> None:
         """An attempt's verdict on its replica's health: a failure counts at once, a success when the ticket ends."""

@@ -23,11 +23,12 @@ __all__ = ["predict_kernel", "saturation_kernel", "prefix_kernel", "shortlist_ke
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
 _TTFT_R, _TPOT_R = S.TTFT_RATIO, S.TPOT_RATIO
+_RECENT, _STALLED = S.RECENT_TOKENS, S.STALLED_SINCE
 
 
 @njit(cache=True, nogil=True)
 def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output,
-                   ctx_len, ttft_prior, tpot_prior, reference_batch, out):
+                   ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out):
     """``out[0..3, j]`` = predicted TTFT, TPOT, end-to-end seconds and $ for candidate ``idx[j]``.
 
     The formula is documented in :mod:`steersman.policy.predict`.
@@ -69,7 +70,23 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
                 # stands for it now (else one burst of interference keeps it unpicked, and unobserved, for good)
                 r = tpot_prior
-            tpot = (t_full if work > mine else t_dec) * r
+            # share of this request's decode steps that carry prefill chunks: the prefill queued there
+            # now, spread over its decode, plus prefill arriving at the rate routed there recently
+            # (decayed sum / tau); at rho >= 1 the prefill budget is always in use (every step is full)
+            lam = live[_RECENT, i] * math.exp(-max(now - recent_at[i], 0.0) / recent_tau) / recent_tau
+            rho = lam * t_full / P
+            if rho >= 1.0:
+                share = 1.0
+            else:
+                mixed = lam / P
+                share = mixed / (mixed + (1.0 - rho) / t_dec)
+            share = min(1.0, share + max(work - mine, 0.0) / (P * max(expected_output, 1.0)))
+            tpot = (t_dec + (t_full - t_dec) * share) * r
+            # the hang signal: requests of ours have waited there this long with no progress; a new
+            # one's first token comes no sooner
+            stalled = live[_STALLED, i]
+            if stalled == stalled and now - stalled > ttft:
+                ttft = now - stalled
         else:  # no roofline (e.g. llama.cpp): steersman.policy.predict._unprofiled fills this column
             ttft = tpot = t_full = math.nan
         out[0, j] = ttft
@@ -180,12 +197,14 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
 
 
 @njit(cache=True, nogil=True)
-def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_tie, pool):
+def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool):
     """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible).
 
     Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget.  If any
-    is feasible, the pool is the feasible ones within ``cost_tie`` of the cheapest;
-    otherwise the ones with the least predicted end-to-end latency.
+    is feasible, the pool is the feasible ones within ``cost_tie`` of the cheapest and, among
+    those, within ``latency_tie`` of the fastest (equally cheap: the faster wins, so a stalled
+    or overloaded replica does not win on price alone); otherwise the ones within
+    ``latency_tie`` of the least predicted end-to-end latency.
     """
     n = ttft.size
     best = np.inf
@@ -197,20 +216,24 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_
             feasible = True
             if cost[j] < best:
                 best = cost[j]
-    count = 0
+    fastest = np.inf
     if feasible:
         limit = best * cost_tie + 1e-15
         for j in range(n):
             pool[j] = pool[j] and cost[j] <= limit
-            count += pool[j]
-        return count, True
+            if pool[j] and e2e[j] < fastest:
+                fastest = e2e[j]
+    else:
+        for j in range(n):
+            pool[j] = True
+            if e2e[j] < fastest:
+                fastest = e2e[j]
+    limit = fastest * latency_tie + 1e-12
+    count = 0
     for j in range(n):
-        if e2e[j] < best:
-            best = e2e[j]
-    for j in range(n):
-        pool[j] = e2e[j] <= best + 1e-12
+        pool[j] = pool[j] and e2e[j] <= limit
         count += pool[j]
-    return count, False
+    return count, feasible
 
 
 @njit(cache=True, nogil=True)
@@ -230,10 +253,10 @@ def warm_up() -> None:
     live = np.zeros((len(S.LIVE_FIELDS), 1))
     one = np.ones(1)
     predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
-                   1.0, 1.0, 32.0, np.empty((4, 1)))
+                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((4, 1)))
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, np.empty(1, dtype=np.bool_))
     held = np.zeros(1, dtype=np.int64)
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, np.empty(1, dtype=np.bool_))
+    slo_pool_kernel(one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)

@@ -43,10 +43,8 @@ class SloCheapest:
         protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
         pool = np.empty(p.ttft.size, dtype=np.bool_)
         count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, ttft, tpot, left,
-                                          self.safety_margin if protected else 1.0, self.cost_tie, pool)
-        if not feasible and count:
-            tie = p.e2e <= p.e2e[pool].min() * self.latency_tie
-            pool, count = tie, int(tie.sum())
+                                          self.safety_margin if protected else 1.0, self.cost_tie,
+                                          self.latency_tie, pool)
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number

@@ -17,10 +17,21 @@ tokens (``B`` = max_num_batched_tokens), so
 
     TTFT ≈ (⌊W / P⌋ × t_step(B) + t_step(D + W mod P)) × ttft_ratio,   W = queue ahead + own uncached
     (the partial step interpolated between the decode-only and the full step)
-    TPOT ≈ t_step(decodes only, D + 1) × tpot_ratio          (no other prefill waiting)
-         ≈ t_step(B) × tpot_ratio                              (other prefill waiting)
+    TPOT ≈ (t_step(D + 1) + (t_step(B) − t_step(D + 1)) × s) × tpot_ratio,   s = min(1, m + q)
 
-where the ratios are each replica's observed/predicted correction (a degraded
+where ``s`` is the share of the request's decode steps that carry prefill chunks:
+``q = prefill queued there now / (P × expected_output)`` (it drains during the
+decode) and ``m`` the share of steps that prefill arriving at the rate routed there
+recently (``λ = recent_tokens / τ``) keeps busy: with ``ρ = λ t_step(B) / P``,
+``m = (λ/P) / (λ/P + (1 − ρ) / t_step(D + 1))``, and ``m = 1`` once ``ρ ≥ 1`` (the
+prefill budget is always in use: every step is a full one).
+
+**Hang signal**: TTFT is at least the replica's stall (``snapshot.stall``: how long
+requests of ours have awaited a first token there with no progress), so a replica
+that stopped answering stops looking attractive long before the outlier detector
+has the evidence to eject it (an all-or-nothing TPOT rule used to hide this).
+
+The ratios are each replica's observed/predicted correction (a degraded
 GPU learns a ratio above 1; a replica not yet observed takes the fleet's, so it
 is explored on equal terms; an idle replica takes the fleet's TPOT ratio, since
 the TPOT it was observed at described the batches it had then).
@@ -109,7 +120,9 @@ def predict(ctx: DecisionContext) -> Prediction:
     out = predict_kernel(
         idx, snap.live, st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, own,
         float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
-        snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH, np.empty((4, idx.size)),
+        snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH,
+        snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
+        float(snap.time), float(snap.recent_tau_s), np.empty((4, idx.size)),
     )
     if not st.modelled.all():
         _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out)
@@ -134,7 +147,7 @@ def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, ex
     r_tpot = live[S.TPOT_RATIO, i]
     idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
     r_tpot = np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)
-    ttft = (step + work * s_tok) * r_ttft
+    ttft = np.maximum((step + work * s_tok) * r_ttft, np.nan_to_num(snap.time - live[S.STALLED_SINCE, i]))
     tpot = step * r_tpot
     out[0, u] = ttft
     out[1, u] = tpot

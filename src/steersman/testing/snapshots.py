@@ -42,7 +42,7 @@ def fleet_snapshot(gpus: Sequence[str] | int, *, model: str = MODEL, time: float
     live = np.zeros((len(S.LIVE_FIELDS), n))
     live[S.WEIGHTS] = S.WEIGHTS_CODES["warm"]
     live[S.SCRAPED_AT] = time
-    for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA):
+    for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA, S.STALLED_SINCE):
         live[row] = np.nan
     live[S.TTFT_RATIO] = live[S.TPOT_RATIO] = live[S.PREFIX_ACCURACY] = 1.0
     for name, values in rows.items():
