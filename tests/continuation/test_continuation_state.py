@@ -142,12 +142,24 @@ def _relay_run(chunks):
     from steersman.pipeline.forward import _Relay
 
     sent = []
-    ctx = SimpleNamespace(model="m", started=0.0, ticket=None, bytes_sent=False, http=SimpleNamespace(send=sent.append))
+    ended = []  # indexes of the writes that ended the stream
+
+    def send(data, last=False):
+        if last:
+            ended.append(len(sent))
+        sent.append(data)
+
+    ctx = SimpleNamespace(model="m", started=0.0, ticket=None, bytes_sent=False, http=SimpleNamespace(send=send))
     c = chat_cont()
     c.begin_leg()
-    r = _Relay(ctx, None, WallClock(), GatewayMetrics(), c, False, 1 << 20, SimpleNamespace(abort=lambda: None))
-    for ch in chunks:
+    ex = SimpleNamespace(abort=lambda: None, last=False)
+    r = _Relay(ctx, None, WallClock(), GatewayMetrics(), c, False, 1 << 20, ex)
+    final = max((i for i, ch in enumerate(chunks) if ch), default=-1)
+    for i, ch in enumerate(chunks):
+        ex.last = i == final  # the connection hands over the response's last bytes (never an empty piece)
         r(ch)
+    # the write carrying [DONE] ends the stream when those were the response's last bytes, and only then
+    assert ended == ([len(sent) - 1] if c.done and sent and sent[-1].endswith(b"data: [DONE]\n\n") else []), (ended, sent)
     p = SseParser(1 << 20)
     return p.feed(b"".join(sent)) + p.close(), c
 

@@ -54,7 +54,7 @@ class Endpoint:
 class Exchange:
     """One request/response on one connection."""
 
-    __slots__ = ("conn", "status", "headers", "_head", "_done", "_buf", "_sink", "complete", "got_bytes")
+    __slots__ = ("conn", "status", "headers", "_head", "_done", "_buf", "_sink", "complete", "got_bytes", "last")
 
     def __init__(self, conn: _UpConn) -> None:
         loop = asyncio.get_running_loop()
@@ -67,13 +67,15 @@ class Exchange:
         self._sink: Callable[[bytes], None] | None = None
         self.complete = False
         self.got_bytes = False
+        self.last = False  # the sink is being handed the response's last body bytes (the message is complete)
 
     def pipe(self, sink: Callable[[bytes], None]) -> None:
-        """Deliver body bytes to ``sink`` as they arrive (buffered ones first)."""
+        """Deliver body bytes to ``sink`` as they arrive (buffered ones first, as one piece)."""
         buf, self._buf = self._buf, []
-        for b in buf:
-            sink(b)
         self._sink = sink
+        if buf:
+            self.last = self.complete
+            sink(buf[0] if len(buf) == 1 else b"".join(buf))
 
     async def done(self) -> None:
         """Wait for the end of the response; raises :class:`UpstreamError` if it broke.
@@ -180,6 +182,7 @@ class _UpConn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         ex = self.exchange
         if self._batch:
+            ex.last = True  # type: ignore[union-attr]
             self._flush(ex)  # the last bytes reach the sink before the response counts as done
         self.exchange = None
         keep = self.parser.should_keep_alive()

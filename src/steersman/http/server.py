@@ -47,7 +47,8 @@ def _status_line(status: int) -> bytes:
 class HttpRequest:
     """One request; the handler answers with :meth:`respond` or :meth:`start_stream` ... :meth:`end_stream`."""
 
-    __slots__ = ("conn", "method", "path", "query", "headers", "body", "keep_alive", "http10", "_state", "producer")
+    __slots__ = ("conn", "method", "path", "query", "headers", "body", "keep_alive", "http10", "_state", "_held",
+                 "producer")
 
     def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool, http10: bool) -> None:
         self.conn = conn
@@ -60,6 +61,7 @@ class HttpRequest:
         self.keep_alive = keep_alive
         self.http10 = http10
         self._state = 0  # 0 nothing sent, 1 streaming, 2 done
+        self._held = b""  # a held stream head: written with the first body bytes (one write, not two)
         self.producer: object | None = None  # has pause()/resume(): paused while the client can't keep up
 
     @property
@@ -81,29 +83,45 @@ class HttpRequest:
         self.conn.write(head + body)
         self.conn.finished(self, ka)
 
-    def start_stream(self, status: int = 200, content_type: bytes = b"text/event-stream", extra: bytes = b"") -> None:
+    def start_stream(self, status: int = 200, content_type: bytes = b"text/event-stream", extra: bytes = b"",
+                     hold: bool = False) -> None:
+        """Start a streamed response; ``hold``: its head goes out with the first body bytes (one write, not two)."""
         if self._state:
             raise RuntimeError("response already started")
         self._state = 1
         if self.http10:
             self.keep_alive = False
-            self.conn.write(b"%bContent-Type: %b\r\nCache-Control: no-cache\r\n%bConnection: close\r\n\r\n" % (_status_line(status), content_type, extra))
+            head = b"%bContent-Type: %b\r\nCache-Control: no-cache\r\n%bConnection: close\r\n\r\n" % (_status_line(status), content_type, extra)
         else:
-            self.conn.write(b"%bContent-Type: %b\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n%b%b\r\n" % (
-                _status_line(status), content_type, extra, b"" if self.keep_alive else b"Connection: close\r\n"))
+            head = b"%bContent-Type: %b\r\nCache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n%b%b\r\n" % (
+                _status_line(status), content_type, extra, b"" if self.keep_alive else b"Connection: close\r\n")
+        if hold:
+            self._held = head
+        else:
+            self.conn.write(head)
 
-    def send(self, data: bytes) -> None:
-        """One piece of a streamed body, written now (no buffering, no await)."""
-        if data:
-            self.conn.write(data if self.http10 else b"%x\r\n%b\r\n" % (len(data), data))
+    def send(self, data: bytes, last: bool = False) -> None:
+        """One piece of a streamed body, written now (no buffering, no await); ``last``: it also ends the stream.
+
+        Nothing is written once the stream ended (a late error event cannot corrupt a kept-alive connection).
+        """
+        if self._state != 1 or not (data or last):
+            return
+        out = data if self.http10 or not data else b"%x\r\n%b\r\n" % (len(data), data)
+        if self._held:
+            out = self._held + out
+            self._held = b""
+        if last:
+            self._state = 2
+            if not self.http10:
+                out += b"0\r\n\r\n"
+        if out:
+            self.conn.write(out)
+        if last:
+            self.conn.finished(self, self.keep_alive)
 
     def end_stream(self) -> None:
-        if self._state != 1:
-            return
-        self._state = 2
-        if not self.http10:
-            self.conn.write(b"0\r\n\r\n")
-        self.conn.finished(self, self.keep_alive)
+        self.send(b"", True)
 
     async def drain(self) -> None:
         """Wait while the client's socket buffer is full (backpressure for awaiting writers)."""
@@ -113,7 +131,7 @@ class HttpRequest:
 class _Connection(asyncio.Protocol):
     __slots__ = (
         "server", "transport", "parser", "_url", "_headers", "_hname", "_body", "_size", "_header_bytes",
-        "_queue", "_current", "_task", "_paused_writing", "_drain", "_idle", "_rejected",
+        "_queue", "_current", "_task", "_paused_writing", "_drain", "_timer", "_timer_at", "_due", "_on_due", "_rejected",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -126,7 +144,13 @@ class _Connection(asyncio.Protocol):
         self._task: asyncio.Task | None = None
         self._paused_writing = False
         self._drain: asyncio.Future | None = None
-        self._idle: asyncio.TimerHandle | None = None
+        # one timer for both deadlines (a whole request must arrive in time; an idle connection closes): moving a
+        # deadline later only moves ``_due``, and the timer, when it fires early, re-arms itself for the rest
+        # (two timers made and cancelled per request cost more than the rest of the keep-alive handling)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._due: float | None = None  # loop time of the current deadline (None: a handler is running)
+        self._on_due: Callable[[], None] | None = None
         self._rejected = False
 
     def _reset_message(self) -> None:
@@ -149,8 +173,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
         self.transport = None
-        if self._idle is not None:
-            self._idle.cancel()
+        self._due = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: cancel its request
         self._queue.clear()
@@ -202,13 +228,33 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._reset_message()
-        if self._idle is not None:
-            self._idle.cancel()
         # the whole request (headers and body) must arrive in time: a slow-loris client is cut off with a 408
-        self._idle = asyncio.get_running_loop().call_later(self.server.request_timeout_s, self._read_timeout)
+        self._deadline(self.server.request_timeout_s, self._read_timeout)
+
+    def _deadline(self, after_s: float, action: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + after_s
+        self._due, self._on_due = due, action
+        if self._timer is None or self._timer_at > due:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = due
+            self._timer = loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        due = self._due
+        if due is None or self.transport is None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < due:  # the deadline moved later since the timer was set
+            self._timer_at = due
+            self._timer = loop.call_at(due, self._fire)
+            return
+        self._due = None
+        self._on_due()  # type: ignore[misc]
 
     def _read_timeout(self) -> None:
-        self._idle = None
         s = self.server.request_timeout_s
         self._reject(408, f"The request was not received completely within {s:g} s.", "request_timeout")
 
@@ -245,9 +291,7 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        self._due = None  # the request is in: no deadline while its handler runs
         if self._rejected:
             return
         p = self.parser
@@ -288,9 +332,7 @@ class _Connection(asyncio.Protocol):
             self._arm_idle()
 
     def _arm_idle(self) -> None:
-        if self._idle is not None:
-            self._idle.cancel()
-        self._idle = asyncio.get_running_loop().call_later(self.server.idle_timeout_s, self._idle_close)
+        self._deadline(self.server.idle_timeout_s, self._idle_close)
 
     def _idle_close(self) -> None:
         if self._current is None and self.transport is not None:

@@ -137,7 +137,9 @@ class _Relay:
         else:
             self.itl.observe(t - self.last)
         self.last = t
-        self.ctx.http.send(out)
+        # the response's last bytes with [DONE] in them: the stream ends with this write (the terminator rides
+        # along); Forward._relay would end it right after anyway, one loop turn and one syscall later
+        self.ctx.http.send(out, self.ex.last and self.cont.done and self.error is None)
 
     def fail(self, message: str) -> None:
         self.error = message
@@ -239,7 +241,7 @@ class Forward:
     async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay, name: str) -> Outcome:
         req = ctx.http
         if not req.started:
-            req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n")
+            req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n", hold=True)
         ctx.status = 200
         req.producer = ex
         ex.pipe(relay)
