@@ -148,3 +148,47 @@ async def test_idle_connections_are_closed():
         w.close()
     finally:
         await srv.stop()
+
+
+async def test_a_held_stream_head_goes_out_with_the_first_event_and_nothing_follows_the_end():
+    srv = HttpServer(error_body, 1000)
+
+    async def held(req):
+        req.start_stream(hold=True)
+        await asyncio.sleep(0.3)
+        req.send(b"data: 1\n\n")
+        req.send(b"data: 2\n\n", last=True)
+        req.send(b"data: late\n\n")  # after the end: dropped, the kept-alive connection stays clean
+        req.end_stream()
+
+    srv.route("GET", "/held", held)
+    await srv.start("127.0.0.1", 0)
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(r.read(1), 0.1)  # the head waits for the first event
+        out = await asyncio.wait_for(r.readuntil(b"0\r\n\r\n"), 5)
+        assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"\r\n\r\n9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n")
+        w.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n")  # the same connection serves the next request
+        out = await asyncio.wait_for(r.readuntil(b"0\r\n\r\n"), 5)
+        assert out.startswith(b"HTTP/1.1 200") and b"late" not in out
+        w.close()
+    finally:
+        await srv.stop()
+
+
+async def test_the_idle_deadline_moves_with_each_request():
+    srv = await _server(idle=0.4)
+    try:
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        for _ in range(4):  # 4 x 0.25 s: past the first idle deadline, open while it is used
+            await asyncio.sleep(0.25)
+            w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
+            assert (await asyncio.wait_for(r.readuntil(b"}"), 5)).startswith(b"HTTP/1.1 200")
+        t0 = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(r.read(), 5) == b""  # then idle: closed
+        assert 0.3 < asyncio.get_running_loop().time() - t0 < 2.0
+        w.close()
+    finally:
+        await srv.stop()
