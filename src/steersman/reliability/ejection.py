@@ -47,7 +47,8 @@ class OutlierDetector:
         self.s = settings
         self.n = n
         self.alpha = alpha
-        self.until = np.full(n, -np.inf)  # ejected until this time
+        self.until = np.full(n, -np.inf)  # ejected until this time (every write counts in ``changes``)
+        self.changes = 0  # writes to ``until`` so far: readers cache what they derive from it
         self.count = np.zeros(n, dtype=np.int64)  # ejection multiplier
         self.total = np.zeros(n, dtype=np.int64)  # ejections ever (metrics / tests)
         self._back_at = np.zeros(n)  # when the multiplier last decayed / the replica came back
@@ -103,6 +104,7 @@ class OutlierDetector:
         self._decay(i, now)
         self.count[i] += 1
         self.total[i] += 1
+        self.changes += 1
         self.until[i] = now + min(self.s.base_ejection_time_s * self.count[i], self.s.max_ejection_time_s)
         self.reasons[i] = reason
         self.consecutive[i] = 0
@@ -112,6 +114,7 @@ class OutlierDetector:
 
     def uneject(self, i: int, now: float) -> None:
         if self.until[i] > now:
+            self.changes += 1
             self.until[i] = now
             self._back_at[i] = now
 

@@ -32,14 +32,22 @@ class ReplicaGuard:
         self.limiters = [GradientLimiter(settings) for _ in range(n)]
         self.limits = np.array([lim.limit for lim in self.limiters])
         self._breaker_until = np.full(n, -np.inf)
+        self._blocked: np.ndarray | None = None  # blocked_until's answer, kept while its inputs are unchanged
+        self._blocked_key = -1  # the outliers' ``changes`` it was computed at
         self._probes: dict[int, int] = {}  # key -> replica, for half-open probes in flight
         self._swept = -np.inf
         self.on_eject = None  # optional callback(replica, reason) at the IO edge (logging, metrics)
 
     # ---- the view policies read ------------------------------------------------------------
     def blocked_until(self, now: float) -> np.ndarray:
+        """Until when each replica is out of rotation (read-only; every fleet snapshot reads it)."""
         self.maybe_sweep(now)
-        return np.maximum(self.outliers.until, self._breaker_until)
+        b = self._blocked
+        if b is None or self._blocked_key != self.outliers.changes:
+            b = self._blocked = np.maximum(self.outliers.until, self._breaker_until)
+            b.flags.writeable = False  # lent to snapshots: a change makes a new array, never writes this one
+            self._blocked_key = self.outliers.changes
+        return b
 
     def maybe_sweep(self, now: float) -> None:
         """Judge latency outliers if ``outlier_sweep_s`` passed (called per snapshot and per scrape)."""
@@ -62,11 +70,14 @@ class ReplicaGuard:
         b = self.breakers[i]
         st = b.state(now)
         if st is BreakerState.CLOSED:
-            self._breaker_until[i] = -np.inf
+            until = -np.inf
         elif st is BreakerState.OPEN:
-            self._breaker_until[i] = b.open_until
+            until = b.open_until
         else:  # half-open: open to probes until they are all out
-            self._breaker_until[i] = -np.inf if b.allows(now) else np.inf
+            until = -np.inf if b.allows(now) else np.inf
+        if self._breaker_until[i] != until:
+            self._breaker_until[i] = until
+            self._blocked = None
 
     # ---- request events ---------------------------------------------------------------------
     def dispatched(self, i: int, key: int, now: float) -> None:
