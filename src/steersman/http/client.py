@@ -54,13 +54,15 @@ class Endpoint:
 class Exchange:
     """One request/response on one connection."""
 
-    __slots__ = ("conn", "status", "headers", "_head", "_done", "_buf", "_sink", "complete", "got_bytes", "last")
+    __slots__ = ("conn", "status", "_raw_headers", "_headers", "_head", "_done", "_buf", "_sink", "complete", "got_bytes",
+                 "last")
 
     def __init__(self, conn: _UpConn) -> None:
         loop = asyncio.get_running_loop()
         self.conn = conn
         self.status = 0
-        self.headers: dict[str, str] = {}
+        self._raw_headers: list[bytes] = []  # name, value, name, value, ...: decoded only if someone asks
+        self._headers: dict[str, str] | None = None
         self._head: asyncio.Future = loop.create_future()
         self._done: asyncio.Future = loop.create_future()
         self._buf: list[bytes] = []
@@ -68,6 +70,14 @@ class Exchange:
         self.complete = False
         self.got_bytes = False
         self.last = False  # the sink is being handed the response's last body bytes (the message is complete)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response headers, lower-case names (the relay never reads them: built on first use)."""
+        if self._headers is None:
+            raw = self._raw_headers
+            self._headers = {raw[k].decode("latin-1").lower(): raw[k + 1].decode("latin-1") for k in range(0, len(raw), 2)}
+        return self._headers
 
     def pipe(self, sink: Callable[[bytes], None]) -> None:
         """Deliver body bytes to ``sink`` as they arrive (buffered ones first, as one piece)."""
@@ -164,7 +174,7 @@ class _UpConn(asyncio.Protocol):
         ex._sink(data)  # type: ignore[misc]
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.exchange.headers[name.decode("latin-1").lower()] = value.decode("latin-1")  # type: ignore[union-attr]
+        self.exchange._raw_headers += (name, value)  # type: ignore[union-attr]
 
     def on_headers_complete(self) -> None:
         ex = self.exchange

@@ -80,11 +80,11 @@ def refusal_reason(req: ChatCompletionRequest | CompletionRequest, raw: dict[str
     """Why a stream of ``req`` could not be continued token-exactly (None: it can be)."""
     if req.n != 1:
         return "n > 1"
-    raw = raw or {}
-    if raw.get("logprobs") or raw.get("top_logprobs"):
-        return "logprobs"
-    if any(raw.get(k) for k in _GUIDED):
-        return "guided output"
+    if raw:
+        if raw.get("logprobs") or raw.get("top_logprobs"):
+            return "logprobs"
+        if any(raw.get(k) for k in _GUIDED):
+            return "guided output"
     if isinstance(req, ChatCompletionRequest):
         rf = req.response_format or {}
         if rf.get("type") not in (None, "text"):
@@ -219,9 +219,16 @@ class Continuation(Legs):
         if i < 0 or payload[i + len(key) : i + len(key) + 1] != b'"':
             return b"", b""
         start = i + len(key)
-        j = start + 1
-        while j < len(payload) and payload[j : j + 1] != b'"':
-            j += 2 if payload[j : j + 1] == b"\\" else 1
+        j = payload.find(b'"', start + 1)
+        while j > 0:  # the first quote not escaped (an odd run of backslashes before it escapes it)
+            k = j
+            while payload[k - 1] == 0x5C:  # backslash
+                k -= 1
+            if (j - k) % 2 == 0:
+                break
+            j = payload.find(b'"', j + 1)
+        if j < 0:
+            return b"", b""
         end = j + 1
         try:
             if _decode_str(payload[start:end]) != text:
@@ -237,7 +244,10 @@ class Continuation(Legs):
 
 def _raw_fields(body: bytes) -> dict[str, Any]:
     """The request's fields outside the typed schema that matter here (parsed only when present)."""
-    if not any(k in body for k in _RAW_KEYS):
+    for k in _RAW_KEYS:
+        if k in body:
+            break
+    else:
         return {}
     try:
         obj = orjson.loads(body)
