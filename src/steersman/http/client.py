@@ -58,7 +58,7 @@ class Exchange:
                  "last")
 
     def __init__(self, conn: _UpConn) -> None:
-        loop = asyncio.get_running_loop()
+        loop = conn.loop
         self.conn = conn
         self.status = 0
         self._raw_headers: list[bytes] = []  # name, value, name, value, ...: decoded only if someone asks
@@ -123,11 +123,12 @@ class Exchange:
 
 
 class _UpConn(asyncio.Protocol):
-    __slots__ = ("pool", "key", "transport", "parser", "exchange", "reused", "idle_since", "_batch")
+    __slots__ = ("pool", "key", "loop", "transport", "parser", "exchange", "reused", "idle_since", "_batch")
 
     def __init__(self, pool: UpstreamPool, key: tuple) -> None:
         self.pool = pool
         self.key = key
+        self.loop = asyncio.get_running_loop()  # made by the loop's protocol factory; a lookup costs a getpid
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.exchange: Exchange | None = None
@@ -238,7 +239,7 @@ class UpstreamPool:
         idle = self._idle.get(key)
         if not idle:
             return None
-        now = asyncio.get_running_loop().time()
+        now = idle[-1].loop.time()
         while idle:
             conn = idle.pop()
             if conn.transport is not None and now - conn.idle_since < self.idle_timeout_s:
@@ -250,7 +251,7 @@ class UpstreamPool:
     def _release(self, conn: _UpConn) -> None:
         if conn.transport is None:
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        conn.idle_since = conn.loop.time()
         self._idle.setdefault(conn.key, []).append(conn)
 
     def _forget(self, conn: _UpConn) -> None:
