@@ -31,6 +31,7 @@ from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Retry
 __all__ = ["Forward"]
 
 _decode_str = msgspec.json.Decoder(str).decode
+_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 def _frame(payloads: list[bytes]) -> bytes:
@@ -83,6 +84,10 @@ class _Relay:
                 return
         elif not fp and cont._fh and not self.resumed:
             self._fp, self._fs = b"data: " + cont._fh, cont._ft + b"\n\n"
+        if data == _DONE_EVENT and not self.resumed and not self.parser.pending:
+            cont.done = True  # the end of a first leg, alone in its read: nothing to parse (observe_many's [DONE])
+            self.write(data)
+            return
         try:
             payloads = self.parser.feed(data)
         except SseError as e:
