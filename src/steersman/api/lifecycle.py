@@ -27,6 +27,14 @@ class RequestLifecycle:
     def __init__(self) -> None:
         self._kick_pending = False
         self._expiry: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop serving requests (kept: CPython 3.11's lookup costs a getpid syscall per call)."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     # ---- dispatch -------------------------------------------------------------------
     def start_dispatch(self, ctx: RequestContext, d: Dispatch) -> None:
@@ -49,9 +57,10 @@ class RequestLifecycle:
         if self._kick_pending or not self.plane.waiting:
             return
         self._kick_pending = True
-        asyncio.get_running_loop().call_soon(self._dispatch)
+        loop = self.running_loop()
+        loop.call_soon(self._dispatch)
         if self._expiry is None or self._expiry.done():
-            self._expiry = asyncio.get_running_loop().create_task(self._expire_loop())
+            self._expiry = loop.create_task(self._expire_loop())
 
     def _dispatch(self) -> None:
         self._kick_pending = False

@@ -95,7 +95,7 @@ class Schedule:
         if isinstance(out, Refuse):
             return Fail(refusal_error(out), Retry.NEVER)
         if isinstance(out, Wait):
-            ctx.waiter = asyncio.get_running_loop().create_future()
+            ctx.waiter = gw.running_loop().create_future()
             gw.kick()
             try:
                 out = await ctx.waiter
