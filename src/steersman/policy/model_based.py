@@ -17,7 +17,7 @@ from steersman.policy.base import POLICIES, Decision, Route
 import numpy as np
 
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
-from steersman.policy.kernels import slo_pool_kernel
+from steersman.policy.kernels import pick_top, slo_pool_kernel
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
@@ -48,9 +48,12 @@ class SloCheapest:
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
-            s = np.where(pool, scores(), -np.inf)
-            top = np.flatnonzero(s >= s.max() - 1e-12)
-            j = int(top[req.seq % top.size])
+            total = scores()
+            j = pick_top(pool, total, req.seq)
+            if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as ever
+                s = np.where(pool, total, -np.inf)
+                top = np.flatnonzero(s >= s.max() - 1e-12)
+                j = int(top[req.seq % top.size])
         reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
         i = int(ctx.candidates[j])
         r_ttft, r_tpot = corrections(ctx.snapshot, i)

@@ -55,7 +55,7 @@ import numpy as np
 from steersman.config import DEFAULTS
 from steersman.fleet import snapshot as S
 from steersman.policy.framework import DecisionContext, feature
-from steersman.policy.kernels import predict_kernel, prefix_kernel
+from steersman.policy.kernels import predict_kernel, prefix_kernel, uncached_kernel
 
 __all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFERENCE_BATCH"]
 
@@ -107,9 +107,10 @@ def prefix_blocks(ctx: DecisionContext) -> np.ndarray:
 
 @feature("uncached_tokens")
 def uncached_tokens(ctx: DecisionContext) -> np.ndarray:
-    req = ctx.request
-    hit = np.floor(ctx.feature("prefix_blocks")) * ctx.snapshot.statics.block_size
-    return req.prompt_tokens - np.minimum(hit, max(req.prompt_tokens - 1, 0))
+    """Prompt tokens minus the cached ones: ``prompt - min(floor(prefix_blocks) x block_size, prompt - 1)``."""
+    blocks = ctx.feature("prefix_blocks")
+    return uncached_kernel(blocks, float(ctx.snapshot.statics.block_size), float(ctx.request.prompt_tokens),
+                           np.empty(blocks.size))
 
 
 @feature("prediction")
@@ -124,9 +125,22 @@ def predict(ctx: DecisionContext) -> Prediction:
         snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
         float(snap.time), float(snap.recent_tau_s), np.empty((4, idx.size)),
     )
-    if not st.modelled.all():
+    if not _all_modelled(st):
         _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out)
     return Prediction(out[0], out[1], out[2], out[3], own)
+
+
+_ALL_MODELLED: dict[int, tuple[object, bool]] = {}
+
+
+def _all_modelled(st) -> bool:
+    """``st.modelled.all()``, memoised by identity (the statics of a fleet are frozen and long-lived)."""
+    hit = _ALL_MODELLED.get(id(st))
+    if hit is None or hit[0] is not st:
+        if len(_ALL_MODELLED) > 16:
+            _ALL_MODELLED.clear()
+        hit = _ALL_MODELLED[id(st)] = (st, bool(st.modelled.all()))
+    return hit[1]
 
 
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,

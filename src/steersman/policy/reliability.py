@@ -20,36 +20,38 @@ import numpy as np
 
 from steersman.policy.base import Decision, Queue, Reject
 from steersman.policy.framework import FILTERS, DecisionContext
+from steersman.policy.kernels import reliability_kernel
 
 __all__ = ["ReliabilityFilter", "RELIABILITY"]
+
+_NONE = np.empty(0)  # no blocked_until / limits: the kernel skips that check
+_NONE.flags.writeable = False
+_NO_EXCLUDED = np.empty(0, dtype=np.intp)
+_NO_EXCLUDED.flags.writeable = False
+
+
+def _keep(ctx: DecisionContext, limits: bool) -> np.ndarray:
+    """One compiled pass over the candidates (see :func:`~steersman.policy.kernels.reliability_kernel`)."""
+    snap, c = ctx.snapshot, ctx.candidates
+    ex = ctx.request.excluded
+    out = np.empty(c.size, dtype=np.bool_)
+    reliability_kernel(c, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until, snap.time,
+                       snap.in_flight, _NONE if not limits or snap.limits is None else snap.limits,
+                       np.fromiter(ex, dtype=np.intp, count=len(ex)) if ex else _NO_EXCLUDED, out)
+    return out
 
 
 @FILTERS.register("reliability")
 class ReliabilityFilter:
     name = "reliability"
 
-    def _hard(self, ctx: DecisionContext) -> np.ndarray:
-        snap = ctx.snapshot
-        c = ctx.candidates
-        keep = snap.routable[c]  # a fancy index: already a copy
-        if snap.blocked_until is not None:
-            keep &= snap.blocked_until[c] <= snap.time
-        ex = ctx.request.excluded
-        if ex:
-            keep &= ~np.isin(c, np.fromiter(ex, dtype=np.intp, count=len(ex)))
-        return keep
-
     def filter(self, ctx: DecisionContext) -> np.ndarray:
-        keep = self._hard(ctx)
-        snap = ctx.snapshot
-        if snap.limits is not None:  # whole limits (the fleet floors them)
-            c = ctx.candidates
-            keep &= snap.in_flight[c] < snap.limits[c]
-        return keep
+        """Routable, not blocked, not excluded and (whole limits: the fleet floors them) under the limit."""
+        return _keep(ctx, limits=True)
 
     def empty(self, ctx: DecisionContext) -> Decision:
         """The decision when no candidate passed :meth:`filter`."""
-        if self._hard(ctx).any():
+        if _keep(ctx, limits=False).any():
             return Queue("every available replica is at its adaptive concurrency limit")
         snap = ctx.snapshot
         wait = 1.0

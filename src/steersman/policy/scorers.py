@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
-from steersman.policy.kernels import shortlist_kernel
+from steersman.policy.kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel, shortlist_kernel
 from steersman.policy.request import SchedRequest
 
 __all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
@@ -41,22 +41,19 @@ def _need_blocks(ctx: DecisionContext) -> float:
     return (r.prompt_tokens + r.expected_output) / ctx.snapshot.statics.block_size
 
 
-def _capacity(ctx: DecisionContext) -> np.ndarray:
-    snap, idx = ctx.snapshot, ctx.candidates
-    reported = snap.kv_blocks_total[idx]
-    return np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported)
-
-
 @FILTERS.register("fits-kv")
 class FitsKv:
-    """Drop replicas whose free KV cache cannot hold the request (unknown capacity passes)."""
+    """Drop replicas whose free KV cache cannot hold the request (unknown capacity passes).
+
+    Capacity is the engine-reported block count, else the modelled one; free = (1 − usage) × capacity."""
 
     name = "fits-kv"
 
     def filter(self, ctx: DecisionContext) -> np.ndarray:
-        cap = _capacity(ctx)
-        free = (1.0 - ctx.snapshot.kv_usage[ctx.candidates]) * cap
-        return np.isnan(cap) | (free >= _need_blocks(ctx))
+        snap, idx = ctx.snapshot, ctx.candidates
+        out = np.empty(idx.size, dtype=np.bool_)
+        fits_kv_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, _need_blocks(ctx), out)
+        return out
 
 
 @SCORERS.register("kv-headroom")
@@ -66,9 +63,9 @@ class KvHeadroom:
     name = "kv-headroom"
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
-        cap = _capacity(ctx)
-        used = ctx.snapshot.kv_usage[ctx.candidates] + _need_blocks(ctx) / np.where(np.isnan(cap), np.inf, cap)
-        return 1.0 - used
+        snap, idx = ctx.snapshot, ctx.candidates
+        return kv_headroom_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, _need_blocks(ctx),
+                                  np.empty(idx.size))
 
 
 @SCORERS.register("prefix-affinity")
@@ -81,7 +78,8 @@ class PrefixAffinity:
         r = ctx.request
         if r.prompt_tokens <= 0:
             return np.zeros(ctx.candidates.size)
-        return ctx.feature("prefix_blocks") * ctx.snapshot.statics.block_size / r.prompt_tokens
+        blocks = ctx.feature("prefix_blocks")
+        return share_kernel(blocks, float(ctx.snapshot.statics.block_size), float(r.prompt_tokens), np.empty(blocks.size))
 
 
 @SCORERS.register("slo-headroom")
@@ -118,9 +116,8 @@ class LoadBalance:
     name = "load-balance"
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
-        load = ctx.snapshot.in_flight[ctx.candidates] + ctx.snapshot.waiting[ctx.candidates]
-        lo, hi = load.min(), load.max()
-        return np.ones(load.size) if hi <= lo else (hi - load) / (hi - lo)
+        snap, idx = ctx.snapshot, ctx.candidates
+        return load_balance_kernel(idx, snap.in_flight, snap.waiting, np.empty(idx.size))
 
 
 @FILTERS.register("shortlist")

@@ -1,0 +1,282 @@
+"""The default profile's decision as a few compiled passes over one buffer of candidate indices.
+
+:meth:`Profile.decide <steersman.policy.framework.Profile.decide>` runs any composition of plugins:
+a :class:`~steersman.policy.framework.DecisionContext`, a boolean mask per filter, narrowed index
+arrays, a feature cache.  At 1,000 replicas that glue cost more than the arithmetic (~30 numpy
+calls, each touching memory other processes evicted meanwhile).  When a profile is made of the
+plugins below only (the ``steersman`` profile is), :meth:`Profile.pick` runs this path instead:
+
+* the model's routable replicas and the reliability gate: one pass, compacting the available ones
+  into the buffer; then saturation, each shortlist and fits-kv filter compact it in place;
+* the picker: prefix blocks, uncached tokens and the prediction in one kernel (calling
+  :func:`~steersman.policy.kernels.prefix_kernel` and
+  :func:`~steersman.policy.kernels.predict_kernel` unchanged), the unprofiled fallback
+  (:func:`steersman.policy.predict._unprofiled`), :func:`~steersman.policy.kernels.slo_pool_kernel`,
+  and only on a tie the scorers, each adding its clamped, weighted score in one pass.
+
+Every test is the plugins' own per-replica helper from :mod:`steersman.policy.kernels`, so the
+arithmetic is the same; decisions are the same (``tests/policy/test_decision_replay.py`` replays
+20,880 recorded ones, ``tests/policy/test_fastpath.py`` compares both paths).  Each plugin's stage
+is timed for ``steersman:plugin_latency_seconds`` as in the plugin-by-plugin path (the picker's time
+includes the scorers it asks for); exits other than a route (reject, queue) give the same answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from steersman.fleet import snapshot as S
+from steersman.policy import framework
+from steersman.policy import kernels as K
+from steersman.policy.base import Decision, Queue, Reject, Route
+from steersman.policy.framework import Profile
+from steersman.policy.model_based import SloCheapest, corrections
+from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled
+from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
+from steersman.policy.request import PriorityClass
+from steersman.policy.saturation import Saturation
+from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
+
+__all__ = ["fused"]
+
+_SCORERS = (PrefixAffinity, KvHeadroom, LoadBalance)
+
+
+@njit(cache=True, nogil=True)
+def gate_pass(mask, routable, blocked_until, now, in_flight, limits, excluded, out):
+    """Writes to ``out`` the replicas serving the model (``mask``) that are routable and available
+    (:func:`~steersman.policy.kernels.is_available`), ascending; returns (routable ones, available ones)."""
+    blocked, limited, some = blocked_until.size > 0, limits.size > 0, excluded.size > 0
+    candidates = kept = 0
+    for i in range(mask.size):
+        if mask[i] and routable[i]:
+            candidates += 1
+            if K.is_available(True, blocked, blocked_until[i] if blocked else 0.0, now, limited, in_flight[i],
+                              limits[i] if limited else 0.0, K.is_excluded(excluded, i) if some else False):
+                out[kept] = i
+                kept += 1
+    return candidates, kept
+
+
+@njit(cache=True, nogil=True)
+def saturation_pass(idx, n, live, max_seqs, now, staleness, depth, kv_threshold):
+    """Keeps (in order) the first ``n`` of ``idx`` that are not saturated; returns how many."""
+    kept = 0
+    for j in range(n):
+        i = idx[j]
+        if not K.is_saturated(live[S.SCRAPED_AT, i], live[S.RUNNING, i], live[S.WAITING, i], live[S.SINCE_SCRAPE, i],
+                              live[S.KV_USAGE, i], live[S.IN_FLIGHT, i], live[S.DECODING, i], max_seqs[i], now,
+                              staleness, depth, kv_threshold):
+            idx[kept] = i
+            kept += 1
+    return kept
+
+
+@njit(cache=True, nogil=True)
+def shortlist_pass(idx, n, live, held, compute_price, k, keep):
+    """:func:`~steersman.policy.kernels.shortlist_kernel` over the first ``n``, applied in place."""
+    K.shortlist_kernel(idx[:n], live, held, compute_price, k, keep[:n])
+    kept = 0
+    for j in range(n):
+        if keep[j]:
+            idx[kept] = idx[j]
+            kept += 1
+    return kept
+
+
+@njit(cache=True, nogil=True)
+def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
+    kept = 0
+    for j in range(n):
+        i = idx[j]
+        if K.fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need):
+            idx[kept] = i
+            kept += 1
+    return kept
+
+
+@njit(cache=True, nogil=True)
+def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
+                    prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
+                    recent_tau, blocks, own, out):
+    """The ``prefix_blocks``, ``uncached_tokens`` and ``prediction`` features of :mod:`steersman.policy.predict`
+    into ``blocks``, ``own`` and ``out``; returns how many candidates have no roofline."""
+    if held.size:
+        K.prefix_kernel(idx, held, live, kv_blocks, indexed, blocks)
+    else:
+        blocks[:] = 0.0
+    for j in range(idx.size):
+        own[j] = K.uncached(blocks[j], block_size, prompt_tokens)
+    K.predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output, ctx_len,
+                     ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out)
+    unprofiled = 0
+    for j in range(idx.size):
+        if not modelled[idx[j]]:
+            unprofiled += 1
+    return unprofiled
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _clamped(v, weight):
+    """What :func:`~steersman.policy.kernels.add_clamped` adds for a score ``v > 0``."""
+    return weight * (v if v < 1.0 else 1.0)
+
+
+@njit(cache=True, nogil=True)
+def affinity_add(blocks, block_size, prompt_tokens, weight, total):
+    for j in range(blocks.size):
+        v = blocks[j] * block_size / prompt_tokens
+        if v > 0.0:
+            total[j] += _clamped(v, weight)
+
+
+@njit(cache=True, nogil=True)
+def headroom_add(idx, kv_blocks_total, kv_blocks, kv_usage, need, weight, total):
+    for j in range(idx.size):
+        i = idx[j]
+        v = K.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        if v > 0.0:
+            total[j] += _clamped(v, weight)
+
+
+@njit(cache=True, nogil=True)
+def balance_add(idx, in_flight, waiting, weight, total):
+    """:func:`~steersman.policy.kernels.load_balance_kernel`'s scores, added as they come."""
+    lo, hi = np.inf, -np.inf
+    for j in range(idx.size):
+        v = in_flight[idx[j]] + waiting[idx[j]]
+        if v != v:
+            return  # numpy's min/max propagate the NaN: every score is NaN, and NaN adds nothing
+        lo = min(lo, v)
+        hi = max(hi, v)
+    for j in range(idx.size):
+        v = 1.0 if hi <= lo else (hi - (in_flight[idx[j]] + waiting[idx[j]])) / (hi - lo)
+        if v > 0.0:
+            total[j] += _clamped(v, weight)
+
+
+def fused(profile: Profile):
+    """The fused decision for ``profile``, or None when it uses a plugin this path does not know."""
+    if type(profile.gate) is not ReliabilityFilter or type(profile.picker) is not SloCheapest:
+        return None
+    if profile.saturation is not None and type(profile.saturation) is not Saturation:
+        return None
+    if any(type(f) not in (Shortlist, FitsKv) for f in profile.filters):
+        return None
+    if any(type(ws.scorer) not in _SCORERS for ws in profile.scorers):
+        return None
+    return _Fused(profile)
+
+
+class _Fused:
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        h = profile._hist
+        self.gate_hist = h[profile.gate.name]
+        sat = profile.saturation
+        self.sat = None if sat is None else (h["saturation"], sat.settings.saturation_staleness_s,
+                                             float(sat.settings.saturation_queue_depth), sat.settings.saturation_kv_usage)
+        self.filters = tuple((f, h[f.name]) for f in profile.filters)
+        self.scorers = tuple((type(ws.scorer), ws.weight, h[ws.scorer.name]) for ws in profile.scorers)
+        self.picker = profile.picker
+        self.picker_hist = h[profile.picker.name]
+
+    def __call__(self, snap, req) -> Decision:
+        clock = framework._clock
+        mask = snap.model_masks.get(req.model)
+        if mask is None:
+            return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
+        t0 = clock()
+        idx = np.empty(mask.size, dtype=np.intp)
+        ex = req.excluded
+        candidates, n = gate_pass(mask, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until,
+                                  snap.time, snap.live[S.IN_FLIGHT], _NONE if snap.limits is None else snap.limits,
+                                  np.fromiter(ex, dtype=np.intp, count=len(ex)) if ex else _NO_EXCLUDED, idx)
+        if not candidates:
+            return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
+        self.gate_hist.observe(clock() - t0)
+        if not n:
+            return self.profile.gate.empty(self.profile.context(snap, req))
+        if self.sat is not None:
+            hist, staleness, depth, kv = self.sat
+            t0 = clock()
+            n = saturation_pass(idx, n, snap.live, snap.statics.max_seqs, snap.time, staleness, depth, kv)
+            hist.observe(clock() - t0)
+            if not n:
+                return Queue("every candidate replica is saturated")
+        held = None
+        need = (req.prompt_tokens + req.expected_output) / snap.statics.block_size
+        for f, hist in self.filters:
+            t0 = clock()
+            if type(f) is Shortlist:
+                if n > f.k:
+                    if held is None:
+                        held = _held(snap, req)
+                    n = shortlist_pass(idx, n, snap.live, held, snap.statics.compute_price, f.k,
+                                       np.empty(n, dtype=np.bool_))
+            else:
+                n = fits_pass(idx, n, snap.live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, snap.live[S.KV_USAGE],
+                              need)
+            hist.observe(clock() - t0)
+            if not n:
+                return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
+        t0 = clock()
+        out = self._pick(snap, req, idx[:n], _held(snap, req) if held is None else held, need, clock)
+        self.picker_hist.observe(clock() - t0)
+        return out
+
+    def _pick(self, snap, req, idx, held, need, clock) -> Route:
+        st, k = snap.statics, idx.size
+        blocks, own, out = np.empty(k), np.empty(k), np.empty((4, k))
+        pt, eo = float(req.prompt_tokens), float(req.expected_output)
+        unprofiled = prediction_pass(
+            idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_per_replica() if held.size else _NO_MATCH,
+            float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,
+            float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK, snap.ttft_prior, snap.tpot_prior,
+            REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
+            float(snap.time), float(snap.recent_tau_s), blocks, own, out)
+        if unprofiled:
+            _unprofiled(snap, idx, own, pt, eo, out)
+        p = self.picker
+        ttft, tpot, left = targets(req, snap.time)
+        protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
+        pool = np.empty(k, dtype=np.bool_)
+        count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], ttft, tpot, left,
+                                            p.safety_margin if protected else 1.0, p.cost_tie, p.latency_tie, pool)
+        if count == 1:
+            j = int(pool.argmax())
+        else:  # equally good: the weighted scores decide, then the request's sequence number
+            total = self._scores(snap, req, idx, blocks, need, clock)
+            j = K.pick_top(pool, total, req.seq)
+            if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as SloCheapest does
+                s = np.where(pool, total, -np.inf)
+                top = np.flatnonzero(s >= s.max() - 1e-12)
+                j = int(top[req.seq % top.size])
+        reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
+        i = int(idx[j])
+        r_ttft, r_tpot = corrections(snap, i)
+        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot)
+
+    def _scores(self, snap, req, idx, blocks, need, clock) -> np.ndarray:
+        total = np.zeros(idx.size)
+        live = snap.live
+        for kind, weight, hist in self.scorers:
+            t0 = clock()
+            if kind is PrefixAffinity:
+                if req.prompt_tokens > 0:
+                    affinity_add(blocks, float(snap.statics.block_size), float(req.prompt_tokens), weight, total)
+            elif kind is KvHeadroom:
+                headroom_add(idx, live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, live[S.KV_USAGE], need, weight,
+                             total)
+            else:
+                balance_add(idx, live[S.IN_FLIGHT], live[S.WAITING], weight, total)
+            hist.observe(clock() - t0)
+        return total
+
+
+def _held(snap, req) -> np.ndarray:
+    """The ``prefix_held`` feature."""
+    if snap.prefix is None or not req.block_hashes:
+        return _NO_MATCH
+    return snap.prefix.match(req.block_hashes)
