@@ -245,7 +245,7 @@ class Continuation(Legs):
 def _raw_fields(body: bytes) -> dict[str, Any]:
     """The request's fields outside the typed schema that matter here (parsed only when present)."""
     for k in _RAW_KEYS:
-        if k in body:
+        if body.find(k) >= 0:  # not ``k in body``: bytes' ``in`` first tries k as an int and raises inside
             break
     else:
         return {}
