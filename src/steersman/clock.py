@@ -37,8 +37,8 @@ class WallClock:
 
     __slots__ = ()
 
-    def now(self) -> float:
-        return time.monotonic()
+    #: ``time.monotonic`` itself: read ~14 times per gateway request, a Python-level wrapper was a frame each
+    now = staticmethod(time.monotonic)
 
     def wall(self) -> float:
         return time.time()
