@@ -32,11 +32,16 @@ def _drill(spec: dict, rel: dict, speedup: float = SPEEDUP):
         time.sleep(FAULT_AT)
         t_fault = time.monotonic()
         fault(lf.sims[1].url, **spec)
-        took = until(lambda: gw.fleet.blocked(1), "the faulty replica is ejected", timeout=RUN_S)
+        took = until(lambda: lf.call(_blocked, gw, 1), "the faulty replica is ejected", timeout=RUN_S)
         t_out = t_fault + took
         done = result(th, box)
         fault(lf.sims[1].url)
         return done, t_fault, t_out, lf.call(_state, gw)
+
+
+async def _blocked(gw, replica: int) -> bool:
+    """On the gateway's loop: judging ejection runs the sweep, whose evictions belong to that loop."""
+    return gw.fleet.blocked(replica)
 
 
 async def _state(gw):

@@ -3,6 +3,7 @@
 import numpy as np
 
 from steersman.config import DEFAULTS
+from steersman.fleet import snapshot as fleet_rows
 from steersman.fleet.state import Fleet, Replica
 from steersman.policy import make_policy
 from steersman.policy.framework import DecisionContext
@@ -88,3 +89,14 @@ def test_fleet_tracks_since_when_its_requests_await_a_first_token():
     clock.advance(9.0)
     assert fleet.snapshot().stall[0] == 0.0  # nothing awaits a first token: no stall however long
     assert fleet.snapshot().stall[1] == 0.0
+
+
+def test_a_non_streamed_request_is_no_stall_and_no_ttft_sample():
+    fleet, clock = _fleet()
+    t = fleet.begin(0, streamed=False, predicted_ttft=0.01)
+    clock.advance(5.0)
+    assert fleet.snapshot().stall[0] == 0.0  # its response comes whole: no first token to wait for
+    fleet.first_token(t)  # the whole body arrived
+    assert np.isnan(fleet.live[fleet_rows.TTFT_EWMA, 0]) and np.isnan(fleet.live[fleet_rows.TTFT_RATIO, 0])
+    fleet.end(t, output_tokens=50)
+    assert fleet.live[fleet_rows.IN_FLIGHT, 0] == 0 and fleet.live[fleet_rows.DECODING, 0] == 0

@@ -63,6 +63,7 @@ class Ticket:
     verdict: bool | None = None  # the attempt's verdict on the replica: served (True) / server-side failure (False)
     on_first: Any = None  # called once at the first token (the runner releases a retry-budget token)
     key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
+    streamed: bool = True  # False: the engine answers all at once, so its "first token" is the whole response
 
 
 def _or_one(x: float) -> float:
@@ -132,7 +133,10 @@ class Fleet:
 
     # ---- request path -----------------------------------------------------
     def begin(self, index: int, uncached: int = 0, blocks: int = 0,
-              predicted_ttft: float | None = None, predicted_tpot: float | None = None) -> Ticket:
+              predicted_ttft: float | None = None, predicted_tpot: float | None = None,
+              streamed: bool = True) -> Ticket:
+        """A request routed to replica ``index``.  A non-streamed one shows no first token (its response
+        comes whole): it adds no TTFT observation and does not count as awaiting one (no stall signal)."""
         self._own()
         now = self.clock.now()
         live = self.live
@@ -144,13 +148,15 @@ class Fleet:
         live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
         self._recent_at[index] = now
         batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
-        t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys))
-        waiting = self._awaiting[index]
-        if not waiting:
-            live[S.STALLED_SINCE, index] = now
-        waiting[t.key] = now
+        t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys),
+                   streamed=streamed)
+        if streamed:
+            waiting = self._awaiting[index]
+            if not waiting:
+                live[S.STALLED_SINCE, index] = now
+            waiting[t.key] = now
         if self.guard is not None:
-            self.guard.dispatched(index, t.key, now)
+            self.guard.dispatched(index, t.key, now, streamed)
         return t
 
     def first_token(self, t: Ticket) -> None:
@@ -166,6 +172,8 @@ class Fleet:
         live[S.PENDING_PREFILL, t.replica] -= t.uncached
         live[S.DECODING, t.replica] += 1
         self._progress(t, now)
+        if not t.streamed:
+            return  # the whole response, not a first token: no TTFT to learn from
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
         if self.guard is not None:

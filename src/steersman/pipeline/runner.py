@@ -39,7 +39,7 @@ import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from steersman.api.errors import ApiError, sse_error_event
+from steersman.api.errors import ApiError, sse_error_event, upstream_failed
 from steersman.clock import Clock
 from steersman.config import DEFAULTS, ReliabilitySettings
 from steersman.obs.histogram import CounterFamily
@@ -115,6 +115,9 @@ class Pipeline:
         self._loop_at = names.index("schedule") if "schedule" in names and names[-1] == "forward" else None
         self._active: dict[int, set[RequestContext]] = {}  # replica -> attempts in progress there
         self._evicted: set[RequestContext] = set()  # attempts abandoned because their replica was ejected
+        self._tasks: dict[RequestContext, asyncio.Task] = {}  # attempt -> the task running it (for eviction)
+        self._cancelling: set[RequestContext] = set()  # attempts cancelled by an eviction (not by the client)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def handle(self, ctx: RequestContext) -> None:
         stages = self.stages
@@ -240,6 +243,12 @@ class Pipeline:
         active = self._active.setdefault(i, set()) if i is not None else None
         if active is not None:
             active.add(ctx)
+            # asyncio.current_task() without a loop costs a getpid syscall on CPython 3.11: pass the loop
+            task = asyncio.current_task(self._loop) if self._loop is not None else None
+            if task is None:
+                self._loop = asyncio.get_running_loop()
+                task = asyncio.current_task(self._loop)
+            self._tasks[ctx] = task  # type: ignore[assignment]
         try:
             left = self.retrier.remaining(ctx)
             if left is None:
@@ -247,9 +256,19 @@ class Pipeline:
             if left <= 0:
                 return Fail(_deadline_error(), Retry.NEVER)
             return await self._before_deadline(ctx, forward, left)
+        except asyncio.CancelledError:
+            if ctx not in self._cancelling:
+                raise
+            self._cancelling.discard(ctx)
+            if self._tasks[ctx].uncancel() > 0:
+                raise  # cancelled for another reason too (the client left)
+            name = self.fleet.replicas[i].name if self.fleet is not None else str(i)
+            return Fail(upstream_failed(f"Engine {name} was taken out of rotation before it answered", 502), Retry.SAFE)
         finally:
             if active is not None:
                 active.discard(ctx)
+                self._tasks.pop(ctx, None)
+                self._cancelling.discard(ctx)
 
     async def _before_deadline(self, ctx: RequestContext, forward: Stage, left: float) -> Outcome:
         task = asyncio.ensure_future(forward.run(ctx))
@@ -287,8 +306,9 @@ class Pipeline:
     def evict(self, replica: int) -> int:
         """The replica was ejected: drop its attempts that sent the client nothing, so they retry elsewhere.
 
-        An attempt still waiting for the engine's response headers has no connection
-        to drop yet: it is looked at again shortly (bounded), until it has one.
+        A streaming attempt has its engine connection dropped; one that has no response
+        yet (headers not in, or a whole body awaited) is cancelled, which aborts its
+        upstream request; either way it fails with ``Retry.SAFE`` and is retried elsewhere.
         """
         n = 0
         for ctx in list(self._active.get(replica, ())):
@@ -304,5 +324,13 @@ class Pipeline:
         if producer is not None and hasattr(producer, "abort"):
             self._evicted.add(ctx)
             producer.abort()
+            return
+        task = self._tasks.get(ctx)
+        if task is not None and not task.done():
+            # no response yet (headers not in, or a whole body awaited): cancel the attempt itself; the
+            # upstream request is aborted on the way out and _attempt turns the cancel into a safe retry
+            self._evicted.add(ctx)
+            self._cancelling.add(ctx)
+            task.cancel()
         elif tries > 0:
             asyncio.get_running_loop().call_later(0.02, self._evict_one, ctx, replica, tries - 1)

@@ -80,8 +80,11 @@ class ReplicaGuard:
             self._blocked = None
 
     # ---- request events ---------------------------------------------------------------------
-    def dispatched(self, i: int, key: int, now: float) -> None:
-        self.outliers.dispatched(i, key, now)
+    def dispatched(self, i: int, key: int, now: float, watch: bool = True) -> None:
+        """``watch``: a first token will tell when it is answered (a non-streamed request's never does:
+        it is not watched for stalls)."""
+        if watch:
+            self.outliers.dispatched(i, key, now)
         if self.breakers[i].on_call(now):
             self._probes[key] = i
         self._sync_breaker(i, now)

@@ -1,0 +1,76 @@
+"""Requests a hung replica never answered (no response headers, or a whole body awaited) move when it is ejected.
+
+A streamed attempt is evicted by dropping its engine connection once the response
+has started; an attempt with no response yet has no such connection to drop, so
+eviction cancels the attempt itself (its upstream request is aborted) and it is
+retried elsewhere.  Non-streamed requests are the everyday case: an engine sends
+their response head only with the whole body.
+"""
+
+import asyncio
+import gc
+import time
+
+import httpx
+
+from conftest import SPEEDUP, background, body, fault, result, scaled, until
+from steersman.enginesim.app import SimServerConfig
+from steersman.testing import LiveFleet
+from steersman.testing.faultload import Client, Load, open_loop
+
+RATE = 40.0
+RUN_S = 4.0
+WHOLE = 24  # non-streamed requests in flight when the replica hangs
+
+
+def test_non_streamed_requests_on_a_hung_replica_are_retried_elsewhere():
+    gc.collect()
+    sims = [SimServerConfig(speedup=SPEEDUP, port=0) for _ in range(3)]
+    rel = scaled(latency_floor_ttft_s=2.0 / SPEEDUP)
+    with LiveFleet(sims=sims, extra={"reliability": rel}) as lf:
+        gw = lf.gateway
+
+        async def load():  # streams keep the peers' latency samples coming
+            c = Client(lf.url, retries=0, patience_s=20.0)
+            try:
+                return await open_loop(c, [Load("std", body=body("steady questions", 24))], RATE, RUN_S)
+            finally:
+                await c.close()
+
+        async def whole():
+            async with httpx.AsyncClient(timeout=30.0) as http:
+                async def one(k: int):
+                    t0 = time.monotonic()
+                    r = await http.post(lf.url + "/v1/chat/completions", json=body(f"{k} whole answer", 400))
+                    return r.status_code, time.monotonic() - t0, r.json()
+                return await asyncio.gather(*(one(k) for k in range(WHOLE)))
+
+        th, box = background(load)
+        time.sleep(1.0)
+        wt, wbox = background(whole)
+        until(lambda: lf.call(_whole_on, gw, 1) > 0, "a non-streamed request in flight on replica 1", timeout=5.0)
+        fault(lf.sims[1].url, hang=True)
+        until(lambda: lf.call(_blocked, gw, 1), "the hung replica is ejected", timeout=RUN_S)
+        answers = result(wt, wbox, timeout=30.0)
+        streams = result(th, box)
+        fault(lf.sims[1].url)
+        counts = lf.call(_counts, gw)
+    assert [s for s, _, _ in answers] == [200] * WHOLE, [a[2] for a in answers if a[0] != 200][:3]
+    assert all(a[2]["choices"][0]["message"]["content"] for a in answers)
+    # 400 tokens take ~0.5 s at this speed: none waited for the client's 30 s timeout
+    assert max(t for _, t, _ in answers) < 10.0, sorted(t for _, t, _ in answers)[-3:]
+    assert counts.get(("evicted",), 0) >= 1, counts
+    assert not [d for d in streams if not d.ok]
+
+
+async def _blocked(gw, replica: int) -> bool:
+    """On the gateway's loop: judging ejection runs the sweep, whose evictions belong to that loop."""
+    return gw.fleet.blocked(replica)
+
+
+async def _whole_on(gw, replica: int) -> int:
+    return sum(1 for ctx in gw.pipeline._active.get(replica, ()) if not ctx.stream)  # noqa: SLF001
+
+
+async def _counts(gw):
+    return dict(gw.pipeline.retrier.counts.values)
