@@ -49,6 +49,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from steersman.fleet._prefix_bits import scatter_bits
 from steersman.fleet._prefix_sizing import _MAX_GENS, layout, measured_costs
 
 __all__ = ["PrefixIndex", "measured_costs"]
@@ -98,7 +99,9 @@ class PrefixIndex:
         self._fmask = (8 << k) - 1
         self._free = list(range(_MAX_GENS - 1, 0, -1))  # filter bits not used by a generation
         self._one = [~r for r in range(n_replicas)]  # canonical "held by r only" values, shared by entries
-        self._total = np.zeros(n_replicas, dtype=np.int64)
+        self._total = np.zeros(n_replicas, dtype=np.int64)  # changed in place only (see blocks_view)
+        self._total_view = self._total.view()
+        self._total_view.flags.writeable = False
         self._nbytes_mask = (n_replicas + 7) // 8
         self._gens = [_Gen(n_replicas, 0)]
         self._trim()
@@ -172,19 +175,14 @@ class PrefixIndex:
         """``out[replicas in v] = value`` (``+= value`` with ``add``)."""
         if v < 0:
             idx = ~v
-        elif v.bit_count() <= 24:
+        elif v.bit_count() <= 8:
             idx = []
             while v:
                 low = v & -v
                 idx.append(low.bit_length() - 1)
                 v ^= low
         else:
-            raw = np.frombuffer(v.to_bytes(self._nbytes_mask, "little"), dtype=np.uint8)
-            bits = np.unpackbits(raw, count=self.n, bitorder="little")
-            if add:
-                out[bits.view(bool)] += value
-            else:
-                np.putmask(out, bits, value)
+            scatter_bits(np.frombuffer(v.to_bytes(self._nbytes_mask, "little"), dtype=np.uint8), self.n, value, out, add)
             return
         if add:
             out[idx] += value
@@ -366,6 +364,11 @@ class PrefixIndex:
     def blocks_per_replica(self) -> np.ndarray:
         """Indexed blocks per replica (a copy)."""
         return self._total.copy()
+
+    def blocks_view(self) -> np.ndarray:
+        """Indexed blocks per replica, read-only and without a copy: it follows the index's later writes, so
+        read it within one decision (policies run between writes)."""
+        return self._total_view
 
     def match(self, hashes: Sequence[int]) -> np.ndarray:
         """Leading blocks of ``hashes`` each replica probably holds (int64, one per replica).

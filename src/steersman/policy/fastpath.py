@@ -99,9 +99,11 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 @njit(cache=True, nogil=True)
 def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
                     prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
-                    recent_tau, blocks, own, out):
+                    recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool):
     """The ``prefix_blocks``, ``uncached_tokens`` and ``prediction`` features of :mod:`steersman.policy.predict`
-    into ``blocks``, ``own`` and ``out``; returns how many candidates have no roofline."""
+    into ``blocks``, ``own`` and ``out``, then, when every candidate has a roofline, the picker's
+    :func:`~steersman.policy.kernels.slo_pool_kernel` into ``pool``.  Returns (candidates without a
+    roofline, pool size, feasible); with some, the pool is left to the caller (pool size -1)."""
     if held.size:
         K.prefix_kernel(idx, held, live, kv_blocks, indexed, blocks)
     else:
@@ -114,7 +116,11 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
     for j in range(idx.size):
         if not modelled[idx[j]]:
             unprofiled += 1
-    return unprofiled
+    if unprofiled:
+        return unprofiled, -1, False
+    count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], t_ttft, t_tpot, t_left, margin, cost_tie,
+                                        latency_tie, pool)
+    return 0, count, feasible
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -228,22 +234,22 @@ class _Fused:
 
     def _pick(self, snap, req, idx, held, need, clock) -> Route:
         st, k = snap.statics, idx.size
-        blocks, own, out = np.empty(k), np.empty(k), np.empty((4, k))
+        blocks, own, out, pool = np.empty(k), np.empty(k), np.empty((4, k)), np.empty(k, dtype=np.bool_)
         pt, eo = float(req.prompt_tokens), float(req.expected_output)
-        unprofiled = prediction_pass(
-            idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_per_replica() if held.size else _NO_MATCH,
+        p = self.picker
+        ttft, tpot, left = targets(req, snap.time)
+        margin = p.safety_margin if req.priority == PriorityClass.CRITICAL or req.protection > 0 else 1.0
+        unprofiled, count, feasible = prediction_pass(
+            idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
             float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,
             float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK, snap.ttft_prior, snap.tpot_prior,
             REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
-            float(snap.time), float(snap.recent_tau_s), blocks, own, out)
+            float(snap.time), float(snap.recent_tau_s), blocks, own, out,
+            float(ttft), float(tpot), float(left), float(margin), float(p.cost_tie), float(p.latency_tie), pool)
         if unprofiled:
             _unprofiled(snap, idx, own, pt, eo, out)
-        p = self.picker
-        ttft, tpot, left = targets(req, snap.time)
-        protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
-        pool = np.empty(k, dtype=np.bool_)
-        count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], ttft, tpot, left,
-                                            p.safety_margin if protected else 1.0, p.cost_tie, p.latency_tie, pool)
+            count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], ttft, tpot, left, margin, p.cost_tie,
+                                                p.latency_tie, pool)
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number

@@ -102,7 +102,7 @@ def prefix_blocks(ctx: DecisionContext) -> np.ndarray:
     held = ctx.feature("prefix_held")
     if held.size == 0:
         return np.zeros(idx.size)
-    return prefix_kernel(idx, held, snap.live, snap.statics.kv_blocks, snap.prefix.blocks_per_replica(), np.empty(idx.size))
+    return prefix_kernel(idx, held, snap.live, snap.statics.kv_blocks, snap.prefix.blocks_view(), np.empty(idx.size))
 
 
 @feature("uncached_tokens")
