@@ -41,6 +41,7 @@ from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffi
 __all__ = ["fused"]
 
 _SCORERS = (PrefixAffinity, KvHeadroom, LoadBalance)
+_CRITICAL = PriorityClass.CRITICAL  # an enum member looked up once (via the class: ~0.2 us a decision)
 
 
 @njit(cache=True, nogil=True)
@@ -238,7 +239,7 @@ class _Fused:
         pt, eo = float(req.prompt_tokens), float(req.expected_output)
         p = self.picker
         ttft, tpot, left = targets(req, snap.time)
-        margin = p.safety_margin if req.priority == PriorityClass.CRITICAL or req.protection > 0 else 1.0
+        margin = p.safety_margin if req.priority == _CRITICAL or req.protection > 0 else 1.0
         unprofiled, count, feasible = prediction_pass(
             idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
             float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,

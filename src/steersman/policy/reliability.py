@@ -34,6 +34,8 @@ def _keep(ctx: DecisionContext, limits: bool) -> np.ndarray:
     """One compiled pass over the candidates (see :func:`~steersman.policy.kernels.reliability_kernel`)."""
     snap, c = ctx.snapshot, ctx.candidates
     ex = ctx.request.excluded
+    if snap.blocked_until is None and (not limits or snap.limits is None) and not ex:
+        return snap.routable[c]  # nothing else to check (no guard): one gather, a copy
     out = np.empty(c.size, dtype=np.bool_)
     reliability_kernel(c, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until, snap.time,
                        snap.in_flight, _NONE if not limits or snap.limits is None else snap.limits,
