@@ -14,7 +14,8 @@ plugins below only (the ``steersman`` profile is), :meth:`Profile.pick` runs thi
   (:func:`steersman.policy.predict._unprofiled`), :func:`~steersman.policy.kernels.slo_pool_kernel`,
   and only on a tie the scorers, each adding its clamped, weighted score in one pass.
 
-Every test is the plugins' own per-replica helper from :mod:`steersman.policy.kernels`, so the
+Every test is the plugins' own per-replica helper from :mod:`steersman.policy.kernels` and
+:mod:`steersman.policy.plugin_kernels`, so the
 arithmetic is the same; decisions are the same (``tests/policy/test_decision_replay.py`` replays
 20,880 recorded ones, ``tests/policy/test_fastpath.py`` compares both paths).  Each plugin's stage
 is timed for ``steersman:plugin_latency_seconds`` as in the plugin-by-plugin path (the picker's time
@@ -29,6 +30,7 @@ from numba import njit
 from steersman.fleet import snapshot as S
 from steersman.policy import framework
 from steersman.policy import kernels as K
+from steersman.policy import plugin_kernels as P
 from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
 from steersman.policy.model_based import SloCheapest, corrections
@@ -47,14 +49,14 @@ _CRITICAL = PriorityClass.CRITICAL  # an enum member looked up once (via the cla
 @njit(cache=True, nogil=True)
 def gate_pass(mask, routable, blocked_until, now, in_flight, limits, excluded, out):
     """Writes to ``out`` the replicas serving the model (``mask``) that are routable and available
-    (:func:`~steersman.policy.kernels.is_available`), ascending; returns (routable ones, available ones)."""
+    (:func:`~steersman.policy.plugin_kernels.is_available`), ascending; returns (routable ones, available ones)."""
     blocked, limited, some = blocked_until.size > 0, limits.size > 0, excluded.size > 0
     candidates = kept = 0
     for i in range(mask.size):
         if mask[i] and routable[i]:
             candidates += 1
-            if K.is_available(True, blocked, blocked_until[i] if blocked else 0.0, now, limited, in_flight[i],
-                              limits[i] if limited else 0.0, K.is_excluded(excluded, i) if some else False):
+            if P.is_available(True, blocked, blocked_until[i] if blocked else 0.0, now, limited, in_flight[i],
+                              limits[i] if limited else 0.0, P.is_excluded(excluded, i) if some else False):
                 out[kept] = i
                 kept += 1
     return candidates, kept
@@ -91,7 +93,7 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
     kept = 0
     for j in range(n):
         i = idx[j]
-        if K.fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need):
+        if P.fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need):
             idx[kept] = i
             kept += 1
     return kept
@@ -110,7 +112,7 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
     else:
         blocks[:] = 0.0
     for j in range(idx.size):
-        own[j] = K.uncached(blocks[j], block_size, prompt_tokens)
+        own[j] = P.uncached(blocks[j], block_size, prompt_tokens)
     K.predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output, ctx_len,
                      ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out)
     unprofiled = 0
@@ -142,7 +144,7 @@ def affinity_add(blocks, block_size, prompt_tokens, weight, total):
 def headroom_add(idx, kv_blocks_total, kv_blocks, kv_usage, need, weight, total):
     for j in range(idx.size):
         i = idx[j]
-        v = K.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        v = P.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
         if v > 0.0:
             total[j] += _clamped(v, weight)
 
@@ -255,7 +257,7 @@ class _Fused:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
             total = self._scores(snap, req, idx, blocks, need, clock)
-            j = K.pick_top(pool, total, req.seq)
+            j = P.pick_top(pool, total, req.seq)
             if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as SloCheapest does
                 s = np.where(pool, total, -np.inf)
                 top = np.flatnonzero(s >= s.max() - 1e-12)

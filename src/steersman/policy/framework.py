@@ -174,6 +174,11 @@ class Profile:
     ``saturation`` (a callable ``ctx -> bool mask of saturated candidates``), when
     set, makes the profile answer :class:`Queue` once every candidate is saturated
     and keeps saturated replicas out otherwise ("delay work").
+
+    When every plugin is one :mod:`steersman.policy.fastpath` knows (the ``steersman``
+    profile's), :meth:`pick` runs its fused compiled passes instead of :meth:`decide`: the same
+    decisions and per-plugin observations, without a context, masks and narrowed copies per
+    stage.  The plugins are fixed at construction.
     """
 
     def __init__(self, name: str, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker,

@@ -17,7 +17,8 @@ from steersman.policy.base import POLICIES, Decision, Route
 import numpy as np
 
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
-from steersman.policy.kernels import pick_top, slo_pool_kernel
+from steersman.policy.kernels import slo_pool_kernel
+from steersman.policy.plugin_kernels import pick_top
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets

@@ -55,7 +55,8 @@ import numpy as np
 from steersman.config import DEFAULTS
 from steersman.fleet import snapshot as S
 from steersman.policy.framework import DecisionContext, feature
-from steersman.policy.kernels import predict_kernel, prefix_kernel, uncached_kernel
+from steersman.policy.kernels import predict_kernel, prefix_kernel
+from steersman.policy.plugin_kernels import uncached_kernel
 
 __all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFERENCE_BATCH"]
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from steersman.policy.base import Decision, Queue, Reject
 from steersman.policy.framework import FILTERS, DecisionContext
-from steersman.policy.kernels import reliability_kernel
+from steersman.policy.plugin_kernels import reliability_kernel
 
 __all__ = ["ReliabilityFilter", "RELIABILITY"]
 

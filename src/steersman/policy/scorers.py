@@ -21,7 +21,8 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
-from steersman.policy.kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel, shortlist_kernel
+from steersman.policy.kernels import shortlist_kernel
+from steersman.policy.plugin_kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel
 from steersman.policy.request import SchedRequest
 
 __all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
