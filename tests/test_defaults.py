@@ -53,6 +53,7 @@ PINNED = {
     "scheduler.safety_margin": 0.8,
     "scheduler.cost_tie": 1.05,
     "scheduler.latency_tie": 1.10,
+    "reliability.probation_limit": 1.0,
     "admission.queue_max_entries": 1024,
     "admission.rate_burst_s": 60.0,
     "admission.open_tenant": "default",

@@ -48,12 +48,14 @@ async def _state(gw):
     return gw.fleet.guard.state(1, gw.clock.now()), dict(gw.pipeline.retrier.counts.values)
 
 
-def _check(done, t_fault, t_out, speedup: float = SPEEDUP):
+def _check(done, t_fault, t_out, speedup: float = SPEEDUP, ejected_for: float = float("inf")):
     assert t_out - t_fault < 10.0 / speedup, f"ejected after {t_out - t_fault:.2f}s"
     failed = [d for d in done if not d.ok]
     assert not failed, failed[:3]
     before = [d.ttft for d in done if d.end < t_fault]
-    after = [d.ttft for d in done if d.start > t_out + 0.1]
+    # while it is out of rotation; when its ejection ends, a replica still hung takes one probation request
+    # (tests/reliability/test_guard.py), which waits for the next ejection like the first ones did
+    after = [d.ttft for d in done if t_out + 0.1 < d.start < t_out + ejected_for]
     assert len(before) > 20 and len(after) > 20
     p99_before, p99_after = percentile(before, 99), percentile(after, 99)
     assert p99_after <= max(2.0 * p99_before, p99_before + 0.05), (p99_before, p99_after)
@@ -64,7 +66,7 @@ def test_hung_replica_is_ejected_and_its_waiting_requests_move():
     # a hang shows as a stalled first token: 3x the peers' TTFT, over the standard TTFT target scaled (2 s / SPEEDUP)
     done, t_fault, t_out, (st, counts) = _drill({"hang": True}, scaled(latency_floor_ttft_s=2.0 / SPEEDUP))
     assert "no first token" in st["reason"], st
-    _check(done, t_fault, t_out)
+    _check(done, t_fault, t_out, ejected_for=scaled()["base_ejection_time_s"])
     assert counts.get(("evicted",), 0) >= 1  # requests stuck on the hung engine were re-sent elsewhere
 
 

@@ -80,3 +80,21 @@ def test_limits_in_snapshots_shrink_when_a_replica_slows_down():
             if k >= 30:
                 low[i] = min(low[i], fleet.snapshot().limits[i])
     assert low[1] < 0.5 * low[0]
+
+
+def test_back_from_an_ejection_a_replica_takes_one_request_until_it_shows_progress():
+    fleet, clock = _fleet()
+    g = fleet.guard
+    for _ in range(5):
+        _attempt(fleet, 1, ok=False)  # 5 consecutive failures: ejected
+    assert g.state(1, clock.now())["ejected"] and g.state(1, clock.now())["probation"]
+    clock._now = S.max_ejection_time_s + 1.0  # the ejection (and the breaker's sleep) are over
+    snap = fleet.snapshot()
+    assert snap.blocked_until[1] <= snap.time and snap.limits[1] == S.probation_limit == 1.0
+    t = fleet.begin(1)
+    assert fleet.snapshot().in_flight[1] >= fleet.snapshot().limits[1]  # the filter admits no second one
+    fleet.first_token(t)  # progress: its own limit again
+    assert not g.state(1, clock.now())["probation"] and fleet.snapshot().limits[1] == np.floor(g.limiters[1].limit)
+    fleet.report(t, True)
+    fleet.end(t, 5)
+    assert fleet.snapshot().limits[1] > 1.0

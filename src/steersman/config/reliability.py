@@ -80,6 +80,10 @@ class ReliabilitySettings:
     throttle_window_s: float = setting(120.0, "Google SRE book ch. 21: requests and accepts over the last 2 minutes")
     throttle_buckets: int = setting(12, "design: the 2-minute window kept as 12 buckets of 10 s")
     # ---- adaptive concurrency (Netflix concurrency-limits Gradient2) ---------------------------
+    probation_limit: float = setting(
+        1.0, "Hystrix circuit breaker half-open: a single trial request; here a replica back from an ejection "
+        "takes 1 request at a time until it shows progress (a first token or a whole answer)"
+    )
     limit_initial: float = setting(20.0, "Netflix concurrency-limits Gradient2Limit initialLimit 20")
     limit_min: float = setting(3.0, "Envoy adaptive concurrency min_concurrency default 3")
     limit_max: float = setting(200.0, "Netflix concurrency-limits Gradient2Limit maxConcurrency 200")

@@ -31,6 +31,7 @@ class ReplicaGuard:
         self.breakers = [CircuitBreaker(settings) for _ in range(n)]
         self.limiters = [GradientLimiter(settings) for _ in range(n)]
         self.limits = np.array([lim.limit for lim in self.limiters])
+        self._probation = np.zeros(n, dtype=bool)  # back from an ejection, not yet shown progress
         self._breaker_until = np.full(n, -np.inf)
         self._blocked: np.ndarray | None = None  # blocked_until's answer, kept while its inputs are unchanged
         self._blocked_key = -1  # the outliers' ``changes`` it was computed at
@@ -63,6 +64,10 @@ class ReplicaGuard:
             self._ejected(i)
 
     def _ejected(self, i: int) -> None:
+        # when the ejection ends it takes probation_limit requests until one shows progress (a first
+        # token or a whole answer): a replica still hung then holds one request, not a burst
+        self._probation[i] = True
+        self.limits[i] = min(self.limits[i], self.s.probation_limit)
         if self.on_eject is not None:
             self.on_eject(i, self.outliers.reasons[i])
 
@@ -92,6 +97,12 @@ class ReplicaGuard:
     def first_token(self, i: int, key: int, ttft: float, now: float | None = None) -> None:
         self.outliers.answered(i, key, now)
         self.outliers.latency(i, ttft=ttft)
+        if self._probation[i]:
+            self._probation[i] = False
+            self.limits[i] = self.limiters[i].limit
+
+    def _limit(self, i: int, limit: float) -> float:
+        return min(limit, self.s.probation_limit) if self._probation[i] else limit
 
     def succeeded(self, i: int, key: int, now: float, e2e: float, output_tokens: int, in_flight: float,
                   tpot: float | None = None) -> None:
@@ -102,6 +113,7 @@ class ReplicaGuard:
             self.outliers.latency(i, tpot=tpot)
         self.breakers[i].on_result(True, now, self._probes.pop(key, None) is not None)
         self._sync_breaker(i, now)
+        self._probation[i] = False  # it answered: progress
         self.limits[i] = self.limiters[i].on_sample(e2e / (output_tokens + 1), in_flight)
 
     def failed(self, i: int, key: int, now: float) -> None:
@@ -111,7 +123,7 @@ class ReplicaGuard:
             self._ejected(i)
         self.breakers[i].on_result(False, now, self._probes.pop(key, None) is not None)
         self._sync_breaker(i, now)
-        self.limits[i] = self.limiters[i].on_failure()
+        self.limits[i] = self._limit(i, self.limiters[i].on_failure())
 
     def released(self, i: int, key: int, now: float) -> None:
         """The request ended without a verdict on the replica (the client left, a deadline passed)."""
@@ -131,5 +143,5 @@ class ReplicaGuard:
         return {
             "ejected": o.is_ejected(i, now), "ejections": int(o.total[i]), "reason": o.reasons[i],
             "breaker": self.breakers[i].state(now).value, "breaker_opens": self.breakers[i].opens,
-            "limit": float(self.limits[i]),
+            "limit": float(self.limits[i]), "probation": bool(self._probation[i]),
         }
