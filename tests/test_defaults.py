@@ -54,6 +54,8 @@ PINNED = {
     "scheduler.cost_tie": 1.05,
     "scheduler.latency_tie": 1.10,
     "reliability.probation_limit": 1.0,
+    "scheduler.exploit_share": 0.5,
+    "scheduler.exploit_slowdown": 2.0,
     "admission.queue_max_entries": 1024,
     "admission.rate_burst_s": 60.0,
     "admission.open_tenant": "default",

@@ -2,10 +2,12 @@
 
 ``tests/policy/test_decision_replay.py`` replays them through every routing profile and
 compares each decision (kind, replica, reason, predicted TTFT/TPOT to the last bit, Retry-After)
-with ``data/decisions.txt.gz``, recorded by the code before the decision path was compiled
-and fused (commit 5065ab4)::
+with ``data/decisions.txt.gz``, first recorded by the code before the decision path was compiled
+and fused (commit 5065ab4), re-recorded when the SLO-cheapest rule gained holders-first and the
+residents' TPOT (133 of the 20,880 decisions changed, all of the steersman profile; its
+plugin-by-plugin path, ``Profile.decide``, gives the recorded decisions on all 2,320 cases)::
 
-    PYTHONPATH=<checkout of that commit>/src .venv/bin/python tests/policy/replayscenarios.py --record
+    .venv/bin/python tests/policy/replayscenarios.py --record
 
 Scenarios are built from a seeded numpy generator only (no ``hash()`` of strings, which
 varies per process), so every run sees the same snapshots and requests.  They cover what the

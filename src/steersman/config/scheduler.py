@@ -66,6 +66,17 @@ class SchedulerSettings:
         1.05, "design: replicas within 5% of the cheapest feasible predicted cost count as equally cheap; "
         "the weighted scores decide among them"
     )
+    exploit_share: float = setting(
+        0.5, "Preble E2 (Srivatsa et al., ICLR 2025): exploit a cached prefix when it is longer than the "
+        "uncached rest (> 50% of the prompt): the replicas holding the longest prefix are preferred whenever "
+        "one of them meets the budget (or none anywhere does): a prefill avoided frees the fleet, not only "
+        "this request"
+    )
+    exploit_slowdown: float = setting(
+        2.0, "design: when no replica meets the budget, the holders of the longest prefix are still preferred "
+        "unless their least predicted end-to-end latency is over 2x the fleet's least (a hot prefix's replica "
+        "far behind the others gives its request to the faster one)"
+    )
     latency_tie: float = setting(
         1.10, "design: replicas within 10% of the least predicted end-to-end latency count as equally fast "
         "(among the equally cheap ones when some meet the budget, among all when none does; the scores, e.g. "

@@ -59,7 +59,8 @@ class Accounting:
         held = int(fleet.prefix.match(hashes)[i]) if fleet.prefix is not None and hashes else 0
         uncached = req.prompt_tokens - min(held * bs, max(req.prompt_tokens - 1, 0))
         blocks = math.ceil((req.prompt_tokens + req.expected_output) / bs)
-        ticket = fleet.begin(i, uncached, blocks, route.predicted_ttft_s, route.predicted_tpot_s, req.stream)
+        ticket = fleet.begin(i, uncached, blocks, route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
+                             route.tpot_target_s)
         if fleet.prefix is not None and hashes:
             fleet.prefix.record(i, hashes)
         return Started(req, i, ticket, d.admit, uncached, held)

@@ -64,6 +64,7 @@ class Ticket:
     on_first: Any = None  # called once at the first token (the runner releases a retry-budget token)
     key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
     streamed: bool = True  # False: the engine answers all at once, so its "first token" is the whole response
+    tpot_target: float = 0.0  # the TPOT it must keep (x its margin): later requests must not slow it past that
 
 
 def _or_one(x: float) -> float:
@@ -98,6 +99,7 @@ class Fleet:
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
+        self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
         self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
@@ -134,9 +136,10 @@ class Fleet:
     # ---- request path -----------------------------------------------------
     def begin(self, index: int, uncached: int = 0, blocks: int = 0,
               predicted_ttft: float | None = None, predicted_tpot: float | None = None,
-              streamed: bool = True) -> Ticket:
+              streamed: bool = True, tpot_target: float = 0.0) -> Ticket:
         """A request routed to replica ``index``.  A non-streamed one shows no first token (its response
-        comes whole): it adds no TTFT observation and does not count as awaiting one (no stall signal)."""
+        comes whole): it adds no TTFT observation and does not count as awaiting one (no stall signal).
+        ``tpot_target`` > 0: the TPOT it must keep there (the snapshot's ``resident_tpot``)."""
         self._own()
         now = self.clock.now()
         live = self.live
@@ -149,7 +152,12 @@ class Fleet:
         self._recent_at[index] = now
         batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
         t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys),
-                   streamed=streamed)
+                   streamed=streamed, tpot_target=tpot_target)
+        if tpot_target > 0.0:
+            res = self._residents[index]
+            res[tpot_target] = res.get(tpot_target, 0) + 1
+            if not 0.0 < live[S.RESIDENT_TPOT, index] <= tpot_target:
+                live[S.RESIDENT_TPOT, index] = tpot_target
         if streamed:
             waiting = self._awaiting[index]
             if not waiting:
@@ -187,6 +195,14 @@ class Fleet:
         i = t.replica
         live[S.IN_FLIGHT, i] -= 1
         live[S.ACTIVE_BLOCKS, i] -= t.blocks
+        if t.tpot_target > 0.0:
+            res = self._residents[i]
+            left = res[t.tpot_target] - 1
+            if left:
+                res[t.tpot_target] = left
+            else:
+                del res[t.tpot_target]
+                live[S.RESIDENT_TPOT, i] = min(res, default=0.0)
         tpot = None
         if t.first_at is None:
             live[S.PENDING_PREFILL, i] -= t.uncached

@@ -20,6 +20,7 @@ class Route:
     reason: str = ""
     predicted_ttft_s: float | None = None
     predicted_tpot_s: float | None = None
+    tpot_target_s: float = 0.0  # > 0: the TPOT it must keep there (x margin); later arrivals must not break it
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffi
 __all__ = ["fused"]
 
 _SCORERS = (PrefixAffinity, KvHeadroom, LoadBalance)
+_RESIDENT = S.RESIDENT_TPOT
 _CRITICAL = PriorityClass.CRITICAL  # an enum member looked up once (via the class: ~0.2 us a decision)
 
 
@@ -102,7 +103,8 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 @njit(cache=True, nogil=True)
 def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
                     prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
-                    recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool):
+                    recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, exploit,
+                    exploit_slowdown, cached, resident, pool):
     """The ``prefix_blocks``, ``uncached_tokens`` and ``prediction`` features of :mod:`steersman.policy.predict`
     into ``blocks``, ``own`` and ``out``, then, when every candidate has a roofline, the picker's
     :func:`~steersman.policy.kernels.slo_pool_kernel` into ``pool``.  Returns (candidates without a
@@ -117,12 +119,14 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
                      ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out)
     unprofiled = 0
     for j in range(idx.size):
+        cached[j] = prompt_tokens - own[j]
+        resident[j] = live[_RESIDENT, idx[j]]
         if not modelled[idx[j]]:
             unprofiled += 1
     if unprofiled:
         return unprofiled, -1, False
-    count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], t_ttft, t_tpot, t_left, margin, cost_tie,
-                                        latency_tie, pool)
+    count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, exploit, exploit_slowdown,
+                                        t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool)
     return 0, count, feasible
 
 
@@ -238,6 +242,7 @@ class _Fused:
     def _pick(self, snap, req, idx, held, need, clock) -> Route:
         st, k = snap.statics, idx.size
         blocks, own, out, pool = np.empty(k), np.empty(k), np.empty((4, k)), np.empty(k, dtype=np.bool_)
+        cached, resident = np.empty(k), np.empty(k)
         pt, eo = float(req.prompt_tokens), float(req.expected_output)
         p = self.picker
         ttft, tpot, left = targets(req, snap.time)
@@ -248,11 +253,13 @@ class _Fused:
             float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK, snap.ttft_prior, snap.tpot_prior,
             REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,
-            float(ttft), float(tpot), float(left), float(margin), float(p.cost_tie), float(p.latency_tie), pool)
+            float(ttft), float(tpot), float(left), float(margin), float(p.cost_tie), float(p.latency_tie),
+            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool)
         if unprofiled:
             _unprofiled(snap, idx, own, pt, eo, out)
-            count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], ttft, tpot, left, margin, p.cost_tie,
-                                                p.latency_tie, pool)
+            count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident,
+                                                p.exploit_share * pt, p.exploit_slowdown, ttft, tpot, left, margin,
+                                                p.cost_tie, p.latency_tie, pool)
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -265,7 +272,8 @@ class _Fused:
         reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
         i = int(idx[j])
         r_ttft, r_tpot = corrections(snap, i)
-        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot)
+        keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
+        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot, keep)
 
     def _scores(self, snap, req, idx, blocks, need, clock) -> np.ndarray:
         total = np.zeros(idx.size)

@@ -206,25 +206,54 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
 
 
 @njit(cache=True, nogil=True)
-def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool):
+def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, exploit, exploit_slowdown, t_ttft, t_tpot, t_left,
+                    margin, cost_tie, latency_tie, pool):
     """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible).
 
-    Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget.  If any
-    is feasible, the pool is the feasible ones within ``cost_tie`` of the cheapest and, among
-    those, within ``latency_tie`` of the fastest (equally cheap: the faster wins, so a stalled
-    or overloaded replica does not win on price alone); otherwise the ones within
-    ``latency_tie`` of the least predicted end-to-end latency.
+    Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget, and the TPOT
+    within what the requests already there must keep (``resident`` > 0).  **Holders first**:
+    when the longest cached prefix among the candidates (``cached`` tokens) reaches ``exploit``
+    tokens, only the candidates holding it are considered if one of them is feasible, or if no
+    candidate at all is and the holders' least predicted end-to-end latency is within
+    ``exploit_slowdown`` x the least of all.  If any considered candidate is feasible, the pool is the feasible ones
+    within ``cost_tie`` of the cheapest and, among those, within ``latency_tie`` of the fastest
+    (so a stalled or overloaded replica does not win on price alone); otherwise the considered
+    ones within ``latency_tie`` of the least predicted end-to-end latency.
     """
     n = ttft.size
-    best = np.inf
-    feasible = False
+    best_cached = 0.0
     for j in range(n):
-        ok = ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
+        if cached[j] > best_cached:
+            best_cached = cached[j]
+    exploiting = best_cached > 0.0 and best_cached >= exploit
+    feasible_any = False
+    feasible_holder = False
+    for j in range(n):
+        r = resident[j]
+        ok = (ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
+              and (not r > 0.0 or tpot[j] <= r))
         pool[j] = ok
         if ok:
-            feasible = True
-            if cost[j] < best:
-                best = cost[j]
+            feasible_any = True
+            if exploiting and cached[j] >= best_cached:
+                feasible_holder = True
+    if exploiting and not feasible_any:  # nobody meets the budget: the holders unless they are far slower
+        fastest_all = np.inf
+        fastest_holder = np.inf
+        for j in range(n):
+            if e2e[j] < fastest_all:
+                fastest_all = e2e[j]
+            if cached[j] >= best_cached and e2e[j] < fastest_holder:
+                fastest_holder = e2e[j]
+        exploiting = fastest_holder <= fastest_all * exploit_slowdown
+    holders_only = exploiting and (feasible_holder or not feasible_any)
+    feasible = feasible_holder if holders_only else feasible_any
+    best = np.inf
+    for j in range(n):
+        if holders_only and cached[j] < best_cached:
+            pool[j] = False
+        elif feasible and pool[j] and cost[j] < best:
+            best = cost[j]
     fastest = np.inf
     if feasible:
         limit = best * cost_tie + 1e-15
@@ -234,8 +263,8 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, t_ttft, t_tpot, t_left, margin, cost_
                 fastest = e2e[j]
     else:
         for j in range(n):
-            pool[j] = True
-            if e2e[j] < fastest:
+            pool[j] = not holders_only or cached[j] >= best_cached
+            if pool[j] and e2e[j] < fastest:
                 fastest = e2e[j]
     limit = fastest * latency_tie + 1e-12
     count = 0
@@ -267,6 +296,6 @@ def warm_up() -> None:
     held = np.zeros(1, dtype=np.int64)
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
+    slo_pool_kernel(one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()

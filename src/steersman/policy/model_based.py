@@ -28,7 +28,8 @@ __all__ = ["SloCheapest", "steersman_profile", "corrections"]
 
 @PICKERS.register("slo-cheapest")
 class SloCheapest:
-    """Margins and ties from :class:`~steersman.config.SchedulerSettings` (``safety_margin``, ``cost_tie``, ``latency_tie``)."""
+    """Margins and ties from :class:`~steersman.config.SchedulerSettings` (``safety_margin``, ``cost_tie``,
+    ``latency_tie``, ``exploit_share``, ``exploit_slowdown``); the rule is :func:`~steersman.policy.kernels.slo_pool_kernel`'s."""
 
     name = "slo-cheapest"
 
@@ -36,16 +37,21 @@ class SloCheapest:
         self.safety_margin = settings.safety_margin
         self.cost_tie = settings.cost_tie
         self.latency_tie = settings.latency_tie
+        self.exploit_share = settings.exploit_share
+        self.exploit_slowdown = settings.exploit_slowdown
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
         p = ctx.feature("prediction")
         ttft, tpot, left = targets(req, ctx.snapshot.time)
         protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
+        margin = self.safety_margin if protected else 1.0
+        snap = ctx.snapshot
+        cached = req.prompt_tokens - p.uncached
         pool = np.empty(p.ttft.size, dtype=np.bool_)
-        count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, ttft, tpot, left,
-                                          self.safety_margin if protected else 1.0, self.cost_tie,
-                                          self.latency_tie, pool)
+        count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, snap.live[S.RESIDENT_TPOT][ctx.candidates],
+                                          self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft, tpot, left, margin,
+                                          self.cost_tie, self.latency_tie, pool)
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -60,7 +66,8 @@ class SloCheapest:
         r_ttft, r_tpot = corrections(ctx.snapshot, i)
         # the fleet learns observed / predicted: it must see the model's prediction *before* the correction,
         # else the learned ratio converges to the square root of the true one (r <- k / r)
-        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot)
+        keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
+        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep)
 
 
 def corrections(snap, i: int) -> tuple[float, float]:
