@@ -298,24 +298,35 @@ class Pipeline:
 
         def ejected(i: int, reason: str) -> None:
             ejections.inc(names[i])
-            n = self.evict(i)
-            log.warning("replica %s ejected (%s); %d waiting attempt(s) moved", names[i], reason, n)
+            n, m = self.evict(i)
+            log.warning("replica %s ejected (%s); %d waiting attempt(s) moved, %d stream(s) continued elsewhere",
+                        names[i], reason, n, m)
 
         guard.on_eject = ejected
 
-    def evict(self, replica: int) -> int:
-        """The replica was ejected: drop its attempts that sent the client nothing, so they retry elsewhere.
+    def evict(self, replica: int) -> tuple[int, int]:
+        """The replica was ejected: move its attempts elsewhere; returns (retried, continued).
+
+        Attempts that sent the client nothing are retried.  Streams under way whose
+        continuation is allowed have their engine connection dropped, so they continue
+        token-exactly on another replica (a hung engine's streams would otherwise stall
+        until the client gives up); those that cannot continue are left to finish there.
 
         A streaming attempt has its engine connection dropped; one that has no response
         yet (headers not in, or a whole body awaited) is cancelled, which aborts its
         upstream request; either way it fails with ``Retry.SAFE`` and is retried elsewhere.
         """
-        n = 0
+        n = m = 0
         for ctx in list(self._active.get(replica, ())):
             if not ctx.bytes_sent:
                 self._evict_one(ctx, replica, 50)
                 n += 1
-        return n
+                continue
+            cont, producer = ctx.continuation, getattr(ctx.http, "producer", None)
+            if cont is not None and cont.allowed and producer is not None and hasattr(producer, "abort"):
+                producer.abort()  # the relay sees the engine go: Retry.CONTINUE_ONLY
+                m += 1
+        return n, m
 
     def _evict_one(self, ctx: RequestContext, replica: int, tries: int) -> None:
         if ctx.bytes_sent or ctx not in self._active.get(replica, ()):
