@@ -75,6 +75,7 @@ PINNED = {
     "reliability.latency_min_samples": 5,
     "reliability.outlier_sweep_s": 0.1,
     "reliability.uneject_on_active_health": False,
+    "reliability.stream_idle_timeout_s": 30.0,
     "reliability.breaker_window_s": 10.0,
     "reliability.breaker_buckets": 10,
     "reliability.breaker_min_requests": 20,

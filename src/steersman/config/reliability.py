@@ -49,6 +49,11 @@ class ReliabilitySettings:
         "design: latency outliers are re-judged every 100 ms (Envoy sweeps every interval, 10 s; a hung LLM "
         "replica must be out within the issue's 10 s)",
     )
+    stream_idle_timeout_s: float = setting(
+        30.0, "Envoy stream_idle_timeout (default 5 min) cut for LLM streams: a stream under way that gets no "
+        "event for 30 s is stalled (inter-token gaps are well under a second on a serving engine); its engine "
+        "connection is dropped and it continues on another replica"
+    )
     uneject_on_active_health: bool = setting(
         False,
         "Envoy successful_active_health_check_uneject_host defaults true; false here: a hung GPU's engine "

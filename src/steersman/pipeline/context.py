@@ -35,6 +35,7 @@ class RequestContext:
     attempts: int = 0  # upstream attempts made (the runner's retry loop)
     excluded: set[int] = field(default_factory=set)  # replicas not to pick again for this request (they failed it)
     continuation: Any = None  # steersman.pipeline.continuation.Continuation once a stream started (H4)
+    last_event_at: float | None = None  # when the stream's current leg last relayed an event (or began)
 
     @property
     def body(self) -> bytes:

@@ -141,7 +141,7 @@ class _Relay:
                 self.fleet.first_token(self.ticket)
         else:
             self.itl.observe(t - self.last)
-        self.last = t
+        self.last = self.ctx.last_event_at = t
         # the response's last bytes with [DONE] in them: the stream ends with this write (the terminator rides
         # along); Forward._relay would end it right after anyway, one loop turn and one syscall later
         self.ctx.http.send(out, self.ex.last and self.cont.done and self.error is None)
@@ -202,6 +202,7 @@ class Forward:
                 self.migrations.inc(ctx.model)
             assert cont is not None
             cont.begin_leg()
+            ctx.last_event_at = self.clock.now()  # a resumed leg's prefill counts towards the idle timeout
             relay = _Relay(ctx, self.fleet, self.clock, self.metrics, cont, resuming, self.max_event_bytes, ex)
             try:
                 return await self._relay(ctx, ex, relay, rep.name)

@@ -303,6 +303,28 @@ class Pipeline:
                         names[i], reason, n, m)
 
         guard.on_eject = ejected
+        guard.on_sweep = self.sweep_streams
+
+    def sweep_streams(self, now: float) -> int:
+        """Streams under way with no event for ``stream_idle_timeout_s`` (a frozen engine that nothing
+        ejected) have their engine connection dropped: they continue on another replica, or end with an
+        error event when they cannot; returns how many."""
+        idle = self.retrier.s.stream_idle_timeout_s
+        n = 0
+        for replica, attempts in self._active.items():
+            for ctx in attempts:
+                last = ctx.last_event_at
+                if not ctx.bytes_sent or last is None or now - last < idle:
+                    continue
+                producer = getattr(ctx.http, "producer", None)
+                if producer is not None and hasattr(producer, "abort"):
+                    ctx.last_event_at = None  # once
+                    producer.abort()  # the relay sees the engine go: Retry.CONTINUE_ONLY
+                    self.retrier.counts.inc("stream_idle")
+                    name = self.fleet.replicas[replica].name if self.fleet is not None else replica
+                    log.warning("stream on replica %s idle for %.3gs: engine connection dropped", name, now - last)
+                    n += 1
+        return n
 
     def evict(self, replica: int) -> tuple[int, int]:
         """The replica was ejected: move its attempts elsewhere; returns (retried, continued).

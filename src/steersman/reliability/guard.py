@@ -38,6 +38,7 @@ class ReplicaGuard:
         self._probes: dict[int, int] = {}  # key -> replica, for half-open probes in flight
         self._swept = -np.inf
         self.on_eject = None  # optional callback(replica, reason) at the IO edge (logging, metrics)
+        self.on_sweep = None  # optional callback(now) at each sweep (the IO edge checks its streams' progress)
 
     # ---- the view policies read ------------------------------------------------------------
     def blocked_until(self, now: float) -> np.ndarray:
@@ -62,6 +63,8 @@ class ReplicaGuard:
         self._swept = now
         for i in self.outliers.sweep(now):
             self._ejected(i)
+        if self.on_sweep is not None:
+            self.on_sweep(now)
 
     def _ejected(self, i: int) -> None:
         # when the ejection ends it takes probation_limit requests until one shows progress (a first
