@@ -316,10 +316,8 @@ class Pipeline:
                 last = ctx.last_event_at
                 if not ctx.bytes_sent or last is None or now - last < idle:
                     continue
-                producer = getattr(ctx.http, "producer", None)
-                if producer is not None and hasattr(producer, "abort"):
+                if self._drop_engine(ctx):
                     ctx.last_event_at = None  # once
-                    producer.abort()  # the relay sees the engine go: Retry.CONTINUE_ONLY
                     self.retrier.counts.inc("stream_idle")
                     name = self.fleet.replicas[replica].name if self.fleet is not None else replica
                     log.warning("stream on replica %s idle for %.3gs: engine connection dropped", name, now - last)
@@ -329,41 +327,31 @@ class Pipeline:
     def evict(self, replica: int) -> tuple[int, int]:
         """The replica was ejected: move its attempts elsewhere; returns (retried, continued).
 
-        Attempts that sent the client nothing are retried.  Streams under way whose
-        continuation is allowed have their engine connection dropped, so they continue
-        token-exactly on another replica (a hung engine's streams would otherwise stall
-        until the client gives up); those that cannot continue are left to finish there.
-
-        A streaming attempt has its engine connection dropped; one that has no response
-        yet (headers not in, or a whole body awaited) is cancelled, which aborts its
-        upstream request; either way it fails with ``Retry.SAFE`` and is retried elsewhere.
+        An attempt that sent the client nothing is cancelled (its upstream request is
+        aborted on the way out, whether its response had started or not) and
+        :meth:`_attempt` turns the cancel into a ``Retry.SAFE`` failure: it is retried
+        elsewhere.  A stream under way whose continuation is allowed has its engine
+        connection dropped and continues token-exactly on another replica (a hung
+        engine's streams would otherwise stall until the client gives up); one that
+        cannot continue is left to finish there.
         """
         n = m = 0
         for ctx in list(self._active.get(replica, ())):
             if not ctx.bytes_sent:
-                self._evict_one(ctx, replica, 50)
+                if ctx not in self._cancelling:
+                    self._evicted.add(ctx)
+                    self._cancelling.add(ctx)
+                    self._tasks[ctx].cancel()
                 n += 1
-                continue
-            cont, producer = ctx.continuation, getattr(ctx.http, "producer", None)
-            if cont is not None and cont.allowed and producer is not None and hasattr(producer, "abort"):
-                producer.abort()  # the relay sees the engine go: Retry.CONTINUE_ONLY
+            elif ctx.continuation is not None and ctx.continuation.allowed and self._drop_engine(ctx):
                 m += 1
         return n, m
 
-    def _evict_one(self, ctx: RequestContext, replica: int, tries: int) -> None:
-        if ctx.bytes_sent or ctx not in self._active.get(replica, ()):
-            return  # it produced after all, or the attempt is over
+    @staticmethod
+    def _drop_engine(ctx: RequestContext) -> bool:
+        """Close the engine connection of a streaming attempt: its relay fails with ``Retry.CONTINUE_ONLY``."""
         producer = getattr(ctx.http, "producer", None)
-        if producer is not None and hasattr(producer, "abort"):
-            self._evicted.add(ctx)
-            producer.abort()
-            return
-        task = self._tasks.get(ctx)
-        if task is not None and not task.done():
-            # no response yet (headers not in, or a whole body awaited): cancel the attempt itself; the
-            # upstream request is aborted on the way out and _attempt turns the cancel into a safe retry
-            self._evicted.add(ctx)
-            self._cancelling.add(ctx)
-            task.cancel()
-        elif tries > 0:
-            asyncio.get_running_loop().call_later(0.02, self._evict_one, ctx, replica, tries - 1)
+        if producer is None or not hasattr(producer, "abort"):
+            return False
+        producer.abort()
+        return True
