@@ -83,6 +83,7 @@ def test_fleet_tracks_since_when_its_requests_await_a_first_token():
     clock.advance(0.5)
     assert fleet.snapshot().stall[0] == 0.5
     clock.advance(0.5)
+    fleet.report(b, True)  # served to its end (one the client left would be no progress)
     fleet.end(b, output_tokens=5)  # a finished stream is progress as well
     assert fleet.snapshot().stall[0] == 0.0
     fleet.first_token(c)

@@ -1,4 +1,6 @@
-"""Outlier ejection: consecutive failures, latency outliers (incl. a stalled first token), timing and the fleet cap."""
+"""Outlier ejection: consecutive failures, latency outliers (incl. a stalled first token), timing and the fleet cap.
+
+Stalls are the fleet's ``stalled_since`` row, handed to each sweep (how the fleet keeps it: test_guard.py)."""
 
 from dataclasses import replace
 
@@ -8,6 +10,12 @@ from steersman.config import DEFAULTS
 from steersman.reliability import OutlierDetector
 
 S = DEFAULTS.reliability
+NAN = np.nan
+
+
+def _idle(n: int) -> np.ndarray:
+    """No replica holds a request awaiting a first token."""
+    return np.full(n, NAN)
 
 
 def _warm(d: OutlierDetector, ttft: list[float], tpot: list[float] | None = None, n: int = 5) -> None:
@@ -56,49 +64,50 @@ def test_at_most_ten_percent_but_always_one():
 def test_a_replica_whose_tpot_is_far_above_its_peers_is_ejected_but_not_for_queueing():
     d = OutlierDetector(3, S, alpha=0.2)
     _warm(d, [3.0, 3.2, 10.0])  # a long TTFT is queueing: never judged on its own
-    assert d.sweep(1.0) == []
+    assert d.sweep(1.0, _idle(3)) == []
     d = OutlierDetector(3, S, alpha=0.2)
     _warm(d, [3.0, 3.0, 3.0], [0.3, 0.3, 1.5])
-    assert d.sweep(1.0) == [2] and "TPOT" in d.reasons[2]
+    assert d.sweep(1.0, _idle(3)) == [2] and "TPOT" in d.reasons[2]
 
 
 def test_fast_replicas_are_never_latency_outliers():
     d = OutlierDetector(3, S, alpha=0.2)
     _warm(d, [0.05, 0.05, 1.5], [0.01, 0.01, 0.15])  # 30x and 15x, but within the standard SLO targets
-    assert d.sweep(1.0) == []
+    assert d.sweep(1.0, _idle(3)) == []
 
 
 def test_a_stalled_first_token_ejects_a_hung_replica_but_not_a_fleet_wide_queue():
     s = replace(S, latency_floor_ttft_s=0.2)
     d = OutlierDetector(3, s, alpha=0.2)
     _warm(d, [0.1, 0.1, 0.1])
-    d.dispatched(2, key=1, now=10.0)
-    d.dispatched(0, key=2, now=10.0)
-    d.answered(0, 2)
-    assert d.sweep(10.25) == []  # 0.25 s: under 3x the peers' TTFT
-    assert d.sweep(10.4) == [2] and "no first token" in d.reasons[2]
+    since = np.array([NAN, NAN, 10.0])  # replica 2 awaits a first token since 10.0; 0's request got one
+    assert d.sweep(10.25, since) == []  # 0.25 s: under 3x the peers' TTFT
+    assert d.sweep(10.4, since) == [2] and "no first token for 0.4s" in d.reasons[2]
     d = OutlierDetector(3, s, alpha=0.2)
     _warm(d, [0.1, 0.1, 0.1])
-    for i in range(3):  # everyone's queue is deep: nobody is an outlier
-        d.dispatched(i, key=i, now=10.0)
-    assert d.sweep(11.0) == []
+    assert d.sweep(11.0, np.full(3, 10.0)) == []  # everyone's queue is deep: nobody is an outlier
+    assert d.sweep(11.0, np.array([10.9, 10.9, 10.0])) == [2]  # ...but one stalled 3x longer than the rest is
+
+
+def test_a_stall_under_the_ttft_floor_is_no_outlier():
+    d = OutlierDetector(3, S, alpha=0.2)  # the standard 2 s TTFT target
+    _warm(d, [0.1, 0.1, 0.1])
+    assert d.sweep(11.9, np.array([NAN, NAN, 10.0])) == []
+    assert d.sweep(12.0, np.array([NAN, NAN, 10.0])) == [2]
 
 
 def test_an_ejected_replica_comes_back_with_fresh_statistics():
     d = OutlierDetector(3, S, alpha=0.2)
     _warm(d, [3.0, 3.0, 3.0], [0.3, 0.3, 3.0])
-    assert d.sweep(0.0) == [2]
+    assert d.sweep(0.0, _idle(3)) == [2]
     assert d.samples[2] == 0 and np.isnan(d.ttft[2])
-    assert d.sweep(31.0) == []  # back, no samples yet: not judged
+    assert d.sweep(31.0, _idle(3)) == []  # back, no samples yet: not judged
 
 
-def test_a_busy_replica_that_keeps_producing_is_not_stalled():
+def test_a_busy_replica_is_judged_from_its_last_progress_not_its_oldest_request():
     s = replace(S, latency_floor_ttft_s=0.2)
     d = OutlierDetector(3, s, alpha=0.2)
     _warm(d, [0.1, 0.1, 0.1])
-    d.dispatched(2, key=1, now=10.0)  # a request queued long in the engine...
-    for k in range(2, 12):
-        d.dispatched(2, key=k, now=10.0 + k * 0.1)
-        d.answered(2, k, now=10.05 + k * 0.1)  # ...while others get their first tokens
-    assert d.stall(2, 11.2) < 0.1
-    assert d.sweep(11.2) == []
+    # a request queued there since 10.0 while others got first tokens, the last at 11.15: stalled since then
+    assert d.sweep(11.2, np.array([NAN, NAN, 11.15])) == []
+    assert d.sweep(11.5, np.array([NAN, NAN, 11.15])) == [2]  # ...until it stops producing

@@ -1,10 +1,14 @@
-"""The fleet's outcome hooks feed the guard; snapshots carry what the reliability filter applies."""
+"""The fleet's outcome hooks feed the guard; snapshots carry what the reliability filter applies; the guard's
+sweep judges stalls from the fleet's ``stalled_since`` row (the one place that tracks them)."""
 
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from steersman.config import DEFAULTS
+from steersman.engines.base import EngineMetrics
+from steersman.fleet import snapshot as S_
 from steersman.fleet.state import Fleet, Replica
 from steersman.reliability import ReplicaGuard
 from steersman.testing import FakeClock
@@ -98,3 +102,111 @@ def test_back_from_an_ejection_a_replica_takes_one_request_until_it_shows_progre
     fleet.report(t, True)
     fleet.end(t, 5)
     assert fleet.snapshot().limits[1] > 1.0
+
+
+# ---- stalls: the fleet's stalled_since row is what the guard's sweep judges ----------------------------------
+
+def _stall_fleet():
+    """3 replicas, each with 5 first tokens at 0.1 s (TTFT samples to compare with), a 0.2 s TTFT floor."""
+    clock = FakeClock()
+    reps = [Replica(i, f"r{i}", f"http://127.0.0.1:{9000 + i}", "openai", "H100", ("m",), "p", 1.0, 1, None) for i in range(3)]
+    fleet = Fleet(reps, clock)
+    fleet.guard = ReplicaGuard(3, replace(S, latency_floor_ttft_s=0.2), 0.2)
+    for _ in range(5):
+        ts = [fleet.begin(i) for i in range(3)]
+        clock._now += 0.1
+        for t in ts:
+            fleet.first_token(t)
+            fleet.report(t, True)
+            fleet.end(t, 1)
+    return fleet, clock
+
+
+def _at(fleet, clock, t: float):
+    clock._now = t
+    return fleet.snapshot()  # every snapshot may sweep
+
+
+def test_a_hung_replica_is_ejected_from_the_fleets_stall_row():
+    fleet, clock = _stall_fleet()
+    t0 = clock._now = 10.0
+    fleet.begin(2)
+    fleet.first_token(fleet.begin(0))  # replica 0 answers: nothing of ours awaits there
+    snap = _at(fleet, clock, t0 + 0.25)
+    assert np.isnan(snap.live[S_.STALLED_SINCE, 0]) and snap.stall[2] == 0.25
+    assert snap.blocked_until[2] <= snap.time  # 0.25 s: under 3x the peers' TTFT
+    snap = _at(fleet, clock, t0 + 0.4)
+    assert snap.blocked_until[2] > snap.time and "no first token for 0.4s" in fleet.guard.state(2, snap.time)["reason"]
+    assert snap.blocked_until[0] <= snap.time and snap.blocked_until[1] <= snap.time
+
+
+def test_a_busy_replica_that_keeps_producing_is_not_stalled():
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    fleet.begin(2)  # a request queued long in the engine...
+    for k in range(2, 12):
+        clock._now = 10.0 + k * 0.1
+        t = fleet.begin(2)
+        clock._now += 0.05
+        fleet.first_token(t)  # ...while others get their first tokens
+        fleet.snapshot()
+    snap = _at(fleet, clock, 11.2)
+    assert snap.stall[2] < 0.1 and snap.blocked_until[2] <= snap.time
+    assert fleet.guard.outliers.total.sum() == 0
+
+
+def test_a_failed_attempt_awaits_nothing_while_its_request_waits_to_be_rerouted():
+    # the guard drops a failed attempt at its verdict; the ticket itself ends at the reroute (after a backoff)
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    t = fleet.begin(2)
+    clock._now = 10.01
+    fleet.report(t, False)  # a 5xx: one failure, not five
+    snap = _at(fleet, clock, 11.0)
+    assert snap.stall[2] == 0.0 and snap.blocked_until[2] <= snap.time
+    fleet.end(t, 0)
+    assert fleet.guard.outliers.total.sum() == 0 and np.isnan(fleet.snapshot().live[S_.STALLED_SINCE, 2])
+
+
+def test_a_stream_the_client_left_is_no_progress():
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    under_way = fleet.begin(2)
+    fleet.first_token(under_way)
+    clock._now = 10.01
+    fleet.begin(2)  # queued behind it, awaiting a first token from 10.01 on; then the engine hangs
+    clock._now = 10.35
+    fleet.end(under_way, 3)  # the client gave up on the frozen stream: no verdict, and no sign of life
+    snap = _at(fleet, clock, 10.42)
+    assert snap.stall[2] == pytest.approx(0.41) and snap.blocked_until[2] > snap.time
+
+
+def test_a_stream_served_to_its_end_is_progress():
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    under_way = fleet.begin(2)
+    fleet.first_token(under_way)
+    clock._now = 10.01
+    fleet.begin(2)
+    clock._now = 10.35
+    fleet.report(under_way, True)
+    fleet.end(under_way, 3)
+    snap = _at(fleet, clock, 10.42)
+    assert snap.stall[2] == pytest.approx(0.07) and snap.blocked_until[2] <= snap.time
+
+
+def test_a_non_streamed_request_is_not_watched_for_a_first_token():
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    fleet.begin(2, streamed=False)  # its response comes whole: no first token to await
+    snap = _at(fleet, clock, 15.0)
+    assert snap.stall[2] == 0.0 and snap.blocked_until[2] <= snap.time
+
+
+def test_a_scrape_sweeps_too_with_no_traffic():
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    fleet.begin(2)  # the hung replica's last request; no snapshot is taken after it
+    clock._now = 10.5
+    fleet.update_metrics(2, EngineMetrics(1, 0, 0.1))
+    assert fleet.guard.outliers.is_ejected(2, clock._now)

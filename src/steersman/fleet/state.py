@@ -164,7 +164,7 @@ class Fleet:
                 live[S.STALLED_SINCE, index] = now
             waiting[t.key] = now
         if self.guard is not None:
-            self.guard.dispatched(index, t.key, now, streamed)
+            self.guard.dispatched(index, t.key, now)
         return t
 
     def first_token(self, t: Ticket) -> None:
@@ -185,7 +185,7 @@ class Fleet:
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft)
         if self.guard is not None:
-            self.guard.first_token(t.replica, t.key, ttft, now)
+            self.guard.first_token(t.replica, ttft)
         if t.predicted_ttft:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
 
@@ -209,7 +209,7 @@ class Fleet:
             self._progress(t, None)
         else:
             live[S.DECODING, i] -= 1
-            if t.verdict is not False and self._awaiting[i]:  # a finished stream is progress too
+            if t.verdict and self._awaiting[i]:  # a stream served to its end is progress (one the client left: not)
                 live[S.STALLED_SINCE, i] = self.clock.now()
             if output_tokens > 1:
                 tpot = (self.clock.now() - t.first_at) / (output_tokens - 1)
@@ -224,7 +224,10 @@ class Fleet:
                 self.guard.succeeded(i, t.key, now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
 
     def _progress(self, t: Ticket, now: float | None) -> None:
-        """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica)."""
+        """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica).
+
+        The ``stalled_since`` row this keeps is the one stall signal: the policies read it in snapshots
+        and the reliability guard's sweep ejects a replica stalled far longer than its peers' TTFT."""
         waiting = self._awaiting[t.replica]
         if waiting.pop(t.key, None) is None:
             return
@@ -239,12 +242,18 @@ class Fleet:
     def report(self, t: Ticket, ok: bool) -> None:
         """An attempt's verdict on its replica's health: a failure counts at once, a success when the ticket ends."""
         t.verdict = ok
-        if not ok and self.guard is not None:
-            self.guard.failed(t.replica, t.key, self.clock.now())
+        if not ok:
+            self._own()
+            self._progress(t, None)  # a failed attempt awaits nothing more (its ticket may end later, at a reroute)
+            if self.guard is not None:
+                self.guard.failed(t.replica, t.key, self.clock.now())
 
     def blocked(self, index: int) -> bool:
         """Is the replica out of rotation now (ejected, breaker open)?"""
-        return self.guard is not None and bool(self.guard.blocked_until(self.clock.now())[index] > self.clock.now())
+        if self.guard is None:
+            return False
+        now = self.clock.now()
+        return bool(self.guard.blocked_until(now, self.live[S.STALLED_SINCE])[index] > now)
 
     def observe_prefix(self, index: int, predicted_blocks: int, reported_blocks: int) -> None:
         """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""
@@ -284,7 +293,7 @@ class Fleet:
         col[S.SCRAPED_AT] = self.clock.now()
         col[S.SINCE_SCRAPE] = 0
         if self.guard is not None:  # sweeps must run with no traffic too (a hung replica's last requests)
-            self.guard.maybe_sweep(col[S.SCRAPED_AT])
+            self.guard.maybe_sweep(col[S.SCRAPED_AT], self.live[S.STALLED_SINCE])
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self._own()
@@ -314,6 +323,8 @@ class Fleet:
         write (then the snapshot, if still referenced, gets copies: see :meth:`_own`)."""
         self._own()  # an older snapshot still alive keeps what it saw
         now = self.clock.now()
+        guard = self.guard
+        blocked = None if guard is None else _frozen(guard.blocked_until(now, self.live[S.STALLED_SINCE]))
         snap = FleetSnapshot(
             time=now,
             names=self._names,
@@ -329,8 +340,8 @@ class Fleet:
             tpot_prior=_or_one(self.ratio_prior[S.TPOT_RATIO]),
             recent_at=_view(self._recent_at),
             recent_tau_s=self.settings.recent_load_tau_s,
-            blocked_until=None if self.guard is None else _frozen(self.guard.blocked_until(now)),
-            limits=None if self.guard is None else _frozen(np.floor(self.guard.limits)),
+            blocked_until=blocked,
+            limits=None if guard is None else _frozen(np.floor(guard.limits)),
         )
         self._lent = weakref.ref(snap)
         return snap

@@ -13,9 +13,12 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   load, and ejecting a busy replica under overload starts the very cascade this
   is meant to stop (the overload drill did exactly that); a degraded GPU shows in
   its TPOT, a hung one in its stall.  A stall is how long a
-  replica holding requests has shown no progress (no first token, no finished
-  request): how a hung GPU shows — it never produces a sample — while a merely
-  busy replica keeps producing first tokens however long its queue.
+  replica holding requests awaiting a first token has shown no progress (no first
+  token, no finished stream): how a hung GPU shows — it never produces a sample —
+  while a merely busy replica keeps producing first tokens however long its queue.
+  The detector does not track it: the fleet does, for the policies too (its
+  ``stalled_since`` row, see :mod:`steersman.fleet.state`), and each sweep is
+  handed that row (stall = now - stalled_since; none where it is NaN).
   Nothing under the standard SLO targets (``latency_floor_ttft_s`` /
   ``latency_floor_tpot_s``) is ever an outlier.  Envoy has no latency detector; its
   success-rate detector compares hosts with the fleet the same way (mean - 1.9
@@ -56,20 +59,9 @@ class OutlierDetector:
         self.ttft = np.full(n, np.nan)
         self.tpot = np.full(n, np.nan)
         self.samples = np.zeros(n, dtype=np.int64)
-        self._pending: list[dict[int, float]] = [{} for _ in range(n)]  # key -> dispatch time, in order
-        self._progress = np.full(n, -np.inf)  # when each replica last produced a first token or finished a request
         self.reasons: list[str] = [""] * n
 
     # ---- observations -------------------------------------------------------------
-    def dispatched(self, i: int, key: int, now: float) -> None:
-        self._pending[i][key] = now
-
-    def answered(self, i: int, key: int, now: float | None = None) -> None:
-        """The request got its first token (or ended); ``now`` given: that was progress on the replica."""
-        self._pending[i].pop(key, None)
-        if now is not None:
-            self._progress[i] = now
-
     def success(self, i: int) -> None:
         self.consecutive[i] = 0
 
@@ -127,22 +119,18 @@ class OutlierDetector:
             self.count[i] = max(0, self.count[i] - steps)
             self._back_at[i] = back + steps * self.s.ejection_decay_s
 
-    def stall(self, i: int, now: float) -> float:
-        """How long replica ``i`` has held requests without progress (0 when it holds none)."""
-        p = self._pending[i]
-        if not p:
-            return 0.0
-        return now - max(next(iter(p.values())), self._progress[i])
+    def sweep(self, now: float, stalled_since: np.ndarray) -> list[int]:
+        """Judge latency outliers; returns the replicas ejected by this sweep.
 
-    def sweep(self, now: float) -> list[int]:
-        """Judge latency outliers; returns the replicas ejected by this sweep."""
+        ``stalled_since``: per replica, since when it has held requests awaiting a first token without
+        progress, NaN when none awaits (the fleet's row, read now and not kept)."""
         s = self.s
         n = self.n
         if n < 2:
             return []
         active = self.until <= now
         judged = active & (self.samples >= s.latency_min_samples)
-        stalls = np.array([self.stall(i, now) for i in range(n)])
+        stalls = np.nan_to_num(np.maximum(now - np.asarray(stalled_since, dtype=float), 0.0))
         out = []
         for i in np.flatnonzero(active):
             peers = judged.copy()

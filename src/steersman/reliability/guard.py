@@ -1,7 +1,10 @@
 """Per-replica reliability state of a fleet: outlier ejection, circuit breakers, concurrency limits.
 
 The fleet's IO edge feeds it what happens to each request (dispatched, first
-token, finished, failed) and to each health check; policies see only its
+token, finished, failed) and to each health check; it does not track which
+requests still await a first token: the fleet does (its ``stalled_since`` row,
+which the policies read too), and hands that row to every sweep, where a replica
+stalled far longer than its peers' TTFT is ejected.  Policies see only its
 read-only view in the fleet snapshot: ``blocked_until`` (a replica is out of
 rotation until then: ejected, or its breaker open / out of half-open probes)
 and ``limits`` (adaptive concurrency).  The ``reliability`` filter of every
@@ -41,9 +44,10 @@ class ReplicaGuard:
         self.on_sweep = None  # optional callback(now) at each sweep (the IO edge checks its streams' progress)
 
     # ---- the view policies read ------------------------------------------------------------
-    def blocked_until(self, now: float) -> np.ndarray:
-        """Until when each replica is out of rotation (read-only; every fleet snapshot reads it)."""
-        self.maybe_sweep(now)
+    def blocked_until(self, now: float, stalled_since: np.ndarray) -> np.ndarray:
+        """Until when each replica is out of rotation (read-only; every fleet snapshot reads it).
+        ``stalled_since``: the fleet's row, for the sweep this may run (see :meth:`sweep`)."""
+        self.maybe_sweep(now, stalled_since)
         b = self._blocked
         if b is None or self._blocked_key != self.outliers.changes:
             b = self._blocked = np.maximum(self.outliers.until, self._breaker_until)
@@ -51,17 +55,17 @@ class ReplicaGuard:
             self._blocked_key = self.outliers.changes
         return b
 
-    def maybe_sweep(self, now: float) -> None:
+    def maybe_sweep(self, now: float, stalled_since: np.ndarray) -> None:
         """Judge latency outliers if ``outlier_sweep_s`` passed (called per snapshot and per scrape)."""
         if now - self._swept >= self.s.outlier_sweep_s:
-            self.sweep(now)
+            self.sweep(now, stalled_since)
 
-    def available(self, now: float) -> np.ndarray:
-        return self.blocked_until(now) <= now
-
-    def sweep(self, now: float) -> None:
+    def sweep(self, now: float, stalled_since: np.ndarray) -> None:
+        """Judge latency outliers now.  ``stalled_since``: per replica, since when it has held requests
+        awaiting a first token without progress, NaN when none awaits (the fleet's current row: read
+        during the call, never kept)."""
         self._swept = now
-        for i in self.outliers.sweep(now):
+        for i in self.outliers.sweep(now, stalled_since):
             self._ejected(i)
         if self.on_sweep is not None:
             self.on_sweep(now)
@@ -88,17 +92,12 @@ class ReplicaGuard:
             self._blocked = None
 
     # ---- request events ---------------------------------------------------------------------
-    def dispatched(self, i: int, key: int, now: float, watch: bool = True) -> None:
-        """``watch``: a first token will tell when it is answered (a non-streamed request's never does:
-        it is not watched for stalls)."""
-        if watch:
-            self.outliers.dispatched(i, key, now)
+    def dispatched(self, i: int, key: int, now: float) -> None:
         if self.breakers[i].on_call(now):
             self._probes[key] = i
         self._sync_breaker(i, now)
 
-    def first_token(self, i: int, key: int, ttft: float, now: float | None = None) -> None:
-        self.outliers.answered(i, key, now)
+    def first_token(self, i: int, ttft: float) -> None:
         self.outliers.latency(i, ttft=ttft)
         if self._probation[i]:
             self._probation[i] = False
@@ -110,7 +109,6 @@ class ReplicaGuard:
     def succeeded(self, i: int, key: int, now: float, e2e: float, output_tokens: int, in_flight: float,
                   tpot: float | None = None) -> None:
         """The replica served the request (its answer reached the end; 4xx answers count: not its fault)."""
-        self.outliers.answered(i, key, now)
         self.outliers.success(i)
         if tpot is not None:
             self.outliers.latency(i, tpot=tpot)
@@ -121,7 +119,6 @@ class ReplicaGuard:
 
     def failed(self, i: int, key: int, now: float) -> None:
         """A server-side failure of the replica (5xx, connect failure, broken or stalled stream)."""
-        self.outliers.answered(i, key)
         if self.outliers.failure(i, now):
             self._ejected(i)
         self.breakers[i].on_result(False, now, self._probes.pop(key, None) is not None)
@@ -130,7 +127,6 @@ class ReplicaGuard:
 
     def released(self, i: int, key: int, now: float) -> None:
         """The request ended without a verdict on the replica (the client left, a deadline passed)."""
-        self.outliers.answered(i, key)
         if self._probes.pop(key, None) is not None:
             self.breakers[i].release_probe()
             self._sync_breaker(i, now)
