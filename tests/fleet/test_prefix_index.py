@@ -205,3 +205,28 @@ def test_bookkeeping_survives_forgets_corrections_and_evictions():
             assert idx.blocks_per_replica().tolist() == _recount(idx)
     assert idx.blocks_per_replica().tolist() == _recount(idx)
     assert len(idx._gens) <= 8 and idx.nbytes_estimate() <= idx.max_bytes
+
+
+def test_the_cheap_budget_check_never_lets_the_projection_exceed_the_budget():
+    """``record`` checks the budget exactly only when an upper bound (the last exact projection plus the
+    newest generation's bitmask growth) says it may be over.  Here every block is held by two replicas
+    of a 1,000-replica fleet, so each key carries a ~160-byte bitmask and the budget, not the
+    generations' key capacity, decides what is dropped: after every write the exact projection is
+    within the budget and under the bound."""
+    rnd = random.Random(11)
+    n = 1000
+    idx = PrefixIndex(n, 2 * MiB)
+    over_between_rotations = 0
+    for step in range(3000):
+        p = chain(("p", step), rnd.randint(1, 30))
+        for r in (rnd.randrange(n - 1), n - 1):
+            gens = len(idx._gens)
+            idx.record(r, p)
+            if rnd.random() < 0.1:
+                idx.correct(r, p, rnd.randint(0, len(p)))
+            projected = idx._projected()
+            assert projected <= idx._proj_at + idx._gens[-1].vbytes - idx._proj_vbytes + 1e-6
+            assert projected <= idx._budget
+            over_between_rotations += len(idx._gens) < gens  # a generation dropped for bytes mid-way
+    assert over_between_rotations  # the byte budget, not only rotation, dropped generations
+    assert idx.nbytes_estimate() <= idx.max_bytes

@@ -129,6 +129,19 @@ class PrefixIndex:
         room = self.gen_cap - new.inserts
         return self.nbytes_estimate() - sys.getsizeof(new.d) + 1.5 * self._table_full + self._key_bytes * room
 
+    def _over_budget(self) -> bool:
+        """``_projected() > budget``, computed exactly only when a cheap upper bound says it may be.
+
+        Between two exact computations the projection can only grow by the newest generation's
+        bitmask bytes: older dicts never grow (pops and replacements do not resize a dict) and only
+        lose keys and bitmask bytes, and every key inserted into the newest one was already counted
+        in its reserved room.  So the last exact value plus the growth of ``vbytes`` since bounds it."""
+        vb = self._gens[-1].vbytes
+        if self._proj_at + (vb - self._proj_vbytes) <= self._budget:
+            return False
+        self._proj_at, self._proj_vbytes = self._projected(), vb
+        return self._proj_at > self._budget
+
     def _rotate(self) -> None:
         if not self._free:
             self._drop()
@@ -148,6 +161,7 @@ class PrefixIndex:
         if self._projected() > self._budget:  # the newest alone overflows (its bitmasks): start over
             self._drop()
             self._gens.append(_Gen(self.n, self._free.pop()))
+        self._proj_at, self._proj_vbytes = self._projected(), self._gens[-1].vbytes
         self._newest_first = tuple(reversed(gens))
         self._probe = tuple((g.bit, g.d, g.stale) for g in self._newest_first)
 
@@ -221,7 +235,7 @@ class PrefixIndex:
             i += room
         if self._gens[-1].inserts >= self.gen_cap:
             self._rotate()
-        elif self._projected() > self._budget:
+        elif self._over_budget():
             self._trim()
 
     def _recent_prefix(self, r: int, hashes: Sequence[int]) -> int:
