@@ -32,7 +32,8 @@ WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 #: in-flight requests hold), recent_tokens (decaying work routed, Preble's window)
 #: and the observed latencies ttft_ewma / tpot_ewma; ttft_ratio / tpot_ratio are
 #: observed / predicted (the model's correction per replica: a degraded GPU shows >1);
-#: since_scrape counts requests routed since the engine's metrics were last read;
+#: since_scrape is the net change of our requests there since the engine's metrics were last read
+#: (routed minus finished: negative when more left than came, which frees slots);
 #: prefix_accuracy is the engine-reported cache hit / the index's prediction (EWMA);
 #: stalled_since is when the replica last made progress on the requests of ours still
 #: awaiting a first token there (their oldest dispatch, or its latest first token / finished

@@ -194,6 +194,7 @@ class Fleet:
         live = self.live
         i = t.replica
         live[S.IN_FLIGHT, i] -= 1
+        live[S.SINCE_SCRAPE, i] -= 1  # a finished request frees a batch slot (or a place in the engine's queue)
         live[S.ACTIVE_BLOCKS, i] -= t.blocks
         if t.tpot_target > 0.0:
             res = self._residents[i]

@@ -107,7 +107,7 @@ def is_saturated(scraped_at, running, waiting, since_scrape, kv_usage, in_flight
         slots = max_seqs - running
         if not slots > 0.0 or waiting > 0.0:  # NaN (unknown engine), full, or already queueing:
             slots = 0.0  # an engine with waiting requests has no free slot, whatever its max_num_seqs
-        return waiting + max(since_scrape - slots, 0.0) >= depth or kv_usage >= kv_threshold
+        return max(waiting + since_scrape - slots, 0.0) >= depth or kv_usage >= kv_threshold
     return in_flight - decoding >= depth
 
 
