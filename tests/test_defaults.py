@@ -4,6 +4,7 @@ from steersman.config import DEFAULTS, sources
 
 PINNED = {
     "engine.block_size": 16,
+    "engine.message_token_cache_mib": 64.0,
     "engine.gpu_memory_utilization": 0.9,
     "engine.max_num_batched_tokens": None,
     "engine.max_num_seqs": None,

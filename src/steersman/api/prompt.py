@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
-from steersman.text import block_hashes, render_chat, tokenize
+from steersman.text import block_hashes, tokenize, tokenize_chat
 from steersman.text.tokenizer import ROOT_HASH
 
 __all__ = ["prompt_shape", "cache_root", "with_cache_salt"]
@@ -37,7 +37,7 @@ def with_cache_salt(body: bytes, salt: str) -> bytes:
 def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, tuple[int, ...]]:
     """(prompt tokens, chained hashes of its full blocks)."""
     if isinstance(req, ChatCompletionRequest):
-        ids = tokenize(render_chat(req.messages, continue_final=req.continue_final_message))
+        ids = tokenize_chat(req.messages, continue_final=req.continue_final_message)
     else:
         p = req.prompt
         if isinstance(p, list):

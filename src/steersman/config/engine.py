@@ -12,6 +12,11 @@ __all__ = ["EngineSettings"]
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
     block_size: int = setting(16, "vLLM CacheConfig.block_size default on CUDA (16 tokens per KV block)")
+    message_token_cache_mib: float = setting(
+        64.0, "design: each process (gateway, engine-sim) keeps the token ids of recently seen chat messages "
+        "(a shared system prompt, a conversation's earlier turns) so only new messages are tokenized; "
+        "~20 bytes per token with its text, so 64 MiB holds ~3M tokens; least recently used dropped first"
+    )
     gpu_memory_utilization: float = setting(0.9, "vLLM CacheConfig.gpu_memory_utilization default 0.9")
     max_num_batched_tokens: int | None = setting(
         None,

@@ -16,7 +16,7 @@ from steersman.enginesim.runner import EngineRunner, Job
 from steersman.enginesim.textgen import generate
 from steersman.http.server import HttpRequest
 from steersman.sim import SimRequest
-from steersman.text import block_hashes, render_chat, tokenize
+from steersman.text import block_hashes, render_chat, tokenize, tokenize_chat
 
 __all__ = ["Generator"]
 
@@ -58,7 +58,7 @@ class Generator:
                 if req.messages[-1].role != "assistant":
                     raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
             prompt = render_chat(req.messages, continue_final=req.continue_final_message)
-            return tokenize(prompt), prompt, prompt[-1:]
+            return tokenize_chat(req.messages, req.continue_final_message), prompt, prompt[-1:]
         p = req.prompt
         if isinstance(p, list):
             if len(p) != 1 and not isinstance(p[0], int):
