@@ -62,7 +62,10 @@ class Accounting:
         ticket = fleet.begin(i, uncached, blocks, route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
                              route.tpot_target_s)
         if fleet.prefix is not None and hashes:
-            fleet.prefix.record(i, hashes)
+            if fleet.caches_after_prefill[i]:
+                ticket.cache_at_first = hashes  # not reusable there until it has run
+            else:
+                fleet.prefix.record(i, hashes)
         return Started(req, i, ticket, d.admit, uncached, held)
 
     def first_token(self, s: Started) -> None:

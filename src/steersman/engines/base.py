@@ -38,6 +38,12 @@ class EngineAdapter(Protocol):
     """One per engine kind (``vllm``, ``engine-sim``, ``openai``, ...), registered by name."""
 
     kind: str
+    #: Can a request reuse prompt blocks that another request on the same replica is still prefilling?
+    #: vLLM v1 and SGLang register a prompt's blocks as they are scheduled, so a follower shares them;
+    #: llama.cpp caches a prompt in the slot that ran it, so concurrent requests each prefill their own
+    #: copy and only a finished prompt can be reused.  When False the gateway credits the replica with
+    #: a prompt's blocks at its first token instead of at dispatch.
+    shares_prefill_in_flight: bool
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes) -> Exchange:
         """POST a JSON ``body`` to ``replica``'s ``path``; returns once response headers arrived.

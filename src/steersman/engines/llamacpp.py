@@ -100,6 +100,8 @@ def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: i
 class LlamaCppAdapter(OpenAIHttpAdapter):
     """llama-server: requests as any OpenAI server; load from ``/metrics`` + ``/slots``."""
 
+    shares_prefill_in_flight = False  # a prompt is cached in the slot that ran it (see EngineAdapter)
+
     def __init__(self, kind: str = "llamacpp", settings: GatewaySettings = DEFAULTS.gateway) -> None:
         super().__init__(kind, settings)
 

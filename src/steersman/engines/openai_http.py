@@ -71,6 +71,8 @@ def _capacity_blocks(text: str, family: str, block_size: int) -> float | None:
 class OpenAIHttpAdapter:
     """Talks to OpenAI-compatible engines over HTTP/1.1 keep-alive connections."""
 
+    shares_prefill_in_flight = True  # vLLM, SGLang, engine-sim (see EngineAdapter)
+
     def __init__(self, kind: str = "openai", settings: GatewaySettings = DEFAULTS.gateway) -> None:
         self.kind = kind
         self.names: MetricNames = METRIC_NAMES.get(kind, METRIC_NAMES["openai"])

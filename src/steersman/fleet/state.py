@@ -65,6 +65,8 @@ class Ticket:
     key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
     streamed: bool = True  # False: the engine answers all at once, so its "first token" is the whole response
     tpot_target: float = 0.0  # the TPOT it must keep (x its margin): later requests must not slow it past that
+    cache_at_first: Sequence[int] | None = None  # prompt blocks the prefix index credits the replica with at the
+    # first token (an engine that cannot share a prompt still prefilling: see EngineAdapter.shares_prefill_in_flight)
 
 
 def _or_one(x: float) -> float:
@@ -111,6 +113,9 @@ class Fleet:
         self._names = tuple(r.name for r in reps)
         self._gpus = tuple(r.gpu for r in reps)
         self._pools = tuple(r.pool for r in reps)
+        #: replicas whose engine caches a prompt only once it ran (the index learns it at the first token)
+        self.caches_after_prefill = tuple(r.adapter is not None and not r.adapter.shares_prefill_in_flight
+                                          for r in reps)
         self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour) for r in reps])
         masks: dict[str, np.ndarray] = {}
         for r in reps:
@@ -173,6 +178,10 @@ class Fleet:
             return
         now = self.clock.now()
         t.first_at = now
+        if t.cache_at_first is not None:
+            if self.prefix is not None:
+                self.prefix.record(t.replica, t.cache_at_first)
+            t.cache_at_first = None
         if t.on_first is not None:
             t.on_first, hook = None, t.on_first
             hook()
