@@ -35,19 +35,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from steersman.api.errors import ApiError, sse_error_event, upstream_failed
-from steersman.clock import Clock
-from steersman.config import DEFAULTS, ReliabilitySettings
 from steersman.obs.histogram import CounterFamily
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import Continue, Fail, Outcome, Respond, Retry
-from steersman.reliability.budget import AdaptiveThrottle, RetryBudget, full_jitter
+from steersman.reliability.retrier import Retrier
 
-__all__ = ["Stage", "Pipeline", "Retrier", "send_error"]
+__all__ = ["Stage", "Pipeline", "Retrier", "send_error"]  # Retrier: re-exported from steersman.reliability.retrier
 
 log = logging.getLogger("steersman.reliability")
 
@@ -78,32 +75,6 @@ def _deadline_error() -> ApiError:
 def _throttled_error() -> ApiError:
     return ApiError(503, "The gateway is throttling requests: the engines are failing too many of them.",
                     "server_error", None, "throttled", 1.0)
-
-
-class Retrier:
-    """The gateway-wide retry state: budget, adaptive throttle, jitter source, counters."""
-
-    def __init__(self, settings: ReliabilitySettings = DEFAULTS.reliability, clock: Clock | None = None,
-                 rng: random.Random | None = None) -> None:
-        from steersman.clock import WallClock
-
-        self.s = settings
-        self.clock = clock or WallClock()
-        self.rng = rng or random.Random(0)
-        self.budget = RetryBudget(settings)
-        self.throttle = AdaptiveThrottle(settings)
-        self.requests = 0  # client requests that reached the retry section
-        self.attempts = 0  # upstream attempts
-        self.counts = CounterFamily("steersman_retries", "Retry decisions of the gateway by outcome.", ["outcome"])
-        self.families = [self.counts]  # metric families to register with the gateway's registry
-
-    def share(self, ctx: RequestContext) -> float:
-        """A protected workflow step (value > 0) may use a larger share of the budget."""
-        return self.s.workflow_retry_share if ctx.sched is not None and ctx.sched.protection > 0 else 1.0
-
-    def remaining(self, ctx: RequestContext) -> float | None:
-        deadline = ctx.sched.budget.deadline if ctx.sched is not None else None
-        return None if deadline is None else deadline - self.clock.now()
 
 
 class Pipeline:
@@ -141,8 +112,7 @@ class Pipeline:
     async def _route_and_forward(self, ctx: RequestContext, route: Sequence[Stage], forward: Stage) -> Outcome:
         r = self.retrier
         assert r is not None
-        r.requests += 1
-        r.budget.begin()
+        r.begin()
         holding = [False]  # a retry-budget token: held from a retry decision to its attempt's first token
         last: Fail | None = None  # the last upstream failure: what the client sees if no retry succeeds
         reschedules = 0
@@ -159,16 +129,14 @@ class Pipeline:
                     continue
                 if not isinstance(out, Continue):
                     return out
-                if not r.throttle.admit(r.clock.now(), r.rng.random()):
-                    r.counts.inc("throttled")
+                if not r.admit_attempt():
                     return last or Fail(_throttled_error(), Retry.NEVER)
                 ticket = ctx.ticket
                 ctx.attempts += 1
-                r.attempts += 1
                 if holding[0] and ticket is not None:
                     ticket.on_first = lambda: self._release(holding)
                 out = await self._attempt(ctx, forward)
-                r.throttle.result(r.clock.now(), isinstance(out, Respond))
+                r.attempt_ended(isinstance(out, Respond))
                 if isinstance(out, Respond):
                     self._verdict(ticket, True)
                     return out
@@ -180,32 +148,23 @@ class Pipeline:
                     ctx.excluded.add(ctx.replica)
                 evicted = ctx in self._evicted
                 self._evicted.discard(ctx)
-                if out.retry is Retry.CONTINUE_ONLY:
-                    cont = ctx.continuation
-                    if cont is None or not cont.allowed or not self._in_time(ctx):
-                        r.counts.inc("not_continuable")
-                        return out
-                    r.counts.inc("continued")
-                    continue
-                if ctx.attempts >= r.s.retry_max_attempts:
-                    r.counts.inc("attempts_exhausted")
-                    return out
+                cont = ctx.continuation
+                continue_only = out.retry is Retry.CONTINUE_ONLY
                 # a retry away from a replica that is now out of rotation (ejected, breaker open) or that the
-                # gateway abandoned re-routes that replica's share; it is not load on a failing fleet: no token
-                exempt = evicted or (self.fleet is not None and ctx.replica is not None and self.fleet.blocked(ctx.replica))
-                if not holding[0] and not exempt:
-                    if not r.budget.try_retry(r.share(ctx)):
-                        r.counts.inc("budget_exhausted")
-                        return out
-                    holding[0] = True
-                if not await self._backoff(ctx, ctx.attempts):
-                    r.counts.inc("deadline")
+                # gateway abandoned re-routes that replica's share: no token (asked only when it matters)
+                replica = ctx.replica
+                d = r.after_failure(continue_only, ctx.attempts, cont is not None and cont.allowed, r.remaining(ctx.sched),
+                                    lambda: evicted or (self.fleet is not None and replica is not None
+                                                        and self.fleet.blocked(replica)),
+                                    evicted, holding[0], r.share(ctx.sched))
+                holding[0] = d.holding
+                if not d.again:
                     return out
-                r.counts.inc("evicted" if evicted else "rerouted" if exempt else "retried")
+                if not continue_only:
+                    await r.clock.sleep(d.delay_s)
         finally:
             self._evicted.discard(ctx)
-            self._release(holding)
-            r.budget.end()
+            r.end(holding[0])
 
     async def _route(self, ctx: RequestContext, route: Sequence[Stage]) -> Outcome:
         for stage in route:
@@ -214,16 +173,11 @@ class Pipeline:
                 return out
         return out
 
-    def _in_time(self, ctx: RequestContext) -> bool:
-        left = self.retrier.remaining(ctx)
-        return left is None or left > 0
-
     async def _backoff(self, ctx: RequestContext, attempt: int) -> bool:
         """Sleep a full-jitter backoff unless it would end past the deadline; False: no time left."""
         r = self.retrier
-        delay = full_jitter(attempt - 1, r.s.retry_base_backoff_s, r.s.retry_max_backoff_s, r.rng.random())
-        left = r.remaining(ctx)
-        if left is not None and delay >= left:
+        delay = r.backoff(attempt, r.remaining(ctx.sched))
+        if delay is None:
             return False
         await r.clock.sleep(delay)
         return True
@@ -231,7 +185,7 @@ class Pipeline:
     def _release(self, holding: list[bool]) -> None:
         if holding[0]:
             holding[0] = False
-            self.retrier.budget.end_retry()
+            self.retrier.release()
 
     def _verdict(self, ticket, ok: bool) -> None:
         if self.fleet is not None and ticket is not None:
@@ -250,7 +204,7 @@ class Pipeline:
                 task = asyncio.current_task(self._loop)
             self._tasks[ctx] = task  # type: ignore[assignment]
         try:
-            left = self.retrier.remaining(ctx)
+            left = self.retrier.remaining(ctx.sched)
             if left is None:
                 return await forward.run(ctx)
             if left <= 0:
