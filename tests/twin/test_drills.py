@@ -22,8 +22,8 @@ def _spec(shared_dir, drills=None, limit=300, speed=1.0):
     return spec
 
 
-def _run(shared_dir, drills, policy="round-robin", **kw):
-    exp = Experiment(FLEET, _spec(shared_dir, drills, **kw))
+def _run(shared_dir, drills, policy="round-robin", reliability=None, **kw):
+    exp = Experiment(FLEET, _spec(shared_dir, drills, **kw), reliability=reliability)
     s = exp.run(policy)
     c = exp.last.arrays()
     return s, c
@@ -70,12 +70,14 @@ def test_an_unknown_replica_fails_before_the_run(shared_dir):
 
 
 def test_kill_loses_the_requests_in_flight_there_and_reroutes_the_rest(shared_dir):
+    """Without the gateway's reliability mechanisms (retries, continuation) the requests in flight on the
+    dead replica fail; the gateway stops routing there."""
     busy = {"limit": 400, "speed": 4.0}
     _, base = _run(shared_dir, None, **busy)
     on0 = (base["replica"] == 0) & (base["dispatch"] < KILL_AT) & (base["finish"] > KILL_AT)
     expected_lost = int(on0.sum())
     assert expected_lost >= 2  # the drill must hit something
-    s, c = _run(shared_dir, [{"at": f"{KILL_AT}s", "kill": "h-h100-sxm-0"}], **busy)
+    s, c = _run(shared_dir, [{"at": f"{KILL_AT}s", "kill": "h-h100-sxm-0"}], reliability=False, **busy)
     failed = c["status"] == FAILED
     lost_at_kill = failed & (c["finish"] == KILL_AT)
     assert int(lost_at_kill.sum()) == expected_lost  # exactly the ones in flight on the dead replica
@@ -88,6 +90,24 @@ def test_kill_loses_the_requests_in_flight_there_and_reroutes_the_rest(shared_di
     assert sum(r["failed"] for r in rows) == s["failed"]
     assert sum(r["completed"] for r in rows) == s["completed"] and sum(r["arrived"] for r in rows) == s["requests"]
     assert s["per_replica"][0]["failed"] == s["failed"] and s["per_replica"][1]["failed"] == 0
+
+
+def test_with_drills_the_twin_retries_and_continues_as_the_live_gateway(shared_dir):
+    """A drill runs the gateway's reliability mechanisms by default: the streams under way on the killed
+    replica continue on the other one (token-exactly: every request gets all its output, its TTFT stands).
+    As live, a continuation that finds the other replica at its concurrency limit waits a few bounded
+    backoffs (``retry_max_attempts``) and is then ended: only such streams of the dead replica fail."""
+    busy = {"limit": 400, "speed": 4.0}
+    _, base = _run(shared_dir, None, **busy)
+    on0 = (base["replica"] == 0) & (base["dispatch"] < KILL_AT) & (base["finish"] > KILL_AT)
+    s, c = _run(shared_dir, [{"at": f"{KILL_AT}s", "kill": "h-h100-sxm-0"}], **busy)
+    failed = c["status"] == FAILED
+    assert (~failed | on0).all() and s["failed"] < on0.sum() / 2  # off: all of on0 fail (the test above)
+    moved = on0 & ~failed
+    assert (c["replica"][moved] == 1).all() and (c["output"][moved] == base["output"][moved]).all()
+    assert (c["first"][moved] == base["first"][moved]).all() and (c["finish"][moved] > KILL_AT).all()
+    s2, c2 = _run(shared_dir, [{"at": 20, "errors": {"replica": 1, "rate": 0.5}}, {"at": 40, "restore": 1}])
+    assert s2["failed"] == 0 and (c2["status"] == OK).all()  # each failed dispatch retried on replica 0
 
 
 def _ttft_p50(c, replica, t0, t1):
@@ -109,7 +129,8 @@ def test_slow_raises_ttft_on_that_replica_and_restore_ends_it(shared_dir):
 
 
 def test_errors_fail_a_share_of_dispatches_there_until_restored(shared_dir):
-    s, c = _run(shared_dir, [{"at": 20, "errors": {"replica": 1, "rate": 0.5}}, {"at": 40, "restore": "h-h100-sxm-1"}])
+    s, c = _run(shared_dir, [{"at": 20, "errors": {"replica": 1, "rate": 0.5}}, {"at": 40, "restore": "h-h100-sxm-1"}],
+                reliability=False)
     failed = c["status"] == FAILED
     assert set(c["replica"][failed].tolist()) == {1}
     assert ((c["dispatch"][failed] >= 20) & (c["dispatch"][failed] < 40)).all()

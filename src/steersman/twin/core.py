@@ -22,7 +22,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from steersman.config import DEFAULTS, ReliabilitySettings
@@ -38,13 +38,14 @@ from steersman.twin.clock import VirtualClock
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.pd import Disaggregation
 from steersman.twin.results import Recorder
+from steersman.twin.retries import TwinRetries
 
 if TYPE_CHECKING:
     from steersman.twin.workload import Arrival
 
 __all__ = ["Twin", "TwinConfig"]
 
-_ARRIVAL, _WAKE, _EXPIRE, _DRILL, _PULL, _DELIVER = range(6)
+_ARRIVAL, _WAKE, _EXPIRE, _DRILL, _PULL, _DELIVER, _RETRY = range(7)
 _KV = 16  # a disaggregated request's KV reached its decode replica (steersman.twin.pd)
 _PULL_WINDOW_S = 1.0  # open-loop arrivals are pulled from the workload one virtual second at a time
 _EXPIRE_EVERY_S = 0.05  # as the gateway: queued deadlines re-checked at the scrape cadence
@@ -59,8 +60,9 @@ class TwinConfig:
     #: added latency, measured by bench/overhead at one stream (+0.64-0.80 ms TTFT over loopback)
     gateway_latency_s: float = 0.0007
     seed: int = 0
-    #: the gateway's reliability mechanisms (outlier ejection, breakers, adaptive concurrency), on the
-    #: virtual clock; None: off (the twin's results before issue #5 stay as they were)
+    #: the gateway's reliability mechanisms (outlier ejection, breakers, adaptive concurrency, retries and
+    #: stream continuation: :mod:`steersman.twin.retries`), on the virtual clock; None: off (a failed attempt
+    #: fails its request; the twin's results before issue #5 stay as they were)
     reliability: ReliabilitySettings | None = None
     #: during the run, raise the GC thresholds (DEFAULTS.twin) and freeze the start-up heap; restored after
     tune_gc: bool = True
@@ -79,6 +81,14 @@ class _Req:
     pd: int = 0  # prefill/decode disaggregation: 0 colocated, 1 prefilling, 2 KV moving / decoding
     decode: int = -1  # its decode replica
     cached: int = -1  # prompt tokens found in the prefill replica's prefix cache
+    # retries (steersman.twin.retries): upstream attempts, replicas that failed it, budget token held,
+    # begun in the retrier, re-routes that found no replica, tokens sent before its stream moved
+    attempts: int = 0
+    excluded: set = field(default_factory=set)
+    holding: bool = False
+    began: bool = False
+    reschedules: int = 0
+    delivered: int = 0
 
 
 class _gc_tuned:
@@ -118,6 +128,7 @@ class Twin:
         self.tenants = tenants or {}
         self.rec = Recorder(fleet)
         self.pd = Disaggregation(fleet) if fleet.disaggregated else None
+        self.retries = TwinRetries(self, cfg.reliability, cfg.seed + 1) if cfg.reliability is not None else None
         self.progress = progress
         self._heap: list = []
         self._seq = itertools.count()
@@ -166,6 +177,8 @@ class Twin:
                 self._pull(t)
             elif kind == _KV:
                 self._kv_arrived(*data)
+            elif kind == _RETRY:
+                self._retry(data)
             elif kind == _EXPIRE:
                 self._expire()
             else:
@@ -227,6 +240,12 @@ class Twin:
         i = r.started.replica
         rep = self.tf.replicas[i]
         self.rec.dispatched(r.idx, now, i)
+        if self.retries is not None and not self.retries.attempt(r):  # the adaptive throttle refused it
+            self.accounting.ended(r.started, 0, False)
+            self.retries.ended(r, None)
+            self.rec.refused(r.idx, now, 503)
+            self._follow_up(r, ok=False)
+            return
         if rep.dead or (rep.error_rate and self._rng.random() < rep.error_rate):
             self._failed(r)  # the engine refused or the connection failed: a 502 at the gateway
             if rep.dead:
@@ -249,15 +268,16 @@ class Twin:
         rid = str(r.idx)
         prefill = self.pd is not None and self.pd.is_prefill(i)  # prefill only: its first token, then KV moves
         r.pd = 1 if prefill else 0
-        r.sim = SimRequest(req_id=rid, prompt_len=max(a.prompt_tokens, 1),
-                           max_output=1 if prefill else max(a.output_tokens, 1),
+        sent = r.delivered  # a continued stream: the prompt plus what was sent is prefilled, the rest generated
+        r.sim = SimRequest(req_id=rid, prompt_len=max(a.prompt_tokens, 1) + sent,
+                           max_output=1 if prefill else max(a.output_tokens - sent, 1),
                            block_hashes=a.block_hashes, priority=int(r.sched.priority), arrival=now)
         self._reqs[rid] = r
         try:
             wake = rep.submit(r.sim, now)
-        except ValueError:  # can never run there (context too long for the replica)
+        except ValueError:  # can never run there (context too long for the replica): an answer, not retried
             del self._reqs[rid]
-            self._failed(r)
+            self._failed(r, retryable=False)
             if rep.wake_at is not None:  # submit may have cut a decode run first: its new end must still wake it
                 self._push(rep.wake_at, _WAKE, (i, rep.generation))  # (a duplicate of a live wake is dropped as stale)
             return
@@ -275,7 +295,8 @@ class Twin:
             r = self._reqs.get(rid)
             if r is not None and r.started is not None and not r.pd:
                 self.accounting.first_token(r.started)
-                self.rec.first_token(r.idx, self.clock.t)
+                if not r.delivered:  # a continued stream's client saw its first token long ago
+                    self.rec.first_token(r.idx, self.clock.t)
         for rid in res.finished:
             r = self._reqs.pop(rid, None)
             if r is not None:
@@ -305,7 +326,9 @@ class Twin:
             self.pd.load[r.decode] -= 1
         self.fleet.report(r.started.ticket, True)  # the attempt's verdict on its replica (reliability guard)
         cost = self.accounting.ended(r.started, sim.num_output, True, cached)
-        self.rec.finished(r.idx, self.clock.t, sim.num_output, cached, cost)
+        if self.retries is not None:
+            self.retries.ended(r, True)
+        self.rec.finished(r.idx, self.clock.t, r.delivered + sim.num_output, cached, cost)
         self._follow_up(r, ok=True)
 
     # ---- prefill/decode disaggregation (steersman.twin.pd) --------------------------------------
@@ -346,15 +369,40 @@ class Twin:
         if wake is not None:
             self._push(wake, _WAKE, (j, rep.generation))
 
-    def _failed(self, r: _Req) -> None:
+    def _failed(self, r: _Req, continue_only: bool = False, retryable: bool = True) -> None:
+        """An attempt failed (``continue_only``: after its stream began).  With the reliability mechanisms on,
+        the request is retried or continued as live (:mod:`steersman.twin.retries`); else it fails."""
         if r.decode >= 0:
             self.pd.load[r.decode] -= 1
             r.decode = -1
         if r.started is not None:
             self.fleet.report(r.started.ticket, False)
+            if self.retries is not None and retryable and self.pd is None:
+                delay = self.retries.failed(r, continue_only)  # counts the attempt's end
+                if delay is None:
+                    self._fail(r)
+                else:
+                    self._push(self.clock.t + delay, _RETRY, r)
+                return
+        self._fail(r, served=False if r.started is not None else None)
+
+    def _fail(self, r: _Req, served: bool | None = None) -> None:
+        """The request fails (``served``: the verdict of an attempt whose end is not counted yet)."""
         cost = self.accounting.ended(r.started, 0, False) if r.started is not None else 0.0
+        if self.retries is not None:
+            self.retries.ended(r, served)
         self.rec.failed(r.idx, self.clock.t, cost)
         self._follow_up(r, ok=False)
+
+    def _retry(self, r: _Req) -> None:
+        """Route a failed request again (:meth:`TwinRetries.reroute`) and send it."""
+        got = self.retries.reroute(r)
+        if got is None:
+            self._fail(r)
+        elif isinstance(got, float):
+            self._push(self.clock.t + got, _RETRY, r)
+        else:
+            self._dispatch(r, got)
 
     def _follow_up(self, r: _Req, ok: bool) -> None:
         for a in self.workload.on_complete(r.arrival, self.clock.t, ok):
@@ -379,10 +427,12 @@ class Twin:
         """Replica ``i`` dies: its requests fail; the gateway stops routing there after the failed scrapes
         (``unhealthy_after_failures`` x the scrape interval), or at once on a failed dispatch."""
         rep = self.tf.replicas[i]
-        for rid in rep.kill():
+        for rid in rep.kill(self.clock.t):
             r = self._reqs.pop(rid, None)
             if r is not None:
-                self._failed(r)
+                sent = r.sim.num_output if not r.pd else 0  # tokens its client already has
+                r.delivered += sent
+                self._failed(r, continue_only=r.delivered > 0)
         detect = DEFAULTS.gateway.unhealthy_after_failures * self.cfg.metrics_interval_s
         self.schedule_drill(self.clock.t + detect, lambda tw: tw.tf.replicas[i].dead and tw.fleet.set_healthy(i, False))
 

@@ -140,8 +140,11 @@ class SimReplica:
         m = self.engine.commit(plan, k)
         return RunResult(m.end, [], m.finished, m.end - m.start, _compute_bound_s(plan, k), k)
 
-    def kill(self) -> list[str]:
-        """The replica dies: every request on it is lost.  Returns their ids."""
+    def kill(self, now: float | None = None) -> list[str]:
+        """The replica dies: every request on it is lost.  Returns their ids.  With ``now``, the decode steps
+        that ended before it count first (a request's ``num_output`` is what it sent before the death)."""
+        if now is not None:
+            self._cut(now)
         self.dead = True
         self.generation += 1
         self.wake_at = None

@@ -68,6 +68,10 @@ class Experiment:
     samples: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     #: the recorder of the latest run (per-request columns, for analyses beyond the summary)
     last: Recorder | None = None
+    #: run the gateway's reliability mechanisms (ejection, breakers, adaptive concurrency, retries, stream
+    #: continuation) with the fleet file's settings; None: when the spec has failure drills (what the live
+    #: gateway would do then), off otherwise (policy comparisons stay as they were measured)
+    reliability: bool | None = None
 
     def run(self, policy: str, load: float = 1.0, progress: Callable[[float, int], None] | None = None) -> dict:
         tf = TwinFleet.from_config(self.fleet)
@@ -77,14 +81,16 @@ class Experiment:
         tenants = dict(getattr(wl, "tenants", None) or {})
         if self.fleet.tenants is not None:
             tenants.update(self.fleet.tenants.tenants)
-        twin = Twin(tf, wl, policy_for(policy, self.fleet), tenants, TwinConfig(duration_s=duration, seed=self.seed),
-                    progress)
         drills = parse_drills(self.spec.get("drills"))
+        on = bool(drills) if self.reliability is None else self.reliability
+        cfg = TwinConfig(duration_s=duration, seed=self.seed, reliability=self.fleet.reliability if on else None)
+        twin = Twin(tf, wl, policy_for(policy, self.fleet), tenants, cfg, progress)
         schedule_drills(twin, drills)
         rec = twin.run()
         self.last = rec
         s = summarize(rec)
         s["drills"] = [d.as_json() for d in drills]
+        s["retries"] = retry_summary(twin.retries)
         if self.timeline_s is None:  # one window for every run of the experiment: timelines line up
             self.timeline_s = window_for(rec.duration)
         s["timeline"] = timeline(rec, self.timeline_s)
@@ -100,3 +106,13 @@ class Experiment:
         for policy in policies:
             for load in loads:
                 self.run(policy, load, progress_factory(policy, load) if progress_factory else None)
+
+
+def retry_summary(retries) -> dict[str, int]:
+    """What the gateway's retry logic did in a run (zeros when the reliability mechanisms were off)."""
+    c = retries.counts if retries is not None else {}
+    get = lambda *k: int(sum(c.get(x, 0) for x in k))  # noqa: E731
+    return {"attempts": int(retries.retrier.attempts) if retries is not None else 0,
+            "retried": get("retried", "rerouted", "evicted"), "continued": get("continued"),
+            "gave_up": get("not_continuable", "attempts_exhausted", "budget_exhausted", "deadline"),
+            "throttled": get("throttled")}

@@ -1,0 +1,109 @@
+"""The live gateway's retries and stream continuation, on the twin's virtual clock.
+
+With :attr:`TwinConfig.reliability <steersman.twin.core.TwinConfig.reliability>` set, a
+request whose attempt fails is handled as the live request path handles it
+(:class:`steersman.pipeline.runner.Pipeline`), with the same
+:class:`~steersman.reliability.retrier.Retrier` deciding:
+
+* before every upstream attempt, the adaptive throttle may refuse it (503);
+* an attempt that failed before the first token (a dead replica, a 5xx, a replica
+  killed while the request waited or prefilled) is retried while the attempts, the
+  retry budget and the deadline allow, after a full-jitter backoff, routed again by
+  the policy with the failed replicas excluded and without being admitted again;
+* a stream whose replica died after its first token continues on another replica
+  at once: the new replica prefills the prompt plus the tokens already sent (the
+  prompt's blocks may be cached there; the sent tokens are not) and generates the
+  rest, so the client sees one stream with a gap, and the TTFT it saw stands;
+* a re-route that finds no replica free waits and asks again (bounded), as live.
+
+The failed attempt's replica accounting ends when the next replica is chosen, as
+live.  Not modelled: retries in prefill/decode-disaggregated mode (a failure there
+ends the request), and a continuation being refused because its stream held a tool
+call (the twin's requests have none).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from steersman.config import ReliabilitySettings
+from steersman.control.plane import Dispatch
+from steersman.policy.base import Queue, Route
+from steersman.reliability.retrier import Retrier
+
+__all__ = ["TwinRetries"]
+
+
+class TwinRetries:
+    """Per-twin retry state; the twin calls it at each attempt, failure and end of a request."""
+
+    __slots__ = ("tw", "retrier")
+
+    def __init__(self, twin, settings: ReliabilitySettings, seed: int) -> None:
+        self.tw = twin
+        self.retrier = Retrier(settings, twin.clock, random.Random(seed))
+
+    @property
+    def counts(self) -> dict[str, float]:
+        return {k[0]: v for k, v in self.retrier.counts.values.items()}
+
+    # ---- attempts ---------------------------------------------------------------------------
+    def attempt(self, r) -> bool:
+        """Before an upstream attempt (``r.started`` is its accounting): False when the throttle refuses it."""
+        rt = self.retrier
+        if not r.began:
+            rt.begin()
+            r.began = True
+        if not rt.admit_attempt():
+            return False
+        r.attempts += 1
+        if r.holding:  # the retried attempt's first token gives the budget token back
+            r.started.ticket.on_first = lambda: self._release(r)
+        return True
+
+    def _release(self, r) -> None:
+        if r.holding:
+            r.holding = False
+            self.retrier.release()
+
+    def ended(self, r, served: bool | None) -> None:
+        """The request is over (``served``: its last attempt's verdict, None when it never went upstream)."""
+        if served is not None:
+            self.retrier.attempt_ended(served)
+        if r.began:
+            self.retrier.end(r.holding)
+            r.began = r.holding = False
+
+    def failed(self, r, continue_only: bool) -> float | None:
+        """Attempt ``r.started`` failed on its replica: seconds until the request is routed again, or None
+        (the request fails).  ``continue_only``: its stream had begun."""
+        rt = self.retrier
+        rt.attempt_ended(False)
+        i = r.started.replica
+        r.excluded.add(i)
+        fleet = self.tw.fleet
+        d = rt.after_failure(continue_only, r.attempts, True, rt.remaining(r.sched), lambda: fleet.blocked(i), False,
+                             r.holding, rt.share(r.sched))
+        r.holding = d.holding
+        return d.delay_s if d.again else None
+
+    # ---- routing again ------------------------------------------------------------------------
+    def reroute(self, r) -> Dispatch | float | None:
+        """Route ``r`` again, avoiding the replicas that failed it: a dispatch (the failed attempt's accounting
+        ended), seconds to wait before asking again (no replica free now), or None (the request fails)."""
+        tw = self.tw
+        req = replace(r.sched, excluded=frozenset(r.excluded))
+        decision = tw.plane.policy.pick(tw.fleet.snapshot(), req)
+        if isinstance(decision, Route):
+            old = r.started
+            tw.fleet.end(old.ticket, 0)
+            r.sched = req
+            return Dispatch(decision, old.admit)
+        if not isinstance(decision, Queue):
+            return None
+        rt = self.retrier
+        r.reschedules += 1
+        if r.reschedules >= rt.s.retry_max_attempts:
+            return None
+        return rt.backoff(r.reschedules, rt.remaining(r.sched))

@@ -1,0 +1,97 @@
+"""Retries and stream continuation in the twin, with the live gateway's Retrier: a failure drill shows what
+the live system would do (a killed replica's streams go on elsewhere, failed dispatches are retried within
+the budget), and with the reliability mechanisms off a failed attempt fails its request, as before."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from steersman.config import DEFAULTS
+from steersman.policy import make_policy
+from steersman.testing import ReplayWorkload
+from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
+from steersman.twin.results import OK
+
+
+@dataclass(frozen=True, slots=True)
+class _A:  # the twin's arrival shape
+    time: float
+    seq: int
+    tenant: str = "t"
+    model: str = "llama-3.1-8b"
+    prompt_tokens: int = 645
+    block_hashes: tuple = ()
+    output_tokens: int = 300
+    max_tokens: int | None = 300
+    slo_class: str | None = None
+    deadline_s: float | None = None
+    workflow: str | None = None
+    step: int | None = None
+    steps: int | None = None
+
+
+def _workload(rate: float, n: int, seed: int = 0) -> ReplayWorkload:
+    rng = random.Random(seed)
+    t, items = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        items.append(_A(t, i, block_hashes=tuple(hash((i, j)) for j in range(40))))
+    return ReplayWorkload(items)
+
+
+def _twin(reliability, drills, n=600, rate=20.0, replicas=3):
+    fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(replicas)])
+    twin = Twin(fleet, _workload(rate, n), make_policy("least-request"), cfg=TwinConfig(reliability=reliability))
+    for at, action in drills:
+        twin.schedule_drill(at, action)
+    rec = twin.run()
+    return summarize(rec), rec, twin
+
+
+REL = DEFAULTS.reliability
+
+
+def test_a_killed_replicas_streams_continue_elsewhere_and_its_waiting_requests_are_retried():
+    kill = [(10.0, lambda tw: tw.kill(0))]
+    off, _, _ = _twin(None, kill)
+    on, rec, twin = _twin(REL, kill)
+    assert off["failed"] > 0  # without the gateway's mechanisms every request on the dead replica fails
+    assert on["failed"] == 0 and on["completed"] == 600
+    counts = twin.retries.counts
+    assert counts.get("continued", 0) >= 1  # streams under way moved
+    c = rec.arrays()
+    assert (c["output"][c["status"] == OK] == 300).all()  # every stream got all its tokens, once
+    moved = (c["first"] < 10.0) & (c["finish"] > 10.0) & (c["replica"] != 0)
+    assert moved.sum() >= counts["continued"]  # they finished on another replica, first token before the death
+
+
+def test_failed_dispatches_are_retried_within_the_budget():
+    errors = [(5.0, lambda tw: tw.errors(1, 0.5))]
+    off, _, _ = _twin(None, errors)
+    on, _, twin = _twin(REL, errors)
+    assert off["failed"] > 20
+    assert on["failed"] < off["failed"] / 5
+    assert twin.retries.retrier.counts.get("retried") + twin.retries.retrier.counts.get("rerouted") > 0
+
+
+def test_a_fleet_failing_everything_gets_no_retry_storm():
+    """Every dispatch fails: the retry budget, the adaptive throttle and the breakers bound the attempts, as
+    live (tests/faults/test_storm.py), instead of retry_max_attempts per request."""
+    everywhere = [(1.0, lambda tw: [tw.errors(i, 1.0) for i in range(3)])]
+    s, rec, twin = _twin(replace(REL, consecutive_failures=10**9), everywhere, n=400)
+    rt = twin.retries.retrier
+    failing = int((rec.arrays()["arrival"] > 1.0).sum())
+    assert rt.attempts <= 1.5 * rt.requests  # not retry_max_attempts (3) x the requests
+    assert rt.counts.get("throttled") + s["refused"] > failing / 2  # shed at the gateway, not sent to fail
+    assert rt.budget.active == 0 and rt.budget.retries == 0  # every request settled its budget
+    assert s["failed"] + s["refused"] >= failing - 5
+
+
+def test_results_do_not_change_with_the_mechanisms_on_when_nothing_fails():
+    a, ra, _ = _twin(None, [], n=300)
+    b, rb, twin = _twin(replace(REL, latency_floor_ttft_s=60.0, latency_floor_tpot_s=60.0), [], n=300)
+    assert a["completed"] == b["completed"] == 300 and not twin.retries.counts
+    assert np.allclose(ra.arrays()["finish"], rb.arrays()["finish"])
