@@ -94,16 +94,14 @@ def test_kill_loses_the_requests_in_flight_there_and_reroutes_the_rest(shared_di
 
 def test_with_drills_the_twin_retries_and_continues_as_the_live_gateway(shared_dir):
     """A drill runs the gateway's reliability mechanisms by default: the streams under way on the killed
-    replica continue on the other one (token-exactly: every request gets all its output, its TTFT stands).
-    As live, a continuation that finds the other replica at its concurrency limit waits a few bounded
-    backoffs (``retry_max_attempts``) and is then ended: only such streams of the dead replica fail."""
+    replica continue on the other one (token-exactly: every request gets all its output, its TTFT stands),
+    even when that one is at its adaptive concurrency limit (a resumed stream is not new work); nothing fails."""
     busy = {"limit": 400, "speed": 4.0}
     _, base = _run(shared_dir, None, **busy)
     on0 = (base["replica"] == 0) & (base["dispatch"] < KILL_AT) & (base["finish"] > KILL_AT)
     s, c = _run(shared_dir, [{"at": f"{KILL_AT}s", "kill": "h-h100-sxm-0"}], **busy)
-    failed = c["status"] == FAILED
-    assert (~failed | on0).all() and s["failed"] < on0.sum() / 2  # off: all of on0 fail (the test above)
-    moved = on0 & ~failed
+    assert s["failed"] == 0 and s["completed"] == 400 and s["retries"]["continued"] == on0.sum() >= 5
+    moved = on0
     assert (c["replica"][moved] == 1).all() and (c["output"][moved] == base["output"][moved]).all()
     assert (c["first"][moved] == base["first"][moved]).all() and (c["finish"][moved] > KILL_AT).all()
     s2, c2 = _run(shared_dir, [{"at": 20, "errors": {"replica": 1, "rate": 0.5}}, {"at": 40, "restore": 1}])

@@ -121,7 +121,8 @@ class Schedule:
         """
         gw = self.gw
         old = ctx.started_at
-        req = replace(ctx.sched, excluded=frozenset(ctx.excluded))
+        # a stream already under way (bytes reached the client) moves its admitted load: not new work
+        req = replace(ctx.sched, excluded=frozenset(ctx.excluded), resumed=bool(ctx.http.started))
         decision = gw.policy.pick(gw.fleet.snapshot(), req)
         if not isinstance(decision, Route):
             err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,

@@ -204,14 +204,15 @@ class _Fused:
         idx = np.empty(mask.size, dtype=np.intp)
         ex = req.excluded
         candidates, n = gate_pass(mask, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until,
-                                  snap.time, snap.live[S.IN_FLIGHT], _NONE if snap.limits is None else snap.limits,
+                                  snap.time, snap.live[S.IN_FLIGHT],
+                                  _NONE if snap.limits is None or req.resumed else snap.limits,
                                   np.fromiter(ex, dtype=np.intp, count=len(ex)) if ex else _NO_EXCLUDED, idx)
         if not candidates:
             return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
         self.gate_hist.observe(clock() - t0)
         if not n:
             return self.profile.gate.empty(self.profile.context(snap, req))
-        if self.sat is not None:
+        if self.sat is not None and not req.resumed:
             hist, staleness, depth, kv = self.sat
             t0 = clock()
             n = saturation_pass(idx, n, snap.live, snap.statics.max_seqs, snap.time, staleness, depth, kv)

@@ -221,7 +221,7 @@ class Profile:
             if not kept:
                 return self.gate.empty(ctx)
             ctx.narrow(keep)
-        if self.saturation is not None:
+        if self.saturation is not None and not ctx.request.resumed:  # a resumed stream is not new work
             t0 = clock()
             sat = self.saturation(ctx)
             hist["saturation"].observe(clock() - t0)

@@ -3,7 +3,8 @@
 It keeps only candidates that are routable (healthy, weights warm — a cold or
 loading replica never gets traffic), not ejected or behind an open circuit
 breaker (``snapshot.blocked_until``), under their adaptive concurrency limit
-(``snapshot.limits`` against the gateway's in-flight count), and not excluded
+(``snapshot.limits`` against the gateway's in-flight count; not for a stream being
+resumed elsewhere, whose load was admitted already), and not excluded
 for this request (replicas a retry must avoid, ``request.excluded``).
 
 When nothing passes, :meth:`ReliabilityFilter.empty` says why: *queue* when
@@ -48,8 +49,9 @@ class ReliabilityFilter:
     name = "reliability"
 
     def filter(self, ctx: DecisionContext) -> np.ndarray:
-        """Routable, not blocked, not excluded and (whole limits: the fleet floors them) under the limit."""
-        return _keep(ctx, limits=True)
+        """Routable, not blocked, not excluded and (whole limits: the fleet floors them) under the limit (unless
+        the request is a stream being resumed: see :attr:`SchedRequest.resumed`)."""
+        return _keep(ctx, limits=not ctx.request.resumed)
 
     def empty(self, ctx: DecisionContext) -> Decision:
         """The decision when no candidate passed :meth:`filter`."""

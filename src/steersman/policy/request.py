@@ -68,6 +68,10 @@ class SchedRequest:
     budget: LatencyBudget = LatencyBudget()
     workflow: WorkflowView | None = None
     excluded: frozenset[int] = frozenset()  # replicas not to pick (a retry avoids the ones that failed it)
+    #: a stream under way moving to another replica (its replica failed mid-stream): its load was admitted and
+    #: running already, so the gates on *new* work (adaptive concurrency limit, saturation queue) do not hold
+    #: it back; ejection, breakers and exclusions still apply
+    resumed: bool = False
 
     @property
     def protection(self) -> float:

@@ -14,7 +14,9 @@ request whose attempt fails is handled as the live request path handles it
   at once: the new replica prefills the prompt plus the tokens already sent (the
   prompt's blocks may be cached there; the sent tokens are not) and generates the
   rest, so the client sees one stream with a gap, and the TTFT it saw stands;
-* a re-route that finds no replica free waits and asks again (bounded), as live.
+* a re-route that finds no replica free waits and asks again (bounded), as live; a
+  resumed stream is not held back by the gates on new work (concurrency limit,
+  saturation queue: :attr:`~steersman.policy.request.SchedRequest.resumed`).
 
 The failed attempt's replica accounting ends when the next replica is chosen, as
 live.  Not modelled: retries in prefill/decode-disaggregated mode (a failure there
@@ -93,7 +95,7 @@ class TwinRetries:
         """Route ``r`` again, avoiding the replicas that failed it: a dispatch (the failed attempt's accounting
         ended), seconds to wait before asking again (no replica free now), or None (the request fails)."""
         tw = self.tw
-        req = replace(r.sched, excluded=frozenset(r.excluded))
+        req = replace(r.sched, excluded=frozenset(r.excluded), resumed=r.delivered > 0)
         decision = tw.plane.policy.pick(tw.fleet.snapshot(), req)
         if isinstance(decision, Route):
             old = r.started
