@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from numba import njit
 
+import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
+
 __all__ = ["scatter_bits"]
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
+
 from steersman.fleet import snapshot as S
 from steersman.policy import framework
 from steersman.policy import kernels as K

@@ -15,6 +15,8 @@ import math
 import numpy as np
 from numba import njit
 
+import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
+
 from steersman.fleet import snapshot as S
 from steersman.policy import plugin_kernels
 
