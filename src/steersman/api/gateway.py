@@ -42,6 +42,7 @@ from steersman.pipeline.runner import Pipeline, Retrier, send_error
 from steersman.pipeline.stages import ParseRequest, ResolveModel
 from steersman.policy import PLUGIN_LATENCY, make_policy
 from steersman.policy.kernels import warm_up
+from steersman.text._fast_tokenize import warm_up as warm_up_tokenizer
 from steersman.reliability import ReplicaGuard
 from steersman.sim import gpu_profile
 
@@ -107,6 +108,7 @@ class Gateway(RequestLifecycle):
 
     async def start(self) -> None:
         warm_up()  # compile (or load cached) scheduling kernels before the first request
+        warm_up_tokenizer()
         endpoints = list(self.cfg.endpoints)
         if self.sim_fleet is not None:
             endpoints += await self.sim_fleet.start()

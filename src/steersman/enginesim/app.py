@@ -25,6 +25,7 @@ from steersman.enginesim.metrics import SimMetrics
 from steersman.enginesim.runner import EngineRunner
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.sim import EngineModel, gpu_profile, model_profile
+from steersman.text._fast_tokenize import warm_up as warm_up_tokenizer
 
 __all__ = ["SimServerConfig", "SimServer"]
 
@@ -90,6 +91,7 @@ class SimServer:
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> int:
+        warm_up_tokenizer()  # compile (or load) the prompt tokenizer before the first request
         self.runner.start()
         self.port = await self.http.start(self.cfg.host, self.cfg.port)
         return self.port

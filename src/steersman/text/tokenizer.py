@@ -20,6 +20,8 @@ import re
 import zlib
 from collections.abc import Sequence
 
+from steersman.text._fast_tokenize import fast_ids
+
 __all__ = ["Tokenizer", "tokenize", "count_tokens", "block_hashes", "ROOT_HASH"]
 
 _PIECE = re.compile(r" ?[^\W\d_]{1,8}| ?\d{1,3}| ?(?:[^\s\w]|_){1,4}|\s+(?!\S)|\s+")
@@ -28,6 +30,9 @@ _PIECE = re.compile(r" ?[^\W\d_]{1,8}| ?\d{1,3}| ?(?:[^\s\w]|_){1,4}|\s+(?!\S)|\
 ROOT_HASH = 0x5EED_5EED
 
 _CACHE_LIMIT = 1 << 18
+#: Texts this long or longer take the compiled splitter; shorter ones the regular expression, which is
+#: cheaper below ~40 characters (measured: 20 chars 2.2 vs 2.7 us, 60 chars 3.8 vs 2.9 us).
+_COMPILED_FROM = 48
 _ids: dict[str, int] = {}
 
 
@@ -46,7 +51,13 @@ def pieces(text: str) -> list[str]:
 
 
 def tokenize(text: str) -> list[int]:
-    """Token ids of ``text``."""
+    """Token ids of ``text`` (long texts in one compiled pass: :mod:`steersman.text._fast_tokenize`)."""
+    if len(text) >= _COMPILED_FROM:
+        return fast_ids(text)
+    return _regex_ids(text)
+
+
+def _regex_ids(text: str) -> list[int]:
     get = _ids.get
     out = []
     append = out.append
