@@ -42,6 +42,7 @@ from steersman.pipeline.runner import Pipeline, Retrier, send_error
 from steersman.pipeline.stages import ParseRequest, ResolveModel
 from steersman.policy import PLUGIN_LATENCY, make_policy
 from steersman.policy.kernels import warm_up
+from steersman.policy.request import PriorityClass, SchedRequest
 from steersman.text._fast_tokenize import warm_up as warm_up_tokenizer
 from steersman.reliability import ReplicaGuard
 from steersman.sim import gpu_profile
@@ -141,9 +142,24 @@ class Gateway(RequestLifecycle):
             self.fleet,
         )
         self.pipeline.watch(self.fleet.guard, [r.name for r in replicas])
+        self._warm_decisions()
         for fam in self.pipeline.retrier.families:
             self.metrics.registry.register(fam)
         self.port = await self.http.start(self.settings.host, self.settings.port)
+
+    def _warm_decisions(self) -> None:
+        """One decision per model on the live fleet's snapshot (nothing dispatched, nothing recorded): the
+        routing kernels get compiled (or loaded) for the snapshot's read-only array types now, not on the
+        first requests (a cold numba cache cost the first requests ~2 s).  Each plugin's latency histogram
+        gets one sample from it."""
+        assert self.fleet is not None
+        snap = self.fleet.snapshot()
+        for model in self.fleet.models():
+            for n in (0, 8):  # without and with prompt blocks (the prefix match path)
+                req = SchedRequest(seq=0, model=model, kind="chat", stream=True, tenant="warm-up",
+                                   priority=PriorityClass.STANDARD, arrival=snap.time, prompt_tokens=16 * n + 1,
+                                   block_hashes=tuple(range(1, n + 1)), max_tokens=16, expected_output=16)
+                self.policy.pick(snap, req)
 
     async def _discover_models(self) -> None:
         assert self.fleet is not None

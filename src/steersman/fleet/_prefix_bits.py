@@ -11,7 +11,7 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
-__all__ = ["scatter_bits"]
+__all__ = ["scatter_bits", "warm_up"]
 
 
 @njit(cache=True, nogil=True)
@@ -28,3 +28,11 @@ def scatter_bits(raw, n, value, out, add):
                         out[i] += value
                     else:
                         out[i] = value
+
+
+def warm_up() -> None:
+    """Compile (or load) now, with the argument types :class:`PrefixIndex` passes (a read-only byte view)."""
+    import numpy as np
+
+    for add in (False, True):
+        scatter_bits(np.frombuffer(b"\x01", dtype=np.uint8), 1, 1, np.zeros(1, dtype=np.int64), add)

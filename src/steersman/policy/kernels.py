@@ -17,6 +17,7 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
+from steersman.fleet import _prefix_bits as prefix_bits
 from steersman.fleet import snapshot as S
 from steersman.policy import plugin_kernels
 
@@ -301,3 +302,4 @@ def warm_up() -> None:
     slo_pool_kernel(one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()
+    prefix_bits.warm_up()
