@@ -424,8 +424,10 @@ class Twin:
 
     # ---- failure drills (called from drill events) -------------------------------------------
     def kill(self, i: int) -> None:
-        """Replica ``i`` dies: its requests fail; the gateway stops routing there after the failed scrapes
-        (``unhealthy_after_failures`` x the scrape interval), or at once on a failed dispatch."""
+        """Replica ``i`` dies.  Its requests fail, or, with the reliability mechanisms on, its streams under way
+        continue elsewhere and the others are retried (:mod:`steersman.twin.retries`).  The gateway stops
+        routing there after the failed scrapes (``unhealthy_after_failures`` x the scrape interval), or at
+        once on a failed dispatch."""
         rep = self.tf.replicas[i]
         for rid in rep.kill(self.clock.t):
             r = self._reqs.pop(rid, None)
