@@ -35,6 +35,7 @@ from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
+from steersman.twin.drill_actions import DrillActions
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.pd import Disaggregation
 from steersman.twin.results import Recorder
@@ -111,7 +112,7 @@ class _gc_tuned:
             gc.unfreeze()
 
 
-class Twin:
+class Twin(DrillActions):
     def __init__(self, fleet: TwinFleet, workload, policy, tenants: dict[str, TenantConfig] | None = None,
                  cfg: TwinConfig = TwinConfig(), progress: Callable[[float, int], None] | None = None) -> None:
         self.cfg = cfg
@@ -145,6 +146,10 @@ class Twin:
 
     def schedule_drill(self, t: float, action: Callable[[Twin], None]) -> None:
         self._push(t, _DRILL, action)
+
+    def _wake_at(self, t: float, i: int) -> None:
+        """Replica ``i``'s run in progress ends at ``t`` (a later change of plan makes this wake stale)."""
+        self._push(t, _WAKE, (i, self.tf.replicas[i].generation))
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> Recorder:
@@ -421,53 +426,3 @@ class Twin:
             self._push(self.clock.t + _EXPIRE_EVERY_S, _EXPIRE, None)
         else:
             self._expiring = False
-
-    # ---- failure drills (called from drill events) -------------------------------------------
-    def kill(self, i: int) -> None:
-        """Replica ``i`` dies.  Its requests fail, or, with the reliability mechanisms on, its streams under way
-        continue elsewhere and the others are retried (:mod:`steersman.twin.retries`).  The gateway stops
-        routing there after the failed scrapes (``unhealthy_after_failures`` x the scrape interval), or at
-        once on a failed dispatch."""
-        rep = self.tf.replicas[i]
-        for rid in rep.kill(self.clock.t):
-            r = self._reqs.pop(rid, None)
-            if r is not None:
-                sent = r.sim.num_output if not r.pd else 0  # tokens its client already has
-                r.delivered += sent
-                self._failed(r, continue_only=r.delivered > 0)
-        detect = DEFAULTS.gateway.unhealthy_after_failures * self.cfg.metrics_interval_s
-        self.schedule_drill(self.clock.t + detect, lambda tw: tw.tf.replicas[i].dead and tw.fleet.set_healthy(i, False))
-
-    def slow(self, i: int, factor: float) -> None:
-        """Replica ``i``'s GPU degrades: every step from the next boundary on lasts ``factor`` x longer."""
-        rep = self.tf.replicas[i]
-        wake = rep.set_slowdown(factor, self.clock.t)
-        if wake is not None:
-            self._push(wake, _WAKE, (i, rep.generation))
-
-    def errors(self, i: int, rate: float) -> None:
-        self.tf.replicas[i].error_rate = rate
-
-    def restore(self, i: int) -> None:
-        """Replica ``i`` recovers: no slowdown, no errors; a dead one restarts cold (weights load, empty KV cache)
-        and takes traffic again once warm and scraped healthy, as the live gateway would see it."""
-        rep = self.tf.replicas[i]
-        self.errors(i, 0.0)
-        self.slow(i, 1.0)
-        if not rep.dead:
-            return
-        rep.dead = False
-        rep.engine.unload()
-        ready = rep.engine.begin_load(self.clock.t)
-        self._scraped[i] = -math.inf
-        self._scrape(i)  # loading: not routable
-
-        def warm(tw: Twin) -> None:
-            tw.tf.replicas[i].engine.state(tw.clock.t)  # the load finished
-            tw._scraped[i] = -math.inf
-            tw._scrape(i)
-            tw.fleet.set_healthy(i, True)
-            if tw.plane.waiting:
-                tw._dispatch_queued()
-
-        self.schedule_drill(ready, warm)
