@@ -164,7 +164,8 @@ class Pipeline:
                     await r.clock.sleep(d.delay_s)
         finally:
             self._evicted.discard(ctx)
-            r.end(holding[0])
+            held, holding[0] = holding[0], False  # a late first-token hook must not give the token back twice
+            r.end(held)
 
     async def _route(self, ctx: RequestContext, route: Sequence[Stage]) -> Outcome:
         for stage in route:
