@@ -36,8 +36,9 @@ WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 #: (routed minus finished: negative when more left than came, which frees slots);
 #: prefix_accuracy is the engine-reported cache hit / the index's prediction (EWMA);
 #: stalled_since is when the replica last made progress on the requests of ours still
-#: awaiting a first token there (their oldest dispatch, or its latest first token / finished
-#: request if later), NaN when none awaits: ``time - stalled_since`` is the hang signal;
+#: awaiting a first token there (their oldest dispatch, or its latest first token / stream served
+#: to its end if later), NaN when none awaits: ``time - stalled_since`` is the hang signal (the
+#: policies' and the reliability guard's sweep);
 #: resident_tpot is the tightest TPOT target (x the margin its decision used) among our requests
 #: in flight there, 0 when none has one: a newcomer must not slow the shared steps past it.
 #: The ratios are NaN until a replica is observed; predictors use the fleet prior then.
