@@ -168,13 +168,19 @@ def test_a_failed_attempt_awaits_nothing_while_its_request_waits_to_be_rerouted(
     assert fleet.guard.outliers.total.sum() == 0 and np.isnan(fleet.snapshot().live[S_.STALLED_SINCE, 2])
 
 
-def test_a_stream_the_client_left_is_no_progress():
+def _stream_and_one_queued():
+    """Replica 2 streams one request (first token at 10.0) and has one more awaiting a first token from 10.01."""
     fleet, clock = _stall_fleet()
     clock._now = 10.0
     under_way = fleet.begin(2)
     fleet.first_token(under_way)
     clock._now = 10.01
-    fleet.begin(2)  # queued behind it, awaiting a first token from 10.01 on; then the engine hangs
+    fleet.begin(2)
+    return fleet, clock, under_way
+
+
+def test_a_stream_the_client_left_is_no_progress():
+    fleet, clock, under_way = _stream_and_one_queued()  # then the engine hangs
     clock._now = 10.35
     fleet.end(under_way, 3)  # the client gave up on the frozen stream: no verdict, and no sign of life
     snap = _at(fleet, clock, 10.42)
@@ -182,12 +188,7 @@ def test_a_stream_the_client_left_is_no_progress():
 
 
 def test_a_stream_served_to_its_end_is_progress():
-    fleet, clock = _stall_fleet()
-    clock._now = 10.0
-    under_way = fleet.begin(2)
-    fleet.first_token(under_way)
-    clock._now = 10.01
-    fleet.begin(2)
+    fleet, clock, under_way = _stream_and_one_queued()
     clock._now = 10.35
     fleet.report(under_way, True)
     fleet.end(under_way, 3)

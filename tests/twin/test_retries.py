@@ -4,47 +4,21 @@ the budget), and with the reliability mechanisms off a failed attempt fails its 
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
 from steersman.config import DEFAULTS
 from steersman.policy import make_policy
-from steersman.testing import ReplayWorkload
+from steersman.testing import poisson
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 from steersman.twin.results import OK
 
 
-@dataclass(frozen=True, slots=True)
-class _A:  # the twin's arrival shape
-    time: float
-    seq: int
-    tenant: str = "t"
-    model: str = "llama-3.1-8b"
-    prompt_tokens: int = 645
-    block_hashes: tuple = ()
-    output_tokens: int = 300
-    max_tokens: int | None = 300
-    slo_class: str | None = None
-    deadline_s: float | None = None
-    workflow: str | None = None
-    step: int | None = None
-    steps: int | None = None
-
-
-def _workload(rate: float, n: int, seed: int = 0) -> ReplayWorkload:
-    rng = random.Random(seed)
-    t, items = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        items.append(_A(t, i, block_hashes=tuple(hash((i, j)) for j in range(40))))
-    return ReplayWorkload(items)
-
-
 def _twin(reliability, drills, n=600, rate=20.0, replicas=3):
     fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(replicas)])
-    twin = Twin(fleet, _workload(rate, n), make_policy("least-request"), cfg=TwinConfig(reliability=reliability))
+    workload = poisson(rate, n, output_tokens=300, max_tokens=300)
+    twin = Twin(fleet, workload, make_policy("least-request"), cfg=TwinConfig(reliability=reliability))
     for at, action in drills:
         twin.schedule_drill(at, action)
     rec = twin.run()
