@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """bench/policies: every routing profile through the digital twin, same fleet, same load near saturation.
 
-    .venv/bin/python bench/policies/run.py            # full run (~10 min on one core)
+    .venv/bin/python bench/policies/run.py            # full run (~3 min on one core here)
     .venv/bin/python bench/policies/run.py --quick    # fewer requests, 3 probe policies (~2-3 min)
 
 Fleet: examples/twin-fleet.yaml (4x H100 + 4x A100, Llama-3.1-8B).  Workloads
-(bench/policies/workloads.py): the Azure conversation and code traces, the
+(bench/policies/workloads.py): the Azure conversation and code traces, the whole
 Mooncake trace (prefix-heavy) and the agentic mix of examples/agentic-mix.yaml.
 For each workload the fleet's capacity is measured first (calibrate.py: the
 highest rate any probed policy sustains in overload), then every profile runs at
@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
     args = ap.parse_args(argv)
 
-    requests, agentic_s = (600, 60.0) if args.quick else (1500, 180.0)
+    # the full run plays the whole Mooncake trace (its prefix sharing builds up over it: see workloads.py)
+    requests, agentic_s, mooncake = (600, 60.0, 1500) if args.quick else (1500, 180.0, None)
     policies = ["steersman", *BASELINES]
     if args.policy:
         unknown = [p for p in args.policy if p not in POLICIES._items]  # noqa: SLF001
@@ -66,13 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p for p in policies if p in args.policy or p == "round-robin"]
     probes = [p for p in (QUICK_PROBES if args.quick else policies) if p in policies]
     fleet = load_fleet(FLEET)
-    chosen = [w for w in workloads(requests, agentic_s) if not args.workload or w.name in args.workload]
+    chosen = [w for w in workloads(requests, agentic_s, mooncake) if not args.workload or w.name in args.workload]
     if not chosen:
         ap.error(f"--workload: none of {args.workload} is known")
 
     t_all = time.perf_counter()
     doc: dict = {"meta": {"fleet": str(FLEET.relative_to(HERE.parents[1])), "quick": args.quick, "seed": args.seed,
-                          "target_share_of_capacity": args.target, "trace_requests": requests,
+                          "target_share_of_capacity": args.target, "trace_requests": requests, "mooncake_requests": mooncake or "all",
                           "agentic_duration_s": agentic_s, "policies": policies, "probe_policies": probes,
                           "python": platform.python_version(), "machine": platform.machine()},
                  "workloads": {}}

@@ -94,7 +94,15 @@ def test_no_replica_meets_the_slo_near_equal_latency_goes_to_the_cached_prefix()
     assert p.e2e[1] < p.e2e[0] <= p.e2e[1] * DEFAULTS.scheduler.latency_tie
     d = POLICY.pick(snap, req)
     assert d.replica == 0 and "no replica meets" in d.reason
-    # far slower: the least latency wins
-    busy = fleet_snapshot(2, prefix=prefix_index(2, {0: hashes}), running=[200, 0], in_flight=[200, 0],
-                          decoding=[200, 0])
+    # far slower (over exploit_slowdown x the idle replica end to end): the least latency wins
+    busy = fleet_snapshot(2, prefix=prefix_index(2, {0: hashes}), running=[800, 0], in_flight=[800, 0],
+                          decoding=[800, 0])
+    p = predict(busy, req)
+    assert p.e2e[0] > DEFAULTS.scheduler.exploit_slowdown * p.e2e[1]
     assert POLICY.pick(busy, req).replica == 1
+    # slower, but within exploit_slowdown: the holder keeps it (its prefill skipped, its prefix kept hot)
+    slower = fleet_snapshot(2, prefix=prefix_index(2, {0: hashes}), running=[200, 0], in_flight=[200, 0],
+                            decoding=[200, 0])
+    p = predict(slower, req)
+    assert p.e2e[1] * DEFAULTS.scheduler.latency_tie < p.e2e[0] < DEFAULTS.scheduler.exploit_slowdown * p.e2e[1]
+    assert POLICY.pick(slower, req).replica == 0

@@ -44,6 +44,13 @@ class SchedulerSettings:
     )
     saturation_queue_depth: int = setting(5, "Gateway API Inference Extension saturation detector queueDepthThreshold 5")
     saturation_kv_usage: float = setting(0.8, "Gateway API Inference Extension saturation detector kvCacheUtilThreshold 0.8")
+    saturation_affinity_factor: float = setting(
+        4.0, "design, measured in bench/policies (full Mooncake trace, goodput 0.70x -> 1.00x llm-d with the raw-match "
+        "exploit rule; 2x gave 0.95x, 4x and unbounded the same): a replica holding most of a request's prompt (index "
+        "match >= exploit_share) is saturated for it only at 4x the queue depth, whatever its KV usage: the request's "
+        "place is in that replica's queue (its prefill mostly skipped), not in the gateway's, where it would go to "
+        "whichever replica frees first and compute its prompt again"
+    )
     saturation_staleness_s: float = setting(
         0.2, "Gateway API Inference Extension metricsStalenessThreshold 200 ms: stale metrics count as saturated"
     )
@@ -68,14 +75,17 @@ class SchedulerSettings:
     )
     exploit_share: float = setting(
         0.5, "Preble E2 (Srivatsa et al., ICLR 2025): exploit a cached prefix when it is longer than the "
-        "uncached rest (> 50% of the prompt): the replicas holding the longest prefix are preferred whenever "
+        "uncached rest (> 50% of the prompt; the index's raw match, as Preble's own tree, not the residency-"
+        "discounted one the predictions use): the replicas holding the longest prefix are preferred whenever "
         "one of them meets the budget (or none anywhere does): a prefill avoided frees the fleet, not only "
         "this request"
     )
     exploit_slowdown: float = setting(
-        2.0, "design: when no replica meets the budget, the holders of the longest prefix are still preferred "
-        "unless their least predicted end-to-end latency is over 2x the fleet's least (a hot prefix's replica "
-        "far behind the others gives its request to the faster one)"
+        4.0, "design: when no replica meets the budget, the holders of the longest prefix are still preferred "
+        "unless their least predicted end-to-end latency is over 4x the fleet's least (a hot prefix's replica "
+        "far behind the others gives its request to the faster one); bench/policies, full Mooncake trace: 2x "
+        "0.94x, 4x 1.00x, 8x 1.03x llm-d's goodput, agentic mix unchanged from 4x on (a request computed "
+        "elsewhere also evicts other prefixes there)"
     )
     latency_tie: float = setting(
         1.10, "design: replicas within 10% of the least predicted end-to-end latency count as equally fast "

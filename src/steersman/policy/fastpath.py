@@ -39,7 +39,7 @@ from steersman.policy.model_based import SloCheapest, corrections
 from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled
 from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
 from steersman.policy.request import PriorityClass
-from steersman.policy.saturation import Saturation
+from steersman.policy.saturation import Saturation, affine_blocks
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
 __all__ = ["fused"]
@@ -66,14 +66,16 @@ def gate_pass(mask, routable, blocked_until, now, in_flight, limits, excluded, o
 
 
 @njit(cache=True, nogil=True)
-def saturation_pass(idx, n, live, max_seqs, now, staleness, depth, kv_threshold):
-    """Keeps (in order) the first ``n`` of ``idx`` that are not saturated; returns how many."""
+def saturation_pass(idx, n, live, max_seqs, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor):
+    """Keeps (in order) the first ``n`` of ``idx`` not saturated for the request
+    (:func:`~steersman.policy.kernels.is_saturated_for`, holders exempt only when some candidate is not one);
+    returns how many."""
+    affine_blocks = K.affinity_threshold(idx, n, held, affine_blocks)
     kept = 0
     for j in range(n):
         i = idx[j]
-        if not K.is_saturated(live[S.SCRAPED_AT, i], live[S.RUNNING, i], live[S.WAITING, i], live[S.SINCE_SCRAPE, i],
-                              live[S.KV_USAGE, i], live[S.IN_FLIGHT, i], live[S.DECODING, i], max_seqs[i], now,
-                              staleness, depth, kv_threshold):
+        if not K.is_saturated_for(live, i, max_seqs[i], now, staleness, depth, kv_threshold, held, affine_blocks,
+                                  affine_factor):
             idx[kept] = i
             kept += 1
     return kept
@@ -121,7 +123,8 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
                      ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out)
     unprofiled = 0
     for j in range(idx.size):
-        cached[j] = prompt_tokens - own[j]
+        # the picker's holders-first rule reads the index's raw match (see slo_pool_kernel)
+        cached[j] = prompt_tokens - P.uncached(float(held[idx[j]]), block_size, prompt_tokens) if held.size else 0.0
         resident[j] = live[_RESIDENT, idx[j]]
         if not modelled[idx[j]]:
             unprofiled += 1
@@ -190,7 +193,7 @@ class _Fused:
         h = profile._hist
         self.gate_hist = h[profile.gate.name]
         sat = profile.saturation
-        self.sat = None if sat is None else (h["saturation"], sat.settings.saturation_staleness_s,
+        self.sat = None if sat is None else (h["saturation"], sat.settings, sat.settings.saturation_staleness_s,
                                              float(sat.settings.saturation_queue_depth), sat.settings.saturation_kv_usage)
         self.filters = tuple((f, h[f.name]) for f in profile.filters)
         self.scorers = tuple((type(ws.scorer), ws.weight, h[ws.scorer.name]) for ws in profile.scorers)
@@ -214,14 +217,17 @@ class _Fused:
         self.gate_hist.observe(clock() - t0)
         if not n:
             return self.profile.gate.empty(self.profile.context(snap, req))
+        held = None
         if self.sat is not None and not req.resumed:
-            hist, staleness, depth, kv = self.sat
+            hist, settings, staleness, depth, kv = self.sat
             t0 = clock()
-            n = saturation_pass(idx, n, snap.live, snap.statics.max_seqs, snap.time, staleness, depth, kv)
+            held = _held(snap, req)
+            affine = affine_blocks(req, snap.statics.block_size, settings) if held.size else np.inf
+            n = saturation_pass(idx, n, snap.live, snap.statics.max_seqs, snap.time, staleness, depth, kv, held,
+                                affine, settings.saturation_affinity_factor)
             hist.observe(clock() - t0)
             if not n:
                 return Queue("every candidate replica is saturated")
-        held = None
         need = (req.prompt_tokens + req.expected_output) / snap.statics.block_size
         for f, hist in self.filters:
             t0 = clock()

@@ -114,14 +114,43 @@ def is_saturated(scraped_at, running, waiting, since_scrape, kv_usage, in_flight
     return in_flight - decoding >= depth
 
 
+@njit(cache=True, nogil=True, inline="always")
+def is_saturated_for(live, i, max_seqs_i, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor):
+    """Replica ``i`` is saturated for a request of which it holds ``held[i]`` leading blocks (see
+    :mod:`steersman.policy.saturation`): a holder of at least ``affine_blocks`` (> 0) only at ``affine_factor``
+    x the queue depth, whatever its KV usage; ``held`` empty: no affinity."""
+    if held.size > 0 and held[i] > 0 and held[i] >= affine_blocks:
+        depth = depth * affine_factor
+        kv_threshold = np.inf
+    return is_saturated(live[_SCRAPED_AT, i], live[_RUNNING, i], live[_WAITING, i], live[_SINCE, i],
+                        live[_KV_USAGE, i], live[_IN_FLIGHT, i], live[_DECODING, i], max_seqs_i, now, staleness,
+                        depth, kv_threshold)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def affinity_threshold(idx, n, held, affine_blocks):
+    """``affine_blocks`` when some of the first ``n`` candidates ``idx`` hold fewer blocks than that, else inf.
+    When every candidate holds the prompt there is no affinity to keep: the gateway queue sends the request to a
+    holder anyway, in its priority order (a prompt every replica holds must not bypass it)."""
+    if held.size == 0:
+        return np.inf
+    for j in range(n):
+        h = held[idx[j]]
+        if not (h > 0 and h >= affine_blocks):
+            return affine_blocks
+    return np.inf
+
+
 @njit(cache=True, nogil=True)
-def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, out):
-    """``out[j]`` = replica ``idx[j]`` is saturated (see :mod:`steersman.policy.saturation`)."""
+def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor,
+                      out):
+    """``out[j]`` = replica ``idx[j]`` is saturated for the request (:func:`is_saturated_for`, holders exempt only
+    when some candidate is not one: :func:`affinity_threshold`)."""
+    affine_blocks = affinity_threshold(idx, idx.size, held, affine_blocks)
     for j in range(idx.size):
         i = idx[j]
-        out[j] = is_saturated(live[_SCRAPED_AT, i], live[_RUNNING, i], live[_WAITING, i], live[_SINCE, i],
-                              live[_KV_USAGE, i], live[_IN_FLIGHT, i], live[_DECODING, i], max_seqs[i], now, staleness,
-                              depth, kv_threshold)
+        out[j] = is_saturated_for(live, i, max_seqs[i], now, staleness, depth, kv_threshold, held, affine_blocks,
+                                  affine_factor)
     return out
 
 
@@ -215,10 +244,11 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, exploit, exploit_sl
 
     Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget, and the TPOT
     within what the requests already there must keep (``resident`` > 0).  **Holders first**:
-    when the longest cached prefix among the candidates (``cached`` tokens) reaches ``exploit``
-    tokens, only the candidates holding it are considered if one of them is feasible, or if no
-    candidate at all is and the holders' least predicted end-to-end latency is within
-    ``exploit_slowdown`` x the least of all.  If any considered candidate is feasible, the pool is the feasible ones
+    when the longest prefix the index credits to a candidate (``cached`` tokens: its raw match,
+    not discounted by residency confidence as the predictions are) reaches ``exploit`` tokens,
+    only the candidates holding it are considered if one of them is feasible, or if no candidate
+    at all is and the holders' least predicted end-to-end latency is within ``exploit_slowdown`` x
+    the least of all.  If any considered candidate is feasible, the pool is the feasible ones
     within ``cost_tie`` of the cheapest and, among those, within ``latency_tie`` of the fastest
     (so a stalled or overloaded replica does not win on price alone); otherwise the considered
     ones within ``latency_tie`` of the least predicted end-to-end latency.
@@ -295,8 +325,10 @@ def warm_up() -> None:
     one = np.ones(1)
     predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
                    1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((4, 1)))
-    saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, np.empty(1, dtype=np.bool_))
     held = np.zeros(1, dtype=np.int64)
+    matched = held.copy()
+    matched.flags.writeable = False  # as the prefix index's match results are
+    saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
     slo_pool_kernel(one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))

@@ -18,12 +18,12 @@ import numpy as np
 
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
 from steersman.policy.kernels import slo_pool_kernel
-from steersman.policy.plugin_kernels import pick_top
+from steersman.policy.plugin_kernels import pick_top, uncached_kernel
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
-__all__ = ["SloCheapest", "steersman_profile", "corrections"]
+__all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached"]
 
 
 @PICKERS.register("slo-cheapest")
@@ -47,7 +47,7 @@ class SloCheapest:
         protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
         margin = self.safety_margin if protected else 1.0
         snap = ctx.snapshot
-        cached = req.prompt_tokens - p.uncached
+        cached = raw_cached(ctx)  # the holders-first rule reads the index's raw match (see slo_pool_kernel)
         pool = np.empty(p.ttft.size, dtype=np.bool_)
         count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, snap.live[S.RESIDENT_TPOT][ctx.candidates],
                                           self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft, tpot, left, margin,
@@ -68,6 +68,17 @@ class SloCheapest:
         # else the learned ratio converges to the square root of the true one (r <- k / r)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
         return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep)
+
+
+def raw_cached(ctx: DecisionContext) -> np.ndarray:
+    """Prompt tokens the prefix index credits each candidate with (its raw match, at most prompt - 1),
+    undiscounted: what the picker's holders-first rule compares with ``exploit_share``."""
+    held = ctx.feature("prefix_held")
+    pt = float(ctx.request.prompt_tokens)
+    if held.size == 0:
+        return np.zeros(ctx.candidates.size)
+    blocks = held[ctx.candidates].astype(np.float64)
+    return pt - uncached_kernel(blocks, float(ctx.snapshot.statics.block_size), pt, np.empty(blocks.size))
 
 
 def corrections(snap, i: int) -> tuple[float, float]:

@@ -16,6 +16,20 @@ H100s at 64 streams).  When the metrics are older than
 ``saturation_staleness_s`` only the gateway's own accounting is used
 (unacknowledged requests in flight), instead of GIE's "stale means saturated",
 so a lagging scraper cannot freeze the fleet.
+
+**Affinity.**  For a request, a replica holding most of its prompt (the prefix index's
+raw match reaches ``exploit_share`` of it, the rule that also makes the picker prefer
+such holders) is saturated only at ``saturation_affinity_factor`` x the queue depth,
+whatever its KV usage, when some candidate does not hold it.  (When every candidate
+holds it there is no affinity to keep: the gateway queue sends it to a holder anyway,
+in priority order; a short prompt every replica holds must not bypass that queue, or
+standard traffic fills the engines' queues ahead of critical requests.)  The request's place is in that replica's queue, where its
+prefill is mostly skipped, and not in the gateway's queue, from which it would go to
+whichever replica frees first and compute its prompt again, evicting other prefixes
+there.  On the full Mooncake trace (bench/policies) the gateway queue broke affinity
+exactly when the fleet was busiest: with the exemption the engines' hit rate went from
+9% to 23% and goodput from 0.70x to 1.00x llm-d's.  A request with no such holder
+still waits in the gateway queue for the first replica that frees.
 """
 
 from __future__ import annotations
@@ -24,16 +38,28 @@ import numpy as np
 
 from steersman.config import SchedulerSettings
 from steersman.policy.kernels import saturation_kernel
+from steersman.policy import predict  # noqa: F401  (registers the prefix_held feature read below)
 from steersman.policy.framework import DecisionContext
+from steersman.policy.request import SchedRequest
 
-__all__ = ["Saturation", "saturated"]
+__all__ = ["Saturation", "saturated", "affine_blocks"]
+
+_NO_MATCH = np.zeros(0, dtype=np.int64)
 
 
-def saturated(snap, idx: np.ndarray, settings: SchedulerSettings) -> np.ndarray:
-    """Boolean mask over replicas ``idx``."""
+def affine_blocks(req: SchedRequest, block_size: int, settings: SchedulerSettings) -> float:
+    """Leading blocks a replica must hold for ``req`` to count as its holder (``exploit_share`` of the prompt)."""
+    return settings.exploit_share * req.prompt_tokens / block_size
+
+
+def saturated(snap, idx: np.ndarray, settings: SchedulerSettings, held: np.ndarray = _NO_MATCH,
+              affine: float = np.inf) -> np.ndarray:
+    """Boolean mask over replicas ``idx``; with ``held`` (the prefix index's match, per replica of the fleet),
+    holders of at least ``affine`` blocks use the affinity thresholds.  Without: for no request in particular."""
     return saturation_kernel(
         idx, snap.live, snap.statics.max_seqs, snap.time, settings.saturation_staleness_s,
-        float(settings.saturation_queue_depth), settings.saturation_kv_usage, np.empty(idx.size, dtype=np.bool_),
+        float(settings.saturation_queue_depth), settings.saturation_kv_usage, held, float(affine),
+        float(settings.saturation_affinity_factor), np.empty(idx.size, dtype=np.bool_),
     )
 
 
@@ -46,4 +72,6 @@ class Saturation:
         self.settings = settings
 
     def __call__(self, ctx: DecisionContext) -> np.ndarray:
-        return saturated(ctx.snapshot, ctx.candidates, self.settings)
+        held = ctx.feature("prefix_held")
+        affine = affine_blocks(ctx.request, ctx.snapshot.statics.block_size, self.settings) if held.size else np.inf
+        return saturated(ctx.snapshot, ctx.candidates, self.settings, held, affine)
