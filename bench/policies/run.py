@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     doc["meta"]["wall_s"] = time.perf_counter() - t_all
     print()
     for v in doc["verdicts"]:
+        ceiling = f"; at most {v['ceiling']:.2f}x if every task succeeded at this cost" if v.get("ceiling") else ""
         print(f"{'MET ' if v['met'] else 'MISSED'}  {v['target']}: measured {v['measured']:.2f}x "
-              f"(vs {v['against']})")
+              f"(vs {v['against']}{ceiling})")
     args.out.write_text(json.dumps(doc, indent=2, sort_keys=True))
     print(f"\nwrote {args.out} ({doc['meta']['wall_s']:.0f} s)")
     return 0
