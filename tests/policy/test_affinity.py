@@ -105,3 +105,4 @@ def test_a_prompt_every_replica_holds_waits_in_the_gateway_queue(fused):
     assert isinstance(_policy(fused).pick(snap, sched_request(hashes=HASHES)), Queue)
     one_free = fleet_snapshot(2, prefix=index, waiting=[DEPTH, 0])
     assert _policy(fused).pick(one_free, sched_request(hashes=HASHES)).replica == 1
+

@@ -1,11 +1,13 @@
 """The SLO-cheapest rule's holders-first preference (Preble's exploit) and the TPOT its residents must keep."""
 
 import numpy as np
+import pytest
 
 from steersman.config import DEFAULTS
 from steersman.fleet import snapshot as S
 from steersman.fleet.state import Fleet, Replica
 from steersman.policy import make_policy
+from steersman.policy.framework import DecisionContext
 from steersman.policy.request import LatencyBudget
 from steersman.testing.snapshots import chain, fleet_snapshot, prefix_index, sched_request
 
@@ -91,3 +93,22 @@ def test_the_fleet_keeps_the_tightest_tpot_target_in_flight_per_replica():
     assert row()[0] == 0.2
     fleet.end(a)
     assert row()[0] == 0.0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_residents_keep_their_tpot_against_a_long_prompt(fused):
+    """Requests decoding on replica 0 must keep a TPOT; a new request's own TPOT there is within it, but its
+    prefill, added to their decode steps, is not: it goes to replica 1 (no residents).  A short prompt,
+    whose prefill hardly slows them, stays on replica 0 (first on ties)."""
+    policy = make_policy("steersman")
+    if not fused:
+        policy._fast = None  # the plugin-by-plugin path
+    busy = dict(running=[8, 8], decoding=[8, 8], in_flight=[8, 8])
+    long_req = sched_request(prompt_tokens=8000, expected_output=100)
+    p = DecisionContext(fleet_snapshot(2, **busy), long_req, np.arange(2)).feature("prediction")
+    keep = (p.tpot[0] + p.tpot_res[0]) / 2  # between its own TPOT and what the residents would see
+    assert p.tpot[0] < keep < p.tpot_res[0]
+    snap = fleet_snapshot(2, resident_tpot=[keep, 0.0], **busy)
+    assert policy.pick(fleet_snapshot(2, **busy), long_req).replica == 0  # no residents: the first
+    assert policy.pick(snap, long_req).replica == 1
+    assert policy.pick(snap, sched_request(prompt_tokens=64, expected_output=100)).replica == 0

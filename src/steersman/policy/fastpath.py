@@ -130,8 +130,8 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
             unprofiled += 1
     if unprofiled:
         return unprofiled, -1, False
-    count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, exploit, exploit_slowdown,
-                                        t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool)
+    count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
+                                        exploit_slowdown, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool)
     return 0, count, feasible
 
 
@@ -250,7 +250,7 @@ class _Fused:
 
     def _pick(self, snap, req, idx, held, need, clock) -> Route:
         st, k = snap.statics, idx.size
-        blocks, own, out, pool = np.empty(k), np.empty(k), np.empty((4, k)), np.empty(k, dtype=np.bool_)
+        blocks, own, out, pool = np.empty(k), np.empty(k), np.empty((5, k)), np.empty(k, dtype=np.bool_)
         cached, resident = np.empty(k), np.empty(k)
         pt, eo = float(req.prompt_tokens), float(req.expected_output)
         p = self.picker
@@ -266,7 +266,7 @@ class _Fused:
             float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool)
         if unprofiled:
             _unprofiled(snap, idx, own, pt, eo, out)
-            count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident,
+            count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4],
                                                 p.exploit_share * pt, p.exploit_slowdown, ttft, tpot, left, margin,
                                                 p.cost_tie, p.latency_tie, pool)
         if count == 1:

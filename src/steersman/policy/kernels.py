@@ -86,15 +86,20 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 share = mixed / (mixed + (1.0 - rho) / t_dec)
             share = min(1.0, share + max(work - mine, 0.0) / (P * max(expected_output, 1.0)))
             tpot = (t_dec + (t_full - t_dec) * share) * r
+            # what a request decoding there sees once this one's prefill joins the queue ahead of its decode
+            # steps (spread over a decode as long as this one's): the TPOT the residents must keep is checked
+            # against this, not against this request's own TPOT, which its own prefill does not slow
+            tpot_res = (t_dec + (t_full - t_dec) * min(1.0, share + mine / (P * max(expected_output, 1.0)))) * r
             # the hang signal: requests of ours have waited there this long with no progress; a new
             # one's first token comes no sooner
             stalled = live[_STALLED, i]
             if stalled == stalled and now - stalled > ttft:
                 ttft = now - stalled
         else:  # no roofline (e.g. llama.cpp): steersman.policy.predict._unprofiled fills this column
-            ttft = tpot = t_full = math.nan
+            ttft = tpot = t_full = tpot_res = math.nan
         out[0, j] = ttft
         out[1, j] = tpot
+        out[4, j] = tpot_res
         out[2, j] = ttft + expected_output * tpot
         gpu_s = mine / B * t_full + expected_output / reference_batch * tpot
         out[3, j] = price[i] * gpu_s / 3600.0
@@ -238,12 +243,13 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
 
 
 @njit(cache=True, nogil=True)
-def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, exploit, exploit_slowdown, t_ttft, t_tpot, t_left,
+def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, exploit_slowdown, t_ttft, t_tpot, t_left,
                     margin, cost_tie, latency_tie, pool):
     """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible).
 
     Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget, and the TPOT
-    within what the requests already there must keep (``resident`` > 0).  **Holders first**:
+    the requests already there would see with this one's prefill added (``tpot_res``) within what
+    they must keep (``resident`` > 0).  **Holders first**:
     when the longest prefix the index credits to a candidate (``cached`` tokens: its raw match,
     not discounted by residency confidence as the predictions are) reaches ``exploit`` tokens,
     only the candidates holding it are considered if one of them is feasible, or if no candidate
@@ -264,7 +270,7 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, exploit, exploit_sl
     for j in range(n):
         r = resident[j]
         ok = (ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
-              and (not r > 0.0 or tpot[j] <= r))
+              and (not r > 0.0 or tpot_res[j] <= r))
         pool[j] = ok
         if ok:
             feasible_any = True
@@ -324,14 +330,14 @@ def warm_up() -> None:
     live = np.zeros((len(S.LIVE_FIELDS), 1))
     one = np.ones(1)
     predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
-                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((4, 1)))
+                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((5, 1)))
     held = np.zeros(1, dtype=np.int64)
     matched = held.copy()
     matched.flags.writeable = False  # as the prefix index's match results are
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
+    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()
     prefix_bits.warm_up()

@@ -49,7 +49,8 @@ class SloCheapest:
         snap = ctx.snapshot
         cached = raw_cached(ctx)  # the holders-first rule reads the index's raw match (see slo_pool_kernel)
         pool = np.empty(p.ttft.size, dtype=np.bool_)
-        count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, snap.live[S.RESIDENT_TPOT][ctx.candidates],
+        resident = snap.live[S.RESIDENT_TPOT][ctx.candidates]
+        count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, resident, p.tpot_res,
                                           self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft, tpot, left, margin,
                                           self.cost_tie, self.latency_tie, pool)
         if count == 1:

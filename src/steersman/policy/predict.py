@@ -26,6 +26,12 @@ recently (``λ = recent_tokens / τ``) keeps busy: with ``ρ = λ t_step(B) / P`
 ``m = (λ/P) / (λ/P + (1 − ρ) / t_step(D + 1))``, and ``m = 1`` once ``ρ ≥ 1`` (the
 prefill budget is always in use: every step is a full one).
 
+**What the residents see** (``tpot_res``): the TPOT of a request already decoding there once
+this one's uncached prefill joins the queue ahead, ``s`` taking ``+ uncached / (P x
+expected_output)`` (this request's decode length standing in for theirs).  The picker checks
+the TPOT the residents must keep against it: this request's own TPOT is not slowed by its own
+prefill, theirs is (a long prompt landing on a replica of interactive decodes).
+
 **Hang signal**: TTFT is at least the replica's stall (``snapshot.stall``: how long
 requests of ours have awaited a first token there with no progress), so a replica
 that stopped answering stops looking attractive long before the outlier detector
@@ -80,9 +86,11 @@ class Prediction:
     e2e: np.ndarray  # ttft + expected_output x tpot
     cost: np.ndarray  # $ of GPU time this request is expected to use there
     uncached: np.ndarray  # prompt tokens to prefill there
+    tpot_res: np.ndarray  # the TPOT of the requests decoding there once this one's prefill is added
 
     def select(self, sel: np.ndarray) -> Prediction:
-        return Prediction(self.ttft[sel], self.tpot[sel], self.e2e[sel], self.cost[sel], self.uncached[sel])
+        return Prediction(self.ttft[sel], self.tpot[sel], self.e2e[sel], self.cost[sel], self.uncached[sel],
+                          self.tpot_res[sel])
 
 
 @feature("prefix_held", per_replica=True)
@@ -124,11 +132,11 @@ def predict(ctx: DecisionContext) -> Prediction:
         float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
         snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH,
         snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
-        float(snap.time), float(snap.recent_tau_s), np.empty((4, idx.size)),
+        float(snap.time), float(snap.recent_tau_s), np.empty((5, idx.size)),
     )
     if not _all_modelled(st):
         _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out)
-    return Prediction(out[0], out[1], out[2], out[3], own)
+    return Prediction(out[0], out[1], out[2], out[3], own, out[4])
 
 
 _ALL_MODELLED: dict[int, tuple[object, bool]] = {}
@@ -166,6 +174,7 @@ def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, ex
     tpot = step * r_tpot
     out[0, u] = ttft
     out[1, u] = tpot
+    out[4, u] = tpot  # the linear model has no prefill interference
     out[2, u] = ttft + expected_output * tpot
     price = np.nan_to_num(st.price_per_hour[i])
     out[3, u] = price * (own[u] * s_tok * r_ttft + expected_output / REFERENCE_BATCH * tpot) / 3600.0
