@@ -68,14 +68,17 @@ def gate_pass(mask, routable, blocked_until, now, in_flight, limits, excluded, o
 @njit(cache=True, nogil=True)
 def saturation_pass(idx, n, live, max_seqs, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor):
     """Keeps (in order) the first ``n`` of ``idx`` not saturated for the request
-    (:func:`~steersman.policy.kernels.is_saturated_for`, holders exempt only when some candidate is not one);
+    (:func:`~steersman.policy.kernels.thresholds_for`, holders exempt only when some candidate is not one);
     returns how many."""
     affine_blocks = K.affinity_threshold(idx, n, held, affine_blocks)
+    some = held.size > 0
     kept = 0
     for j in range(n):
         i = idx[j]
-        if not K.is_saturated_for(live, i, max_seqs[i], now, staleness, depth, kv_threshold, held, affine_blocks,
-                                  affine_factor):
+        d, kv = K.thresholds_for(held[i] if some else 0, affine_blocks, affine_factor, depth, kv_threshold)
+        if not K.is_saturated(live[S.SCRAPED_AT, i], live[S.RUNNING, i], live[S.WAITING, i], live[S.SINCE_SCRAPE, i],
+                              live[S.KV_USAGE, i], live[S.IN_FLIGHT, i], live[S.DECODING, i], max_seqs[i], now,
+                              staleness, d, kv):
             idx[kept] = i
             kept += 1
     return kept

@@ -120,16 +120,13 @@ def is_saturated(scraped_at, running, waiting, since_scrape, kv_usage, in_flight
 
 
 @njit(cache=True, nogil=True, inline="always")
-def is_saturated_for(live, i, max_seqs_i, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor):
-    """Replica ``i`` is saturated for a request of which it holds ``held[i]`` leading blocks (see
-    :mod:`steersman.policy.saturation`): a holder of at least ``affine_blocks`` (> 0) only at ``affine_factor``
-    x the queue depth, whatever its KV usage; ``held`` empty: no affinity."""
-    if held.size > 0 and held[i] > 0 and held[i] >= affine_blocks:
-        depth = depth * affine_factor
-        kv_threshold = np.inf
-    return is_saturated(live[_SCRAPED_AT, i], live[_RUNNING, i], live[_WAITING, i], live[_SINCE, i],
-                        live[_KV_USAGE, i], live[_IN_FLIGHT, i], live[_DECODING, i], max_seqs_i, now, staleness,
-                        depth, kv_threshold)
+def thresholds_for(h, affine_blocks, affine_factor, depth, kv_threshold):
+    """(queue depth, KV usage) thresholds of saturation for a request of which the replica holds ``h``
+    leading blocks (see :mod:`steersman.policy.saturation`): a holder of at least ``affine_blocks`` (> 0)
+    only at ``affine_factor`` x the depth, whatever its KV usage.  Scalars only (as :func:`is_saturated`)."""
+    if h > 0 and h >= affine_blocks:
+        return depth * affine_factor, np.inf
+    return depth, kv_threshold
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -149,13 +146,16 @@ def affinity_threshold(idx, n, held, affine_blocks):
 @njit(cache=True, nogil=True)
 def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor,
                       out):
-    """``out[j]`` = replica ``idx[j]`` is saturated for the request (:func:`is_saturated_for`, holders exempt only
+    """``out[j]`` = replica ``idx[j]`` is saturated for the request (:func:`thresholds_for`, holders exempt only
     when some candidate is not one: :func:`affinity_threshold`)."""
     affine_blocks = affinity_threshold(idx, idx.size, held, affine_blocks)
+    some = held.size > 0
     for j in range(idx.size):
         i = idx[j]
-        out[j] = is_saturated_for(live, i, max_seqs[i], now, staleness, depth, kv_threshold, held, affine_blocks,
-                                  affine_factor)
+        d, kv = thresholds_for(held[i] if some else 0, affine_blocks, affine_factor, depth, kv_threshold)
+        out[j] = is_saturated(live[_SCRAPED_AT, i], live[_RUNNING, i], live[_WAITING, i], live[_SINCE, i],
+                              live[_KV_USAGE, i], live[_IN_FLIGHT, i], live[_DECODING, i], max_seqs[i], now, staleness,
+                              d, kv)
     return out
 
 
