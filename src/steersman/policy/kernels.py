@@ -243,8 +243,8 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
 
 
 @njit(cache=True, nogil=True)
-def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, exploit_slowdown, t_ttft, t_tpot, t_left,
-                    margin, cost_tie, latency_tie, pool):
+def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, exploit_slowdown, t_ttft, t_tpot,
+                    t_left, margin, cost_tie, latency_tie, pool):
     """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible).
 
     Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget, and the TPOT
@@ -337,7 +337,8 @@ def warm_up() -> None:
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1, np.empty(1, dtype=np.bool_))
+    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1,
+                    np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()
     prefix_bits.warm_up()

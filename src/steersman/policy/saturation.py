@@ -20,16 +20,17 @@ so a lagging scraper cannot freeze the fleet.
 **Affinity.**  For a request, a replica holding most of its prompt (the prefix index's
 raw match reaches ``exploit_share`` of it, the rule that also makes the picker prefer
 such holders) is saturated only at ``saturation_affinity_factor`` x the queue depth,
-whatever its KV usage, when some candidate does not hold it.  (When every candidate
-holds it there is no affinity to keep: the gateway queue sends it to a holder anyway,
-in priority order; a short prompt every replica holds must not bypass that queue, or
-standard traffic fills the engines' queues ahead of critical requests.)  The request's place is in that replica's queue, where its
-prefill is mostly skipped, and not in the gateway's queue, from which it would go to
-whichever replica frees first and compute its prompt again, evicting other prefixes
-there.  On the full Mooncake trace (bench/policies) the gateway queue broke affinity
-exactly when the fleet was busiest: with the exemption the engines' hit rate went from
-9% to 23% and goodput from 0.70x to 1.00x llm-d's.  A request with no such holder
-still waits in the gateway queue for the first replica that frees.
+whatever its KV usage, when some candidate does not hold it.  The request's place is in
+that replica's queue, where its prefill is mostly skipped, and not in the gateway's
+queue, from which it would go to whichever replica frees first and compute its prompt
+again, evicting other prefixes there.  On the full Mooncake trace (bench/policies) the
+gateway queue broke affinity exactly when the fleet was busiest: with the exemption the
+engines' hit rate went from 9% to 23% and goodput from 0.70x to 1.00x llm-d's.  A
+request with no such holder still waits in the gateway queue for the first replica that
+frees.  When every candidate holds the prompt there is no affinity to keep: the gateway
+queue sends it to a holder anyway, in priority order (a short prompt every replica holds
+must not bypass that queue, or standard traffic fills the engines' queues ahead of
+critical requests: tests/faults/test_overload.py).
 """
 
 from __future__ import annotations
