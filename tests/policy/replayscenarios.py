@@ -7,8 +7,9 @@ and fused (commit 5065ab4), re-recorded when the SLO-cheapest rule gained holder
 residents' TPOT (133 of the 20,880 decisions changed, all of the steersman profile; its
 plugin-by-plugin path, ``Profile.decide``, gives the recorded decisions on all 2,320 cases), and
 again when holders-first came to read the index's raw match and holders of most of a prompt
-became exempt from saturation up to 4x the queue depth (250 changed, all of the steersman
-profile; again the plugin-by-plugin path gives every recorded decision)::
+became exempt from saturation up to 4x the queue depth, and unprotected requests came to stay
+with their prompt's holders (265 changed, all of the steersman profile; again the
+plugin-by-plugin path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

@@ -112,3 +112,32 @@ def test_residents_keep_their_tpot_against_a_long_prompt(fused):
     assert policy.pick(fleet_snapshot(2, **busy), long_req).replica == 0  # no residents: the first
     assert policy.pick(snap, long_req).replica == 1
     assert policy.pick(snap, sched_request(prompt_tokens=64, expected_output=100)).replica == 0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_an_unprotected_request_stays_with_its_prompt_a_protected_one_goes_where_its_budget_is_met(fused):
+    """Replica 0 holds the whole prompt but decodes a batch of 60: its TPOT (~14 ms) misses a 10.5 ms target
+    that idle replica 1 (~8 ms) meets, and it is well within exploit_slowdown of it end to end.  A standard
+    request stays with its prompt (computing it again elsewhere costs the fleet more); a critical one goes where
+    its budget is met; and nobody stays where the requests decoding there would lose the TPOT they must keep."""
+    from steersman.policy.request import PriorityClass
+
+    policy = make_policy("steersman")
+    if not fused:
+        policy._fast = None
+    hashes = chain("ctx", 120)
+    busy = dict(prefix=prefix_index(2, {0: hashes}), running=[60, 0], in_flight=[60, 0], decoding=[60, 0])
+    budget = LatencyBudget(ttft_s=2.0, tpot_s=0.0105)
+    standard = _req(hashes, 100, budget=budget)
+    p = DecisionContext(fleet_snapshot(2, **busy), standard, np.arange(2)).feature("prediction")
+    assert p.tpot[0] > budget.tpot_s and p.tpot[1] < budget.tpot_s * DEFAULTS.scheduler.safety_margin
+    assert p.e2e[0] < DEFAULTS.scheduler.exploit_slowdown * p.e2e[1]
+    d = policy.pick(fleet_snapshot(2, **busy), standard)
+    assert d.replica == 0 and d.reason.startswith("holder of its prompt")
+    critical = sched_request(0, prompt_tokens=standard.prompt_tokens, hashes=hashes, expected_output=100,
+                             budget=budget, priority=PriorityClass.CRITICAL)
+    d = policy.pick(fleet_snapshot(2, **busy), critical)
+    assert d.replica == 1 and d.reason.startswith("cheapest")
+    guarded = fleet_snapshot(2, resident_tpot=[0.001, 0.0], **busy)
+    d = policy.pick(guarded, standard)
+    assert d.replica == 1 and d.reason.startswith("cheapest")

@@ -77,8 +77,9 @@ class SchedulerSettings:
         0.5, "Preble E2 (Srivatsa et al., ICLR 2025): exploit a cached prefix when it is longer than the "
         "uncached rest (> 50% of the prompt; the index's raw match, as Preble's own tree, not the residency-"
         "discounted one the predictions use): the replicas holding the longest prefix are preferred whenever "
-        "one of them meets the budget (or none anywhere does): a prefill avoided frees the fleet, not only "
-        "this request"
+        "one of them meets the budget (or none anywhere does, or the request is not protected and they are within "
+        "exploit_slowdown: a standard request stays with its prompt rather than have it computed again elsewhere): "
+        "a prefill avoided frees the fleet, not only this request"
     )
     exploit_slowdown: float = setting(
         4.0, "design: when no replica meets the budget, the holders of the longest prefix are still preferred "

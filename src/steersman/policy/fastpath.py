@@ -35,7 +35,7 @@ from steersman.policy import kernels as K
 from steersman.policy import plugin_kernels as P
 from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
-from steersman.policy.model_based import SloCheapest, corrections
+from steersman.policy.model_based import SloCheapest, _reason, corrections
 from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled
 from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
 from steersman.policy.request import PriorityClass
@@ -110,12 +110,12 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 @njit(cache=True, nogil=True)
 def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
                     prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
-                    recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, exploit,
-                    exploit_slowdown, cached, resident, pool):
+                    recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, protected, cost_tie, latency_tie,
+                    exploit, exploit_slowdown, cached, resident, pool):
     """The ``prefix_blocks``, ``uncached_tokens`` and ``prediction`` features of :mod:`steersman.policy.predict`
     into ``blocks``, ``own`` and ``out``, then, when every candidate has a roofline, the picker's
     :func:`~steersman.policy.kernels.slo_pool_kernel` into ``pool``.  Returns (candidates without a
-    roofline, pool size, feasible); with some, the pool is left to the caller (pool size -1)."""
+    roofline, pool size, feasible, stayed); with some, the pool is left to the caller (pool size -1)."""
     if held.size:
         K.prefix_kernel(idx, held, live, kv_blocks, indexed, blocks)
     else:
@@ -132,10 +132,11 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
         if not modelled[idx[j]]:
             unprofiled += 1
     if unprofiled:
-        return unprofiled, -1, False
-    count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
-                                        exploit_slowdown, t_ttft, t_tpot, t_left, margin, cost_tie, latency_tie, pool)
-    return 0, count, feasible
+        return unprofiled, -1, False, False
+    count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
+                                        exploit_slowdown, t_ttft, t_tpot, t_left, margin, protected, cost_tie,
+                                        latency_tie, pool)
+    return 0, count, feasible, stay
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -258,20 +259,21 @@ class _Fused:
         pt, eo = float(req.prompt_tokens), float(req.expected_output)
         p = self.picker
         ttft, tpot, left = targets(req, snap.time)
-        margin = p.safety_margin if req.priority == _CRITICAL or req.protection > 0 else 1.0
-        unprofiled, count, feasible = prediction_pass(
+        protected = req.priority == _CRITICAL or req.protection > 0
+        margin = p.safety_margin if protected else 1.0
+        unprofiled, count, feasible, stay = prediction_pass(
             idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
             float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,
             float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK, snap.ttft_prior, snap.tpot_prior,
             REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,
-            float(ttft), float(tpot), float(left), float(margin), float(p.cost_tie), float(p.latency_tie),
+            float(ttft), float(tpot), float(left), float(margin), protected, float(p.cost_tie), float(p.latency_tie),
             float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool)
         if unprofiled:
             _unprofiled(snap, idx, own, pt, eo, out)
-            count, feasible = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4],
+            count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4],
                                                 p.exploit_share * pt, p.exploit_slowdown, ttft, tpot, left, margin,
-                                                p.cost_tie, p.latency_tie, pool)
+                                                protected, p.cost_tie, p.latency_tie, pool)
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -281,7 +283,7 @@ class _Fused:
                 s = np.where(pool, total, -np.inf)
                 top = np.flatnonzero(s >= s.max() - 1e-12)
                 j = int(top[req.seq % top.size])
-        reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
+        reason = _reason(feasible, stay)
         i = int(idx[j])
         r_ttft, r_tpot = corrections(snap, i)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break

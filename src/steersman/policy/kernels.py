@@ -242,19 +242,30 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
     return keep
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _keeps(resident, tpot_res):
+    """The requests decoding there keep their TPOT (``resident`` > 0: what they must keep)."""
+    return not resident > 0.0 or tpot_res <= resident
+
+
 @njit(cache=True, nogil=True)
 def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, exploit_slowdown, t_ttft, t_tpot,
-                    t_left, margin, cost_tie, latency_tie, pool):
-    """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible).
+                    t_left, margin, protected, cost_tie, latency_tie, pool):
+    """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible, stayed:
+    an unprotected request kept with its prompt's holders although another replica meets its budget).
 
     Feasible = predicted TTFT, TPOT and end-to-end within ``margin`` x the budget, and the TPOT
     the requests already there would see with this one's prefill added (``tpot_res``) within what
     they must keep (``resident`` > 0).  **Holders first**:
     when the longest prefix the index credits to a candidate (``cached`` tokens: its raw match,
     not discounted by residency confidence as the predictions are) reaches ``exploit`` tokens,
-    only the candidates holding it are considered if one of them is feasible, or if no candidate
-    at all is and the holders' least predicted end-to-end latency is within ``exploit_slowdown`` x
-    the least of all.  If any considered candidate is feasible, the pool is the feasible ones
+    only the candidates holding it are considered if one of them is feasible, or else if the
+    holders' least predicted end-to-end latency is within ``exploit_slowdown`` x the least of all
+    and either no candidate is feasible or the request is not ``protected`` (an unprotected
+    request stays with its prompt even when another replica would meet its budget and no holder
+    would, among the holders that keep their residents' TPOT: computing a long prompt again costs
+    the fleet more than its own latency; a protected one, critical or a workflow with sunk cost,
+    goes where its budget is met).  If any considered candidate is feasible, the pool is the feasible ones
     within ``cost_tie`` of the cheapest and, among those, within ``latency_tie`` of the fastest
     (so a stalled or overloaded replica does not win on price alone); otherwise the considered
     ones within ``latency_tie`` of the least predicted end-to-end latency.
@@ -265,27 +276,31 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
         if cached[j] > best_cached:
             best_cached = cached[j]
     exploiting = best_cached > 0.0 and best_cached >= exploit
+    stay = False  # an unprotected request kept with its prompt over a replica that meets its budget
     feasible_any = False
     feasible_holder = False
     for j in range(n):
-        r = resident[j]
         ok = (ttft[j] <= t_ttft * margin and tpot[j] <= t_tpot * margin and e2e[j] <= t_left * margin
-              and (not r > 0.0 or tpot_res[j] <= r))
+              and _keeps(resident[j], tpot_res[j]))
         pool[j] = ok
         if ok:
             feasible_any = True
             if exploiting and cached[j] >= best_cached:
                 feasible_holder = True
-    if exploiting and not feasible_any:  # nobody meets the budget: the holders unless they are far slower
+    if exploiting and not feasible_holder and (not feasible_any or not protected):
+        # no holder meets the budget: the holders still, unless they are far slower (or, when another replica
+        # meets it, unless they would break what their residents must keep)
         fastest_all = np.inf
         fastest_holder = np.inf
         for j in range(n):
             if e2e[j] < fastest_all:
                 fastest_all = e2e[j]
-            if cached[j] >= best_cached and e2e[j] < fastest_holder:
+            if (cached[j] >= best_cached and e2e[j] < fastest_holder
+                    and (not feasible_any or _keeps(resident[j], tpot_res[j]))):
                 fastest_holder = e2e[j]
         exploiting = fastest_holder <= fastest_all * exploit_slowdown
-    holders_only = exploiting and (feasible_holder or not feasible_any)
+        stay = exploiting and feasible_any
+    holders_only = exploiting and (feasible_holder or not feasible_any or stay)
     feasible = feasible_holder if holders_only else feasible_any
     best = np.inf
     for j in range(n):
@@ -302,7 +317,7 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
                 fastest = e2e[j]
     else:
         for j in range(n):
-            pool[j] = not holders_only or cached[j] >= best_cached
+            pool[j] = not holders_only or (cached[j] >= best_cached and (not stay or _keeps(resident[j], tpot_res[j])))
             if pool[j] and e2e[j] < fastest:
                 fastest = e2e[j]
     limit = fastest * latency_tie + 1e-12
@@ -310,7 +325,7 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
     for j in range(n):
         pool[j] = pool[j] and e2e[j] <= limit
         count += pool[j]
-    return count, feasible
+    return count, feasible, stay
 
 
 @njit(cache=True, nogil=True)
@@ -337,7 +352,7 @@ def warm_up() -> None:
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.05, 1.1,
+    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1,
                     np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()

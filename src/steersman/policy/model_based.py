@@ -5,8 +5,12 @@ marginal GPU cost (:mod:`steersman.policy.predict`).  The ``slo-cheapest``
 picker then takes **the cheapest replica whose prediction meets the request's
 budget** (TTFT, TPOT and deadline; a critical request or a valuable workflow
 step must meet it with a safety margin), breaking near-ties by the weighted
-scores; when no replica meets it, the **least predicted latency** wins.  When
-every candidate is saturated the request waits in the gateway queue.
+scores; when no replica meets it, the **least predicted latency** wins.  A
+request whose prompt a replica mostly holds goes to such a holder first (Preble's
+exploit; an unprotected one even when only another replica would meet its budget,
+unless the holders are far slower or would break their residents' TPOT: see
+:func:`~steersman.policy.kernels.slo_pool_kernel`).  When every candidate is
+saturated the request waits in the gateway queue.
 """
 
 from __future__ import annotations
@@ -50,9 +54,9 @@ class SloCheapest:
         cached = raw_cached(ctx)  # the holders-first rule reads the index's raw match (see slo_pool_kernel)
         pool = np.empty(p.ttft.size, dtype=np.bool_)
         resident = snap.live[S.RESIDENT_TPOT][ctx.candidates]
-        count, feasible = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, resident, p.tpot_res,
-                                          self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft, tpot, left, margin,
-                                          self.cost_tie, self.latency_tie, pool)
+        count, feasible, stay = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, resident, p.tpot_res,
+                                                self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft,
+                                                tpot, left, margin, protected, self.cost_tie, self.latency_tie, pool)
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -62,13 +66,21 @@ class SloCheapest:
                 s = np.where(pool, total, -np.inf)
                 top = np.flatnonzero(s >= s.max() - 1e-12)
                 j = int(top[req.seq % top.size])
-        reason = "cheapest meeting the SLO" if feasible else "least predicted latency (no replica meets the SLO)"
+        reason = _reason(feasible, stay)
         i = int(ctx.candidates[j])
         r_ttft, r_tpot = corrections(ctx.snapshot, i)
         # the fleet learns observed / predicted: it must see the model's prediction *before* the correction,
         # else the learned ratio converges to the square root of the true one (r <- k / r)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
         return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep)
+
+
+def _reason(feasible: bool, stayed: bool) -> str:
+    if feasible:
+        return "cheapest meeting the SLO"
+    if stayed:
+        return "holder of its prompt (another replica meets the SLO; computing the prompt there costs the fleet more)"
+    return "least predicted latency (no replica meets the SLO)"
 
 
 def raw_cached(ctx: DecisionContext) -> np.ndarray:
