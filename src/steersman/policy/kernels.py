@@ -265,8 +265,8 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
     request stays with its prompt even when another replica would meet its budget and no holder
     would, among the holders that keep their residents' TPOT: computing a long prompt again costs
     the fleet more than its own latency; a protected one, critical or a workflow with sunk cost,
-    goes where its budget is met).  If any considered candidate is feasible, the pool is the feasible ones
-    within ``cost_tie`` of the cheapest and, among those, within ``latency_tie`` of the fastest
+    goes where its budget is met).  If any considered candidate is feasible, the pool is the
+    feasible ones within ``cost_tie`` of the cheapest and, among those, within ``latency_tie`` of the fastest
     (so a stalled or overloaded replica does not win on price alone); otherwise the considered
     ones within ``latency_tie`` of the least predicted end-to-end latency.
     """
