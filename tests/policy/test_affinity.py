@@ -10,6 +10,7 @@
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from steersman.config import DEFAULTS
@@ -106,3 +107,18 @@ def test_a_prompt_every_replica_holds_waits_in_the_gateway_queue(fused):
     one_free = fleet_snapshot(2, prefix=index, waiting=[DEPTH, 0])
     assert _policy(fused).pick(one_free, sched_request(hashes=HASHES)).replica == 1
 
+
+
+
+def test_the_queue_check_passes_the_match_type_decisions_pass():
+    """The gateway queue's check (no request: no match) passes a read-only int64 array like the prefix index's
+    match results, so its first use on live traffic neither compiles nor loads another specialization."""
+    from steersman.policy.kernels import saturation_kernel
+    from steersman.policy.saturation import saturated
+
+    req, index = _request()
+    snap = fleet_snapshot(2, prefix=index, waiting=[DEPTH, DEPTH])
+    saturated(snap, np.arange(2), SET)  # the queue's check
+    _policy(False).pick(snap, req)  # a decision, through the Saturation hook
+    held_types = {sig[7] for sig in saturation_kernel.signatures}
+    assert len(held_types) == 1 and not next(iter(held_types)).mutable, held_types

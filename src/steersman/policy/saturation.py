@@ -39,13 +39,11 @@ import numpy as np
 
 from steersman.config import SchedulerSettings
 from steersman.policy.kernels import saturation_kernel
-from steersman.policy import predict  # noqa: F401  (registers the prefix_held feature read below)
+from steersman.policy.predict import _NO_MATCH  # also registers the prefix_held feature read below
 from steersman.policy.framework import DecisionContext
 from steersman.policy.request import SchedRequest
 
 __all__ = ["Saturation", "saturated", "affine_blocks"]
-
-_NO_MATCH = np.zeros(0, dtype=np.int64)
 
 
 def affine_blocks(req: SchedRequest, block_size: int, settings: SchedulerSettings) -> float:
