@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["ratios", "print_workload", "verdicts"]
+__all__ = ["ratios", "print_workload", "verdicts", "opt_in_lines", "EARLY_REJECT"]
 
 OURS = "steersman"
+#: steersman with Mooncake's early rejection for standard requests too (scheduler.shed_infeasible: an opt-in; the
+#: default sheds only the 'sheddable' class): a row of the table, never a baseline or the verdicts' subject
+EARLY_REJECT = "steersman+reject"
 RR = "round-robin"
 GOODPUT = "bench_goodput_rps"  # met SLO per second of the offered window (calibrate.offered_window_goodput)
 
@@ -14,7 +17,7 @@ def _div(a, b):
 
 
 def _best(summaries: dict, key: str) -> tuple[str | None, float | None]:
-    vals = {p: s.get(key) for p, s in summaries.items() if p != OURS and s.get(key) is not None}
+    vals = {p: s.get(key) for p, s in summaries.items() if p not in (OURS, EARLY_REJECT) and s.get(key) is not None}
     if not vals:
         return None, None
     p = max(vals, key=vals.get)
@@ -84,4 +87,20 @@ def verdicts(by_workload: dict) -> list[dict]:
             out.append({"workload": name, "target": f"{name}: successful tasks per $ >= 1.5x {against}",
                         "measured": m or 0.0, "against": against, "met": bool(m and m >= 1.5),
                         "ceiling": _ceiling(w["policies"], against)})
+    return out
+
+
+def opt_in_lines(by_workload: dict) -> list[str]:
+    """What the opt-in early rejection measured, per workload (informational: not a target's verdict)."""
+    out = []
+    for name, w in by_workload.items():
+        r = w["ratios"]["per_policy"].get(EARLY_REJECT)
+        s = w["policies"].get(EARLY_REJECT)
+        if r is None or s is None:
+            continue
+        n = max(1, s.get("requests") or 1)
+        out.append(f"opt-in  {name}: steersman + early rejection of standard requests: goodput "
+                   f"{_f(r['goodput_vs_best_baseline'], '.2f')}x {w['ratios']['best_baseline_goodput']}, "
+                   f"{_f(r['goodput_vs_round_robin'], '.2f')}x round-robin, tasks per $ "
+                   f"{_f(r['tasks_per_usd_vs_best_baseline'], '.2f')}x; refused {s['refused']} of {n}")
     return out

@@ -65,3 +65,23 @@ def test_infeasible_deadline_refused_at_once_and_queued_ones_expire():
     assert p.expire(FULL, 1.0) == []
     expired = p.expire(FULL, 5.0)
     assert [item for item, _ in expired] == ["y"] and p.waiting == 0
+
+
+def test_a_queued_request_the_policy_now_refuses_leaves_the_queue_refused_not_stuck_at_its_head():
+    """A sheddable request waits while the fleet is saturated; when capacity frees, no replica can give it its
+    first token in time any more (scheduler.shed_infeasible): it comes back as a Refuse with the policy's code,
+    its admission released, and the standard request behind it is dispatched in the same pass."""
+    s = AdmissionSettings()
+    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    spare = TenantConfig("s", PriorityClass.SHEDDABLE, requests_per_minute=1)
+    std = TenantConfig("t", PriorityClass.STANDARD)
+    doomed = sched_request(prompt_tokens=8000, expected_output=10, priority=PriorityClass.SHEDDABLE, tenant="s",
+                           budget=LatencyBudget(ttft_s=0.05, tpot_s=0.2))
+    assert isinstance(p.arrive("doomed", doomed, spare, FULL, 0.0)[0], Wait)
+    assert isinstance(p.arrive("next", sched_request(seq=1), std, FULL, 0.0)[0], Wait)
+    got = dict(p.dispatch(lambda: FREE, 0.1))
+    assert isinstance(got["doomed"], Refuse) and got["doomed"].code == "slo_infeasible" and got["doomed"].status == 503
+    assert isinstance(got["next"], Dispatch) and p.waiting == 0
+    # released: the sheddable tenant's one request per minute is free again
+    assert isinstance(p.arrive("again", sched_request(seq=2, priority=PriorityClass.SHEDDABLE, tenant="s"), spare,
+                               FREE, 0.2)[0], Dispatch)

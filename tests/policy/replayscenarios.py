@@ -9,6 +9,9 @@ plugin-by-plugin path, ``Profile.decide``, gives the recorded decisions on all 2
 again when holders-first came to read the index's raw match and holders of most of a prompt
 became exempt from saturation up to 4x the queue depth, and unprotected requests came to stay
 with their prompt's holders (265 changed, all of the steersman profile; again the
+plugin-by-plugin path gives every recorded decision), and when sheddable requests no replica can
+serve within their SLO came to be refused early (``scheduler.shed_infeasible``: 116 changed, all
+sheddable requests of the steersman profile routed "least predicted latency" before; the
 plugin-by-plugin path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record

@@ -123,3 +123,31 @@ def test_saturated_fleet_queues_then_sheds_lowest_class_first():
         assert status == {"first": 200, "batch-1": 503, "sheddable-1": 503,
                           "standard-1": 200, "critical-1": 200, "batch-2": 503}, status
         assert results["critical-1"][1] < results["standard-1"][1]  # critical left the queue first
+
+
+def test_a_sheddable_request_no_replica_can_serve_in_time_is_refused_early_in_openai_format():
+    """scheduler.shed_infeasible (default: 'sheddable'): no replica is predicted to give a 2,400-token prompt its
+    first token within 1 ms, so a sheddable tenant's request gets 503 slo_infeasible with Retry-After at once;
+    a standard tenant's request runs (late); with a budget that can be met the sheddable one runs too."""
+    import openai
+
+    keys, extra = _keyed({"spare": {"priority": "sheddable"}, "std": {"priority": "standard"}})
+    extra["scheduler"] = {"slo_classes": {"standard": {"ttft_s": 2.0, "tpot_s": 0.2},
+                                          "instant": {"ttft_s": 0.001, "tpot_s": 0.2}}}
+    with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0) for _ in range(2)], extra=extra) as lf:
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}]
+        instant = {"x-steersman-slo": "instant"}
+        spare = openai.OpenAI(base_url=lf.url + "/v1", api_key=keys["spare"], max_retries=0)
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as e:
+            spare.chat.completions.create(model="llama-3.1-8b", messages=messages, max_tokens=4, extra_headers=instant)
+        assert time.monotonic() - t0 < 1.0
+        err = e.value
+        assert err.status_code == 503 and err.body["code"] == "slo_infeasible", err.body
+        assert "first token in" in err.body["message"] and "sheddable" in err.body["message"]
+        assert int(err.response.headers["Retry-After"]) >= 1
+        ok = spare.chat.completions.create(model="llama-3.1-8b", messages=messages, max_tokens=4)
+        assert ok.choices[0].message.content
+        std = openai.OpenAI(base_url=lf.url + "/v1", api_key=keys["std"], max_retries=0)
+        late = std.chat.completions.create(model="llama-3.1-8b", messages=messages, max_tokens=4, extra_headers=instant)
+        assert late.usage.completion_tokens == 4

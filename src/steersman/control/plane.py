@@ -102,7 +102,7 @@ class ControlPlane:
             return Dispatch(decision, a), []
         if isinstance(decision, Reject):
             self.admitter.release(a, now)
-            return Refuse(503, "no_capacity", decision.reason, decision.retry_after), []
+            return Refuse(503, decision.code, decision.reason, decision.retry_after), []
         assert isinstance(decision, Queue)
         pushed = self.queue.push(item, req, now, weight=tenant.weight)
         if isinstance(pushed, Enqueued):
@@ -127,13 +127,17 @@ class ControlPlane:
                 out.add(model)
         return out
 
-    def dispatch(self, snapshot_fn: Callable[[], FleetSnapshot], now: float, limit: int = 64) -> list[tuple[Any, Dispatch]]:
+    def dispatch(self, snapshot_fn: Callable[[], FleetSnapshot], now: float,
+                 limit: int = 64) -> list[tuple[Any, Dispatch | Refuse]]:
         """Pop queued requests that can run now (at most ``limit``), routing each on a fresh snapshot.
 
         The caller must start each returned dispatch (the fleet's accounting moves)
-        before the next snapshot is taken; ``snapshot_fn`` is called once per pop.
+        before the next snapshot is taken; ``snapshot_fn`` is called once per pop.  A
+        request the policy now refuses (e.g. its SLO can no longer be met: see
+        ``SchedulerSettings.shed_infeasible``) comes back as a :class:`Refuse`, its
+        admission released; it does not stay at the head of the queue.
         """
-        out: list[tuple[Any, Dispatch]] = []
+        out: list[tuple[Any, Dispatch | Refuse]] = []
         while len(out) < limit and len(self.queue):
             snap = snapshot_fn()
             models = self.servable_models(snap)
@@ -146,6 +150,10 @@ class ControlPlane:
             decision = self.policy.pick(snap, q.req)
             if isinstance(decision, Route):
                 out.append((item, Dispatch(decision, q.admit)))
+                continue
+            if isinstance(decision, Reject):
+                self.admitter.release(q.admit, now)
+                out.append((item, Refuse(503, decision.code, decision.reason, decision.retry_after)))
                 continue
             # saturation moved between the check and the decision: back in line, try later
             self._waiting[item] = q

@@ -19,7 +19,7 @@ from steersman.control.tenants import AuthError, TenantDirectory
 from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, parse_workflow_headers
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
-from steersman.policy.base import Queue, Route
+from steersman.policy.base import Queue, Reject, Route
 from steersman.policy.request import SchedRequest
 
 __all__ = ["Authenticate", "Describe", "Schedule", "refusal_error"]
@@ -126,7 +126,7 @@ class Schedule:
         decision = gw.policy.pick(gw.fleet.snapshot(), req)
         if not isinstance(decision, Route):
             err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,
-                           "no_capacity", 1.0)
+                           decision.code if isinstance(decision, Reject) else "no_capacity", 1.0)
             return Fail(err, Retry.SAFE if isinstance(decision, Queue) else Retry.NEVER)
         gw.fleet.end(old.ticket, 0)
         gw.start_dispatch(ctx, Dispatch(decision, old.admit))

@@ -36,6 +36,7 @@ class Reject:
 
     reason: str
     retry_after: float | None = None
+    code: str = "no_capacity"  # the OpenAI-format error code of the 503
 
 
 Decision = Route | Queue | Reject

@@ -10,14 +10,16 @@ request whose prompt a replica mostly holds goes to such a holder first (Preble'
 exploit; an unprotected one even when only another replica would meet its budget,
 unless the holders are far slower or would break their residents' TPOT: see
 :func:`~steersman.policy.kernels.slo_pool_kernel`).  When every candidate is
-saturated the request waits in the gateway queue.
+saturated the request waits in the gateway queue.  A request of a class in
+``SchedulerSettings.shed_infeasible`` (default: sheddable) that no replica is
+predicted to serve within its SLO is refused early instead (:func:`shed`).
 """
 
 from __future__ import annotations
 
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.fleet import snapshot as S
-from steersman.policy.base import POLICIES, Decision, Route
+from steersman.policy.base import POLICIES, Decision, Reject, Route
 import numpy as np
 
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
@@ -27,7 +29,7 @@ from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
-__all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached"]
+__all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached", "shed"]
 
 
 @PICKERS.register("slo-cheapest")
@@ -43,6 +45,7 @@ class SloCheapest:
         self.latency_tie = settings.latency_tie
         self.exploit_share = settings.exploit_share
         self.exploit_slowdown = settings.exploit_slowdown
+        self.shed = frozenset(PriorityClass.parse(c) for c in settings.shed_infeasible)
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
@@ -57,6 +60,10 @@ class SloCheapest:
         count, feasible, stay = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, resident, p.tpot_res,
                                                 self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft,
                                                 tpot, left, margin, protected, self.cost_tie, self.latency_tie, pool)
+        if not feasible and not stay:
+            refused = shed(self.shed, req, protected, p.ttft, ttft)
+            if refused is not None:
+                return refused
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -73,6 +80,20 @@ class SloCheapest:
         # else the learned ratio converges to the square root of the true one (r <- k / r)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
         return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep)
+
+
+def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft: float) -> Reject | None:
+    """A request no replica is predicted to serve within its SLO: refused early (Mooncake's early rejection)
+    when its priority class is in ``classes`` (``SchedulerSettings.shed_infeasible``), it is not protected and
+    not a stream under way; else None (it goes where it is predicted to finish soonest, as ever).
+    ``Retry-After``: how late the earliest predicted first token is (the work ahead drains by then), >= 1 s."""
+    if req.priority not in classes or protected or req.resumed:
+        return None
+    best = float(ttft.min()) if ttft.size else np.inf
+    late = best - target_ttft if best < np.inf and target_ttft < np.inf else 0.0
+    what = f"first token in {best:.2f} s at best, target {target_ttft:.2f} s" if late > 0 else "TPOT or deadline"
+    return Reject(f"no replica is predicted to meet its SLO ({what}); {req.priority.name.lower()} requests are "
+                  "refused early then (scheduler.shed_infeasible)", max(1.0, late), "slo_infeasible")
 
 
 def _reason(feasible: bool, stayed: bool) -> str:

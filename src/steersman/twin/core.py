@@ -416,7 +416,10 @@ class Twin(DrillActions):
     # ---- the queue -----------------------------------------------------------------------
     def _dispatch_queued(self) -> None:
         for r, d in self.plane.dispatch(self.fleet.snapshot, self.clock.t):
-            self._dispatch(r, d)
+            if isinstance(d, Refuse):
+                self._refused(r, d)
+            else:
+                self._dispatch(r, d)
 
     def _expire(self) -> None:
         for r, refusal in self.plane.expire(self.fleet.snapshot(), self.clock.t):
