@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from steersman.control.plane import Dispatch, Refuse
+from steersman.control.plane import DISPATCH_BURST, Dispatch, Refuse
 from steersman.pipeline.context import RequestContext
 
 __all__ = ["RequestLifecycle"]
@@ -65,7 +65,7 @@ class RequestLifecycle:
     def _dispatch(self) -> None:
         self._kick_pending = False
         now = self.clock.now()
-        for _ in range(64):  # one at a time: each dispatch's accounting must be in the next decision's snapshot
+        for _ in range(DISPATCH_BURST):  # one at a time: each dispatch's accounting must be in the next decision's snapshot
             out = self.plane.dispatch(self.fleet.snapshot, now, limit=1)
             if not out:
                 break

@@ -34,7 +34,11 @@ from steersman.policy.framework import DecisionContext
 from steersman.policy.request import SchedRequest
 from steersman.policy.saturation import saturated
 
-__all__ = ["Dispatch", "Wait", "Refuse", "ControlPlane"]
+__all__ = ["Dispatch", "Wait", "Refuse", "ControlPlane", "DISPATCH_BURST"]
+
+#: queued requests dispatched per wake-up of the queue, one decision at a time (each dispatch's accounting in the
+#: next decision's snapshot); the rest wait for the next wake-up, so a long queue does not stall the event loop
+DISPATCH_BURST = 64
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from steersman.config import DEFAULTS, ReliabilitySettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig, WorkflowTracker
 from steersman.control.accounting import Accounting, Started
-from steersman.control.plane import ControlPlane, Dispatch, Refuse, Wait
+from steersman.control.plane import DISPATCH_BURST, ControlPlane, Dispatch, Refuse, Wait
 from steersman.control.workflow import WorkflowHeaders
 from steersman.engines.base import EngineMetrics
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
@@ -415,11 +415,17 @@ class Twin(DrillActions):
 
     # ---- the queue -----------------------------------------------------------------------
     def _dispatch_queued(self) -> None:
-        for r, d in self.plane.dispatch(self.fleet.snapshot, self.clock.t):
-            if isinstance(d, Refuse):
-                self._refused(r, d)
-            else:
-                self._dispatch(r, d)
+        # one at a time, as the live gateway (api/lifecycle.py): each dispatch's accounting must be in the next
+        # decision's snapshot (a batch of 64 routed on one state all went to the replica best at its start)
+        for _ in range(DISPATCH_BURST):
+            out = self.plane.dispatch(self.fleet.snapshot, self.clock.t, limit=1)
+            if not out:
+                return
+            for r, d in out:
+                if isinstance(d, Refuse):
+                    self._refused(r, d)
+                else:
+                    self._dispatch(r, d)
 
     def _expire(self) -> None:
         for r, refusal in self.plane.expire(self.fleet.snapshot(), self.clock.t):
