@@ -181,3 +181,11 @@ def test_waiting_retry_after_is_always_enough(rpm, tpm, sizes):
             assert isinstance(rl.reserve(t, tokens, now), Reservation)
         else:
             assert isinstance(got, Reservation)
+
+
+def test_a_minutes_worth_of_tokens_is_never_too_large():
+    """Found by hypothesis: with tokens_per_minute 999 the bucket held (999 / 60) x 60 = 998.9999999999999 tokens,
+    and a 999-token request was refused as larger than the limit."""
+    for tpm in (999, 7, 1e5 - 1, 12345):
+        got = RateLimiter().reserve(_tenant(rpm=10, tpm=tpm), int(tpm), 0.0)
+        assert isinstance(got, Reservation), (tpm, got)

@@ -154,3 +154,39 @@ def test_fault_slowdown_stretches_model_time(sim):
     httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
     slow = ttft_sum() - base
     assert 3.0 < slow / base < 5.0
+
+
+def test_priority_is_refused_without_priority_scheduling_and_orders_the_queue_with_it(sim):
+    """As vLLM: a non-zero `priority` is a 400 naming it unless the engine runs --scheduling-policy priority;
+    with it, waiting requests are served lower priority first, whatever their arrival order."""
+    import threading
+    import time
+    from dataclasses import replace as _replace
+
+    from steersman.config import EngineSettings
+    from steersman.enginesim.app import SimServerConfig
+    from steersman.testing import LiveFleet
+
+    r = httpx.post(sim.sims[0].url + "/v1/chat/completions", json=dict(CHAT, priority=3))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "priority"
+    assert "Priority scheduling is not enabled" in r.json()["error"]["message"]
+    engine = _replace(EngineSettings(), scheduling_policy="priority", max_num_seqs=1)
+    with LiveFleet(sims=[SimServerConfig(speedup=1.0, port=0, engine=engine)], with_gateway=False) as lf:
+        url = lf.sims[0].url + "/v1/chat/completions"
+        done: list[str] = []
+
+        def post(name: str, priority: int, tokens: int) -> None:
+            body = dict(CHAT, max_tokens=tokens, ignore_eos=True, priority=priority)
+            assert httpx.post(url, json=body, timeout=30).status_code == 200
+            done.append(name)
+
+        first = threading.Thread(target=post, args=("running", 0, 250))  # ~2 s of decode on the only slot
+        first.start()
+        time.sleep(0.4)
+        late = threading.Thread(target=post, args=("low", 5, 10))  # arrives first, lower priority
+        late.start()
+        time.sleep(0.2)
+        post("high", 1, 10)
+        for t in (first, late):
+            t.join()
+        assert done == ["running", "high", "low"]

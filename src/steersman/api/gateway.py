@@ -105,7 +105,8 @@ class Gateway(RequestLifecycle):
         price = ep.price_per_hour
         if price is None:
             price = gpu_profile(ep.gpu).price_per_hour * ep.tp if ep.gpu else 0.0
-        return Replica(i, ep.name or f"replica-{i}", ep.url.rstrip("/"), ep.engine, ep.gpu, tuple(ep.models), ep.pool, price, ep.tp, adapter)
+        return Replica(i, ep.name or f"replica-{i}", ep.url.rstrip("/"), ep.engine, ep.gpu, tuple(ep.models), ep.pool, price, ep.tp, adapter,
+                       ep.scheduling == "priority")
 
     async def start(self) -> None:
         warm_up()  # compile (or load cached) scheduling kernels before the first request

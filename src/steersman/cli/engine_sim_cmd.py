@@ -26,6 +26,9 @@ def register(app: typer.Typer) -> None:
         served_model_name: str | None = typer.Option(None, help="Model id clients use (default: the profile name)."),
         max_num_seqs: int | None = typer.Option(None),
         max_num_batched_tokens: int | None = typer.Option(None),
+        scheduling_policy: str = typer.Option(DEFAULTS.engine.scheduling_policy,
+                                              help="fcfs, or priority: requests' `priority` orders the queue "
+                                                   "(lower first), as vLLM --scheduling-policy."),
         mean_output_tokens: float = typer.Option(_S.mean_output_tokens, help="Mean answer length when EOS decides."),
         cold_start: bool = typer.Option(False, help="Start with weights cold and load them (load time from weight bytes)."),
         die_after_tokens: int | None = typer.Option(None, help="Fault: crash after this many streamed tokens."),
@@ -54,7 +57,10 @@ def register(app: typer.Typer) -> None:
             faults.validate()
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-        engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        if scheduling_policy not in ("fcfs", "priority"):
+            raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
+        engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens, scheduling_policy=scheduling_policy)
         cfg = SimServerConfig(
             gpu=gpu, model=model, host=host, port=port, speedup=speedup, served_model_name=served_model_name,
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,

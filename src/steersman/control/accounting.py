@@ -18,9 +18,10 @@ from steersman.control.output_estimate import OutputEstimate
 from steersman.control.plane import ControlPlane, Dispatch
 from steersman.control.workflow import WorkflowTracker
 from steersman.fleet.state import Fleet, Ticket
+from steersman.policy.base import Route
 from steersman.policy.request import SchedRequest
 
-__all__ = ["Started", "Accounting"]
+__all__ = ["Started", "Accounting", "engine_priority"]
 
 
 @dataclass(slots=True)
@@ -33,6 +34,7 @@ class Started:
     admit: Admit
     uncached: int  # prompt tokens the replica is predicted to prefill
     predicted_hit_blocks: int  # prompt blocks the prefix index expected cached there
+    engine_priority: int = 0  # for engines with priority scheduling (lower first): see engine_priority()
 
 
 class Accounting:
@@ -66,7 +68,7 @@ class Accounting:
                 ticket.cache_at_first = hashes  # not reusable there until it has run
             else:
                 fleet.prefix.record(i, hashes)
-        return Started(req, i, ticket, d.admit, uncached, held)
+        return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings))
 
     def first_token(self, s: Started) -> None:
         self.fleet.first_token(s.ticket)
@@ -88,3 +90,11 @@ class Accounting:
         if cached_tokens is not None:
             self.fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         return cost
+
+
+def engine_priority(req: SchedRequest, route: Route, settings: SchedulerSettings) -> int:
+    """The ``priority`` an engine with priority scheduling (vLLM ``--scheduling-policy priority``: lower first,
+    then arrival) gets for this request: its band (critical 0, standard 1, sheddable 2, batch 3) x 2, plus 1 when
+    no replica was predicted to meet its SLO and ``settings.demote_late``: inside its band, the engine serves the
+    requests that can still meet their SLO before the late ones, never a lower band's before a higher one's."""
+    return 2 * int(req.priority) + (1 if route.late and settings.demote_late else 0)

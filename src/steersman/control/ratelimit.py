@@ -119,8 +119,10 @@ class _Buckets:
 
     def __init__(self, rpm: float | None, tpm: float | None, burst_s: float, now: float) -> None:
         self.rpm, self.tpm = rpm, tpm
-        self.requests = None if rpm is None else TokenBucket(rpm / 60.0, rpm / 60.0 * burst_s, now)
-        self.tokens = None if tpm is None else TokenBucket(tpm / 60.0, tpm / 60.0 * burst_s, now)
+        # capacity = L x burst / 60, multiplied first: (L / 60) x 60 is not always L in floating point (999 ->
+        # 998.9999999999999), which refused a request of exactly a minute's worth of tokens as too large
+        self.requests = None if rpm is None else TokenBucket(rpm / 60.0, rpm * burst_s / 60.0, now)
+        self.tokens = None if tpm is None else TokenBucket(tpm / 60.0, tpm * burst_s / 60.0, now)
 
 
 class RateLimiter:

@@ -70,7 +70,8 @@ class SimServer:
         self.admin = AdminGuard(cfg.admin_key_sha256)
         self.runner = EngineRunner(self.engine, self.clock, self.metrics, self.faults)
         self.generator = Generator(self.model_name, self.max_model_len, cfg.engine.block_size, cfg.mean_output_tokens,
-                                   self.runner, self.faults, self.clock, self.crash)
+                                   self.runner, self.faults, self.clock, self.crash,
+                                   cfg.engine.scheduling_policy == "priority")
         self.port = cfg.port
         self.http = HttpServer(error_body, DEFAULTS.gateway.max_body_bytes)
         for method, path, handler in (

@@ -25,8 +25,9 @@ class Generator:
     """Handles ``/v1/chat/completions`` and ``/v1/completions`` for one replica."""
 
     def __init__(self, model_name: str, max_model_len: int, block_size: int, mean_output_tokens: float,
-                 runner: EngineRunner, faults: Faults, clock: Clock, on_die) -> None:
+                 runner: EngineRunner, faults: Faults, clock: Clock, on_die, priority_scheduling: bool = False) -> None:
         self.model_name = model_name
+        self.priority_scheduling = priority_scheduling
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.mean_output_tokens = mean_output_tokens
@@ -49,6 +50,8 @@ class Generator:
             raise not_found_model(req.model)
         if req.n != 1:
             raise bad_request("engine-sim supports only `n` = 1.", "n")
+        if req.priority != 0 and not self.priority_scheduling:  # vLLM's processor refuses it the same way
+            raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority")
         if chat:
             # vLLM: `continue_final_message` continues the last assistant message (an assistant prefix);
             # it excludes `add_generation_prompt`, like vLLM's request validation

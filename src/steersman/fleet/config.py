@@ -50,6 +50,9 @@ class FleetConfigError(ValueError):
     pass
 
 
+_SCHEDULING = ("fcfs", "priority")  # vLLM SchedulerConfig.policy values
+
+
 class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     url: str
     name: str | None = None
@@ -59,6 +62,9 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     pool: str = "default"
     price_per_hour: float | None = None
     tp: int = 1
+    #: "priority": the engine runs vLLM's --scheduling-policy priority and takes a per-request ``priority``
+    #: (steersman sends control.accounting.engine_priority); "fcfs" (vLLM's default): none is sent
+    scheduling: str = "fcfs"
 
 
 class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -70,6 +76,7 @@ class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
     served_model_name: str | None = None
     cold_start: bool = False
     role: str = "both"  # digital twin: prefill | decode | both (prefill/decode disaggregation)
+    scheduling: str = "fcfs"  # the engine's scheduling policy: fcfs | priority (see EndpointConfig.scheduling)
 
 
 class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -140,10 +147,15 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
     for i, ep in enumerate(raw.endpoints):
         if not ep.url.startswith(("http://", "https://")):
             raise FleetConfigError(f"{where}: endpoints[{i}].url must be an http(s) URL, got {ep.url!r}")
+        if ep.scheduling not in _SCHEDULING:
+            raise FleetConfigError(f"{where}: endpoints[{i}].scheduling must be fcfs or priority, got {ep.scheduling!r}")
     if raw.simulated is not None:
         for i, r in enumerate(raw.simulated.replicas):
             if r.count < 1:
                 raise FleetConfigError(f"{where}: simulated.replicas[{i}].count must be >= 1")
+            if r.scheduling not in _SCHEDULING:
+                raise FleetConfigError(f"{where}: simulated.replicas[{i}].scheduling must be fcfs or priority, "
+                                       f"got {r.scheduling!r}")
             if r.role not in ("both", "prefill", "decode"):
                 raise FleetConfigError(f"{where}: simulated.replicas[{i}].role must be both, prefill or decode, "
                                        f"got {r.role!r}")

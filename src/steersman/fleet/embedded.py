@@ -54,6 +54,8 @@ class SimulatedFleet:
             args += ["--served-model-name", spec.served_model_name]
         if spec.cold_start:
             args.append("--cold-start")
+        if spec.scheduling != "fcfs":
+            args += ["--scheduling-policy", spec.scheduling]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL)
         self.procs.append(proc)
         assert proc.stdout is not None
@@ -71,6 +73,7 @@ class SimulatedFleet:
         return EndpointConfig(
             url=url, name=name, engine="engine-sim", gpu=gpu.name, pool=spec.pool, tp=spec.tp,
             models=[spec.served_model_name or spec.model], price_per_hour=gpu.price_per_hour * spec.tp,
+            scheduling=spec.scheduling,
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

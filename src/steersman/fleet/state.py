@@ -42,6 +42,7 @@ class Replica:
     price_per_hour: float
     tp: int
     adapter: EngineAdapter
+    priority_scheduling: bool = False  # the engine takes a per-request ``priority`` (vLLM --scheduling-policy priority)
     address: ReplicaAddress = field(init=False)
 
     def __post_init__(self) -> None:

@@ -28,7 +28,7 @@ from steersman.pipeline.context import RequestContext
 from steersman.pipeline.continuation import BadEvent, Continuation
 from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Retry
 
-__all__ = ["Forward"]
+__all__ = ["Forward", "with_priority"]
 
 _decode_str = msgspec.json.Decoder(str).decode
 _DONE_EVENT = b"data: [DONE]\n\n"
@@ -180,6 +180,8 @@ class Forward:
                 ctx.http.end_stream()
                 return RESPONDED
             body = cont.request_body()
+        if rep.priority_scheduling and ctx.started_at is not None:
+            body = with_priority(body, ctx.started_at.engine_priority)
         ex: Exchange | None = None
         try:
             try:
@@ -310,3 +312,15 @@ def _usage_int(body: bytes, key: bytes) -> int | None:
         return int(body[j:k])
     except ValueError:
         return None
+
+
+
+def with_priority(body: bytes, priority: int) -> bytes:
+    """The JSON object ``body`` with ``"priority": priority`` as its last member (for an engine with priority
+    scheduling: vLLM reads the last of duplicate keys, so the gateway's value wins over one the client sent)."""
+    end = body.rstrip().rfind(b"}")
+    if end < 0:
+        raise ValueError("the request body is not a JSON object")
+    head = body[:end].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return b'%b%b"priority":%d}' % (head, sep, priority)

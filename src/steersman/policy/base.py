@@ -21,6 +21,7 @@ class Route:
     predicted_ttft_s: float | None = None
     predicted_tpot_s: float | None = None
     tpot_target_s: float = 0.0  # > 0: the TPOT it must keep there (x margin); later arrivals must not break it
+    late: bool = False  # no replica was predicted to meet its SLO: an engine with priority scheduling serves it last
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,7 +291,7 @@ class _Fused:
         i = int(idx[j])
         r_ttft, r_tpot = corrections(snap, i)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
-        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot, keep)
+        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot, keep, not feasible and not stay)
 
     def _scores(self, snap, req, idx, blocks, need, clock) -> np.ndarray:
         total = np.zeros(idx.size)

@@ -79,7 +79,7 @@ class SloCheapest:
         # the fleet learns observed / predicted: it must see the model's prediction *before* the correction,
         # else the learned ratio converges to the square root of the true one (r <- k / r)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
-        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep)
+        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep, not feasible and not stay)
 
 
 def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft: float) -> Reject | None:

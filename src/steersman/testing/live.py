@@ -93,12 +93,14 @@ class LiveFleet:
             s = SimServer(cfg if cfg.port == 0 else _port0(cfg))
             await s.start()
             self.sims.append(s)
-            endpoints.append({"name": f"sim-{i}", "url": s.url, "engine": "engine-sim", "gpu": cfg.gpu, "models": [s.model_name], "tp": cfg.engine.tensor_parallel})
+            endpoints.append({"name": f"sim-{i}", "url": s.url, "engine": "engine-sim", "gpu": cfg.gpu, "models": [s.model_name], "tp": cfg.engine.tensor_parallel,
+                              "scheduling": cfg.engine.scheduling_policy})
         for i, script in enumerate(self.scripts):
             e = ScriptedEngine(script)
             await e.start()
             self.scripted.append(e)
-            endpoints.append({"name": f"scripted-{i}", "url": e.url, "engine": "openai", "models": [script.model]})
+            endpoints.append({"name": f"scripted-{i}", "url": e.url, "engine": "openai", "models": [script.model],
+                              "scheduling": script.scheduling})
         endpoints += self.extra_endpoints
         if self.with_gateway:
             cfg = parse_fleet({"gateway": self.gateway_overrides, "policy": self.policy, "endpoints": endpoints, **self.extra}, "LiveFleet")

@@ -28,6 +28,7 @@ class Script:
     hang: bool = False
     malformed: bytes | None = None  # raw bytes sent instead of a well-formed stream
     model: str = "scripted"
+    scheduling: str = "fcfs"  # "priority": takes a request's `priority` (its fleet endpoint says so); fcfs: 400s it
 
 
 @dataclass(slots=True)
@@ -76,6 +77,10 @@ class ScriptedEngine:
         try:
             if s.status != 200:
                 request.respond(s.status, error_body(s.status, "scripted failure", "scripted"))
+                return
+            if body.get("priority", 0) != 0 and s.scheduling != "priority":  # as vLLM without priority scheduling
+                request.respond(400, error_body(400, f"Got priority {body['priority']} but Priority scheduling is "
+                                                     "not enabled.", "invalid_priority"))
                 return
             if s.hang:
                 await asyncio.Event().wait()

@@ -276,7 +276,7 @@ class Twin(DrillActions):
         sent = r.delivered  # a continued stream: the prompt plus what was sent is prefilled, the rest generated
         r.sim = SimRequest(req_id=rid, prompt_len=max(a.prompt_tokens, 1) + sent,
                            max_output=1 if prefill else max(a.output_tokens - sent, 1),
-                           block_hashes=a.block_hashes, priority=int(r.sched.priority), arrival=now)
+                           block_hashes=a.block_hashes, priority=r.started.engine_priority, arrival=now)
         self._reqs[rid] = r
         try:
             wake = rep.submit(r.sim, now)

@@ -68,21 +68,24 @@ class TwinFleet:
                 gpu = gpu_profile(spec.gpu).name
                 for k in range(spec.count):
                     plans.append(ReplicaPlan(f"{spec.pool}-{gpu.lower()}-{len(plans)}", spec.gpu, spec.model, spec.tp,
-                                             spec.pool, spec.served_model_name, role=spec.role))
+                                             spec.pool, spec.served_model_name, role=spec.role,
+                                             engine=_engine(spec.scheduling)))
         for ep in cfg.endpoints:
             if ep.gpu and ep.models:
                 try:
                     model_profile(ep.models[0])
                 except KeyError:
                     continue
-                plans.append(ReplicaPlan(ep.name or f"replica-{len(plans)}", ep.gpu, ep.models[0], ep.tp, ep.pool))
+                plans.append(ReplicaPlan(ep.name or f"replica-{len(plans)}", ep.gpu, ep.models[0], ep.tp, ep.pool,
+                                         engine=_engine(ep.scheduling)))
         link = cfg.simulated.kv_link_gbit_s if cfg.simulated is not None else None
         return cls(plans, cfg.scheduler, cfg.admission, link if link is not None else DEFAULTS.engine.kv_link_gbit_s)
 
     def build_state(self, clock) -> Fleet:
         reps = [Replica(i, p.name, f"http://twin.invalid/{p.name}", "engine-sim", gpu_profile(p.gpu).name,
                         (p.served_model_name or p.model,) if p.role != "decode" else (f"{p.model}@decode",),
-                        p.pool, p.price_per_hour, p.tp, adapter=None)
+                        p.pool, p.price_per_hour, p.tp, adapter=None,
+                        priority_scheduling=p.engine.scheduling_policy == "priority")
                 for i, p in enumerate(self.plans)]
         fleet = Fleet(reps, clock, self.scheduler)
         fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)
@@ -91,3 +94,9 @@ class TwinFleet:
     @property
     def price_per_hour(self) -> float:
         return sum(p.price_per_hour for p in self.plans)
+
+
+def _engine(scheduling: str) -> EngineSettings:
+    """The replica's engine settings: the defaults, with the fleet file's scheduling policy."""
+    return DEFAULTS.engine if scheduling == DEFAULTS.engine.scheduling_policy else replace(
+        DEFAULTS.engine, scheduling_policy=scheduling)
