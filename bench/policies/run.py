@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import msgspec
 import platform
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from calibrate import offered_window_goodput, probe  # noqa: E402
 from table import EARLY_REJECT, opt_in_lines, print_workload, ratios, verdicts  # noqa: E402
-from workloads import FLEET, workloads  # noqa: E402
+from workloads import FLEET, bench_fleet, workloads  # noqa: E402
 
-from steersman.fleet.config import load_fleet  # noqa: E402
 from steersman.policy import POLICIES  # noqa: E402
 from steersman.twin.run import Experiment  # noqa: E402
 
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=0.9, help="offered load as a share of the measured capacity")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--engine-scheduling", choices=["fcfs", "priority"], default="fcfs",
+                    help="every replica's engine scheduling policy (priority: vLLM --scheduling-policy priority; "
+                         "each profile's requests carry their band, steersman's also its late flag)")
     ap.add_argument("--no-opt-in", action="store_true",
                     help=f"skip the {EARLY_REJECT} row (steersman with early rejection of standard requests)")
     args = ap.parse_args(argv)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--policy: unknown profile(s) {unknown}")
         policies = [p for p in policies if p in args.policy or p == "round-robin"]
     probes = [p for p in (QUICK_PROBES if args.quick else policies) if p in policies]
-    fleet = load_fleet(FLEET)
+    fleet = bench_fleet(args.engine_scheduling)
     # the opt-in row: Mooncake's early rejection for standard requests too (the default sheds only 'sheddable')
     rejecting = msgspec.structs.replace(fleet, scheduler=replace(fleet.scheduler, shed_infeasible=("standard", "sheddable")))
     chosen = [w for w in workloads(requests, agentic_s, mooncake) if not args.workload or w.name in args.workload]
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict = {"meta": {"fleet": str(FLEET.relative_to(HERE.parents[1])), "quick": args.quick, "seed": args.seed,
                           "target_share_of_capacity": args.target, "trace_requests": requests, "mooncake_requests": mooncake or "all",
                           "agentic_duration_s": agentic_s, "policies": policies, "probe_policies": probes,
+                          "engine_scheduling": args.engine_scheduling,
                           "python": platform.python_version(), "machine": platform.machine()},
                  "workloads": {}}
     for wl in chosen:

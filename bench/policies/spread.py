@@ -26,9 +26,8 @@ sys.path.insert(0, str(HERE))
 
 from calibrate import offered_window_goodput  # noqa: E402
 from table import OURS  # noqa: E402
-from workloads import FLEET, workloads  # noqa: E402
+from workloads import bench_fleet, workloads  # noqa: E402
 
-from steersman.fleet.config import load_fleet  # noqa: E402
 from steersman.twin.run import Experiment  # noqa: E402
 
 
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     factors = [float(f) for f in args.factors.split(",")]
     meta = doc["meta"]
     mooncake = None if meta.get("mooncake_requests", "all") == "all" else int(meta["mooncake_requests"])
-    fleet = load_fleet(FLEET)
+    fleet = bench_fleet(meta.get("engine_scheduling", "fcfs"))  # the engines of the run that calibrated the loads
     for wl in workloads(meta["trace_requests"], meta["agentic_duration_s"], mooncake):
         w = doc["workloads"].get(wl.name)
         if w is None or (args.workload and wl.name not in args.workload):

@@ -28,7 +28,7 @@ TRACES = ROOT.parent / "shared" / "traces"
 FLEET = ROOT / "examples" / "twin-fleet.yaml"
 AGENTIC = ROOT / "examples" / "agentic-mix.yaml"
 
-__all__ = ["Workload", "workloads", "FLEET"]
+__all__ = ["Workload", "workloads", "FLEET", "bench_fleet"]
 
 
 @dataclass(frozen=True)
@@ -54,3 +54,17 @@ def workloads(requests: int, agentic_s: float, mooncake_requests: int | None = N
         Workload("mooncake", _trace("mooncake-synthetic.jsonl", mooncake_requests), ROOT, prefix_heavy=True),
         Workload("agentic", mix, AGENTIC.parent, agentic=True),
     ]
+
+
+def bench_fleet(engine_scheduling: str = "fcfs"):
+    """examples/twin-fleet.yaml, every replica's engine on ``engine_scheduling`` (fcfs: vLLM's default)."""
+    import msgspec
+
+    from steersman.fleet.config import load_fleet
+
+    fleet = load_fleet(FLEET)
+    if engine_scheduling == "fcfs":
+        return fleet
+    sim = fleet.simulated
+    reps = [msgspec.structs.replace(r, scheduling=engine_scheduling) for r in sim.replicas]
+    return msgspec.structs.replace(fleet, simulated=msgspec.structs.replace(sim, replicas=reps))
