@@ -314,7 +314,6 @@ def _usage_int(body: bytes, key: bytes) -> int | None:
         return None
 
 
-
 def with_priority(body: bytes, priority: int) -> bytes:
     """The JSON object ``body`` with ``"priority": priority`` as its last member (for an engine with priority
     scheduling: vLLM reads the last of duplicate keys, so the gateway's value wins over one the client sent)."""
