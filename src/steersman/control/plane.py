@@ -31,7 +31,7 @@ from steersman.control.tenants import TenantConfig
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.policy.base import Queue, Reject, Route, RoutingPolicy
 from steersman.policy.framework import DecisionContext
-from steersman.policy.request import SchedRequest
+from steersman.policy.request import PriorityClass, SchedRequest
 from steersman.policy.saturation import saturated
 
 __all__ = ["Dispatch", "Wait", "Refuse", "ControlPlane", "DISPATCH_BURST"]
@@ -39,6 +39,17 @@ __all__ = ["Dispatch", "Wait", "Refuse", "ControlPlane", "DISPATCH_BURST"]
 #: queued requests dispatched per wake-up of the queue, one decision at a time (each dispatch's accounting in the
 #: next decision's snapshot); the rest wait for the next wake-up, so a long queue does not stall the event loop
 DISPATCH_BURST = 64
+#: decisions made per queued request dispatched (requests held back for a replica that can meet their SLO are
+#: asked in queue order): bounds a drain's cost when many wait
+DISPATCH_PICKS = 32
+
+
+def _first(req: SchedRequest, now: float) -> bool:
+    """Served in the queue's first pass: protected (critical, sunk cost), or its TTFT budget has time left."""
+    if req.priority == PriorityClass.CRITICAL or req.protection > 0:
+        return True
+    ttft = req.budget.ttft_s
+    return ttft is not None and now - req.arrival < ttft
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +94,8 @@ class ControlPlane:
         self.queue = queue
         self.settings = settings
         self._waiting: dict[Any, _Queued] = {}
+        self._held_at: float | None = None  # the ``now`` of the last dispatch pass ...
+        self._held: set[int] = set()  # ... and the queued requests the policy held back in it (by id)
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
@@ -132,37 +145,59 @@ class ControlPlane:
         return out
 
     def dispatch(self, snapshot_fn: Callable[[], FleetSnapshot], now: float,
-                 limit: int = 64) -> list[tuple[Any, Dispatch | Refuse]]:
+                 limit: int = DISPATCH_BURST) -> list[tuple[Any, Dispatch | Refuse]]:
         """Pop queued requests that can run now (at most ``limit``), routing each on a fresh snapshot.
 
         The caller must start each returned dispatch (the fleet's accounting moves)
-        before the next snapshot is taken; ``snapshot_fn`` is called once per pop.  A
-        request the policy now refuses (e.g. its SLO can no longer be met: see
-        ``SchedulerSettings.shed_infeasible``) comes back as a :class:`Refuse`, its
-        admission released; it does not stay at the head of the queue.
+        before the next snapshot is taken; ``snapshot_fn`` is called once per pop.
+
+        Order: the queue's (band, fair share, value, deadline, arrival), but first the
+        requests whose TTFT budget has time left (or that are protected); those whose
+        budget ran out go when none of the former can use the capacity.  A request the
+        policy holds back (``Queue``: no replica can meet its SLO now, see
+        ``SchedulerSettings.hold_late``) keeps its place and is not asked again at this
+        ``now``; one it refuses (its SLO can no longer be met, see ``shed_infeasible``)
+        comes back as a :class:`Refuse`, its admission released.  At most
+        ``DISPATCH_PICKS`` decisions are made per request dispatched.
         """
         out: list[tuple[Any, Dispatch | Refuse]] = []
+        if self._held_at != now:
+            self._held_at, self._held = now, set()
+        held = self._held
         while len(out) < limit and len(self.queue):
             snap = snapshot_fn()
             models = self.servable_models(snap)
             if not models:
                 break
-            item = self.queue.pop(now, models=models)
+            asked = [0, None]  # decisions made for this pop, the accepted one's decision
+
+            def serve(item: Any, first_pass: bool) -> bool:
+                if id(item) in held or asked[0] >= DISPATCH_PICKS:
+                    return False
+                q = self._waiting[item]
+                if first_pass and not _first(q.req, now):
+                    return False
+                asked[0] += 1
+                decision = self.policy.pick(snap, q.req)
+                if isinstance(decision, Queue):
+                    held.add(id(item))  # saturation moved, or held back for a replica that can meet its SLO
+                    return False
+                asked[1] = decision
+                return True
+
+            item = self.queue.pop(now, lambda it: serve(it, True), models=models)
+            if item is None:
+                item = self.queue.pop(now, lambda it: serve(it, False), models=models)
             if item is None:
                 break
             q = self._waiting.pop(item)
-            decision = self.policy.pick(snap, q.req)
+            decision = asked[1]
             if isinstance(decision, Route):
                 out.append((item, Dispatch(decision, q.admit)))
-                continue
-            if isinstance(decision, Reject):
+            else:
+                assert isinstance(decision, Reject)
                 self.admitter.release(q.admit, now)
                 out.append((item, Refuse(503, decision.code, decision.reason, decision.retry_after)))
-                continue
-            # saturation moved between the check and the decision: back in line, try later
-            self._waiting[item] = q
-            self.queue.push(item, q.req, now)
-            break
         return out
 
     def expire(self, snapshot: FleetSnapshot, now: float) -> list[tuple[Any, Refuse]]:

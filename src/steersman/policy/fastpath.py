@@ -35,7 +35,7 @@ from steersman.policy import kernels as K
 from steersman.policy import plugin_kernels as P
 from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
-from steersman.policy.model_based import SloCheapest, _reason, corrections, shed
+from steersman.policy.model_based import SloCheapest, _reason, corrections, hold, shed
 from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled
 from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
 from steersman.policy.request import PriorityClass
@@ -252,9 +252,9 @@ class _Fused:
         self.picker_hist.observe(clock() - t0)
         return out
 
-    def _pick(self, snap, req, idx, held, need, clock) -> Route | Reject:
+    def _pick(self, snap, req, idx, held, need, clock) -> Decision:
         st, k = snap.statics, idx.size
-        blocks, own, out, pool = np.empty(k), np.empty(k), np.empty((5, k)), np.empty(k, dtype=np.bool_)
+        blocks, own, out, pool = np.empty(k), np.empty(k), np.empty((6, k)), np.empty(k, dtype=np.bool_)
         cached, resident = np.empty(k), np.empty(k)
         pt, eo = float(req.prompt_tokens), float(req.expected_output)
         p = self.picker
@@ -274,10 +274,11 @@ class _Fused:
             count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4],
                                                 p.exploit_share * pt, p.exploit_slowdown, ttft, tpot, left, margin,
                                                 protected, p.cost_tie, p.latency_tie, pool)
-        if not feasible and not stay and p.shed:
-            refused = shed(p.shed, req, protected, out[0], ttft)
-            if refused is not None:
-                return refused
+        if not feasible and not stay and (p.shed or p.hold):
+            late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
+                hold(req, protected, out[5], ttft, snap.time) if p.hold else None)
+            if late is not None:
+                return late
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number

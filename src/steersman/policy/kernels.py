@@ -33,7 +33,9 @@ _RECENT, _STALLED = S.RECENT_TOKENS, S.STALLED_SINCE
 @njit(cache=True, nogil=True)
 def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output,
                    ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out):
-    """``out[0..3, j]`` = predicted TTFT, TPOT, end-to-end seconds and $ for candidate ``idx[j]``.
+    """``out[0..3, j]`` = predicted TTFT, TPOT, end-to-end seconds and $ for candidate ``idx[j]``; ``out[4, j]``
+    the TPOT of the requests decoding there once this one's prefill is added, ``out[5, j]`` its TTFT once the
+    prefill queued ahead of it has drained.
 
     The formula is documented in :mod:`steersman.policy.predict`.
     """
@@ -69,6 +71,10 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             if r != r:
                 r = ttft_prior
             ttft = (full * t_full + t_dec + (t_full - t_dec) * (steps - full)) * r
+            # its first token once the prefill queued ahead of it has drained (its own prefill alone)
+            steps = mine / P
+            full = math.floor(steps)
+            alone = (full * t_full + t_dec + (t_full - t_dec) * (steps - full)) * r
             r = live[_TPOT_R, i]
             if r != r or (in_flight <= 0.0 and live[_RUNNING, i] <= 0.0):
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
@@ -96,10 +102,11 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             if stalled == stalled and now - stalled > ttft:
                 ttft = now - stalled
         else:  # no roofline (e.g. llama.cpp): steersman.policy.predict._unprofiled fills this column
-            ttft = tpot = t_full = tpot_res = math.nan
+            ttft = tpot = t_full = tpot_res = alone = math.nan
         out[0, j] = ttft
         out[1, j] = tpot
         out[4, j] = tpot_res
+        out[5, j] = alone
         out[2, j] = ttft + expected_output * tpot
         gpu_s = mine / B * t_full + expected_output / reference_batch * tpot
         out[3, j] = price[i] * gpu_s / 3600.0
@@ -345,7 +352,7 @@ def warm_up() -> None:
     live = np.zeros((len(S.LIVE_FIELDS), 1))
     one = np.ones(1)
     predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
-                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((5, 1)))
+                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((6, 1)))
     held = np.zeros(1, dtype=np.int64)
     matched = held.copy()
     matched.flags.writeable = False  # as the prefix index's match results are

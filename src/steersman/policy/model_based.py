@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.fleet import snapshot as S
-from steersman.policy.base import POLICIES, Decision, Reject, Route
+from steersman.policy.base import POLICIES, Decision, Queue, Reject, Route
 import numpy as np
 
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
@@ -29,7 +29,7 @@ from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
-__all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached", "shed"]
+__all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached", "shed", "hold"]
 
 
 @PICKERS.register("slo-cheapest")
@@ -46,6 +46,7 @@ class SloCheapest:
         self.exploit_share = settings.exploit_share
         self.exploit_slowdown = settings.exploit_slowdown
         self.shed = frozenset(PriorityClass.parse(c) for c in settings.shed_infeasible)
+        self.hold = settings.hold_late
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
@@ -61,9 +62,10 @@ class SloCheapest:
                                                 self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft,
                                                 tpot, left, margin, protected, self.cost_tie, self.latency_tie, pool)
         if not feasible and not stay:
-            refused = shed(self.shed, req, protected, p.ttft, ttft)
-            if refused is not None:
-                return refused
+            late = shed(self.shed, req, protected, p.ttft, ttft) or (
+                hold(req, protected, p.ttft_alone, ttft, ctx.snapshot.time) if self.hold else None)
+            if late is not None:
+                return late
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -94,6 +96,20 @@ def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft
     what = f"first token in {best:.2f} s at best, target {target_ttft:.2f} s" if late > 0 else "TPOT or deadline"
     return Reject(f"no replica is predicted to meet its SLO ({what}); {req.priority.name.lower()} requests are "
                   "refused early then (scheduler.shed_infeasible)", max(1.0, late), "slo_infeasible")
+
+
+def hold(req, protected: bool, ttft_alone: np.ndarray, target_ttft: float, now: float) -> Queue | None:
+    """A request no replica is predicted to serve within its TTFT now: it waits in the gateway queue when it is
+    not protected (a critical or sunk-cost request goes where it finishes soonest at once), not a stream under
+    way, its TTFT budget has time left, and some replica could still meet it once the prefill queued ahead of it
+    there has drained (``ttft_alone``); else None (routed, late).  ``SchedulerSettings.hold_late``."""
+    if protected or req.resumed or not target_ttft < np.inf:
+        return None
+    left = target_ttft - (now - req.arrival)
+    if not left > 0.0 or not ttft_alone.size or not float(ttft_alone.min()) <= left:
+        return None
+    return Queue(f"no replica is predicted to give its first token within its TTFT budget now ({left:.2f} s left); "
+                 "it waits in the gateway for one that can")
 
 
 def _reason(feasible: bool, stayed: bool) -> str:

@@ -87,10 +87,11 @@ class Prediction:
     cost: np.ndarray  # $ of GPU time this request is expected to use there
     uncached: np.ndarray  # prompt tokens to prefill there
     tpot_res: np.ndarray  # the TPOT of the requests decoding there once this one's prefill is added
+    ttft_alone: np.ndarray  # its TTFT there once the prefill queued ahead of it has drained
 
     def select(self, sel: np.ndarray) -> Prediction:
         return Prediction(self.ttft[sel], self.tpot[sel], self.e2e[sel], self.cost[sel], self.uncached[sel],
-                          self.tpot_res[sel])
+                          self.tpot_res[sel], self.ttft_alone[sel])
 
 
 @feature("prefix_held", per_replica=True)
@@ -132,11 +133,11 @@ def predict(ctx: DecisionContext) -> Prediction:
         float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
         snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH,
         snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
-        float(snap.time), float(snap.recent_tau_s), np.empty((5, idx.size)),
+        float(snap.time), float(snap.recent_tau_s), np.empty((6, idx.size)),
     )
     if not _all_modelled(st):
         _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out)
-    return Prediction(out[0], out[1], out[2], out[3], own, out[4])
+    return Prediction(out[0], out[1], out[2], out[3], own, out[4], out[5])
 
 
 _ALL_MODELLED: dict[int, tuple[object, bool]] = {}
@@ -175,6 +176,7 @@ def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, ex
     out[0, u] = ttft
     out[1, u] = tpot
     out[4, u] = tpot  # the linear model has no prefill interference
+    out[5, u] = (step + own[u] * s_tok) * r_ttft
     out[2, u] = ttft + expected_output * tpot
     price = np.nan_to_num(st.price_per_hour[i])
     out[3, u] = price * (own[u] * s_tok * r_ttft + expected_output / REFERENCE_BATCH * tpot) / 3600.0

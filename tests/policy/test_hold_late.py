@@ -1,0 +1,76 @@
+"""Holding back late work (``scheduler.hold_late``): an unprotected request that no replica is predicted to serve
+within its TTFT now, but one could once the prefill queued ahead of it has drained, waits in the gateway queue;
+the queue serves first the requests whose TTFT budget has time left.  Fused and plugin paths alike."""
+
+from dataclasses import replace
+
+import pytest
+
+from steersman.config import DEFAULTS
+from steersman.config.admission import AdmissionSettings
+from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig
+from steersman.control.plane import ControlPlane, Dispatch, Wait
+from steersman.policy import Queue, Route, make_policy
+from steersman.policy.request import LatencyBudget, PriorityClass
+from steersman.testing.snapshots import fleet_snapshot, sched_request
+
+STANDARD = LatencyBudget(ttft_s=2.0, tpot_s=0.2)
+#: both replicas have ~150k prompt tokens queued for prefill (several seconds of work on an H100), nothing waiting
+BACKLOG = dict(pending_prefill=[150_000, 150_000], in_flight=[20, 20], running=[20, 20], decoding=[2, 2])
+
+
+def _policy(fused, settings=DEFAULTS.scheduler):
+    p = make_policy("steersman", settings)
+    if not fused:
+        p._fast = None
+    return p
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_request_the_backlog_would_make_late_waits_for_a_replica_that_can_serve_it(fused):
+    policy = _policy(fused)
+    snap = fleet_snapshot(2, time=10.0, **BACKLOG)
+    short = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=10.0)
+    d = policy.pick(snap, short)
+    assert isinstance(d, Queue) and "waits in the gateway" in d.reason and "2.00 s left" in d.reason
+    # its budget spent in the queue: it goes where it finishes soonest, marked late (engines serve it last)
+    stale = policy.pick(snap, replace(short, arrival=7.5))
+    assert isinstance(stale, Route) and stale.late
+    # a critical request, or one of a workflow with sunk cost, is never held back
+    crit = policy.pick(snap, replace(short, priority=PriorityClass.CRITICAL))
+    assert isinstance(crit, Route) and crit.late
+    # nor a prompt too long to meet its TTFT even once the queue ahead has drained, nor a stream under way
+    huge = policy.pick(snap, sched_request(2, prompt_tokens=120_000, expected_output=50, budget=STANDARD,
+                                           arrival=10.0))
+    assert isinstance(huge, Route) and huge.late
+    assert isinstance(policy.pick(snap, replace(short, resumed=True)), Route)
+    # an idle replica meets it: routed at once, not late
+    idle = fleet_snapshot(2, time=10.0, pending_prefill=[150_000, 0], in_flight=[20, 0], running=[20, 0])
+    ok = policy.pick(idle, short)
+    assert isinstance(ok, Route) and ok.replica == 1 and not ok.late
+    # switched off: routed late at once
+    assert isinstance(_policy(fused, replace(DEFAULTS.scheduler, hold_late=False)).pick(snap, short), Route)
+
+
+def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their_place():
+    s = AdmissionSettings()
+    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    t = TenantConfig("t", PriorityClass.STANDARD)
+    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
+    old = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)
+    assert isinstance(p.arrive("old", old, t, full, 0.0)[0], Wait)
+    new = sched_request(2, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=2.5)
+    assert isinstance(p.arrive("new", new, t, full, 2.5)[0], Wait)
+    free = fleet_snapshot(2, time=3.0)
+    # at 3 s "old" has spent its 2 s TTFT budget, "new" has 1.5 s left: "new" goes first although it came later
+    first = p.dispatch(lambda: free, 3.0, limit=1)
+    assert [item for item, _ in first] == ["new"] and isinstance(first[0][1], Dispatch)
+    second = p.dispatch(lambda: free, 3.0, limit=1)
+    assert [item for item, _ in second] == ["old"] and p.waiting == 0
+    # a request held back keeps its place and is not asked again in the same pass
+    backlog = fleet_snapshot(2, time=10.0, **BACKLOG)
+    a = sched_request(3, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=10.0)
+    assert isinstance(p.arrive("a", a, t, backlog, 10.0)[0], Wait)  # held: the backlog would make it late
+    assert p.dispatch(lambda: backlog, 10.1) == [] and p.waiting == 1
+    got = p.dispatch(lambda: fleet_snapshot(2, time=10.2), 10.2)
+    assert [item for item, _ in got] == ["a"] and not got[0][1].route.late
