@@ -60,7 +60,7 @@ PINNED = {
     "scheduler.exploit_slowdown": 4.0,
     "scheduler.shed_infeasible": ("sheddable",),
     "scheduler.demote_late": True,
-    "scheduler.hold_late": True,
+    "scheduler.hold_late": False,
     "admission.queue_max_entries": 1024,
     "admission.rate_burst_s": 60.0,
     "admission.open_tenant": "default",

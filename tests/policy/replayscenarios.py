@@ -12,10 +12,7 @@ with their prompt's holders (265 changed, all of the steersman profile; again th
 plugin-by-plugin path gives every recorded decision), and when sheddable requests no replica can
 serve within their SLO came to be refused early (``scheduler.shed_infeasible``: 116 changed, all
 sheddable requests of the steersman profile routed "least predicted latency" before; the
-plugin-by-plugin path gives every recorded decision), and when unprotected requests a queue ahead
-makes late came to wait in the gateway (``scheduler.hold_late``: 91 changed, all "least predicted
-latency" routes of the steersman profile that now queue; again the plugin-by-plugin path gives every
-recorded decision)::
+plugin-by-plugin path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

@@ -1,4 +1,4 @@
-"""Holding back late work (``scheduler.hold_late``): an unprotected request that no replica is predicted to serve
+"""Holding back late work (``scheduler.hold_late``, an opt-in): an unprotected request that no replica is predicted to serve
 within its TTFT now, but one could once the prefill queued ahead of it has drained, waits in the gateway queue;
 the queue serves first the requests whose TTFT budget has time left.  Fused and plugin paths alike."""
 
@@ -16,10 +16,11 @@ from steersman.testing.snapshots import fleet_snapshot, sched_request
 
 STANDARD = LatencyBudget(ttft_s=2.0, tpot_s=0.2)
 #: both replicas have ~150k prompt tokens queued for prefill (several seconds of work on an H100), nothing waiting
+HOLD = replace(DEFAULTS.scheduler, hold_late=True)
 BACKLOG = dict(pending_prefill=[150_000, 150_000], in_flight=[20, 20], running=[20, 20], decoding=[2, 2])
 
 
-def _policy(fused, settings=DEFAULTS.scheduler):
+def _policy(fused, settings=HOLD):
     p = make_policy("steersman", settings)
     if not fused:
         p._fast = None
@@ -48,13 +49,14 @@ def test_a_request_the_backlog_would_make_late_waits_for_a_replica_that_can_serv
     idle = fleet_snapshot(2, time=10.0, pending_prefill=[150_000, 0], in_flight=[20, 0], running=[20, 0])
     ok = policy.pick(idle, short)
     assert isinstance(ok, Route) and ok.replica == 1 and not ok.late
-    # switched off: routed late at once
-    assert isinstance(_policy(fused, replace(DEFAULTS.scheduler, hold_late=False)).pick(snap, short), Route)
+    # off (the default): routed late at once
+    assert not DEFAULTS.scheduler.hold_late
+    assert isinstance(_policy(fused, DEFAULTS.scheduler).pick(snap, short), Route)
 
 
 def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their_place():
     s = AdmissionSettings()
-    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    p = ControlPlane(make_policy("steersman", HOLD), DefaultAdmitter(s), GatewayQueue(s))
     t = TenantConfig("t", PriorityClass.STANDARD)
     full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
     old = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)

@@ -98,12 +98,13 @@ class SchedulerSettings:
         "90% load: SLO met 70.6% -> 81.8%, 7% refused)"
     )
     hold_late: bool = setting(
-        True, "design, measured in bench/policies: an unprotected request that no replica is predicted to serve "
+        False, "opt-in, measured in bench/policies: an unprotected request that no replica is predicted to serve "
         "within its TTFT now, but one could once the prefill queued ahead of it has drained, waits in the gateway "
         "queue instead of joining an engine queue that makes it late; the queue serves first the requests whose "
         "TTFT budget has not run out (the rest when none can use the capacity), and a held one goes where it "
-        "finishes soonest once its budget is spent.  Azure code trace at 0.96-1.04x of 90% load: goodput +17% to "
-        "+22% (1.05x dynamo-kv's, 0.90x before); whole Mooncake trace +1% to +2%; agentic mix unchanged"
+        "finishes soonest once its budget is spent.  Azure code trace at 0.96-1.04x of its calibrated load: "
+        "goodput +6%, +11%, 0%; whole Mooncake trace -9%..+2.5% over five loads, and at the calibrated load "
+        "1.01x llm-d / 1.89x round-robin instead of 1.08x / 2.02x: not a default"
     )
     demote_late: bool = setting(
         True, "vLLM --scheduling-policy priority serves lower 'priority' first, then by arrival: to an engine that "
