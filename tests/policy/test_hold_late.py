@@ -76,3 +76,19 @@ def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their
     assert p.dispatch(lambda: backlog, 10.1) == [] and p.waiting == 1
     got = p.dispatch(lambda: fleet_snapshot(2, time=10.2), 10.2)
     assert [item for item, _ in got] == ["a"] and not got[0][1].route.late
+
+
+def test_time_left_never_lets_a_lower_band_pass_a_higher_one():
+    """A stale standard request (its TTFT budget spent) still goes before a fresh sheddable one: the preference
+    for requests with time left applies inside the most important band waiting."""
+    s = AdmissionSettings()
+    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
+    stale = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)
+    assert isinstance(p.arrive("stale", stale, TenantConfig("t", PriorityClass.STANDARD), full, 0.0)[0], Wait)
+    fresh = sched_request(2, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=2.9,
+                          priority=PriorityClass.SHEDDABLE, tenant="s")
+    assert isinstance(p.arrive("fresh", fresh, TenantConfig("s", PriorityClass.SHEDDABLE), full, 2.9)[0], Wait)
+    free = fleet_snapshot(2, time=3.0)
+    assert [item for item, _ in p.dispatch(lambda: free, 3.0, limit=1)] == ["stale"]
+    assert [item for item, _ in p.dispatch(lambda: free, 3.0, limit=1)] == ["fresh"]

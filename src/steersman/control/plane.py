@@ -151,9 +151,10 @@ class ControlPlane:
         The caller must start each returned dispatch (the fleet's accounting moves)
         before the next snapshot is taken; ``snapshot_fn`` is called once per pop.
 
-        Order: the queue's (band, fair share, value, deadline, arrival), but first the
-        requests whose TTFT budget has time left (or that are protected); those whose
-        budget ran out go when none of the former can use the capacity.  A request the
+        Order: the queue's (band, fair share, value, deadline, arrival), but inside the
+        most important band waiting, first the requests whose TTFT budget has time left
+        (or that are protected); those whose budget ran out go when none of the former
+        can use the capacity.  A request the
         policy holds back (``Queue``: no replica can meet its SLO now, see
         ``SchedulerSettings.hold_late``) keeps its place and is not asked again at this
         ``now``; one it refuses (its SLO can no longer be met, see ``shed_infeasible``)
@@ -170,12 +171,13 @@ class ControlPlane:
             if not models:
                 break
             asked = [0, None]  # decisions made for this pop, the accepted one's decision
+            top = min((b for b, n in self.queue.counts().items() if n), default=None)
 
             def serve(item: Any, first_pass: bool) -> bool:
                 if id(item) in held or asked[0] >= DISPATCH_PICKS:
                     return False
                 q = self._waiting[item]
-                if first_pass and not _first(q.req, now):
+                if first_pass and (q.req.priority != top or not _first(q.req, now)):
                     return False
                 asked[0] += 1
                 decision = self.policy.pick(snap, q.req)
