@@ -92,3 +92,21 @@ def test_time_left_never_lets_a_lower_band_pass_a_higher_one():
     free = fleet_snapshot(2, time=3.0)
     assert [item for item, _ in p.dispatch(lambda: free, 3.0, limit=1)] == ["stale"]
     assert [item for item, _ in p.dispatch(lambda: free, 3.0, limit=1)] == ["fresh"]
+
+
+def test_the_first_pass_looks_at_a_bounded_number_of_entries():
+    """Behind more stale entries than DISPATCH_FIRST_LOOKS, a fresh request is not searched for: the queue's own
+    order (oldest first) takes over, so a long overload does not make every pop walk the whole queue."""
+    from steersman.control.plane import DISPATCH_FIRST_LOOKS
+
+    s = AdmissionSettings()
+    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    t = TenantConfig("t", PriorityClass.STANDARD)
+    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
+    for k in range(DISPATCH_FIRST_LOOKS + 1):
+        req = sched_request(k, prompt_tokens=100, expected_output=10, budget=STANDARD, arrival=0.0)
+        assert isinstance(p.arrive(f"stale{k}", req, t, full, 0.0)[0], Wait)
+    fresh = sched_request(9999, prompt_tokens=100, expected_output=10, budget=STANDARD, arrival=2.9)
+    assert isinstance(p.arrive("fresh", fresh, t, full, 2.9)[0], Wait)
+    free = fleet_snapshot(2, time=3.0)
+    assert [item for item, _ in p.dispatch(lambda: free, 3.0, limit=1)] == ["stale0"]

@@ -42,6 +42,9 @@ DISPATCH_BURST = 64
 #: decisions made per queued request dispatched (requests held back for a replica that can meet their SLO are
 #: asked in queue order): bounds a drain's cost when many wait
 DISPATCH_PICKS = 32
+#: entries the first pass (requests with TTFT budget left) looks at per pop before the queue's plain order takes
+#: over: the oldest entries, which a long overload makes stale, come first in it, so this bounds the walk
+DISPATCH_FIRST_LOOKS = 256
 
 
 def _first(req: SchedRequest, now: float) -> bool:
@@ -159,7 +162,8 @@ class ControlPlane:
         ``SchedulerSettings.hold_late``) keeps its place and is not asked again at this
         ``now``; one it refuses (its SLO can no longer be met, see ``shed_infeasible``)
         comes back as a :class:`Refuse`, its admission released.  At most
-        ``DISPATCH_PICKS`` decisions are made per request dispatched.
+        ``DISPATCH_PICKS`` decisions are made per request dispatched, and the first pass
+        looks at most at ``DISPATCH_FIRST_LOOKS`` entries.
         """
         out: list[tuple[Any, Dispatch | Refuse]] = []
         if self._held_at != now:
@@ -170,15 +174,17 @@ class ControlPlane:
             models = self.servable_models(snap)
             if not models:
                 break
-            asked = [0, None]  # decisions made for this pop, the accepted one's decision
+            asked = [0, None, 0]  # decisions made for this pop, the accepted one's decision, first-pass looks
             top = min((b for b, n in self.queue.counts().items() if n), default=None)
 
             def serve(item: Any, first_pass: bool) -> bool:
                 if id(item) in held or asked[0] >= DISPATCH_PICKS:
                     return False
                 q = self._waiting[item]
-                if first_pass and (q.req.priority != top or not _first(q.req, now)):
-                    return False
+                if first_pass:
+                    asked[2] += 1
+                    if asked[2] > DISPATCH_FIRST_LOOKS or q.req.priority != top or not _first(q.req, now):
+                        return False
                 asked[0] += 1
                 decision = self.policy.pick(snap, q.req)
                 if isinstance(decision, Queue):
