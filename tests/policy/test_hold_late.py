@@ -20,6 +20,11 @@ HOLD = replace(DEFAULTS.scheduler, hold_late=True)
 BACKLOG = dict(pending_prefill=[150_000, 150_000], in_flight=[20, 20], running=[20, 20], decoding=[2, 2])
 
 
+def _plane(settings=DEFAULTS.scheduler) -> ControlPlane:
+    s = AdmissionSettings()
+    return ControlPlane(make_policy("steersman", settings), DefaultAdmitter(s), GatewayQueue(s))
+
+
 def _policy(fused, settings=HOLD):
     p = make_policy("steersman", settings)
     if not fused:
@@ -55,8 +60,7 @@ def test_a_request_the_backlog_would_make_late_waits_for_a_replica_that_can_serv
 
 
 def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their_place():
-    s = AdmissionSettings()
-    p = ControlPlane(make_policy("steersman", HOLD), DefaultAdmitter(s), GatewayQueue(s))
+    p = _plane(HOLD)
     t = TenantConfig("t", PriorityClass.STANDARD)
     full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
     old = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)
@@ -81,8 +85,7 @@ def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their
 def test_time_left_never_lets_a_lower_band_pass_a_higher_one():
     """A stale standard request (its TTFT budget spent) still goes before a fresh sheddable one: the preference
     for requests with time left applies inside the most important band waiting."""
-    s = AdmissionSettings()
-    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    p = _plane()
     full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
     stale = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)
     assert isinstance(p.arrive("stale", stale, TenantConfig("t", PriorityClass.STANDARD), full, 0.0)[0], Wait)
@@ -99,8 +102,7 @@ def test_the_first_pass_looks_at_a_bounded_number_of_entries():
     order (oldest first) takes over, so a long overload does not make every pop walk the whole queue."""
     from steersman.control.plane import DISPATCH_FIRST_LOOKS
 
-    s = AdmissionSettings()
-    p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
+    p = _plane()
     t = TenantConfig("t", PriorityClass.STANDARD)
     full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
     for k in range(DISPATCH_FIRST_LOOKS + 1):

@@ -157,11 +157,10 @@ class ControlPlane:
         Order: the queue's (band, fair share, value, deadline, arrival), but inside the
         most important band waiting, first the requests whose TTFT budget has time left
         (or that are protected); those whose budget ran out go when none of the former
-        can use the capacity.  A request the
-        policy holds back (``Queue``: no replica can meet its SLO now, see
-        ``SchedulerSettings.hold_late``) keeps its place and is not asked again at this
-        ``now``; one it refuses (its SLO can no longer be met, see ``shed_infeasible``)
-        comes back as a :class:`Refuse`, its admission released.  At most
+        can use the capacity.  A request the policy holds back (``Queue``: no replica can
+        meet its SLO now, see ``SchedulerSettings.hold_late``) keeps its place and is not
+        asked again at this ``now``; one it refuses (its SLO can no longer be met, see
+        ``shed_infeasible``) comes back as a :class:`Refuse`, its admission released.  At most
         ``DISPATCH_PICKS`` decisions are made per request dispatched, and the first pass
         looks at most at ``DISPATCH_FIRST_LOOKS`` entries.
         """
@@ -174,39 +173,47 @@ class ControlPlane:
             models = self.servable_models(snap)
             if not models:
                 break
-            asked = [0, None, 0]  # decisions made for this pop, the accepted one's decision, first-pass looks
-            top = min((b for b, n in self.queue.counts().items() if n), default=None)
-
-            def serve(item: Any, first_pass: bool) -> bool:
-                if id(item) in held or asked[0] >= DISPATCH_PICKS:
-                    return False
-                q = self._waiting[item]
-                if first_pass:
-                    asked[2] += 1
-                    if asked[2] > DISPATCH_FIRST_LOOKS or q.req.priority != top or not _first(q.req, now):
-                        return False
-                asked[0] += 1
-                decision = self.policy.pick(snap, q.req)
-                if isinstance(decision, Queue):
-                    held.add(id(item))  # saturation moved, or held back for a replica that can meet its SLO
-                    return False
-                asked[1] = decision
-                return True
-
-            item = self.queue.pop(now, lambda it: serve(it, True), models=models)
-            if item is None:
-                item = self.queue.pop(now, lambda it: serve(it, False), models=models)
-            if item is None:
+            got = self._next(snap, models, now, held)
+            if got is None:
                 break
+            item, decision = got
             q = self._waiting.pop(item)
-            decision = asked[1]
             if isinstance(decision, Route):
                 out.append((item, Dispatch(decision, q.admit)))
             else:
-                assert isinstance(decision, Reject)
                 self.admitter.release(q.admit, now)
                 out.append((item, Refuse(503, decision.code, decision.reason, decision.retry_after)))
         return out
+
+    def _next(self, snap: FleetSnapshot, models: set[str], now: float,
+              held: set[int]) -> tuple[Any, Route | Reject] | None:
+        """The next queued request to leave (popped) and the policy's decision for it, in :meth:`dispatch`'s
+        order; requests the policy holds back join ``held`` and keep their place."""
+        top = min((b for b, n in self.queue.counts().items() if n), default=None)
+        picks = looks = 0
+        decision: Route | Reject | None = None
+
+        def serve(item: Any, first_pass: bool) -> bool:
+            nonlocal picks, looks, decision
+            if id(item) in held or picks >= DISPATCH_PICKS:
+                return False
+            req = self._waiting[item].req
+            if first_pass:
+                looks += 1
+                if looks > DISPATCH_FIRST_LOOKS or req.priority != top or not _first(req, now):
+                    return False
+            picks += 1
+            d = self.policy.pick(snap, req)
+            if isinstance(d, Queue):
+                held.add(id(item))  # saturation moved, or held back for a replica that can meet its SLO
+                return False
+            decision = d
+            return True
+
+        item = self.queue.pop(now, lambda it: serve(it, True), models=models)
+        if item is None:
+            item = self.queue.pop(now, lambda it: serve(it, False), models=models)
+        return None if item is None else (item, decision)
 
     def expire(self, snapshot: FleetSnapshot, now: float) -> list[tuple[Any, Refuse]]:
         """Queued requests whose deadline passed or can no longer be met."""
