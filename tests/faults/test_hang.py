@@ -1,4 +1,4 @@
-"""A hung replica and a slow one are ejected within 10 s (scaled); TTFT is back to normal afterwards."""
+"""A hung replica and a slow one are ejected within 10 s (scaled); TTFT and end-to-end latency are back to normal afterwards."""
 
 import gc
 import time
@@ -48,17 +48,30 @@ async def _state(gw):
     return gw.fleet.guard.state(1, gw.clock.now()), dict(gw.pipeline.retrier.counts.values)
 
 
+# How far past the healthy p99 a request may land after the ejection.  Wall-clock latencies on a 2-core
+# machine running the gateway, three engines and the load generator jump by tens of ms (CI once read a TTFT
+# p99 of 72 ms against 20 ms before the fault); a request that met the fault takes far longer: the hung
+# replica stalls its first token >= 0.5 s before it is moved, the slow one streams 24 tokens at ~12 ms each.
+NOISE_S = 0.1
+
+
+def _p99s(done) -> tuple[float, float]:
+    """TTFT and end-to-end p99."""
+    return percentile([d.ttft for d in done], 99), percentile([d.end - d.start for d in done], 99)
+
+
 def _check(done, t_fault, t_out, speedup: float = SPEEDUP, ejected_for: float = float("inf")):
     assert t_out - t_fault < 10.0 / speedup, f"ejected after {t_out - t_fault:.2f}s"
     failed = [d for d in done if not d.ok]
     assert not failed, failed[:3]
-    before = [d.ttft for d in done if d.end < t_fault]
+    before = [d for d in done if d.end < t_fault]
     # while it is out of rotation; when its ejection ends, a replica still hung takes one probation request
     # (tests/reliability/test_guard.py), which waits for the next ejection like the first ones did
-    after = [d.ttft for d in done if t_out + 0.1 < d.start < t_out + ejected_for]
+    after = [d for d in done if t_out + 0.1 < d.start < t_out + ejected_for]
     assert len(before) > 20 and len(after) > 20
-    p99_before, p99_after = percentile(before, 99), percentile(after, 99)
-    assert p99_after <= max(2.0 * p99_before, p99_before + 0.05), (p99_before, p99_after)
+    p99_before, p99_after = _p99s(before), _p99s(after)
+    for b, a in zip(p99_before, p99_after):
+        assert a <= max(2.0 * b, b + NOISE_S), (p99_before, p99_after)
     return p99_before, p99_after
 
 
