@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from steersman.twin.plan import plan_capacity
+        from steersman.twin.plan_mix import label
         from steersman.twin.run import read_spec
         from steersman.twin.workload import WorkloadSpecError
 
@@ -44,25 +45,29 @@ def register(app: typer.Typer) -> None:
             con.print(f"[red]steersman plan:[/] {e}")
             raise typer.Exit(2) from None
         t = Table(title=f"plan for {p.model}: {p.offered_rps:.2f} req/s offered, SLO {100 * slo:g}% at +{100 * headroom:g}% load")
-        for col in ("GPU", "replicas", "$ / hour", "SLO met", "$ / successful task", "req/s per replica"):
-            t.add_column(col, justify="right" if col != "GPU" else "left")
-        for o in sorted(p.options, key=lambda o: o.cost_per_hour):
+        for col in ("fleet", "replicas", "$ / hour", "SLO met", "$ / successful task", "req/s per replica"):
+            t.add_column(col, justify="right" if col != "fleet" else "left")
+        for o in sorted(p.options, key=lambda o: (o.cost_per_hour, o.mixed)):
             star = " *" if o is p.best else ""
             t.add_row(o.gpu + star, str(o.replicas), f"{o.cost_per_hour:.2f}", f"{100 * o.slo_attainment:.1f}%",
                       f"{o.cost_per_successful_task:.5f}" if o.cost_per_successful_task else "-", f"{o.per_replica_rps:.2f}")
         con.print(t)
         for gpu, why in p.infeasible.items():
             con.print(f"[yellow]{gpu}[/]: {why}")
+        short = [f"{label(f)} ({100 * a:.1f}%)" for f, a in p.mixed_tried if not any(o.fleet == f for o in p.options)]
+        if short:
+            con.print(f"[dim]cheaper mixes simulated that fell short: {', '.join(short)}[/]")
         if p.best is not None:
             b = p.best
-            con.print(f"cheapest: [bold]{b.replicas} x {b.gpu}[/] at ${b.cost_per_hour:.2f}/h")
-            h = Table(title="elasticity over a day (replicas of the cheapest type per hour)")
+            con.print(f"cheapest: [bold]{b.gpu if b.mixed else f'{b.replicas} x {b.gpu}'}[/] at ${b.cost_per_hour:.2f}/h"
+                      f"  ({p.trials} twin runs)")
+            h = Table(title="elasticity over a day (the cheapest fleet covering each hour)")
             h.add_column("hour")
             h.add_column("offered req/s", justify="right")
-            h.add_column("replicas", justify="right")
+            h.add_column("fleet")
             h.add_column("$ / hour", justify="right")
-            for hour, rps, n in p.hourly:
-                h.add_row(f"{hour:02d}:00", f"{rps:.2f}", str(n), f"{n * b.cost_per_hour / b.replicas:.2f}")
+            for hour, rps, fl, cost in p.hourly:
+                h.add_row(f"{hour:02d}:00", f"{rps:.2f}", label(fl), f"{cost:.2f}")
             con.print(h)
-            day = sum(n for _, _, n in p.hourly) * b.cost_per_hour / b.replicas
+            day = sum(cost for *_, cost in p.hourly)
             con.print(f"a day elastic: ${day:.2f}  vs  static peak fleet: ${24 * b.cost_per_hour:.2f}")

@@ -3,20 +3,23 @@
 For every candidate GPU type the planner searches (exponentially, then by
 bisection) the smallest replica count whose twin run, at the workload's load
 times ``1 + headroom``, keeps SLO attainment at or above the target with no
-request refused or failed beyond it.  It then prices each option ($/h, $ per
-successful task) and picks the cheapest.
+request refused or failed beyond it.  Then it tries fleets of two types that
+cost less than the cheapest of those (:mod:`steersman.twin.plan_mix`: seven
+A100s and an L40S where eight A100s were needed), cheapest first, each by
+simulation, up to ``max_mixed_trials`` runs.  It prices each fleet that met the
+SLO ($/h, $ per successful task) and picks the cheapest.
 
-Elasticity: the workload's load is taken as the peak hour's.  A planned fleet
-serves ``offered × (1 + headroom) / replicas`` requests per second per replica at
-its target; over a daily curve (default: a sinusoid from 25% at 02:00 to 100% at
-14:00) hour h needs ``ceil(offered × m_h / max(m) × (1 + headroom) / per_replica)``.
-That assumes capacity scales linearly with replicas (true for independent
-replicas behind the scheduler; prefix locality makes it slightly conservative).
+Elasticity: the workload's load is taken as the peak hour's.  Over a daily
+curve (default: a sinusoid from 25% at 02:00 to 100% at 14:00) hour h needs its
+share of the peak load; assuming capacity scales linearly with replicas (true
+for independent replicas behind the scheduler; prefix locality makes it
+slightly conservative), a type that met the peak with ``n`` replicas covers
+share ``s`` with ``ceil(s x n)`` of them, or with a cheaper mix of two types
+(:func:`~steersman.twin.plan_mix.cover`); no hour costs more than the peak plan.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +28,7 @@ from typing import Any
 from steersman.config import DEFAULTS
 from steersman.fleet.config import parse_fleet
 from steersman.sim import gpu_profile, model_profile
+from steersman.twin.plan_mix import Fleet, TypeFit, candidates, cover, label
 from steersman.twin.run import Experiment, scale_spec
 from steersman.twin.workload import DailyCurve, load_workload
 
@@ -36,12 +40,26 @@ _PLATEAU = 0.002
 
 @dataclass(frozen=True, slots=True)
 class Option:
-    gpu: str
-    replicas: int
+    """A fleet that met the SLO in its twin run."""
+
+    fleet: Fleet  # (GPU name, replicas) per type, most replicas first
     cost_per_hour: float
     slo_attainment: float
     cost_per_successful_task: float | None
-    per_replica_rps: float  # offered requests/s one replica absorbs at the target
+    per_replica_rps: float  # offered requests/s (at the stressed load) per replica of the fleet
+
+    @property
+    def gpu(self) -> str:
+        """The GPU type, or the mix (``7 x A100-80GB + 1 x L40S``)."""
+        return self.fleet[0][0] if len(self.fleet) == 1 else label(self.fleet)
+
+    @property
+    def replicas(self) -> int:
+        return sum(k for _, k in self.fleet)
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.fleet) > 1
 
 
 @dataclass
@@ -50,25 +68,30 @@ class Plan:
     target: float
     headroom: float
     offered_rps: float
-    options: list[Option] = field(default_factory=list)
+    options: list[Option] = field(default_factory=list)  # every type that met, then the mix that did (if any)
     infeasible: dict[str, str] = field(default_factory=dict)  # gpu -> why
-    hourly: list[tuple[int, float, int]] = field(default_factory=list)  # (hour, offered rps, replicas)
+    hourly: list[tuple[int, float, Fleet, float]] = field(default_factory=list)  # (hour, offered rps, fleet, $/h)
+    trials: int = 0  # twin runs the search made
+    mixed_tried: list[tuple[Fleet, float]] = field(default_factory=list)  # mixes simulated: (fleet, SLO attainment)
 
     @property
     def best(self) -> Option | None:
-        return min(self.options, key=lambda o: o.cost_per_hour) if self.options else None
+        return min(self.options, key=lambda o: (o.cost_per_hour, o.mixed)) if self.options else None
 
 
-def _fleet_doc(gpu: str, model: str, n: int, tp: int, base: Mapping[str, Any]) -> dict:
+def _fleet_doc(fleet: Fleet, model: str, tp: int, base: Mapping[str, Any]) -> dict:
     doc = {k: v for k, v in base.items() if k in ("scheduler", "admission", "tenants", "api_keys", "policy")}
-    doc["simulated"] = {"replicas": [{"gpu": gpu, "model": model, "count": n, "tp": tp}]}
+    doc["simulated"] = {"replicas": [{"gpu": gpu, "model": model, "count": n, "tp": tp} for gpu, n in fleet]}
     return doc
 
 
 def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float = 0.99, headroom: float = 0.2,
                   policy: str = DEFAULTS.scheduler.profile, tp: int = 1, seed: int = 0, base_dir: Path | None = None,
                   duration_s: float | None = None, max_replicas: int = 512, base_fleet: Mapping[str, Any] | None = None,
-                  curve: DailyCurve | None = None, progress: Callable[[str], None] | None = None) -> Plan:
+                  curve: DailyCurve | None = None, max_mixed_trials: int = 6,
+                  progress: Callable[[str], None] | None = None, trial: Callable[[Fleet], dict] | None = None) -> Plan:
+    """``trial``: runs one fleet and returns its summary (``slo_attainment``, ``requests``, ``refused``,
+    ``failed``, ``cost_per_successful_task_usd``); default: the twin at the stressed load."""
     model = spec.get("model") or DEFAULTS.sim_server.model
     model_profile(model)
     probe = load_workload(spec, seed, base_dir=base_dir)
@@ -76,56 +99,84 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
     plan = Plan(model, target, headroom, offered)
     stressed = scale_spec(spec, 1.0 + headroom)
 
-    def meets(gpu: str, n: int) -> tuple[bool, dict]:
-        cfg = parse_fleet(_fleet_doc(gpu, model, n, tp, base_fleet or {}), f"plan {n} x {gpu}")
-        exp = Experiment(cfg, stressed, base_dir, seed, duration_s)
-        s = exp.run(policy)
+    def twin(fleet: Fleet) -> dict:
+        cfg = parse_fleet(_fleet_doc(fleet, model, tp, base_fleet or {}), f"plan {label(fleet)}")
+        return Experiment(cfg, stressed, base_dir, seed, duration_s).run(policy)
+
+    run = trial or twin
+
+    def meets(fleet: Fleet) -> tuple[bool, dict]:
+        s = run(fleet)
+        plan.trials += 1
         ok = (s["slo_attainment"] or 0.0) >= target and (s["refused"] + s["failed"]) <= (1 - target) * s["requests"]
         if progress is not None:
-            progress(f"{n:4d} x {gpu}: SLO {100 * (s['slo_attainment'] or 0):.1f}% -> {'ok' if ok else 'short'}")
+            progress(f"{label(fleet)}: SLO {100 * (s['slo_attainment'] or 0):.1f}% -> {'ok' if ok else 'short'}")
         return ok, s
 
+    def option(fleet: Fleet, s: dict, price: float) -> Option:
+        n = sum(k for _, k in fleet)
+        return Option(fleet, price, s["slo_attainment"], s["cost_per_successful_task_usd"], offered * (1 + headroom) / n)
+
+    fits: list[TypeFit] = []
     for gpu in gpus:
         name = gpu_profile(gpu).name
-        lo, hi, best, last = 0, 1, None, -1.0
-        while True:  # exponential search for a count that meets the target
-            try:
-                ok, s = meets(gpu, hi)
-            except ValueError as e:  # the model does not fit this GPU at this tp
-                plan.infeasible[name] = str(e)
+        found = _smallest(name, meets, plan, max_replicas)
+        if found is not None:
+            n, s = found
+            price = gpu_profile(gpu).price_per_hour * tp
+            fits.append(TypeFit(name, n, price))
+            plan.options.append(option(((name, n),), s, price * n))
+    if len(fits) > 1:
+        cheapest = plan.best.cost_per_hour  # type: ignore[union-attr]
+        for fleet in candidates(fits, cheapest)[:max_mixed_trials]:
+            ok, s = meets(fleet)
+            plan.mixed_tried.append((fleet, s["slo_attainment"] or 0.0))
+            if ok:  # candidates come cheapest first: the first that meets is the mix to keep
+                price = {f.name: f.price for f in fits}
+                plan.options.append(option(fleet, s, sum(price[g] * k for g, k in fleet)))
                 break
-            if ok:
-                best = (hi, s)
-                break
-            got = s["slo_attainment"] or 0.0
-            if hi >= 4 and got <= last + _PLATEAU:
-                plan.infeasible[name] = (f"the SLO is out of reach on {name}: attainment plateaus at {100 * got:.1f}% "
-                                         f"with {hi} replicas (requests too long for its targets)")
-                break
-            last = got
-            lo = hi
-            hi *= 2
-            if hi > max_replicas:
-                plan.infeasible[name] = f"not enough with {max_replicas} replicas"
-                break
-        if best is None:
-            continue
-        while hi - lo > 1:  # bisection between the last short count and the first enough
-            mid = (lo + hi) // 2
-            ok, s = meets(gpu, mid)
-            if ok:
-                hi, best = mid, (mid, s)
-            else:
-                lo = mid
-        n, s = best
-        price = gpu_profile(gpu).price_per_hour * tp * n
-        plan.options.append(Option(name, n, price, s["slo_attainment"], s["cost_per_successful_task_usd"],
-                                   offered * (1 + headroom) / n))
-    best_opt = plan.best
-    if best_opt is not None:
+    best = plan.best
+    if best is not None:
         means = (curve or DailyCurve.sinusoid(0.25, 1.0, 14.0)).hour_means()
         top = max(means)
         for h, m in enumerate(means):
-            rps = offered * m / top
-            plan.hourly.append((h, rps, max(1, math.ceil(rps * (1 + headroom) / best_opt.per_replica_rps))))
+            fleet, cost = cover(fits, m / top)
+            if cost > best.cost_per_hour:  # the peak plan covers every hour
+                fleet, cost = best.fleet, best.cost_per_hour
+            plan.hourly.append((h, offered * m / top, fleet, cost))
     return plan
+
+
+def _smallest(name: str, meets: Callable[[Fleet], tuple[bool, dict]], plan: Plan,
+              max_replicas: int) -> tuple[int, dict] | None:
+    """The smallest count of ``name`` replicas that meets the target (exponential search, then bisection), or
+    None with the reason in ``plan.infeasible``."""
+    lo, hi, last = 0, 1, -1.0
+    while True:  # exponential search for a count that meets the target
+        try:
+            ok, s = meets(((name, hi),))
+        except ValueError as e:  # the model does not fit this GPU at this tp
+            plan.infeasible[name] = str(e)
+            return None
+        if ok:
+            best = (hi, s)
+            break
+        got = s["slo_attainment"] or 0.0
+        if hi >= 4 and got <= last + _PLATEAU:
+            plan.infeasible[name] = (f"the SLO is out of reach on {name}: attainment plateaus at {100 * got:.1f}% "
+                                     f"with {hi} replicas (requests too long for its targets)")
+            return None
+        last = got
+        lo = hi
+        hi *= 2
+        if hi > max_replicas:
+            plan.infeasible[name] = f"not enough with {max_replicas} replicas"
+            return None
+    while hi - lo > 1:  # bisection between the last short count and the first enough
+        mid = (lo + hi) // 2
+        ok, s = meets(((name, mid),))
+        if ok:
+            hi, best = mid, (mid, s)
+        else:
+            lo = mid
+    return best
