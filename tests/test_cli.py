@@ -76,3 +76,31 @@ def test_engine_sim_command_prints_ready_and_rejects_unknown_gpu():
 def test_defaults_command_lists_sources():
     r = subprocess.run(STEERSMAN + ["defaults"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert r.returncode == 0 and "gateway.max_body_bytes" in r.stdout and "vLLM" in r.stdout
+
+
+_FREEZE_PROBE = """
+import asyncio, gc, os, signal, sys
+from steersman.cli._run import run_service
+
+async def start():
+    def probe():
+        print("frozen", gc.get_freeze_count(), flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+    asyncio.get_running_loop().call_later(0.05, probe)
+
+async def stop():
+    print("stopped", flush=True)
+
+run_service(start, stop, freeze=sys.argv[1] == "1")
+"""
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_started_service_freezes_its_heap_out_of_the_collector(freeze):
+    # gateway.gc_freeze: what start-up allocated (imports, kernels, config) leaves the collector's full passes
+    r = subprocess.run([sys.executable, "-c", _FREEZE_PROBE, "1" if freeze else "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    frozen = int(r.stdout.split("frozen")[1].split()[0])
+    assert (frozen > 1000) if freeze else frozen == 0, r.stdout
+    assert "stopped" in r.stdout

@@ -28,6 +28,7 @@ PINNED = {
     "gateway.client_request_timeout_s": 60.0,
     "gateway.unhealthy_after_failures": 3,
     "gateway.admin_key_sha256": None,
+    "gateway.gc_freeze": True,
     "gateway.isolate_tenant_caches": False,
     "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,

@@ -80,5 +80,5 @@ def register(app: typer.Typer) -> None:
                 asyncio.get_running_loop().create_task(server.refuse(refuse_for))
             print(f"engine-sim ready {server.url} model={server.model_name} gpu={gpu} speedup={speedup}", flush=True)
 
-        run_service(start, server.stop)
+        run_service(start, server.stop, freeze=DEFAULTS.gateway.gc_freeze)  # the gateway's process policy
         sys.exit(0)
