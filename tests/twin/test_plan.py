@@ -165,3 +165,14 @@ def test_plan_command(tmp_path):
     assert bad.returncode == 2 and "--slo must be in (0, 1]" in bad.stdout + bad.stderr
     gpu = subprocess.run(cmd[:-1] + ["TPU9"], capture_output=True, text=True, timeout=120)
     assert gpu.returncode != 0 and "TPU9" in gpu.stdout + gpu.stderr and "Traceback" not in gpu.stdout + gpu.stderr
+
+
+def test_plan_command_takes_a_trace_scaled_up(shared_dir):
+    trace = shared_dir / "traces" / "azure-llm-2023-code.csv"
+    cmd = [sys.executable, "-m", "steersman", "plan", "--trace", str(trace), "--limit", "200", "--speed", "8",
+           "--gpus", "L40S,A100"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "cheapest:" in r.stdout and "L40S" in r.stdout
+    both = subprocess.run(cmd + ["--workload", str(trace)], capture_output=True, text=True, timeout=120)
+    assert both.returncode == 2 and "exactly one of --workload or --trace" in both.stdout + both.stderr

@@ -12,7 +12,11 @@ __all__ = ["register"]
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
-        workload: Path = typer.Option(..., "--workload", help="Workload spec (YAML): the peak-hour load to serve."),
+        workload: Path | None = typer.Option(None, "--workload", help="Workload spec (YAML): the peak-hour load to serve."),
+        trace: Path | None = typer.Option(None, "--trace", help="Or a trace (Azure CSV or Mooncake JSONL) as that load."),
+        speed: float = typer.Option(1.0, help="--trace: replayed this many times faster (a trace scaled up)."),
+        limit: int | None = typer.Option(None, help="--trace: at most this many requests."),
+        model: str = typer.Option("llama-3.1-8b", help="--trace: the model its requests ask for."),
         slo: float = typer.Option(0.99, "--slo", help="Share of requests that must meet their SLO class targets."),
         gpus: str = typer.Option("H100,A100,L40S", "--gpus", help="Candidate GPU types, comma separated."),
         headroom: float = typer.Option(0.2, help="Size for the load times (1 + headroom)."),
@@ -29,14 +33,14 @@ def register(app: typer.Typer) -> None:
 
         from steersman.twin.plan import plan_capacity
         from steersman.twin.plan_mix import label
-        from steersman.twin.run import read_spec
+        from steersman.cli._workload import workload_spec
         from steersman.twin.workload import WorkloadSpecError
 
         con = Console(width=max(120, Console().width))
         if not 0 < slo <= 1 or headroom < 0:
             raise typer.BadParameter("--slo must be in (0, 1] and --headroom >= 0")
         try:
-            spec, base = read_spec(workload)
+            spec, base = workload_spec(workload, trace, speed, limit, model)
             base_fleet = yaml.safe_load(fleet.read_text()) if fleet else None
             p = plan_capacity(spec, [g.strip() for g in gpus.split(",") if g.strip()], target=slo, headroom=headroom,
                               policy=policy, tp=tp, seed=seed, base_dir=base, duration_s=duration, base_fleet=base_fleet,

@@ -33,21 +33,14 @@ def register(app: typer.Typer) -> None:
 
         from steersman.fleet.config import FleetConfigError, load_fleet
         from steersman.twin import report
-        from steersman.twin.run import Experiment, read_spec
+        from steersman.cli._workload import workload_spec
+        from steersman.twin.run import Experiment
         from steersman.twin.workload import WorkloadSpecError
 
         con = Console(width=max(180, Console().width))
-        if (workload is None) == (trace is None):
-            raise typer.BadParameter("give exactly one of --workload or --trace")
         try:
             cfg = load_fleet(fleet)
-            if workload is not None:
-                spec, base = read_spec(workload)
-            else:
-                src = {"kind": "trace", "path": str(trace.resolve()), "speed": speed, "model": model}
-                if limit is not None:
-                    src["limit"] = limit
-                spec, base = {"sources": [src]}, None
+            spec, base = workload_spec(workload, trace, speed, limit, model)
             loads = [float(x) for x in load.split(",") if x.strip()]
         except (FleetConfigError, WorkloadSpecError, OSError, ValueError) as e:
             con.print(f"[red]steersman simulate:[/] {e}")
