@@ -176,3 +176,13 @@ def test_plan_command_takes_a_trace_scaled_up(shared_dir):
     assert "cheapest:" in r.stdout and "L40S" in r.stdout
     both = subprocess.run(cmd + ["--workload", str(trace)], capture_output=True, text=True, timeout=120)
     assert both.returncode == 2 and "exactly one of --workload or --trace" in both.stdout + both.stderr
+
+
+def test_a_gpu_named_twice_is_planned_once_and_none_is_an_error():
+    cap = {"A100-80GB": 1.0}
+    p = plan_capacity(SPEC, ["A100", "a100-80gb"], trial=linear(cap, 2.5))
+    assert [o.fleet for o in p.options] == [(("A100-80GB", 3),)] and not p.mixed_tried
+    with pytest.raises(ValueError, match="no GPU type"):
+        plan_capacity(SPEC, [], trial=linear(cap, 2.5))
+    with pytest.raises(KeyError, match="TPU9"):
+        plan_capacity(SPEC, ["TPU9"], trial=linear(cap, 2.5))

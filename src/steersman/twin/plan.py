@@ -117,13 +117,15 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
         n = sum(k for _, k in fleet)
         return Option(fleet, price, s["slo_attainment"], s["cost_per_successful_task_usd"], offered * (1 + headroom) / n)
 
+    names = list(dict.fromkeys(gpu_profile(g).name for g in gpus))  # "A100,a100-80gb" is one type
+    if not names:
+        raise ValueError("no GPU type to plan with")
     fits: list[TypeFit] = []
-    for gpu in gpus:
-        name = gpu_profile(gpu).name
+    for name in names:
         found = _smallest(name, meets, plan, max_replicas)
         if found is not None:
             n, s = found
-            price = gpu_profile(gpu).price_per_hour * tp
+            price = gpu_profile(name).price_per_hour * tp
             fits.append(TypeFit(name, n, price))
             plan.options.append(option(((name, n),), s, price * n))
     if len(fits) > 1:
