@@ -60,5 +60,17 @@ def test_requests_spread_over_replicas_and_metrics_are_counted(fleet, client):
     g = httpx.get(fleet.url + "/metrics").text
     ok = read_samples(g, {'steersman:requests_total': "n"})
     assert ok["n"] >= 16
+    routes = _routes(g, "llama-3.1-8b")  # least-request predicts nothing
+    assert routes.get("none", 0) >= 16 and not routes.get("met") and not routes.get("missed"), routes
     assert "steersman:time_to_first_token_seconds_bucket" in g and "steersman:inter_token_latency_seconds_bucket" in g
     assert httpx.get(fleet.url + "/health").json()["replicas_healthy"] == 3
+
+
+def _routes(metrics: str, model: str) -> dict[str, float]:
+    """steersman:routes_total of ``model`` by slo_prediction."""
+    out: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if line.startswith("steersman:routes_total{") and f'model="{model}"' in line:
+            kind = line.split('slo_prediction="')[1].split('"')[0]
+            out[kind] = out.get(kind, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out

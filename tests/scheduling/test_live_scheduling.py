@@ -32,6 +32,11 @@ def test_shared_prefix_lands_on_the_replica_holding_it():
         hits = [_hits(s.url) for s in lf.sims]
         holder = max(range(3), key=lambda i: hits[i])
         assert hits[holder] > 6 * 1500 and sum(hits) == hits[holder], hits
+        # the default profile predicts each request's SLO: all 7 were routed predicted to meet it
+        g = httpx.get(lf.url + "/metrics").text
+        met = [float(x.rsplit(" ", 1)[1]) for x in g.splitlines()
+               if x.startswith("steersman:routes_total{") and 'slo_prediction="met"' in x]
+        assert met == [7.0] and 'slo_prediction="missed"' not in g, g
 
 
 def _keyed(tenants: dict) -> tuple[dict, dict]:

@@ -22,7 +22,8 @@ _EXPIRE_EVERY_S = 0.05  # queued deadlines are re-checked at the metrics scrape 
 
 
 class RequestLifecycle:
-    """Async glue for :class:`~steersman.control.accounting.Accounting` (set as ``self.accounting``)."""
+    """Async glue for :class:`~steersman.control.accounting.Accounting` (set as ``self.accounting``; the
+    gateway's metrics as ``self.metrics``)."""
 
     def __init__(self) -> None:
         self._kick_pending = False
@@ -40,6 +41,8 @@ class RequestLifecycle:
     def start_dispatch(self, ctx: RequestContext, d: Dispatch) -> None:
         """The request goes to ``d.route.replica``: account it there now (before the next decision)."""
         started = self.accounting.dispatched(ctx.sched, d)
+        r = d.route
+        self.metrics.routed(ctx.model, r.late, r.predicted_ttft_s is not None)  # type: ignore[attr-defined]
         ctx.started_at = started
         ctx.replica = started.replica
         ctx.ticket = started.ticket

@@ -38,7 +38,11 @@ class GatewayMetrics:
         self._ttft = HistogramFamily("steersman:time_to_first_token_seconds", "Gateway-observed time to first streamed byte.", ["model"], _TTFT)
         self._itl = HistogramFamily("steersman:inter_token_latency_seconds", "Gap between streamed chunks as relayed.", ["model"], _ITL)
         self._e2e = HistogramFamily("steersman:e2e_request_latency_seconds", "Request latency end to end at the gateway.", ["model"], _E2E)
-        for fam in (self.requests, self.upstream_errors, self._ttft, self._itl, self._e2e):
+        self.routes = CounterFamily(
+            "steersman:routes", "Dispatches to a replica, by model and what the route predicted of the request's SLO: "
+            "met, missed (no replica was predicted to meet it: an overload signal), none (the profile does not predict).",
+            ["model", "slo_prediction"])
+        for fam in (self.requests, self.upstream_errors, self.routes, self._ttft, self._itl, self._e2e):
             r.register(fam)
         self._in_flight = Gauge("steersman:requests_in_flight", "Requests being served.", registry=r)
         self._queued = Gauge("steersman:requests_queued", "Requests waiting in the gateway queue.", registry=r)
@@ -59,6 +63,9 @@ class GatewayMetrics:
 
     def count(self, model: str, status: int) -> None:
         self.requests.inc(model, str(status))
+
+    def routed(self, model: str, late: bool, predicted: bool) -> None:
+        self.routes.inc(model, "missed" if late else "met" if predicted else "none")
 
     def upstream_error(self, replica: str, kind: str) -> None:
         self.upstream_errors.inc(replica, kind)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.fleet.statics import ReplicaSpec, build_statics
-from steersman.twin.results import FAILED, OK, REFUSED, Recorder
+from steersman.twin.results import FAILED, OK, PREDICTED_MET, PREDICTED_MISSED, REFUSED, Recorder
 
 __all__ = ["summarize", "timeline", "per_replica", "window_for", "slo_met", "PERCENTILES"]
 
@@ -91,6 +91,18 @@ def summarize(rec: Recorder) -> dict:
         "capacity_output_tokens_per_s": capacity,
         "capacity_used": out_tokens / dur / capacity if capacity else None,
         "replicas": replicas,
+        **_predictions(c["predicted"], met),
+    }
+
+
+def _predictions(predicted: np.ndarray, met: np.ndarray) -> dict:
+    """How the routes' SLO predictions came out (None where no route predicted: the baselines)."""
+    on, late = predicted == PREDICTED_MET, predicted == PREDICTED_MISSED
+    routed = int(on.sum() + late.sum())
+    return {
+        "predicted_missed_share": float(late.sum() / routed) if routed else None,
+        "slo_attainment_predicted_met": float(met[on].mean()) if on.any() else None,
+        "slo_attainment_predicted_missed": float(met[late].mean()) if late.any() else None,
     }
 
 
