@@ -43,7 +43,8 @@ def _f(v, fmt: str) -> str:
 
 def print_workload(name: str, load: float, cap, summaries: dict, rat: dict) -> None:
     head = (f"{'policy':<20} {'goodput/s':>9} {'vs RR':>6} {'vs best':>7} {'SLO %':>6} {'TTFT p50':>9} "
-            f"{'TTFT p99':>9} {'prefix hit':>10} {'$/task ok':>9} {'tasks ok/$':>10} {'failed':>6} {'refused':>7}")
+            f"{'TTFT p99':>9} {'prefix hit':>10} {'$/task ok':>9} {'tasks ok/$':>10} {'failed':>6} {'refused':>7} "
+            f"{'pred miss':>9} {'SLO|met':>7} {'SLO|miss':>8}")
     print(f"\n{name}: {load:.3g}x the workload's rate, {cap.offered_rps_at_1x * load:.3g} req/s offered "
           f"(capacity {cap.capacity_rps:.3g} req/s); best baseline: goodput {rat['best_baseline_goodput']}, "
           f"tasks/$ {rat['best_baseline_tasks_per_usd']}")
@@ -56,7 +57,14 @@ def print_workload(name: str, load: float, cap, summaries: dict, rat: dict) -> N
               f"{_f(r['goodput_vs_best_baseline'], '7.2f')} {_f(100 * (s['slo_attainment'] or 0), '6.1f')} "
               f"{_f(ttft.get('p50') and 1000 * ttft['p50'], '7.0f')}ms {_f(ttft.get('p99') and 1000 * ttft['p99'], '7.0f')}ms "
               f"{_f(100 * s['prefix_cache_hit_rate'], '9.1f')}% {_f(s['cost_per_successful_task_usd'], '9.4f')} "
-              f"{_f(s['successful_tasks_per_usd'], '10.1f')} {s['failed']:>6} {s['refused']:>7}")
+              f"{_f(s['successful_tasks_per_usd'], '10.1f')} {s['failed']:>6} {s['refused']:>7} "
+              f"{_pct(s.get('predicted_missed_share'), 8)} {_pct(s.get('slo_attainment_predicted_met'), 6)} "
+              f"{_pct(s.get('slo_attainment_predicted_missed'), 7)}")
+
+
+def _pct(v, width: int) -> str:
+    """A share as a percentage, '-' when there is none (profiles that do not predict)."""
+    return f"{'-':>{width}} " if v is None else f"{100 * v:{width}.1f}%"
 
 
 def _ceiling(summaries: dict, against: str | None) -> float | None:
