@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from steersman.config import DEFAULTS
+
 __all__ = ["register"]
 
 
@@ -17,9 +19,9 @@ def register(app: typer.Typer) -> None:
         speed: float = typer.Option(1.0, help="--trace: replayed this many times faster (a trace scaled up)."),
         limit: int | None = typer.Option(None, help="--trace: at most this many requests."),
         model: str = typer.Option("llama-3.1-8b", help="--trace: the model its requests ask for."),
-        slo: float = typer.Option(0.99, "--slo", help="Share of requests that must meet their SLO class targets."),
+        slo: float = typer.Option(DEFAULTS.twin.plan_slo, "--slo", help="Share of requests that must meet their SLO class targets."),
         gpus: str = typer.Option("H100,A100,L40S", "--gpus", help="Candidate GPU types, comma separated."),
-        headroom: float = typer.Option(0.2, help="Size for the load times (1 + headroom)."),
+        headroom: float = typer.Option(DEFAULTS.twin.plan_headroom, help="Size for the load times (1 + headroom)."),
         policy: str = typer.Option("steersman", help="Routing profile to plan with."),
         tp: int = typer.Option(1, help="Tensor-parallel degree of each replica."),
         duration: float | None = typer.Option(None, help="Simulated seconds per trial (default: the workload's)."),
@@ -31,9 +33,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
+        from steersman.cli._workload import workload_spec
         from steersman.twin.plan import plan_capacity
         from steersman.twin.plan_mix import label
-        from steersman.cli._workload import workload_spec
         from steersman.twin.workload import WorkloadSpecError
 
         con = Console(width=max(120, Console().width))
@@ -63,7 +65,7 @@ def register(app: typer.Typer) -> None:
             con.print(f"[dim]cheaper mixes simulated that fell short: {', '.join(short)}[/]")
         if p.best is not None:
             b = p.best
-            con.print(f"cheapest: [bold]{b.gpu if b.mixed else f'{b.replicas} x {b.gpu}'}[/] at ${b.cost_per_hour:.2f}/h"
+            con.print(f"cheapest: [bold]{label(b.fleet)}[/] at ${b.cost_per_hour:.2f}/h"
                       f"  ({p.trials} twin runs)")
             h = Table(title="elasticity over a day (the cheapest fleet covering each hour)")
             h.add_column("hour")

@@ -31,9 +31,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from steersman.cli._workload import workload_spec
         from steersman.fleet.config import FleetConfigError, load_fleet
         from steersman.twin import report
-        from steersman.cli._workload import workload_spec
         from steersman.twin.run import Experiment
         from steersman.twin.workload import WorkloadSpecError
 

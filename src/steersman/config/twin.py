@@ -1,4 +1,4 @@
-"""Settings of the digital twin's run loop (``steersman simulate``, ``bench/twin``)."""
+"""Settings of the digital twin's run loop (``steersman simulate``, ``bench/twin``) and its planner (``steersman plan``)."""
 
 from __future__ import annotations
 
@@ -16,3 +16,11 @@ class TwinSettings:
         "short-lived events by the million; the start-up heap is frozen with gc.freeze for the run)")
     gc_threshold1: int = setting(50, "bench/twin: with gc_threshold0 (Python's default: 10)")
     gc_threshold2: int = setting(1000, "bench/twin: with gc_threshold0 (Python's default: 10)")
+    plan_slo: float = setting(0.99, "steersman plan: share of requests that must meet their SLO class targets (two nines)")
+    plan_headroom: float = setting(
+        0.2, "steersman plan: size for the peak load x 1.2 (design: a fleet run near 80% of what it can serve keeps "
+        "its queues short when the load rises before a scale-up lands)")
+    plan_max_replicas: int = setting(512, "steersman plan: the exponential search gives up on a GPU type past 512 replicas")
+    plan_mixed_trials: int = setting(
+        6, "steersman plan: two-type fleets simulated after the single-type searches, cheapest first "
+        "(examples/copilot-peak.yaml: the first, 7 x A100 + 1 x L40S, met)")

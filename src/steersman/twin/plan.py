@@ -28,7 +28,7 @@ from typing import Any
 from steersman.config import DEFAULTS
 from steersman.fleet.config import parse_fleet
 from steersman.sim import gpu_profile, model_profile
-from steersman.twin.plan_mix import Fleet, TypeFit, candidates, cover, label
+from steersman.twin.plan_mix import Fleet, TypeFit, candidates, cover, fleet_cost, label
 from steersman.twin.run import Experiment, scale_spec
 from steersman.twin.workload import DailyCurve, load_workload
 
@@ -85,10 +85,14 @@ def _fleet_doc(fleet: Fleet, model: str, tp: int, base: Mapping[str, Any]) -> di
     return doc
 
 
-def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float = 0.99, headroom: float = 0.2,
-                  policy: str = DEFAULTS.scheduler.profile, tp: int = 1, seed: int = 0, base_dir: Path | None = None,
-                  duration_s: float | None = None, max_replicas: int = 512, base_fleet: Mapping[str, Any] | None = None,
-                  curve: DailyCurve | None = None, max_mixed_trials: int = 6,
+_T = DEFAULTS.twin
+
+
+def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float = _T.plan_slo,
+                  headroom: float = _T.plan_headroom, policy: str = DEFAULTS.scheduler.profile, tp: int = 1,
+                  seed: int = 0, base_dir: Path | None = None, duration_s: float | None = None,
+                  max_replicas: int = _T.plan_max_replicas, base_fleet: Mapping[str, Any] | None = None,
+                  curve: DailyCurve | None = None, max_mixed_trials: int = _T.plan_mixed_trials,
                   progress: Callable[[str], None] | None = None, trial: Callable[[Fleet], dict] | None = None) -> Plan:
     """``trial``: runs one fleet and returns its summary (``slo_attainment``, ``requests``, ``refused``,
     ``failed``, ``cost_per_successful_task_usd``); default: the twin at the stressed load."""
@@ -134,8 +138,7 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
             ok, s = meets(fleet)
             plan.mixed_tried.append((fleet, s["slo_attainment"] or 0.0))
             if ok:  # candidates come cheapest first: the first that meets is the mix to keep
-                price = {f.name: f.price for f in fits}
-                plan.options.append(option(fleet, s, sum(price[g] * k for g, k in fleet)))
+                plan.options.append(option(fleet, s, fleet_cost(fleet, fits)))
                 break
     best = plan.best
     if best is not None:
