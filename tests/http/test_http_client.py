@@ -103,3 +103,20 @@ async def test_connection_refused_is_not_connected():
     with pytest.raises(UpstreamError) as e:
         await pool.get(Endpoint.parse(f"http://127.0.0.1:{port}"), "/")
     assert e.value.connected is False
+
+
+async def test_sent_is_called_once_after_the_write_or_before_a_new_connection_opens():
+    # the gateway flushes the prefix index then: after its request's bytes left, before it waits for the engine
+    o = _Origin([])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    seen: list[tuple[int, int]] = []  # (connections, requests the origin had) when sent() ran
+    sent = lambda: seen.append((o.connections, o.requests))  # noqa: E731
+    ex = await pool.request(ep, b"POST", "/x", b"{}", b"", sent)  # no idle connection: before connecting
+    assert seen == [(0, 0)] and ex.status == 200
+    await ex.read()
+    ex = await pool.request(ep, b"POST", "/x", b"{}", b"", sent)  # pooled: right after writing, before the head
+    assert seen == [(0, 0), (1, 1)] and o.requests == 2 and ex.status == 200
+    await ex.read()
+    await pool.close()
+    o.srv.close()

@@ -39,8 +39,10 @@ class RequestLifecycle:
 
     # ---- dispatch -------------------------------------------------------------------
     def start_dispatch(self, ctx: RequestContext, d: Dispatch) -> None:
-        """The request goes to ``d.route.replica``: account it there now (before the next decision)."""
-        started = self.accounting.dispatched(ctx.sched, d)
+        """The request goes to ``d.route.replica``: account it there now (before the next decision).  Its
+        prompt's blocks reach the prefix index once its bytes are written to the engine (the forward stage
+        flushes the index then), or at the next decision if that comes first."""
+        started = self.accounting.dispatched(ctx.sched, d, defer_record=True)
         r = d.route
         self.metrics.routed(ctx.model, r.late, r.predicted_ttft_s is not None)  # type: ignore[attr-defined]
         ctx.started_at = started

@@ -51,8 +51,11 @@ class Accounting:
         """Output tokens to expect: the running mean per (model, tenant), capped by ``max_tokens``."""
         return self.outputs.expected(model, tenant, max_tokens)
 
-    def dispatched(self, req: SchedRequest, d: Dispatch) -> Started:
-        """The request goes to ``d.route.replica``: account it there now (before the next decision)."""
+    def dispatched(self, req: SchedRequest, d: Dispatch, defer_record: bool = False) -> Started:
+        """The request goes to ``d.route.replica``: account it there now (before the next decision).
+
+        ``defer_record``: the prefix index learns the prompt's blocks at its next access or ``flush()``
+        (:meth:`PrefixIndex.record_later`), whichever is first; every later decision sees them either way."""
         route = d.route
         i = route.replica
         fleet = self.fleet
@@ -66,6 +69,8 @@ class Accounting:
         if fleet.prefix is not None and hashes:
             if fleet.caches_after_prefill[i]:
                 ticket.cache_at_first = hashes  # not reusable there until it has run
+            elif defer_record:
+                fleet.prefix.record_later(i, hashes)
             else:
                 fleet.prefix.record(i, hashes)
         return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -45,10 +46,13 @@ class EngineAdapter(Protocol):
     #: a prompt's blocks at its first token instead of at dispatch.
     shares_prefill_in_flight: bool
 
-    async def send(self, replica: ReplicaAddress, path: str, body: bytes) -> Exchange:
+    async def send(self, replica: ReplicaAddress, path: str, body: bytes,
+                   sent: Callable[[], None] | None = None) -> Exchange:
         """POST a JSON ``body`` to ``replica``'s ``path``; returns once response headers arrived.
 
-        Raises :class:`UpstreamError`.
+        ``sent``: called once, as soon as the request's bytes are written to the connection (or before
+        waiting for a new connection to open): work the caller wants done off the engine's time to first
+        token.  Raises :class:`UpstreamError`.
         """
         ...
 

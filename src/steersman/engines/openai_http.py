@@ -7,6 +7,7 @@ is shared by all replicas of the kind.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import orjson
 
@@ -79,8 +80,9 @@ class OpenAIHttpAdapter:
         self._settings = settings
         self.pool = UpstreamPool(settings.connect_timeout_s, settings.upstream_idle_timeout_s)
 
-    async def send(self, replica: ReplicaAddress, path: str, body: bytes) -> Exchange:
-        return await self.pool.request(replica.endpoint, b"POST", path, body, _JSON)
+    async def send(self, replica: ReplicaAddress, path: str, body: bytes,
+                   sent: Callable[[], None] | None = None) -> Exchange:
+        return await self.pool.request(replica.endpoint, b"POST", path, body, _JSON, sent)
 
     async def _get(self, replica: ReplicaAddress, path: str) -> tuple[int, bytes]:
         try:

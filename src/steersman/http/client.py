@@ -260,10 +260,12 @@ class UpstreamPool:
         if idle and conn in idle:
             idle.remove(conn)
 
-    async def request(self, ep: Endpoint, method: bytes, path: str, body: bytes = b"", headers: bytes = b"") -> Exchange:
+    async def request(self, ep: Endpoint, method: bytes, path: str, body: bytes = b"", headers: bytes = b"",
+                      sent: Callable[[], None] | None = None) -> Exchange:
         """Send a request and wait for the response headers.
 
-        ``headers`` are extra pre-encoded header lines ending in CRLF.
+        ``headers`` are extra pre-encoded header lines ending in CRLF.  ``sent`` is called once: right after
+        the request is written, or before waiting for a new connection when no idle one is pooled.
         """
         key = (ep.host, ep.port, ep.tls)
         head = b"%b %b HTTP/1.1\r\nHost: %b\r\nContent-Length: %d\r\n%b\r\n" % (
@@ -272,10 +274,16 @@ class UpstreamPool:
         for attempt in (0, 1):
             conn = self._acquire_idle(key) if attempt == 0 else None
             if conn is None:
+                if sent is not None:
+                    sent, then = None, sent
+                    then()
                 conn = await self._connect(ep, key)
             ex = Exchange(conn)
             conn.exchange = ex
             conn.transport.write(data)  # type: ignore[union-attr]
+            if sent is not None:
+                sent, then = None, sent
+                then()
             try:
                 await ex._head
                 return ex

@@ -159,6 +159,8 @@ class Forward:
         self.metrics = metrics
         self.clock = clock
         self.max_event_bytes = max_event_bytes
+        # once the request is on its way: the prefix index learns what was dispatched (Accounting.dispatched)
+        self._sent = fleet.prefix.flush if fleet.prefix is not None else None
         self.migrations = CounterFamily("steersman_stream_migrations", "Streams continued on another replica after their engine failed mid-stream.", ["model"])
         metrics.registry.register(self.migrations)
 
@@ -185,7 +187,7 @@ class Forward:
         ex: Exchange | None = None
         try:
             try:
-                ex = await rep.adapter.send(rep.address, ctx.path, body)
+                ex = await rep.adapter.send(rep.address, ctx.path, body, self._sent)
             except UpstreamError as e:
                 self.metrics.upstream_error(rep.name, "send" if e.connected else "connect")
                 if not e.connected:
