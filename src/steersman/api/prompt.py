@@ -11,8 +11,9 @@ from __future__ import annotations
 import zlib
 
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
-from steersman.text import block_hashes, tokenize, tokenize_chat
-from steersman.text.tokenizer import ROOT_HASH
+from steersman.text import block_hashes
+from steersman.text.chat_tokens import tokenize_chat_array
+from steersman.text.tokenizer import ROOT_HASH, tokenize_array
 
 __all__ = ["prompt_shape", "cache_root", "with_cache_salt"]
 
@@ -37,7 +38,7 @@ def with_cache_salt(body: bytes, salt: str) -> bytes:
 def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, tuple[int, ...]]:
     """(prompt tokens, chained hashes of its full blocks)."""
     if isinstance(req, ChatCompletionRequest):
-        ids = tokenize_chat(req.messages, continue_final=req.continue_final_message)
+        ids = tokenize_chat_array(req.messages, continue_final=req.continue_final_message)
     else:
         p = req.prompt
         if isinstance(p, list):
@@ -47,7 +48,7 @@ def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int
             elif isinstance(first, list):
                 ids = list(first)
             else:
-                ids = tokenize("".join(x for x in p if isinstance(x, str)))
+                ids = tokenize_array("".join(x for x in p if isinstance(x, str)))
         else:
-            ids = tokenize(p)
+            ids = tokenize_array(p)
     return len(ids), tuple(block_hashes(ids, block_size, cache_root(req.cache_salt)))

@@ -23,7 +23,7 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
-__all__ = ["fast_ids", "warm_up"]
+__all__ = ["fast_ids", "fast_ids_array", "warm_up"]
 
 _SPACE, _DIGIT, _LETTER, _UNDERSCORE, _SYMBOL = 1, 2, 3, 4, 5
 _MAX_CP = 0x110000
@@ -126,6 +126,11 @@ def _pieces(cps, cls, table, out):
 
 def fast_ids(text: str) -> list[int]:
     """Token ids of ``text``, equal to :func:`steersman.text.tokenizer.tokenize`'s."""
+    return fast_ids_array(text).tolist()
+
+
+def fast_ids_array(text: str) -> np.ndarray:
+    """:func:`fast_ids` as an int64 array (no list of Python ints built)."""
     if text.isascii():
         cps = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
     else:
@@ -135,10 +140,14 @@ def fast_ids(text: str) -> list[int]:
             for cp in np.unique(cps[fresh]).tolist():
                 _CLASS[cp] = _classify(cp)
     out = np.empty(cps.size, dtype=np.int64)
-    return out[: _pieces(cps, _CLASS, _TABLE, out)].tolist()
+    return out[: _pieces(cps, _CLASS, _TABLE, out)]
 
 
 def warm_up() -> None:
-    """Compile (or load) the splitter for both code-point widths now, not on the first request (~0.1-2 s)."""
+    """Compile (or load) the splitter for both code-point widths, and the block hashing, now, not on the first
+    request (~0.1-2 s)."""
+    from steersman.text import _fast_hash
+
     fast_ids("warm up " * 8)
     fast_ids("warm up é " * 8)
+    _fast_hash.warm_up()

@@ -21,13 +21,15 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from steersman.config import DEFAULTS
 from steersman.text.chat import _END, _START, _role_content, message_text
-from steersman.text.tokenizer import tokenize
+from steersman.text.tokenizer import tokenize_array
 
-__all__ = ["MessageTokens", "tokenize_chat"]
+__all__ = ["MessageTokens", "tokenize_chat", "tokenize_chat_array"]
 
-_ENTRY_BYTES = 200  # dict slot, the (role, text) key tuple and the ids tuple's header, per entry
+_ENTRY_BYTES = 200  # dict slot, the (role, text) key tuple and the ids array's header, per entry
 
 
 class MessageTokens:
@@ -39,12 +41,12 @@ class MessageTokens:
         self.max_bytes = float(max_bytes)
         self.nbytes = 0
         self.hits = self.misses = 0
-        self._d: dict[tuple[str, str], tuple[int, ...]] = {}
+        self._d: dict[tuple[str, str], np.ndarray] = {}  # int64, read-only
 
     def __len__(self) -> int:
         return len(self._d)
 
-    def ids(self, role: str, text: str) -> tuple[int, ...]:
+    def ids(self, role: str, text: str) -> np.ndarray:
         d = self._d
         key = (role, text)
         got = d.pop(key, None)
@@ -53,7 +55,8 @@ class MessageTokens:
             d[key] = got  # most recently used last
             return got
         self.misses += 1
-        got = tuple(tokenize(f"{_START}{role}\n{text}{_END}"))
+        got = tokenize_array(f"{_START}{role}\n{text}{_END}")
+        got.flags.writeable = False  # shared by every prompt that holds the message
         cost = _cost(role, text, got)
         if cost > self.max_bytes:
             return got  # larger than the whole cache: not kept
@@ -66,27 +69,33 @@ class MessageTokens:
         return got
 
 
-def _cost(role: str, text: str, ids: tuple[int, ...]) -> int:
+def _cost(role: str, text: str, ids: np.ndarray) -> int:
     return sys.getsizeof(text) + len(role) + 8 * len(ids) + _ENTRY_BYTES
 
 
 _CACHE = MessageTokens(DEFAULTS.engine.message_token_cache_mib * 2**20)
-_OPEN = tuple(tokenize(f"{_START}assistant\n"))
+_OPEN = tokenize_array(f"{_START}assistant\n")
 
 
 def tokenize_chat(messages: Iterable[Any], continue_final: bool = False,
                   cache: MessageTokens | None = None) -> list[int]:
     """``tokenize(render_chat(messages, continue_final))``, reusing the ids of messages seen before."""
+    return tokenize_chat_array(messages, continue_final, cache).tolist()
+
+
+def tokenize_chat_array(messages: Iterable[Any], continue_final: bool = False,
+                        cache: MessageTokens | None = None) -> np.ndarray:
+    """:func:`tokenize_chat` as an int64 array."""
     c = _CACHE if cache is None else cache
     msgs = list(messages)
-    out: list[int] = []
+    parts: list[np.ndarray] = []
     last = len(msgs) - 1
     for i, m in enumerate(msgs):
         role, content = _role_content(m)
         text = message_text(content)
         if i == last and continue_final and role == "assistant":
-            out += tokenize(f"{_START}assistant\n{text}")  # left open: the prompt ends inside it
-            return out
-        out += c.ids(role, text)
-    out += _OPEN
-    return out
+            parts.append(tokenize_array(f"{_START}assistant\n{text}"))  # left open: the prompt ends inside it
+            return np.concatenate(parts)
+        parts.append(c.ids(role, text))
+    parts.append(_OPEN)
+    return np.concatenate(parts)

@@ -20,9 +20,15 @@ import re
 import zlib
 from collections.abc import Sequence
 
-from steersman.text._fast_tokenize import fast_ids
+import numpy as np
 
-__all__ = ["Tokenizer", "tokenize", "count_tokens", "block_hashes", "ROOT_HASH"]
+from steersman.text._fast_hash import AVAILABLE as _FAST_HASH
+from steersman.text._fast_hash import fast_block_hashes
+from steersman.text._fast_tokenize import fast_ids, fast_ids_array
+
+__all__ = ["Tokenizer", "tokenize", "tokenize_array", "count_tokens", "block_hashes", "ROOT_HASH"]
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 _PIECE = re.compile(r" ?[^\W\d_]{1,8}| ?\d{1,3}| ?(?:[^\s\w]|_){1,4}|\s+(?!\S)|\s+")
 
@@ -57,6 +63,13 @@ def tokenize(text: str) -> list[int]:
     return _regex_ids(text)
 
 
+def tokenize_array(text: str) -> np.ndarray:
+    """:func:`tokenize` as an int64 array (what :func:`block_hashes` hashes in one compiled pass)."""
+    if len(text) >= _COMPILED_FROM:
+        return fast_ids_array(text)
+    return np.array(_regex_ids(text), dtype=np.int64)
+
+
 def _regex_ids(text: str) -> list[int]:
     get = _ids.get
     out = []
@@ -72,8 +85,14 @@ def count_tokens(text: str) -> int:
     return len(_PIECE.findall(text))
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int = 16, parent: int = ROOT_HASH) -> list[int]:
-    """Chained hashes of every *full* block of ``token_ids``."""
+def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int = 16, parent: int = ROOT_HASH) -> list[int]:
+    """Chained hashes of every *full* block of ``token_ids`` (an int64 array: in one compiled pass,
+    :mod:`steersman.text._fast_hash`, the same values)."""
+    if (_FAST_HASH and isinstance(token_ids, np.ndarray) and token_ids.dtype == np.int64
+            and _I64_MIN <= parent <= _I64_MAX):
+        return fast_block_hashes(token_ids, block_size, parent)
+    if isinstance(token_ids, np.ndarray):
+        token_ids = token_ids.tolist()
     out: list[int] = []
     h = parent
     n = len(token_ids) - len(token_ids) % block_size
