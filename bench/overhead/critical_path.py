@@ -7,6 +7,7 @@ the request's bytes arriving, each stage of the request path starting, and the u
 the call times of the schedule stage's parts are recorded too.  Prints the p50/p90 of each step.
 
     .venv/bin/python bench/overhead/critical_path.py [--policy steersman] [--requests 600] [--gap 0.005]
+    .venv/bin/python bench/overhead/critical_path.py --prompt-words 1500 --requests 300   # long unique prompts
 
 This is a diagnostic (it wraps internals to time them, which adds ~0.3 µs a call), not a benchmark:
 bench/overhead measures added latency and CPU side by side with the Rust routers.
@@ -79,14 +80,21 @@ def instrument() -> None:
         _timed(cls, name, tag)
 
 
-async def drive(port: int, n: int, gap: float) -> np.ndarray:
+def _request(i: int, words: int) -> bytes:
+    """A short question, or (``words`` > 0) a prompt of that many words unique to request ``i``."""
+    text = " ".join(f"doc{i}-w{j}" for j in range(words)) if words else "hello there, how are you?"
     body = json.dumps({"model": "llama-3.1-8b", "stream": True, "max_tokens": 4,
-                       "messages": [{"role": "user", "content": "hello there, how are you?"}]}).encode()
-    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n" % len(body)) + body
+                       "messages": [{"role": "user", "content": text}]}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)) + body
+
+
+async def drive(port: int, n: int, gap: float, words: int = 0) -> np.ndarray:
+    short = _request(0, 0)
     r, w = await asyncio.open_connection("127.0.0.1", port)
     rows = []
     for i in range(n):
+        req = _request(i, words) if words else short
         MARKS.clear()
         w.write(req)
         buf = b""
@@ -114,12 +122,13 @@ async def main(a) -> None:
         gw = Gateway(cfg)
         await gw.start()
         try:
-            steps = await drive(a.port, a.requests, a.gap)
+            steps = await drive(a.port, a.requests, a.gap, a.prompt_words)
         finally:
             await gw.stop()
     finally:
         engine.kill()
-    print(f"{a.requests} requests one at a time, {a.gap * 1e3:.1f} ms apart, policy {a.policy} (µs)")
+    what = f"unique {a.prompt_words}-word prompts" if a.prompt_words else "short questions"
+    print(f"{a.requests} requests one at a time ({what}), {a.gap * 1e3:.1f} ms apart, policy {a.policy} (µs)")
     for (x, y), col in zip(zip(ORDER, ORDER[1:]), steps.T):
         print(f"  {x + ' -> ' + y:24} p50 {np.median(col):8.1f}   p90 {np.percentile(col, 90):8.1f}")
     print("  calls:")
@@ -133,6 +142,8 @@ if __name__ == "__main__":
     ap.add_argument("--policy", default="steersman")
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--gap", type=float, default=0.005, help="seconds between requests")
+    ap.add_argument("--prompt-words", type=int, default=0,
+                    help="0: a short question; N: a prompt of N words unique to each request (1500: ~8,000 tokens)")
     ap.add_argument("--port", type=int, default=9300)
     ap.add_argument("--engine-port", type=int, default=9301)
     args = ap.parse_args()
