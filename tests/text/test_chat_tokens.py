@@ -46,3 +46,13 @@ def test_the_cache_stays_under_its_budget_and_drops_the_least_recently_used():
     huge = {"role": "user", "content": "x " * 100_000}  # larger than the whole cache: answered, not kept
     assert tokenize_chat([huge], cache=cache) == tokenize(render_chat([huge]))
     assert cache.nbytes <= cache.max_bytes
+
+
+def test_the_cache_keeps_only_the_ids_not_the_tokenizers_buffer():
+    # the compiled tokenizer fills a buffer sized by characters; a cached message must not hold it (its cost
+    # counts 8 bytes per id)
+    cache = MessageTokens(1 << 20)
+    text = "a long message to cache " * 100
+    tokenize_chat([{"role": "user", "content": text}], cache=cache)
+    (ids,) = cache._d.values()
+    assert ids.base is None and not ids.flags.writeable and ids.nbytes == 8 * ids.size

@@ -56,6 +56,8 @@ class MessageTokens:
             return got
         self.misses += 1
         got = tokenize_array(f"{_START}{role}\n{text}{_END}")
+        if got.base is not None:
+            got = got.copy()  # the tokenizer's ids are a view of a buffer sized by characters: keep only the ids
         got.flags.writeable = False  # shared by every prompt that holds the message
         cost = _cost(role, text, got)
         if cost > self.max_bytes:
