@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Sequence
+
+import numpy as np
 
 from steersman.api.errors import ApiError, bad_request, not_found_model
 from steersman.api.prompt import cache_root
@@ -16,7 +19,9 @@ from steersman.enginesim.runner import EngineRunner, Job
 from steersman.enginesim.textgen import generate
 from steersman.http.server import HttpRequest
 from steersman.sim import SimRequest
-from steersman.text import block_hashes, render_chat, tokenize, tokenize_chat
+from steersman.text import block_hashes, render_chat
+from steersman.text.chat_tokens import tokenize_chat_array
+from steersman.text.tokenizer import tokenize_array
 
 __all__ = ["Generator"]
 
@@ -44,7 +49,7 @@ class Generator:
     async def completions(self, request: HttpRequest) -> None:
         await self._generate(request, chat=False)
 
-    def _prompt(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[list[int], str | list[int], str]:
+    def _prompt(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[Sequence[int] | np.ndarray, str | list[int], str]:
         """(prompt token ids, the context generation is conditioned on, its last character)."""
         if req.model != self.model_name:
             raise not_found_model(req.model)
@@ -61,7 +66,7 @@ class Generator:
                 if req.messages[-1].role != "assistant":
                     raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
             prompt = render_chat(req.messages, continue_final=req.continue_final_message)
-            return tokenize_chat(req.messages, req.continue_final_message), prompt, prompt[-1:]
+            return tokenize_chat_array(req.messages, req.continue_final_message), prompt, prompt[-1:]
         p = req.prompt
         if isinstance(p, list):
             if len(p) != 1 and not isinstance(p[0], int):
@@ -71,7 +76,7 @@ class Generator:
             p = p[0]
             if isinstance(p, list):
                 return list(p), list(p), "x"
-        return tokenize(p), p, p[-1:]
+        return tokenize_array(p), p, p[-1:]
 
     def _job(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Job:
         ids, context, tail = self._prompt(req, chat)
