@@ -140,3 +140,13 @@ def test_decode_replica_death_fails_its_requests_and_later_ones_go_to_the_other(
     assert rec.engine_states[3].generation_tokens_total > rec.engine_states[2].generation_tokens_total
     assert all(x >= 0 for x in twin.pd.load) and twin.pd.load[3] == 0
     assert np.isfinite(rec.arrays()["finish"]).all()
+
+
+def test_the_live_gateway_says_it_does_not_disaggregate():
+    # role is a twin setting: `steersman up/serve` on such a fleet warns that every replica serves requests whole
+    from steersman.fleet.embedded import twin_only_roles
+
+    pd = load_fleet(EXAMPLES / "twin-fleet-disaggregated.yaml").simulated
+    co = load_fleet(EXAMPLES / "twin-fleet-colocated.yaml").simulated
+    assert twin_only_roles(pd) == ["2 x H100 llama-3.1-8b (role: prefill)", "2 x H100 llama-3.1-8b (role: decode)"]
+    assert twin_only_roles(co) == []

@@ -8,6 +8,7 @@ on exit (SIGTERM, then SIGKILL after a grace period).
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig
@@ -16,6 +17,13 @@ from steersman.sim import gpu_profile, model_profile
 __all__ = ["SimulatedFleet"]
 
 _READY = "engine-sim ready "
+
+log = logging.getLogger("steersman.fleet")
+
+
+def twin_only_roles(cfg: SimulatedFleetConfig) -> list[str]:
+    """The replica groups whose ``role`` (prefill/decode disaggregation) only the digital twin models."""
+    return [f"{r.count} x {r.gpu} {r.model} (role: {r.role})" for r in cfg.replicas if r.role != "both"]
 
 
 class SimulatedFleet:
@@ -27,6 +35,10 @@ class SimulatedFleet:
         self.endpoints: list[EndpointConfig] = []
 
     async def start(self) -> list[EndpointConfig]:
+        roles = twin_only_roles(self.cfg)
+        if roles:
+            log.warning("prefill/decode roles are modelled by `steersman simulate` only: live, every replica "
+                        "serves requests whole (%s)", "; ".join(roles))
         plans = []
         seen: dict[str, int] = {}
         for spec in self.cfg.replicas:
