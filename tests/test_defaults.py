@@ -45,6 +45,7 @@ PINNED = {
     "twin.plan_headroom": 0.2,
     "twin.plan_max_replicas": 512,
     "twin.plan_mixed_trials": 6,
+    "twin.plan_workers": 1,
     "scheduler.profile": "steersman",
     "scheduler.default_slo": "standard",
     "scheduler.latency_ewma_alpha": 0.2,

@@ -186,3 +186,11 @@ def test_a_gpu_named_twice_is_planned_once_and_none_is_an_error():
         plan_capacity(SPEC, [], trial=linear(cap, 2.5))
     with pytest.raises(KeyError, match="TPU9"):
         plan_capacity(SPEC, ["TPU9"], trial=linear(cap, 2.5))
+
+
+def test_types_searched_in_parallel_give_the_same_plan():
+    one = plan_capacity(SPEC, ["A100", "L40S"], target=0.99, headroom=0.2)
+    two = plan_capacity(SPEC, ["A100", "L40S"], target=0.99, headroom=0.2, workers=2)
+    assert [(o.fleet, o.cost_per_hour, o.slo_attainment) for o in two.options] == \
+        [(o.fleet, o.cost_per_hour, o.slo_attainment) for o in one.options]
+    assert two.hourly == one.hourly and two.mixed_tried == one.mixed_tried and two.trials == one.trials

@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         duration: float | None = typer.Option(None, help="Simulated seconds per trial (default: the workload's)."),
         fleet: Path | None = typer.Option(None, "--fleet", help="Take scheduler / admission / tenants from this fleet file."),
         seed: int = typer.Option(0),
+        workers: int = typer.Option(DEFAULTS.twin.plan_workers, help="GPU types searched in this many processes at once."),
     ) -> None:
         """Find the cheapest fleet (replicas per GPU type) meeting the SLO with headroom; show it per hour."""
         import yaml
@@ -41,11 +42,14 @@ def register(app: typer.Typer) -> None:
         con = Console(width=max(120, Console().width))
         if not 0 < slo <= 1 or headroom < 0:
             raise typer.BadParameter("--slo must be in (0, 1] and --headroom >= 0")
+        if workers < 1:
+            raise typer.BadParameter(f"--workers must be >= 1, got {workers}")
         try:
             spec, base = workload_spec(workload, trace, speed, limit, model)
             base_fleet = yaml.safe_load(fleet.read_text()) if fleet else None
             p = plan_capacity(spec, [g.strip() for g in gpus.split(",") if g.strip()], target=slo, headroom=headroom,
                               policy=policy, tp=tp, seed=seed, base_dir=base, duration_s=duration, base_fleet=base_fleet,
+                              workers=workers,
                               progress=lambda msg: con.print(f"  [dim]{msg}[/]"))
         except (WorkloadSpecError, OSError, KeyError, ValueError) as e:
             con.print(f"[red]steersman plan:[/] {e}")

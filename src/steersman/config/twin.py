@@ -24,3 +24,6 @@ class TwinSettings:
     plan_mixed_trials: int = setting(
         6, "steersman plan: two-type fleets simulated after the single-type searches, cheapest first "
         "(examples/copilot-peak.yaml: the first, 7 x A100 + 1 x L40S, met)")
+    plan_workers: int = setting(
+        1, "steersman plan --workers: GPU types searched in that many processes at once (design: one by default, "
+        "so a plan uses one core like a simulation; each search is a chain of runs that depend on each other)")

@@ -93,9 +93,11 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
                   seed: int = 0, base_dir: Path | None = None, duration_s: float | None = None,
                   max_replicas: int = _T.plan_max_replicas, base_fleet: Mapping[str, Any] | None = None,
                   curve: DailyCurve | None = None, max_mixed_trials: int = _T.plan_mixed_trials,
-                  progress: Callable[[str], None] | None = None, trial: Callable[[Fleet], dict] | None = None) -> Plan:
+                  progress: Callable[[str], None] | None = None, trial: Callable[[Fleet], dict] | None = None,
+                  workers: int = _T.plan_workers) -> Plan:
     """``trial``: runs one fleet and returns its summary (``slo_attainment``, ``requests``, ``refused``,
-    ``failed``, ``cost_per_successful_task_usd``); default: the twin at the stressed load."""
+    ``failed``, ``cost_per_successful_task_usd``); default: the twin at the stressed load.  ``workers`` > 1:
+    the GPU types are searched in that many processes at once (twin-backed trials only; the same plan)."""
     model = spec.get("model") or DEFAULTS.sim_server.model
     model_profile(model)
     probe = load_workload(spec, seed, base_dir=base_dir)
@@ -103,18 +105,15 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
     plan = Plan(model, target, headroom, offered)
     stressed = scale_spec(spec, 1.0 + headroom)
 
-    def twin(fleet: Fleet) -> dict:
-        cfg = parse_fleet(_fleet_doc(fleet, model, tp, base_fleet or {}), f"plan {label(fleet)}")
-        return Experiment(cfg, stressed, base_dir, seed, duration_s).run(policy)
-
+    twin = _Twin(model, tp, dict(base_fleet or {}), stressed, base_dir, seed, duration_s, policy)
     run = trial or twin
 
     def meets(fleet: Fleet) -> tuple[bool, dict]:
         s = run(fleet)
         plan.trials += 1
-        ok = (s["slo_attainment"] or 0.0) >= target and (s["refused"] + s["failed"]) <= (1 - target) * s["requests"]
+        ok = _meets(s, target)
         if progress is not None:
-            progress(f"{label(fleet)}: SLO {100 * (s['slo_attainment'] or 0):.1f}% -> {'ok' if ok else 'short'}")
+            progress(_line(fleet, s, ok))
         return ok, s
 
     def option(fleet: Fleet, s: dict, price: float) -> Option:
@@ -125,8 +124,12 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
     if not names:
         raise ValueError("no GPU type to plan with")
     fits: list[TypeFit] = []
+    if workers > 1 and trial is None and len(names) > 1:
+        found_by = _search_in_parallel(names, twin, target, max_replicas, workers, plan, progress)
+    else:
+        found_by = {name: _smallest(name, meets, plan, max_replicas) for name in names}
     for name in names:
-        found = _smallest(name, meets, plan, max_replicas)
+        found = found_by[name]
         if found is not None:
             n, s = found
             price = gpu_profile(name).price_per_hour * tp
@@ -150,6 +153,69 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
                 fleet, cost = best.fleet, best.cost_per_hour
             plan.hourly.append((h, offered * m / top, fleet, cost))
     return plan
+
+
+def _meets(s: dict, target: float) -> bool:
+    """The run kept SLO attainment at the target, with no more refused or failed than the target allows."""
+    return (s["slo_attainment"] or 0.0) >= target and (s["refused"] + s["failed"]) <= (1 - target) * s["requests"]
+
+
+def _line(fleet: Fleet, s: dict, ok: bool) -> str:
+    return f"{label(fleet)}: SLO {100 * (s['slo_attainment'] or 0):.1f}% -> {'ok' if ok else 'short'}"
+
+
+@dataclass(frozen=True)
+class _Twin:
+    """One fleet's twin run at the stressed load (a picklable callable: it also runs in worker processes)."""
+
+    model: str
+    tp: int
+    base_fleet: dict
+    stressed: Mapping[str, Any]
+    base_dir: Path | None
+    seed: int
+    duration_s: float | None
+    policy: str
+
+    def __call__(self, fleet: Fleet) -> dict:
+        cfg = parse_fleet(_fleet_doc(fleet, self.model, self.tp, self.base_fleet), f"plan {label(fleet)}")
+        return Experiment(cfg, self.stressed, self.base_dir, self.seed, self.duration_s).run(self.policy)
+
+
+def _search_one(args: tuple) -> tuple[tuple[int, dict] | None, dict[str, str], int, list[str]]:
+    """A worker process: one GPU type's search; (what it found, why not, twin runs, progress lines)."""
+    name, twin, target, max_replicas = args
+    scratch = Plan("", target, 0.0, 0.0)
+    lines: list[str] = []
+
+    def meets(fleet: Fleet) -> tuple[bool, dict]:
+        s = twin(fleet)
+        scratch.trials += 1
+        ok = _meets(s, target)
+        lines.append(_line(fleet, s, ok))
+        return ok, s
+
+    return _smallest(name, meets, scratch, max_replicas), scratch.infeasible, scratch.trials, lines
+
+
+def _search_in_parallel(names: list[str], twin: _Twin, target: float, max_replicas: int, workers: int, plan: Plan,
+                        progress: Callable[[str], None] | None) -> dict[str, tuple[int, dict] | None]:
+    """The single-type searches, one process per type (fork: the kernels and the trace are already loaded)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    out: dict[str, tuple[int, dict] | None] = {}
+    ctx = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=min(workers, len(names)), mp_context=ctx) as pool:
+        results = pool.map(_search_one, [(name, twin, target, max_replicas) for name in names])
+        for name, (found, why, trials, lines) in zip(names, results):  # in the order asked: the same plan
+            out[name] = found
+            plan.infeasible.update(why)
+            plan.trials += trials
+            if progress is not None:
+                for line in lines:
+                    progress(line)
+    return out
 
 
 def _smallest(name: str, meets: Callable[[Fleet], tuple[bool, dict]], plan: Plan,
