@@ -106,15 +106,7 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
     stressed = scale_spec(spec, 1.0 + headroom)
 
     twin = _Twin(model, tp, dict(base_fleet or {}), stressed, base_dir, seed, duration_s, policy)
-    run = trial or twin
-
-    def meets(fleet: Fleet) -> tuple[bool, dict]:
-        s = run(fleet)
-        plan.trials += 1
-        ok = _meets(s, target)
-        if progress is not None:
-            progress(_line(fleet, s, ok))
-        return ok, s
+    meets = _metered(trial or twin, target, plan, progress)
 
     def option(fleet: Fleet, s: dict, price: float) -> Option:
         n = sum(k for _, k in fleet)
@@ -160,8 +152,18 @@ def _meets(s: dict, target: float) -> bool:
     return (s["slo_attainment"] or 0.0) >= target and (s["refused"] + s["failed"]) <= (1 - target) * s["requests"]
 
 
-def _line(fleet: Fleet, s: dict, ok: bool) -> str:
-    return f"{label(fleet)}: SLO {100 * (s['slo_attainment'] or 0):.1f}% -> {'ok' if ok else 'short'}"
+def _metered(run: Callable[[Fleet], dict], target: float, plan: Plan,
+             emit: Callable[[str], None] | None) -> Callable[[Fleet], tuple[bool, dict]]:
+    """``run`` as a verdict: counts the run in ``plan.trials`` and reports a progress line to ``emit``."""
+    def meets(fleet: Fleet) -> tuple[bool, dict]:
+        s = run(fleet)
+        plan.trials += 1
+        ok = _meets(s, target)
+        if emit is not None:
+            emit(f"{label(fleet)}: SLO {100 * (s['slo_attainment'] or 0):.1f}% -> {'ok' if ok else 'short'}")
+        return ok, s
+
+    return meets
 
 
 @dataclass(frozen=True)
@@ -187,15 +189,8 @@ def _search_one(args: tuple) -> tuple[tuple[int, dict] | None, dict[str, str], i
     name, twin, target, max_replicas = args
     scratch = Plan("", target, 0.0, 0.0)
     lines: list[str] = []
-
-    def meets(fleet: Fleet) -> tuple[bool, dict]:
-        s = twin(fleet)
-        scratch.trials += 1
-        ok = _meets(s, target)
-        lines.append(_line(fleet, s, ok))
-        return ok, s
-
-    return _smallest(name, meets, scratch, max_replicas), scratch.infeasible, scratch.trials, lines
+    found = _smallest(name, _metered(twin, target, scratch, lines.append), scratch, max_replicas)
+    return found, scratch.infeasible, scratch.trials, lines
 
 
 def _search_in_parallel(names: list[str], twin: _Twin, target: float, max_replicas: int, workers: int, plan: Plan,
