@@ -194,3 +194,18 @@ def test_types_searched_in_parallel_give_the_same_plan():
     assert [(o.fleet, o.cost_per_hour, o.slo_attainment) for o in two.options] == \
         [(o.fleet, o.cost_per_hour, o.slo_attainment) for o in one.options]
     assert two.hourly == one.hourly and two.mixed_tried == one.mixed_tried and two.trials == one.trials
+
+
+def test_parallel_search_spawns_beside_other_threads():
+    # forking a process that runs other threads can copy a lock one of them holds: the planner spawns then
+    import threading
+
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)
+    t.start()
+    try:
+        cap_plan = plan_capacity(SPEC, ["A100", "L40S"], target=0.99, headroom=0.2, workers=2)
+    finally:
+        stop.set()
+        t.join()
+    assert cap_plan.best is not None and [o.gpu for o in cap_plan.options][:2] == ["A100-80GB", "L40S"]

@@ -195,12 +195,14 @@ def _search_one(args: tuple) -> tuple[tuple[int, dict] | None, dict[str, str], i
 
 def _search_in_parallel(names: list[str], twin: _Twin, target: float, max_replicas: int, workers: int, plan: Plan,
                         progress: Callable[[str], None] | None) -> dict[str, tuple[int, dict] | None]:
-    """The single-type searches, one process per type (fork: the kernels and the trace are already loaded)."""
+    """The single-type searches, one process per type: forked when this process runs one thread (the kernels and
+    the trace are already loaded), else spawned (forking beside other threads can copy a lock they hold)."""
     import multiprocessing
+    import threading
     from concurrent.futures import ProcessPoolExecutor
 
     out: dict[str, tuple[int, dict] | None] = {}
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("fork" if threading.active_count() == 1 else "spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(names)), mp_context=ctx) as pool:
         results = pool.map(_search_one, [(name, twin, target, max_replicas) for name in names])
         for name, (found, why, trials, lines) in zip(names, results):  # in the order asked: the same plan
