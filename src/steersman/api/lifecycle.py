@@ -43,8 +43,7 @@ class RequestLifecycle:
         prompt's blocks reach the prefix index once its bytes are written to the engine (the forward stage
         flushes the index then), or at the next decision if that comes first."""
         started = self.accounting.dispatched(ctx.sched, d, defer_record=True)
-        r = d.route
-        self.metrics.routed(ctx.model, r.late, r.predicted_ttft_s is not None)  # type: ignore[attr-defined]
+        self.metrics.routed(ctx.model, d.route.slo_prediction)  # type: ignore[attr-defined]
         ctx.started_at = started
         ctx.replica = started.replica
         ctx.ticket = started.ticket

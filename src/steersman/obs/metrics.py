@@ -64,8 +64,8 @@ class GatewayMetrics:
     def count(self, model: str, status: int) -> None:
         self.requests.inc(model, str(status))
 
-    def routed(self, model: str, late: bool, predicted: bool) -> None:
-        self.routes.inc(model, "missed" if late else "met" if predicted else "none")
+    def routed(self, model: str, slo_prediction: str) -> None:
+        self.routes.inc(model, slo_prediction)
 
     def upstream_error(self, replica: str, kind: str) -> None:
         self.upstream_errors.inc(replica, kind)

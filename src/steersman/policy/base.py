@@ -23,6 +23,14 @@ class Route:
     tpot_target_s: float = 0.0  # > 0: the TPOT it must keep there (x margin); later arrivals must not break it
     late: bool = False  # no replica was predicted to meet its SLO: an engine with priority scheduling serves it last
 
+    @property
+    def slo_prediction(self) -> str:
+        """What the route predicted of the request's SLO: ``missed`` (no replica was predicted to meet it),
+        ``met``, or ``none`` (the policy does not predict, e.g. the baselines)."""
+        if self.late:
+            return "missed"
+        return "none" if self.predicted_ttft_s is None else "met"
+
 
 @dataclass(frozen=True, slots=True)
 class Queue:

@@ -38,7 +38,7 @@ from steersman.twin.clock import VirtualClock
 from steersman.twin.drill_actions import DrillActions
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.pd import Disaggregation
-from steersman.twin.results import Recorder, prediction
+from steersman.twin.results import Recorder
 from steersman.twin.retries import TwinRetries
 
 if TYPE_CHECKING:
@@ -244,7 +244,7 @@ class Twin(DrillActions):
         r.started = self.accounting.dispatched(r.sched, d)
         i = r.started.replica
         rep = self.tf.replicas[i]
-        self.rec.dispatched(r.idx, now, i, prediction(d.route))
+        self.rec.dispatched(r.idx, now, i, d.route.slo_prediction)
         if self.retries is not None and not self.retries.attempt(r):  # the adaptive throttle refused it
             self.accounting.ended(r.started, 0, False)
             self.retries.ended(r, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.fleet.statics import ReplicaSpec, build_statics
-from steersman.twin.results import FAILED, OK, PREDICTED_MET, PREDICTED_MISSED, REFUSED, Recorder
+from steersman.twin.results import FAILED, OK, REFUSED, Recorder
 
 __all__ = ["summarize", "timeline", "per_replica", "window_for", "slo_met", "PERCENTILES"]
 
@@ -97,7 +97,7 @@ def summarize(rec: Recorder) -> dict:
 
 def _predictions(predicted: np.ndarray, met: np.ndarray) -> dict:
     """How the routes' SLO predictions came out (None where no route predicted: the baselines)."""
-    on, late = predicted == PREDICTED_MET, predicted == PREDICTED_MISSED
+    on, late = predicted == "met", predicted == "missed"
     routed = int(on.sum() + late.sum())
     return {
         "predicted_missed_share": float(late.sum() / routed) if routed else None,

@@ -22,7 +22,7 @@ import numpy as np
 
 from steersman.policy.request import SchedRequest
 
-__all__ = ["Recorder", "OK", "REFUSED", "FAILED", "NO_PREDICTION", "PREDICTED_MET", "PREDICTED_MISSED", "prediction"]
+__all__ = ["Recorder", "OK", "REFUSED", "FAILED"]
 
 OK, REFUSED, FAILED, PENDING = 0, 1, 2, 3
 
@@ -38,17 +38,9 @@ _COLUMNS = ("arrival", "dispatch", "first", "finish", "status", "replica", "prom
             "ttft_target", "tpot_target", "deadline", "tenant", "workflow", "http", "predicted")
 (_ARRIVAL, _DISPATCH, _FIRST, _FINISH, _STATUS, _REPLICA, _PROMPT, _OUTPUT, _CACHED, _COST,
  _TTFT_T, _TPOT_T, _DEADLINE, _TENANT, _WORKFLOW, _HTTP, _PREDICTED) = range(len(_COLUMNS))
-#: ``predicted`` column: what the route said of the request's SLO (the last route, for a retried one)
-NO_PREDICTION, PREDICTED_MET, PREDICTED_MISSED = -1, 0, 1
+#: ``predicted`` column: Route.slo_prediction of the request's last route ("met", "missed", "none"; "none" too
+#: when it was never routed)
 _NAN, _INF = float("nan"), float("inf")
-
-
-def prediction(route) -> int:
-    """PREDICTED_MISSED when the route found no replica predicted to meet the request's SLO, PREDICTED_MET when
-    it predicted one (a TTFT prediction), NO_PREDICTION for a policy that does not predict (the baselines)."""
-    if route.late:
-        return PREDICTED_MISSED
-    return NO_PREDICTION if route.predicted_ttft_s is None else PREDICTED_MET
 
 
 class Recorder:
@@ -72,12 +64,12 @@ class Recorder:
         b = s.budget
         row = [s.arrival, _NAN, _NAN, _NAN, PENDING, -1, a.prompt_tokens, 0, 0, 0.0,
                _INF if b.ttft_s is None else b.ttft_s, _INF if b.tpot_s is None else b.tpot_s,
-               _INF if b.deadline is None else b.deadline, s.tenant, a.workflow or f"#{idx}", 0, NO_PREDICTION]
+               _INF if b.deadline is None else b.deadline, s.tenant, a.workflow or f"#{idx}", 0, "none"]
         self._rows.append(row)
         self._by_idx[idx] = row
         self._arrays = None
 
-    def dispatched(self, idx: int, t: float, replica: int, predicted: int = NO_PREDICTION) -> None:
+    def dispatched(self, idx: int, t: float, replica: int, predicted: str = "none") -> None:
         row = self._by_idx[idx]
         row[_DISPATCH] = t
         row[_REPLICA] = replica
