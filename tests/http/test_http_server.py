@@ -192,3 +192,31 @@ async def test_the_idle_deadline_moves_with_each_request():
         w.close()
     finally:
         await srv.stop()
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_accepted_connections_have_tcp_nodelay(loop_kind):
+    """The server leaves TCP_NODELAY to the event loop (uvloop and asyncio set it on every TCP transport):
+    a streamed token must not wait for Nagle's algorithm.  If a loop stopped doing so, this fails."""
+    import socket
+
+    import uvloop
+
+    seen = []
+
+    async def main():
+        srv = await _server()
+        r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+        w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        await w.drain()
+        await asyncio.wait_for(r.read(65536), 5)
+        for conn in srv.connections:
+            seen.append(conn.transport.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        w.close()
+        await srv.stop()
+
+    if loop_kind == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+    assert seen and all(seen)

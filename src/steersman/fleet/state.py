@@ -101,6 +101,8 @@ class Fleet:
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
+        # read-only views lent to every snapshot (made once: the arrays above are changed in place only)
+        self._views = tuple(_view(a) for a in (self.healthy, self.routable, self.live, self._recent_at))
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
         self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
@@ -336,20 +338,21 @@ class Fleet:
         now = self.clock.now()
         guard = self.guard
         blocked = None if guard is None else _frozen(guard.blocked_until(now, self.live[S.STALLED_SINCE]))
+        healthy, routable, live, recent_at = self._views
         snap = FleetSnapshot(
             time=now,
             names=self._names,
             gpus=self._gpus,
             pools=self._pools,
             model_masks=self._masks,
-            healthy=_view(self.healthy),
-            routable=_view(self.routable),
-            live=_view(self.live),
+            healthy=healthy,
+            routable=routable,
+            live=live,
             statics=self.statics,
             prefix=self.prefix,
             ttft_prior=_or_one(self.ratio_prior[S.TTFT_RATIO]),
             tpot_prior=_or_one(self.ratio_prior[S.TPOT_RATIO]),
-            recent_at=_view(self._recent_at),
+            recent_at=recent_at,
             recent_tau_s=self.settings.recent_load_tau_s,
             blocked_until=blocked,
             limits=None if guard is None else _frozen(np.floor(guard.limits)),

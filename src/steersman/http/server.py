@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -166,10 +165,9 @@ class _Connection(asyncio.Protocol):
 
     # -- transport events ---------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        # no TCP_NODELAY here: uvloop and asyncio's own loop set it on every TCP transport they make (a
+        # setsockopt and a socket object per accepted connection saved; tests/http/test_http_server.py pins it)
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.connections.add(self)
         self._arm_idle()
 

@@ -65,13 +65,14 @@ def _chain(ids, n_blocks, block_size, parent, out):
         else:
             h = np.int64(acc)  # the same 64 bits, signed
         out[b] = h
-    return out
 
 
 def fast_block_hashes(ids: np.ndarray, block_size: int, parent: int) -> list[int]:
     """``block_hashes(ids.tolist(), block_size, parent)`` for an int64 array and an int64 ``parent``."""
     n = ids.size // block_size
-    return _chain(ids, n, block_size, np.int64(parent), np.empty(n, dtype=np.int64)).tolist()
+    out = np.empty(n, dtype=np.int64)
+    _chain(ids, n, block_size, np.int64(parent), out)  # returns nothing: boxing a returned array unpickles its type
+    return out.tolist()
 
 
 def warm_up() -> None:
