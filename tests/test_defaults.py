@@ -51,6 +51,7 @@ PINNED = {
     "scheduler.latency_ewma_alpha": 0.2,
     "scheduler.recent_load_tau_s": 60.0,
     "scheduler.prefix_index_max_mib": 128.0,
+    "scheduler.decode_picker": "least-loaded",
     "scheduler.saturation_queue_depth": 5,
     "scheduler.saturation_kv_usage": 0.8,
     "scheduler.saturation_affinity_factor": 4.0,

@@ -1,7 +1,7 @@
 """Prefill/decode disaggregation in the twin: fleets from the example YAML files, transfer time accounted."""
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +93,7 @@ def test_disaggregation_improves_tpot_on_long_prompts_and_outputs():
     outs = sum(a.output_tokens for a in wl.items)
     assert states[2].generation_tokens_total + states[3].generation_tokens_total == outs - 300
     assert min(states[2].generation_tokens_total, states[3].generation_tokens_total) > 0.3 * (outs - 300)
-    assert all(x == 0 for x in twin.pd.load)  # every handed-off request settled
+    assert (twin.fleet.in_flight == 0).all()  # every request settled, its hand-off to a decode replica included
 
 
 def _single(link_gbit_s: float, prompt: int = 8000, out: int = 50):
@@ -138,7 +138,8 @@ def test_decode_replica_death_fails_its_requests_and_later_ones_go_to_the_other(
     s = summarize(rec)
     assert 0 < s["failed"] < 30 and s["completed"] == 120 - s["failed"]
     assert rec.engine_states[3].generation_tokens_total > rec.engine_states[2].generation_tokens_total
-    assert all(x >= 0 for x in twin.pd.load) and twin.pd.load[3] == 0
+    assert (twin.fleet.in_flight == 0).all()  # every hand-off settled, the failed ones included
+    assert not twin.fleet.healthy[2]  # the first transfer to reach the dead replica marked it unhealthy
     assert np.isfinite(rec.arrays()["finish"]).all()
 
 
@@ -150,3 +151,33 @@ def test_the_live_gateway_says_it_does_not_disaggregate():
     co = load_fleet(EXAMPLES / "twin-fleet-colocated.yaml").simulated
     assert twin_only_roles(pd) == ["2 x H100 llama-3.1-8b (role: prefill)", "2 x H100 llama-3.1-8b (role: decode)"]
     assert twin_only_roles(co) == []
+
+
+class _LastDecode:
+    """A decode picker for the test: the highest-index available decode replica, whatever its load."""
+
+    name = "test-last"
+
+    def pick_decode(self, snapshot, request, prefill):
+        from steersman.policy.base import Reject, Route
+        from steersman.policy.decode import decode_model
+
+        ok = np.flatnonzero(snapshot.model_masks[decode_model(request.model)] & snapshot.routable)
+        return Route(int(ok[-1]), "last") if ok.size else Reject("none")
+
+
+def test_the_decode_replica_is_the_control_planes_choice():
+    """The twin hands each KV to the replica the configured decode picker names (the scheduler setting
+    ``decode_picker``): the default spreads decode work by load, a custom picker sends it all to replica 3."""
+    from steersman.policy.decode import DECODE_PICKERS
+
+    if "test-last" not in DECODE_PICKERS:
+        DECODE_PICKERS.register("test-last", _LastDecode)
+    base = TwinFleet.from_config(load_fleet(EXAMPLES / "twin-fleet-disaggregated.yaml"))
+    custom = TwinFleet(base.plans, replace(base.scheduler, decode_picker="test-last"), base.admission, base.kv_link_gbit_s)
+    _, rd = _run(base, _long(60, 3.0))
+    twin, rc = _run(custom, _long(60, 3.0))
+    d, c = rd.engine_states, rc.engine_states
+    assert min(d[2].generation_tokens_total, d[3].generation_tokens_total) > 0  # least-loaded: both decode
+    assert c[2].generation_tokens_total == 0 and c[3].generation_tokens_total > 0  # the custom picker: all on 3
+    assert summarize(rc)["completed"] == 60 and (twin.fleet.in_flight == 0).all()

@@ -42,6 +42,10 @@ class SchedulerSettings:
     prefix_index_max_mib: float = setting(
         128.0, "bounded approximate prefix index (peers grow until OOM): 128 MiB ~ 750k block entries"
     )
+    decode_picker: str = setting(
+        "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "
+        "not finished, as the load-based decode routers of disaggregated stacks (steersman.policy.decode)"
+    )
     saturation_queue_depth: int = setting(5, "Gateway API Inference Extension saturation detector queueDepthThreshold 5")
     saturation_kv_usage: float = setting(0.8, "Gateway API Inference Extension saturation detector kvCacheUtilThreshold 0.8")
     saturation_affinity_factor: float = setting(

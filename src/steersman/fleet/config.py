@@ -22,7 +22,8 @@ simulated:                                     # engine-sim replicas started for
   replicas:
     - {gpu: H100, model: llama-3.1-8b, count: 2}
   # digital twin only (`steersman simulate`): prefill/decode disaggregation -- role: prefill | decode | both
-  # (default both); KV moves over kv_link_gbit_s (default engine.kv_link_gbit_s). The live gateway ignores role.
+  # (default both); KV moves over kv_link_gbit_s (default engine.kv_link_gbit_s) to the decode replica that
+  # scheduler.decode_picker chooses (default least-loaded). The live gateway ignores role.
   # replicas: [{gpu: H100, model: llama-3.1-8b, count: 2, role: prefill}, {..., role: decode}]
   # kv_link_gbit_s: 400
 ```
@@ -168,7 +169,11 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         if link is not None and not link > 0:
             raise FleetConfigError(f"{where}: simulated.kv_link_gbit_s must be > 0, got {link}")
     from steersman.policy import POLICIES
+    from steersman.policy.decode import DECODE_PICKERS
 
+    if scheduler.decode_picker not in DECODE_PICKERS:
+        raise FleetConfigError(f"{where}: unknown scheduler.decode_picker {scheduler.decode_picker!r}; "
+                               f"known: {', '.join(DECODE_PICKERS.names())}")
     if raw.policy not in POLICIES and raw.policy not in profiles:
         known = ", ".join(sorted({*POLICIES.names(), *profiles}))
         raise FleetConfigError(f"{where}: unknown policy {raw.policy!r}; known: {known}")

@@ -31,6 +31,9 @@ from steersman.control.accounting import Accounting, Started
 from steersman.control.plane import DISPATCH_BURST, ControlPlane, Dispatch, Refuse, Wait
 from steersman.control.workflow import WorkflowHeaders
 from steersman.engines.base import EngineMetrics
+from steersman.fleet.state import Ticket
+from steersman.policy.base import Route
+from steersman.policy.decode import make_decode_picker
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
@@ -81,6 +84,7 @@ class _Req:
     sim: SimRequest | None = None
     pd: int = 0  # prefill/decode disaggregation: 0 colocated, 1 prefilling, 2 KV moving / decoding
     decode: int = -1  # its decode replica
+    decode_ticket: Ticket | None = None  # the hand-off, accounted on its decode replica until the request ends
     cached: int = -1  # prompt tokens found in the prefill replica's prefix cache
     # retries (steersman.twin.retries): upstream attempts, replicas that failed it, budget token held,
     # begun in the retrier, re-routes that found no replica, tokens sent before its stream moved
@@ -129,6 +133,7 @@ class Twin(DrillActions):
         self.tenants = tenants or {}
         self.rec = Recorder(fleet)
         self.pd = Disaggregation(fleet) if fleet.disaggregated else None
+        self.decode_picker = make_decode_picker(fleet.scheduler.decode_picker) if fleet.disaggregated else None
         self.retries = TwinRetries(self, cfg.reliability, cfg.seed + 1) if cfg.reliability is not None else None
         self.progress = progress
         self._heap: list = []
@@ -327,8 +332,7 @@ class Twin(DrillActions):
     def _finished(self, r: _Req) -> None:
         sim = r.sim
         cached = max(sim.num_cached_tokens, 0) if r.cached < 0 else r.cached
-        if r.decode >= 0:
-            self.pd.load[r.decode] -= 1
+        self._end_decode(r, True)
         self.fleet.report(r.started.ticket, True)  # the attempt's verdict on its replica (reliability guard)
         cost = self.accounting.ended(r.started, sim.num_output, True, cached)
         if self.retries is not None:
@@ -338,21 +342,33 @@ class Twin(DrillActions):
 
     # ---- prefill/decode disaggregation (steersman.twin.pd) --------------------------------------
     def _handoff(self, r: _Req, i: int) -> None:
-        """Prefill done on replica ``i``: its KV moves to a decode replica."""
+        """Prefill done on replica ``i``: its KV moves to the decode replica the control plane picks."""
         model = self.tf.plans[i].model
-        j = self.pd.pick_decode(model)
-        if j is None:  # every decode replica of the model is dead
+        d = self.decode_picker.pick_decode(self.fleet.snapshot(), r.sched, i)
+        if not isinstance(d, Route):  # no decode replica of the model is available
             self._failed(r)
             return
+        j = d.replica
         r.pd, r.decode, r.cached = 2, j, max(r.sim.num_cached_tokens, 0)
-        self.pd.load[j] += 1
+        a = r.arrival
+        blocks = -(-(max(a.prompt_tokens, 1) + a.output_tokens) // self.tf.block_size)
+        r.decode_ticket = self.fleet.begin(j, 0, blocks, streamed=False)  # its KV is computed: nothing to prefill
         self._push(self.clock.t + self.pd.transfer_s(model, r.sim.prompt_len, i, j), _KV, (r, j))
+
+    def _end_decode(self, r: _Req, ok: bool) -> None:
+        """The request's decode replica is done with it: the verdict on that replica, its accounting ended."""
+        t = r.decode_ticket
+        if t is not None:
+            r.decode_ticket, r.decode = None, -1
+            self.fleet.report(t, ok)
+            self.fleet.end(t)
 
     def _kv_arrived(self, r: _Req, j: int) -> None:
         """The KV is on decode replica ``j``: the first token reaches the client, decoding starts there."""
         now = self.clock.t
         rep = self.tf.replicas[j]
         if rep.dead:
+            self.fleet.set_healthy(j, False)  # passive detection: the transfer found no one, as a failed connection
             self._failed(r)
             return
         self.accounting.first_token(r.started)
@@ -377,11 +393,10 @@ class Twin(DrillActions):
     def _failed(self, r: _Req, continue_only: bool = False, retryable: bool = True) -> None:
         """An attempt failed (``continue_only``: after its stream began).  With the reliability mechanisms on,
         the request is retried or continued as live (:mod:`steersman.twin.retries`); else it fails."""
-        if r.decode >= 0:
-            self.pd.load[r.decode] -= 1
-            r.decode = -1
+        handed = r.decode_ticket is not None
+        self._end_decode(r, False)  # a failure after the hand-off is the decode replica's
         if r.started is not None:
-            self.fleet.report(r.started.ticket, False)
+            self.fleet.report(r.started.ticket, handed)
             if self.retries is not None and retryable and self.pd is None:
                 delay = self.retries.failed(r, continue_only)  # counts the attempt's end
                 if delay is None:

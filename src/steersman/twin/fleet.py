@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from steersman.config import DEFAULTS, AdmissionSettings, EngineSettings, SchedulerSettings
 from steersman.fleet.config import FleetConfig, FleetConfigError
 from steersman.fleet.prefix_index import PrefixIndex
+from steersman.policy.decode import decode_model
 from steersman.fleet.state import Fleet, Replica
 from steersman.sim import EngineModel, gpu_profile, model_profile
 from steersman.twin.replica import SimReplica
@@ -83,7 +84,7 @@ class TwinFleet:
 
     def build_state(self, clock) -> Fleet:
         reps = [Replica(i, p.name, f"http://twin.invalid/{p.name}", "engine-sim", gpu_profile(p.gpu).name,
-                        (p.served_model_name or p.model,) if p.role != "decode" else (f"{p.model}@decode",),
+                        (p.served_model_name or p.model,) if p.role != "decode" else (decode_model(p.served_model_name or p.model),),
                         p.pool, p.price_per_hour, p.tp, adapter=None,
                         priority_scheduling=p.engine.scheduling_policy == "priority")
                 for i, p in enumerate(self.plans)]

@@ -18,12 +18,17 @@ computing them, and it decodes from its second token.  Its first token reaches t
 client when the KV has arrived (TTFT = queueing + prefill + transfer); TPOT is
 measured from there, as for a colocated request.
 
-The decode replica is chosen by the twin, not by the routing policy: the one of
-the request's model with the fewest requests handed to it and not yet finished
-(lowest index on ties), as the load-based decode routers of disaggregated stacks
-do.  Simplifications: the prefill side frees its blocks when the prefill step
-ends (a real one holds them until the transfer completes), and the transfer does
-not wait for blocks on the decode side (it queues there once arrived).
+The decode replica is chosen by the control plane, as the prefill one: the decode
+picker named by the scheduler setting ``decode_picker`` (:mod:`steersman.policy.decode`,
+default ``least-loaded``: the fewest requests handed to it and not finished, lowest
+index on ties), a pure function of the fleet snapshot, in which decode replicas are
+listed under ``<model>@decode`` and each hand-off is accounted on its decode replica
+(a ticket from hand-off to the request's end).  A KV transfer that reaches a dead
+decode replica fails the request and marks the replica unhealthy (passive
+detection, as a failed connection does live).  Simplifications: the prefill side
+frees its blocks when the prefill step ends (a real one holds them until the
+transfer completes), and the transfer does not wait for blocks on the decode side
+(it queues there once arrived).
 """
 
 from __future__ import annotations
@@ -34,39 +39,25 @@ __all__ = ["Disaggregation"]
 
 
 class Disaggregation:
-    """Decode-replica choice and KV transfer times of a disaggregated :class:`~steersman.twin.fleet.TwinFleet`."""
+    """Roles and KV transfer times of a disaggregated :class:`~steersman.twin.fleet.TwinFleet`."""
 
-    __slots__ = ("roles", "tp", "link_bytes_s", "_decoders", "_kv_bytes", "load", "replicas")
+    __slots__ = ("roles", "tp", "link_bytes_s", "_kv_bytes")
 
     def __init__(self, tf) -> None:
         plans = tf.plans
-        self.replicas = tf.replicas
         self.roles = [p.role for p in plans]
         self.tp = [p.tp for p in plans]
         self.link_bytes_s = tf.kv_link_gbit_s * 1e9 / 8
         if not self.link_bytes_s > 0:
             raise ValueError(f"kv_link_gbit_s must be > 0, got {tf.kv_link_gbit_s}")
-        self._decoders: dict[str, list[int]] = {}
-        for i, p in enumerate(plans):
-            if p.role == "decode":
-                self._decoders.setdefault(p.model, []).append(i)
+        decoded = {p.model for p in plans if p.role == "decode"}
         for p in plans:
-            if p.role == "prefill" and p.model not in self._decoders:
+            if p.role == "prefill" and p.model not in decoded:
                 raise ValueError(f"prefill replica {p.name} ({p.model}) has no decode replica of its model")
         self._kv_bytes = {p.model: model_profile(p.model).kv_bytes_per_token for p in plans}
-        self.load = [0] * len(plans)  # requests handed to each decode replica and not finished
 
     def is_prefill(self, i: int) -> bool:
         return self.roles[i] == "prefill"
-
-    def pick_decode(self, model: str) -> int | None:
-        """The live decode replica of ``model`` with the fewest unfinished requests handed to it, or None."""
-        best = None
-        load = self.load
-        for j in self._decoders.get(model, ()):
-            if not self.replicas[j].dead and (best is None or load[j] < load[best]):
-                best = j
-        return best
 
     def transfer_s(self, model: str, prompt_tokens: int, src: int, dst: int) -> float:
         """Seconds to move ``prompt_tokens`` tokens of KV from replica ``src`` to ``dst``."""
