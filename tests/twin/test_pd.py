@@ -181,3 +181,35 @@ def test_the_decode_replica_is_the_control_planes_choice():
     assert min(d[2].generation_tokens_total, d[3].generation_tokens_total) > 0  # least-loaded: both decode
     assert c[2].generation_tokens_total == 0 and c[3].generation_tokens_total > 0  # the custom picker: all on 3
     assert summarize(rc)["completed"] == 60 and (twin.fleet.in_flight == 0).all()
+
+
+def test_the_fleet_accounts_a_request_where_its_work_is():
+    """The control plane's view of a disaggregated request: on the prefill replica until its KV reaches the
+    decode replica (the client's first token), on the decode replica from its pick to the end.  Before, the
+    prefill replica counted it in flight and decoding until it finished elsewhere, and looked loaded with
+    decode work it did not have."""
+    from steersman.fleet import snapshot as S
+
+    def fleet():
+        return TwinFleet([ReplicaPlan("p", "H100", MODEL, role="prefill"), ReplicaPlan("d", "H100", MODEL, role="decode")],
+                         kv_link_gbit_s=10.0)
+
+    def workload():
+        return ReplayWorkload([_A(0.5, 0, 8000, tuple(range(1, 501)), 200)])
+
+    _, rec = _run(fleet(), workload(), "round-robin")
+    c = rec.arrays()
+    first, finish = c["first"][0], c["finish"][0]
+    transfer = 8000 * model_profile(MODEL).kv_bytes_per_token / (10e9 / 8)
+    seen = {}
+    twin = Twin(fleet(), workload(), make_policy("round-robin", fleet().scheduler), cfg=TwinConfig())
+    for name, t in (("moving", first - transfer / 2), ("decoding", (first + finish) / 2), ("after", finish + 1.0)):
+        twin.schedule_drill(t, lambda tw, name=name: seen.__setitem__(name, tw.fleet.live[[S.IN_FLIGHT, S.DECODING]].copy()))
+    twin.run()
+    assert seen["moving"].tolist() == [[1, 1], [0, 0]]  # its KV on the way: both count it, neither decodes it
+    assert seen["decoding"].tolist() == [[0, 1], [0, 1]]  # the decode replica alone, decoding it
+    assert seen["after"].tolist() == [[0, 0], [0, 0]]
+    # the prefill replica learnt the TTFT the client saw (prefill and transfer), its decode replica the TPOT
+    assert twin.fleet.live[S.TTFT_EWMA, 0] == pytest.approx(first - c["arrival"][0], rel=1e-9)
+    assert np.isnan(twin.fleet.live[S.TTFT_EWMA, 1])
+    assert twin.fleet.live[S.TPOT_EWMA, 1] == pytest.approx((finish - first) / 199, rel=1e-6)

@@ -35,6 +35,7 @@ class Started:
     uncached: int  # prompt tokens the replica is predicted to prefill
     predicted_hit_blocks: int  # prompt blocks the prefix index expected cached there
     engine_priority: int = 0  # for engines with priority scheduling (lower first): see engine_priority()
+    earlier_cost: float = 0.0  # $ of the replicas it left (a prefill replica, after the hand-off to decode)
 
 
 class Accounting:
@@ -78,13 +79,29 @@ class Accounting:
     def first_token(self, s: Started) -> None:
         self.fleet.first_token(s.ticket)
 
+    def handed_off(self, s: Started, ticket: Ticket, cached_tokens: int) -> Started:
+        """Prefill/decode disaggregation: the request's KV reached its decode replica, where ``ticket`` (begun
+        there when the replica was picked, holding its KV blocks, nothing to prefill, not streamed) carries it
+        from now on.  Its first token reaches the client now: the prefill replica's part ends here, as a served
+        attempt whose TTFT (the transfer included, as the client sees it) and prefix hit (``cached_tokens``
+        of its prompt) that replica learns from; the decode replica starts decoding it."""
+        fleet = self.fleet
+        t = s.ticket
+        fleet.first_token(t)
+        fleet.report(t, True)
+        fleet.end(t, 1)
+        fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
+        cost = fleet.statics.price_per_hour[t.replica] / 3600.0 * (fleet.clock.now() - t.started) / t.batch
+        fleet.first_token(ticket)
+        return Started(s.req, ticket.replica, ticket, s.admit, 0, 0, s.engine_priority, s.earlier_cost + cost)
+
     def ended(self, s: Started, output_tokens: int, ok: bool, cached_tokens: int | None = None) -> float:
         """Settle the request once; returns the $ it cost (its share of the replica's GPU time)."""
         now = self.fleet.clock.now()
         t = s.ticket
         self.fleet.end(t, output_tokens)
         # its share of the replica's GPU time: the whole request divided among the batch it joined
-        cost = self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch
+        cost = self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch + s.earlier_cost
         req = s.req
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:

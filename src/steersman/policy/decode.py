@@ -7,8 +7,8 @@ fleet snapshot like the first (no IO, no clock), so the twin runs it as the cont
 
 Decode replicas appear in the snapshot under the model name :func:`decode_model` gives (``<model>@decode``),
 which no request asks for: the routing policy never places new work on them.  The fleet accounts each
-hand-off on its decode replica (a ticket from hand-off to the request's end), so ``IN_FLIGHT`` there is the
-number of requests handed to it and not finished.
+hand-off on its decode replica from the pick to the request's end, so ``IN_FLIGHT`` there is the number of
+requests handed to it and not finished.
 
 Pickers are registered by name in :data:`DECODE_PICKERS` and chosen with the scheduler setting
 ``decode_picker`` (``DEFAULTS.scheduler.decode_picker``; a fleet file's ``scheduler: {decode_picker: ...}``).

@@ -83,8 +83,8 @@ class _Req:
     started: Started | None = None
     sim: SimRequest | None = None
     pd: int = 0  # prefill/decode disaggregation: 0 colocated, 1 prefilling, 2 KV moving / decoding
-    decode: int = -1  # its decode replica
-    decode_ticket: Ticket | None = None  # the hand-off, accounted on its decode replica until the request ends
+    decode: int = -1  # its decode replica (``started`` accounts it there once its KV arrived: Accounting.handed_off)
+    transfer: Ticket | None = None  # its ticket at the decode replica while its KV moves there
     cached: int = -1  # prompt tokens found in the prefill replica's prefix cache
     # retries (steersman.twin.retries): upstream attempts, replicas that failed it, budget token held,
     # begun in the retrier, re-routes that found no replica, tokens sent before its stream moved
@@ -332,9 +332,9 @@ class Twin(DrillActions):
     def _finished(self, r: _Req) -> None:
         sim = r.sim
         cached = max(sim.num_cached_tokens, 0) if r.cached < 0 else r.cached
-        self._end_decode(r, True)
         self.fleet.report(r.started.ticket, True)  # the attempt's verdict on its replica (reliability guard)
-        cost = self.accounting.ended(r.started, sim.num_output, True, cached)
+        # a handed-off request's prefix hit was the prefill replica's, learnt at the hand-off
+        cost = self.accounting.ended(r.started, sim.num_output, True, cached if r.decode < 0 else None)
         if self.retries is not None:
             self.retries.ended(r, True)
         self.rec.finished(r.idx, self.clock.t, r.delivered + sim.num_output, cached, cost)
@@ -345,33 +345,30 @@ class Twin(DrillActions):
         """Prefill done on replica ``i``: its KV moves to the decode replica the control plane picks."""
         model = self.tf.plans[i].model
         d = self.decode_picker.pick_decode(self.fleet.snapshot(), r.sched, i)
-        if not isinstance(d, Route):  # no decode replica of the model is available
-            self._failed(r)
+        if not isinstance(d, Route):  # no decode replica of the model is available: the prefill one did its part
+            self.fleet.report(r.started.ticket, True)
+            self._fail(r)
             return
         j = d.replica
         r.pd, r.decode, r.cached = 2, j, max(r.sim.num_cached_tokens, 0)
         a = r.arrival
         blocks = -(-(max(a.prompt_tokens, 1) + a.output_tokens) // self.tf.block_size)
-        r.decode_ticket = self.fleet.begin(j, 0, blocks, streamed=False)  # its KV is computed: nothing to prefill
+        r.transfer = self.fleet.begin(j, 0, blocks, streamed=False)  # the decode replica counts it from now on
         self._push(self.clock.t + self.pd.transfer_s(model, r.sim.prompt_len, i, j), _KV, (r, j))
-
-    def _end_decode(self, r: _Req, ok: bool) -> None:
-        """The request's decode replica is done with it: the verdict on that replica, its accounting ended."""
-        t = r.decode_ticket
-        if t is not None:
-            r.decode_ticket, r.decode = None, -1
-            self.fleet.report(t, ok)
-            self.fleet.end(t)
 
     def _kv_arrived(self, r: _Req, j: int) -> None:
         """The KV is on decode replica ``j``: the first token reaches the client, decoding starts there."""
         now = self.clock.t
         rep = self.tf.replicas[j]
+        t, r.transfer = r.transfer, None
         if rep.dead:
             self.fleet.set_healthy(j, False)  # passive detection: the transfer found no one, as a failed connection
-            self._failed(r)
+            self.fleet.report(t, False)  # the decode replica's failure; the prefill replica did its part
+            self.fleet.end(t)
+            self.fleet.report(r.started.ticket, True)
+            self._fail(r)
             return
-        self.accounting.first_token(r.started)
+        r.started = self.accounting.handed_off(r.started, t, r.cached)
         self.rec.first_token(r.idx, now)
         a = r.arrival
         if a.output_tokens <= 1:
@@ -393,10 +390,8 @@ class Twin(DrillActions):
     def _failed(self, r: _Req, continue_only: bool = False, retryable: bool = True) -> None:
         """An attempt failed (``continue_only``: after its stream began).  With the reliability mechanisms on,
         the request is retried or continued as live (:mod:`steersman.twin.retries`); else it fails."""
-        handed = r.decode_ticket is not None
-        self._end_decode(r, False)  # a failure after the hand-off is the decode replica's
-        if r.started is not None:
-            self.fleet.report(r.started.ticket, handed)
+        if r.started is not None:  # after a hand-off, its ticket is at the decode replica: the failure is its
+            self.fleet.report(r.started.ticket, False)
             if self.retries is not None and retryable and self.pd is None:
                 delay = self.retries.failed(r, continue_only)  # counts the attempt's end
                 if delay is None:

@@ -22,8 +22,11 @@ The decode replica is chosen by the control plane, as the prefill one: the decod
 picker named by the scheduler setting ``decode_picker`` (:mod:`steersman.policy.decode`,
 default ``least-loaded``: the fewest requests handed to it and not finished, lowest
 index on ties), a pure function of the fleet snapshot, in which decode replicas are
-listed under ``<model>@decode`` and each hand-off is accounted on its decode replica
-(a ticket from hand-off to the request's end).  A KV transfer that reaches a dead
+listed under ``<model>@decode``.  The fleet accounts the request where its work is:
+on the prefill replica until its KV reaches the decode replica (the client's first
+token: that replica learns its TTFT, transfer included, and its prefix hit), and on
+the decode replica from the pick until the request ends
+(:meth:`~steersman.control.accounting.Accounting.handed_off`).  A KV transfer that reaches a dead
 decode replica fails the request and marks the replica unhealthy (passive
 detection, as a failed connection does live).  Simplifications: the prefill side
 frees its blocks when the prefill step ends (a real one holds them until the
