@@ -43,6 +43,7 @@ class Replica:
     tp: int
     adapter: EngineAdapter
     priority_scheduling: bool = False  # the engine takes a per-request ``priority`` (vLLM --scheduling-policy priority)
+    handoff_s_per_token: float = 0.0  # a prefill replica of a disaggregated fleet (the twin): see ReplicaSpec
     address: ReplicaAddress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -119,7 +120,8 @@ class Fleet:
         #: replicas whose engine caches a prompt only once it ran (the index learns it at the first token)
         self.caches_after_prefill = tuple(r.adapter is not None and not r.adapter.shares_prefill_in_flight
                                           for r in reps)
-        self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour) for r in reps])
+        self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour,
+                                                  r.handoff_s_per_token) for r in reps])
         masks: dict[str, np.ndarray] = {}
         for r in reps:
             for m in r.models:

@@ -32,6 +32,9 @@ class ReplicaSpec:
     model: str | None
     tp: int
     price_per_hour: float
+    #: prefill/decode disaggregation (the twin): seconds per prompt token to move a request's KV from this
+    #: prefill replica to a decode one (KV bytes per token / the link); 0 for a replica that decodes itself
+    handoff_s_per_token: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +54,14 @@ class FleetStatics:
     modelled: np.ndarray  # bool: roofline coefficients are known
     coeff: dict[str, np.ndarray]  # roofline coefficients by name (see steersman.sim.roofline.Roofline)
     #: the same, folded for speed, one row each: lin_c, lin_c0, lin_m, per-token (elementwise + all-reduce),
-    #: fixed (per step + all-reduce latency), attn_c, kv_m, decode-KV (max(attn_c, kv_m)), head_c, head_m
+    #: fixed (per step + all-reduce latency), attn_c, kv_m, decode-KV (max(attn_c, kv_m)), head_c, head_m,
+    #: then the KV hand-off seconds per prompt token (ReplicaSpec.handoff_s_per_token)
     matrix: np.ndarray
 
     def step_time(self, idx: np.ndarray, tokens: np.ndarray, prefill_pairs: np.ndarray, prefill_kv: np.ndarray,
                   decode_kv: np.ndarray, sampled: np.ndarray) -> np.ndarray:
         """Vectorised :meth:`Roofline.cost` duration for replicas ``idx`` (same formula, same constants)."""
-        lin_c, lin_c0, lin_m, per_tok, fixed, attn_c, kv_m, dec_kv, head_c, head_m = self.matrix[:, idx]
+        lin_c, lin_c0, lin_m, per_tok, fixed, attn_c, kv_m, dec_kv, head_c, head_m = self.matrix[:10, idx]
         t = np.maximum(lin_c * tokens + lin_c0, lin_m)
         t += np.maximum(attn_c * prefill_pairs, kv_m * prefill_kv)
         t += dec_kv * decode_kv
@@ -111,6 +115,7 @@ def build_statics(specs: Sequence[ReplicaSpec], settings: EngineSettings = DEFAU
     matrix = np.vstack([
         c["lin_c"], c["lin_c0"], c["lin_m"], c["elt"] + c["ar_tok"], c["fixed"] + c["ar_lat"],
         c["attn_c"], c["kv_m"], np.maximum(c["attn_c"], c["kv_m"]), c["head_c"], c["head_m"],
+        np.array([s.handoff_s_per_token for s in specs], dtype=float),
     ])
     for a in (price, tp, hbm, tflops, mbt, mseq, kv, cls, modelled, matrix, *coeff.values()):
         a.flags.writeable = False

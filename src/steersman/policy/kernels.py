@@ -70,11 +70,13 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             r = live[_TTFT_R, i]
             if r != r:
                 r = ttft_prior
-            ttft = (full * t_full + t_dec + (t_full - t_dec) * (steps - full)) * r
+            # a prefill replica of a disaggregated fleet: the first token reaches the client once the KV moved
+            handoff = prompt_tokens * matrix[10, i]
+            ttft = (full * t_full + t_dec + (t_full - t_dec) * (steps - full) + handoff) * r
             # its first token once the prefill queued ahead of it has drained (its own prefill alone)
             steps = mine / P
             full = math.floor(steps)
-            alone = (full * t_full + t_dec + (t_full - t_dec) * (steps - full)) * r
+            alone = (full * t_full + t_dec + (t_full - t_dec) * (steps - full) + handoff) * r
             r = live[_TPOT_R, i]
             if r != r or (in_flight <= 0.0 and live[_RUNNING, i] <= 0.0):
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio

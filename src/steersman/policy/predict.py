@@ -15,8 +15,9 @@ ahead of the request, the way vLLM v1 would schedule it:
 A step with chunked prefill carries ``D`` decodes and ``P = B - D`` prefill
 tokens (``B`` = max_num_batched_tokens), so
 
-    TTFT ≈ (⌊W / P⌋ × t_step(B) + t_step(D + W mod P)) × ttft_ratio,   W = queue ahead + own uncached
-    (the partial step interpolated between the decode-only and the full step)
+    TTFT ≈ (⌊W / P⌋ × t_step(B) + t_step(D + W mod P) + H) × ttft_ratio,   W = queue ahead + own uncached
+    (the partial step interpolated between the decode-only and the full step; H = prompt tokens × the
+    replica's KV hand-off seconds per token on a prefill replica of a disaggregated fleet, else 0)
     TPOT ≈ (t_step(D + 1) + (t_step(B) − t_step(D + 1)) × s) × tpot_ratio,   s = min(1, m + q)
 
 where ``s`` is the share of the request's decode steps that carry prefill chunks:

@@ -18,6 +18,7 @@ from steersman.config import DEFAULTS, AdmissionSettings, EngineSettings, Schedu
 from steersman.fleet.config import FleetConfig, FleetConfigError
 from steersman.fleet.prefix_index import PrefixIndex
 from steersman.policy.decode import decode_model
+from steersman.twin.pd import handoff_s_per_token
 from steersman.fleet.state import Fleet, Replica
 from steersman.sim import EngineModel, gpu_profile, model_profile
 from steersman.twin.replica import SimReplica
@@ -86,7 +87,9 @@ class TwinFleet:
         reps = [Replica(i, p.name, f"http://twin.invalid/{p.name}", "engine-sim", gpu_profile(p.gpu).name,
                         (p.served_model_name or p.model,) if p.role != "decode" else (decode_model(p.served_model_name or p.model),),
                         p.pool, p.price_per_hour, p.tp, adapter=None,
-                        priority_scheduling=p.engine.scheduling_policy == "priority")
+                        priority_scheduling=p.engine.scheduling_policy == "priority",
+                        handoff_s_per_token=handoff_s_per_token(p.model, p.tp, self.kv_link_gbit_s)
+                        if p.role == "prefill" else 0.0)
                 for i, p in enumerate(self.plans)]
         fleet = Fleet(reps, clock, self.scheduler)
         fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)

@@ -38,31 +38,34 @@ from __future__ import annotations
 
 from steersman.sim import model_profile
 
-__all__ = ["Disaggregation"]
+__all__ = ["Disaggregation", "handoff_s_per_token"]
+
+
+def handoff_s_per_token(model: str, tp: int, link_gbit_s: float) -> float:
+    """Seconds to move one prompt token's KV over ``tp`` links of ``link_gbit_s`` (a replica's shards in parallel)."""
+    return model_profile(model).kv_bytes_per_token / (link_gbit_s * 1e9 / 8 * tp)
 
 
 class Disaggregation:
     """Roles and KV transfer times of a disaggregated :class:`~steersman.twin.fleet.TwinFleet`."""
 
-    __slots__ = ("roles", "tp", "link_bytes_s", "_kv_bytes")
+    __slots__ = ("roles", "tp", "link_gbit_s")
 
     def __init__(self, tf) -> None:
         plans = tf.plans
         self.roles = [p.role for p in plans]
         self.tp = [p.tp for p in plans]
-        self.link_bytes_s = tf.kv_link_gbit_s * 1e9 / 8
-        if not self.link_bytes_s > 0:
+        self.link_gbit_s = tf.kv_link_gbit_s
+        if not self.link_gbit_s > 0:
             raise ValueError(f"kv_link_gbit_s must be > 0, got {tf.kv_link_gbit_s}")
         decoded = {p.model for p in plans if p.role == "decode"}
         for p in plans:
             if p.role == "prefill" and p.model not in decoded:
                 raise ValueError(f"prefill replica {p.name} ({p.model}) has no decode replica of its model")
-        self._kv_bytes = {p.model: model_profile(p.model).kv_bytes_per_token for p in plans}
 
     def is_prefill(self, i: int) -> bool:
         return self.roles[i] == "prefill"
 
     def transfer_s(self, model: str, prompt_tokens: int, src: int, dst: int) -> float:
         """Seconds to move ``prompt_tokens`` tokens of KV from replica ``src`` to ``dst``."""
-        tp = min(self.tp[src], self.tp[dst])
-        return prompt_tokens * self._kv_bytes[model] / (self.link_bytes_s * tp)
+        return prompt_tokens * handoff_s_per_token(model, min(self.tp[src], self.tp[dst]), self.link_gbit_s)
