@@ -49,6 +49,7 @@ PINNED = {
     "scheduler.profile": "steersman",
     "scheduler.default_slo": "standard",
     "scheduler.latency_ewma_alpha": 0.2,
+    "scheduler.latency_ewma_tau_s": 1.0,
     "scheduler.recent_load_tau_s": 60.0,
     "scheduler.prefix_index_max_mib": 128.0,
     "scheduler.decode_picker": "least-loaded",

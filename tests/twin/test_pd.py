@@ -218,8 +218,7 @@ def test_the_fleet_accounts_a_request_where_its_work_is():
 def test_prefill_replicas_predict_the_kv_hand_off_in_ttft():
     """A prefill replica's first token reaches the client once the KV moved: its predicted TTFT (both the
     plugin path and the fused decision use predict_kernel) adds prompt tokens x the hand-off seconds per token,
-    KV bytes per token over the link (x its TP shards); colocated and decode replicas add nothing.  At 10 Gb/s on
-    the Azure code trace this took steersman's goodput from 6.99 to 7.89 req/s (speed 4, 3,000 requests)."""
+    KV bytes per token over the link (x its TP shards); colocated and decode replicas add nothing."""
     from steersman.fleet import snapshot as S
     from steersman.policy.framework import DecisionContext
     from steersman.testing.snapshots import sched_request

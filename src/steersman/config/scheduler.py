@@ -36,6 +36,15 @@ class SchedulerSettings:
     )
     default_slo: str = setting("standard", "requests that name no SLO class get the server scenario targets")
     latency_ewma_alpha: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing default 0.2")
+    latency_ewma_tau_s: float = setting(
+        1.0, "Finagle's peak-EWMA load balancer decays its latency average with time (decayTime), not per sample: "
+        "per replica, a learnt latency or correction ratio weighs an observation 1 - exp(-dt / 1 s), at most "
+        "latency_ewma_alpha, so its memory is ~1 s whatever the request rate (per sample, it tracked the last ~5 "
+        "requests at thousands a second and routing swung between two identical engine-sims at 64 streams: "
+        "mean |running difference| 6.5-11.6 against 4.7-5.0; bench/policies spread over 5 loads: goodput vs the "
+        "best baseline Mooncake 1.024 -> 1.083, Azure code 0.923 -> 0.936, agentic 0.988 = 0.988, its tasks per $ "
+        "0.952 -> 0.919); 0: the per-sample weight alone"
+    )
     recent_load_tau_s: float = setting(
         60.0, "Preble weighs load over a recent window H; we decay routed work with a 60 s time constant"
     )
@@ -131,3 +140,5 @@ class SchedulerSettings:
             raise ValueError(f"shed_infeasible: unknown priority class(es) {bad}; known: {list(known)}")
         if "critical" in self.shed_infeasible:
             raise ValueError("shed_infeasible: 'critical' requests are never shed (they get the safety margin instead)")
+        if not self.latency_ewma_tau_s >= 0.0:
+            raise ValueError(f"latency_ewma_tau_s must be >= 0 (0: a fixed weight per observation), got {self.latency_ewma_tau_s}")

@@ -99,6 +99,8 @@ class Fleet:
         self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = np.nan  # unobserved: the fleet-wide prior applies
         self.live[S.PREFIX_ACCURACY] = 1.0
         self.ratio_prior = {S.TTFT_RATIO: math.nan, S.TPOT_RATIO: math.nan}  # NaN until the first observation
+        self._ewma_at = np.full(self.live.shape, -np.inf)  # when each learnt average last took an observation
+        self._prior_at = {S.TTFT_RATIO: -math.inf, S.TPOT_RATIO: -math.inf}
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
@@ -281,12 +283,24 @@ class Fleet:
         value = min(value, _MAX_RATIO)
         self._ewma(row, i, value)
         prior = self.ratio_prior[row]
-        self.ratio_prior[row] = value if math.isnan(prior) else prior + self.settings.latency_ewma_alpha * (value - prior)
+        now = self.clock.now()
+        a = self._weight(self._prior_at[row], now)
+        self._prior_at[row] = now
+        self.ratio_prior[row] = value if math.isnan(prior) else prior + a * (value - prior)
+
+    def _weight(self, last: float, now: float) -> float:
+        """An observation's weight in a learnt average: ``latency_ewma_alpha`` at most, less when the last one
+        came less than ~``latency_ewma_tau_s`` / 5 ago (``1 - exp(-dt / tau)``: a time average, so thousands of
+        observations a second move it no faster than a few do; ``tau`` 0: the per-observation weight alone)."""
+        a = self.settings.latency_ewma_alpha
+        tau = self.settings.latency_ewma_tau_s
+        return min(a, -math.expm1(-(now - last) / tau)) if tau > 0.0 else a
 
     def _ewma(self, row: int, i: int, value: float) -> None:
         old = self.live[row, i]
-        a = self.settings.latency_ewma_alpha
-        self.live[row, i] = value if math.isnan(old) else old + a * (value - old)
+        now = self.clock.now()
+        self.live[row, i] = value if math.isnan(old) else old + self._weight(self._ewma_at[row, i], now) * (value - old)
+        self._ewma_at[row, i] = now
 
     # ---- scraper / health -------------------------------------------------
     def update_metrics(self, index: int, m: EngineMetrics) -> None:
