@@ -199,11 +199,11 @@ class Fleet:
         if not t.streamed:
             return  # the whole response, not a first token: no TTFT to learn from
         ttft = now - t.started
-        self._ewma(S.TTFT_EWMA, t.replica, ttft)
+        self._ewma(S.TTFT_EWMA, t.replica, ttft, now)
         if self.guard is not None:
             self.guard.first_token(t.replica, ttft)
         if t.predicted_ttft:
-            self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft)
+            self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft, now)
 
     def end(self, t: Ticket, output_tokens: int = 0) -> None:
         self._own()
@@ -229,10 +229,11 @@ class Fleet:
             if t.verdict and self._awaiting[i]:  # a stream served to its end is progress (one the client left: not)
                 live[S.STALLED_SINCE, i] = self.clock.now()
             if output_tokens > 1:
-                tpot = (self.clock.now() - t.first_at) / (output_tokens - 1)
-                self._ewma(S.TPOT_EWMA, i, tpot)
+                now = self.clock.now()
+                tpot = (now - t.first_at) / (output_tokens - 1)
+                self._ewma(S.TPOT_EWMA, i, tpot, now)
                 if t.predicted_tpot:
-                    self._ratio(S.TPOT_RATIO, i, tpot / t.predicted_tpot)
+                    self._ratio(S.TPOT_RATIO, i, tpot / t.predicted_tpot, now)
         if self.guard is not None:
             now = self.clock.now()
             if t.verdict is None:
@@ -276,14 +277,13 @@ class Fleet:
         """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""
         self._own()
         if predicted_blocks > 0:
-            self._ewma(S.PREFIX_ACCURACY, index, min(reported_blocks / predicted_blocks, 1.0))
+            self._ewma(S.PREFIX_ACCURACY, index, min(reported_blocks / predicted_blocks, 1.0), self.clock.now())
 
-    def _ratio(self, row: int, i: int, value: float) -> None:
+    def _ratio(self, row: int, i: int, value: float, now: float) -> None:
         """Observed / predicted, per replica and fleet-wide (the prior of replicas not yet observed)."""
         value = min(value, _MAX_RATIO)
-        self._ewma(row, i, value)
+        self._ewma(row, i, value, now)
         prior = self.ratio_prior[row]
-        now = self.clock.now()
         a = self._weight(self._prior_at[row], now)
         self._prior_at[row] = now
         self.ratio_prior[row] = value if math.isnan(prior) else prior + a * (value - prior)
@@ -296,9 +296,8 @@ class Fleet:
         tau = self.settings.latency_ewma_tau_s
         return min(a, -math.expm1(-(now - last) / tau)) if tau > 0.0 else a
 
-    def _ewma(self, row: int, i: int, value: float) -> None:
+    def _ewma(self, row: int, i: int, value: float, now: float) -> None:
         old = self.live[row, i]
-        now = self.clock.now()
         self.live[row, i] = value if math.isnan(old) else old + self._weight(self._ewma_at[row, i], now) * (value - old)
         self._ewma_at[row, i] = now
 
