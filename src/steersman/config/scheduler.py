@@ -53,7 +53,8 @@ class SchedulerSettings:
     )
     decode_picker: str = setting(
         "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "
-        "not finished, as the load-based decode routers of disaggregated stacks (steersman.policy.decode)"
+        "not finished (steersman.policy.decode); NVIDIA Dynamo's router routes the decode stage without "
+        "prefix-overlap scoring too (docs: Disaggregated Serving)"
     )
     saturation_queue_depth: int = setting(5, "Gateway API Inference Extension saturation detector queueDepthThreshold 5")
     saturation_kv_usage: float = setting(0.8, "Gateway API Inference Extension saturation detector kvCacheUtilThreshold 0.8")

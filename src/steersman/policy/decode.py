@@ -64,9 +64,9 @@ def _available(snap: FleetSnapshot, model: str) -> np.ndarray | None:
 @DECODE_PICKERS.register("least-loaded")
 class LeastLoadedDecode:
     """The available decode replica with the fewest requests in flight (handed to it and not finished), the
-    lowest index on ties: the load-based choice of the decode routers of disaggregated stacks (e.g. vLLM's
-    disaggregated-prefill proxy example and SGLang's PD router pick decode workers by load or in turn, not
-    by cache, since a decode replica receives the whole KV and reuses nothing)."""
+    lowest index on ties: a load-based choice, as NVIDIA Dynamo's router makes for the decode stage in
+    disaggregated mode (it turns prefix-overlap scoring off there: a decode replica receives the whole KV and
+    reuses nothing of its cache)."""
 
     name = "least-loaded"
 
