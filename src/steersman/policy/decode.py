@@ -50,15 +50,13 @@ class DecodePicker(Protocol):
 DECODE_PICKERS: Registry = Registry("decode picker")
 
 
-def _available(snap: FleetSnapshot, model: str) -> np.ndarray | None:
-    """Decode replicas of ``model`` that are routable and not out of rotation (ejected, breaker open)."""
-    mask = snap.model_masks.get(decode_model(model))
-    if mask is None:
-        return None
-    ok = mask & snap.routable
+def _available(snap: FleetSnapshot, model: str) -> np.ndarray:
+    """Decode replicas of ``model`` that are routable (:meth:`FleetSnapshot.candidates`) and not out of rotation
+    (ejected, breaker open), ascending."""
+    cand = snap.candidates(decode_model(model))
     if snap.blocked_until is not None:
-        ok &= ~(snap.blocked_until > snap.time)
-    return ok
+        cand = cand[snap.blocked_until[cand] <= snap.time]
+    return cand
 
 
 @DECODE_PICKERS.register("least-loaded")
@@ -71,10 +69,9 @@ class LeastLoadedDecode:
     name = "least-loaded"
 
     def pick_decode(self, snapshot: FleetSnapshot, request: SchedRequest, prefill: int) -> Route | Reject:
-        ok = _available(snapshot, request.model)
-        if ok is None:
+        if decode_model(request.model) not in snapshot.model_masks:
             return Reject(f"no decode replica serves model {request.model!r}", code="no_decode_replica")
-        cand = np.flatnonzero(ok)
+        cand = _available(snapshot, request.model)
         if cand.size == 0:
             return Reject(f"no decode replica of model {request.model!r} is available", retry_after=1.0)
         load = snapshot.live[S.IN_FLIGHT, cand]
