@@ -64,8 +64,7 @@ class Accounting:
         bs = self.block_size
         held = int(fleet.prefix.match(hashes)[i]) if fleet.prefix is not None and hashes else 0
         uncached = req.prompt_tokens - min(held * bs, max(req.prompt_tokens - 1, 0))
-        blocks = math.ceil((req.prompt_tokens + req.expected_output) / bs)
-        ticket = fleet.begin(i, uncached, blocks, route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
+        ticket = fleet.begin(i, uncached, self._blocks(req), route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
                              route.tpot_target_s)
         if fleet.prefix is not None and hashes:
             if fleet.caches_after_prefill[i]:
@@ -79,10 +78,19 @@ class Accounting:
     def first_token(self, s: Started) -> None:
         self.fleet.first_token(s.ticket)
 
+    def _blocks(self, req: SchedRequest) -> int:
+        """KV blocks the request will hold: its prompt and the output expected of it."""
+        return math.ceil((req.prompt_tokens + req.expected_output) / self.block_size)
+
+    def decode_ticket(self, s: Started, replica: int) -> Ticket:
+        """Prefill/decode disaggregation: the request's KV starts moving to decode replica ``replica``, which
+        counts it from now on (its blocks, nothing to prefill; not streamed: the transfer before its first
+        token there is no stall).  :meth:`handed_off` takes the ticket over once the KV arrived."""
+        return self.fleet.begin(replica, 0, self._blocks(s.req), streamed=False)
+
     def handed_off(self, s: Started, ticket: Ticket, cached_tokens: int) -> Started:
-        """Prefill/decode disaggregation: the request's KV reached its decode replica, where ``ticket`` (begun
-        there when the replica was picked, holding its KV blocks, nothing to prefill, not streamed) carries it
-        from now on.  Its first token reaches the client now: the prefill replica's part ends here, as a served
+        """Prefill/decode disaggregation: the request's KV reached its decode replica, where ``ticket``
+        (:meth:`decode_ticket`) carries it from now on.  Its first token reaches the client now: the prefill replica's part ends here, as a served
         attempt whose TTFT (the transfer included, as the client sees it) and prefix hit (``cached_tokens``
         of its prompt) that replica learns from; the decode replica starts decoding it."""
         fleet = self.fleet
@@ -91,17 +99,20 @@ class Accounting:
         fleet.report(t, True)
         fleet.end(t, 1)
         fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
-        cost = fleet.statics.price_per_hour[t.replica] / 3600.0 * (fleet.clock.now() - t.started) / t.batch
         fleet.first_token(ticket)
-        return Started(s.req, ticket.replica, ticket, s.admit, 0, 0, s.engine_priority, s.earlier_cost + cost)
+        return Started(s.req, ticket.replica, ticket, s.admit, 0, 0, s.engine_priority,
+                       s.earlier_cost + self._share(t, fleet.clock.now()))
+
+    def _share(self, t: Ticket, now: float) -> float:
+        """The $ of the ticket's replica time up to ``now``: the whole time divided among the batch it joined."""
+        return self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch
 
     def ended(self, s: Started, output_tokens: int, ok: bool, cached_tokens: int | None = None) -> float:
         """Settle the request once; returns the $ it cost (its share of the replica's GPU time)."""
         now = self.fleet.clock.now()
         t = s.ticket
         self.fleet.end(t, output_tokens)
-        # its share of the replica's GPU time: the whole request divided among the batch it joined
-        cost = self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch + s.earlier_cost
+        cost = self._share(t, now) + s.earlier_cost
         req = s.req
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:

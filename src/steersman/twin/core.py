@@ -351,9 +351,7 @@ class Twin(DrillActions):
             return
         j = d.replica
         r.pd, r.decode, r.cached = 2, j, max(r.sim.num_cached_tokens, 0)
-        a = r.arrival
-        blocks = -(-(max(a.prompt_tokens, 1) + a.output_tokens) // self.tf.block_size)
-        r.transfer = self.fleet.begin(j, 0, blocks, streamed=False)  # the decode replica counts it from now on
+        r.transfer = self.accounting.decode_ticket(r.started, j)  # the decode replica counts it from now on
         self._push(self.clock.t + self.pd.transfer_s(model, r.sim.prompt_len, i, j), _KV, (r, j))
 
     def _kv_arrived(self, r: _Req, j: int) -> None:
