@@ -3,6 +3,8 @@
 import random
 from dataclasses import dataclass
 
+import numpy as np
+
 from steersman.policy import make_policy
 from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
@@ -51,3 +53,33 @@ def test_kill_drill_fails_in_flight_and_reroutes():
     twin.schedule_drill(5.0, lambda tw: tw.kill(0))
     s = summarize(twin.run())
     assert 0 < s["failed"] < 40 and s["completed"] == 400 - s["failed"]
+
+
+def test_the_columns_are_made_with_collection_paused_and_its_state_restored():
+    import gc
+
+    fleet = TwinFleet([ReplicaPlan("h0", "H100", "llama-3.1-8b")])
+    rec = Twin(fleet, Poisson(20.0, 50), make_policy("least-request"), cfg=TwinConfig()).run()
+    seen = []
+    real_asarray = np.asarray
+
+    def spy(v, *a, **k):
+        seen.append(gc.isenabled())
+        return real_asarray(v, *a, **k)
+
+    was = gc.isenabled()
+    try:
+        for on in (True, False):
+            (gc.enable if on else gc.disable)()
+            rec._arrays = None
+            np.asarray = spy
+            try:
+                c = rec.arrays()
+            finally:
+                np.asarray = real_asarray
+            assert gc.isenabled() is on  # as the caller left it
+            assert seen and not any(seen)  # no collection during the conversion
+            assert len(c["arrival"]) == 50 and np.isfinite(c["finish"]).all()
+            seen.clear()
+    finally:
+        (gc.enable if was else gc.disable)()
