@@ -54,7 +54,39 @@ def test_cheapest_replica_that_meets_the_slo_else_least_latency():
     assert POLICY.pick(snap, sched_request(prompt_tokens=1000, expected_output=100, budget=only_fast)).replica == fast
     impossible = LatencyBudget(ttft_s=1e-6, tpot_s=1e-6)
     d = POLICY.pick(snap, sched_request(prompt_tokens=1000, expected_output=100, budget=impossible))
-    assert d.replica == int(np.argmin(p.e2e)) and "least predicted latency" in d.reason
+    assert d.late and "no replica meets the SLO" in d.reason
+    assert p.e2e[d.replica] <= DEFAULTS.scheduler.late_latency_tie * p.e2e.min()
+
+
+def test_late_work_spreads_by_the_scores_among_the_least_late():
+    """No replica meets the budget: every candidate within ``late_latency_tie`` of the least predicted latency
+    is equally late, so the scores (here the load) choose, not the latency ranking; one further behind is not
+    a candidate at all."""
+    from steersman.policy.kernels import slo_pool_kernel
+
+    e2e = np.array([1.0, 3.0, 20.0])
+    one = np.ones(3)
+    for late_tie, want in ((4.0, [True, True, False]), (1.10, [True, False, False])):
+        pool = np.empty(3, dtype=np.bool_)
+        count, feasible, stay = slo_pool_kernel(e2e, one, e2e, one, np.zeros(3), np.zeros(3), one, 1.0, 4.0,
+                                                0.5, 0.5, 0.5, 1.0, False, 1.05, 1.10, late_tie, pool)
+        assert not feasible and not stay and pool.tolist() == want and count == sum(want)
+    # the feasible case keeps latency_tie: 3x slower is not "equally fast" there
+    pool = np.empty(3, dtype=np.bool_)
+    count, feasible, _ = slo_pool_kernel(e2e, one, e2e, one, np.zeros(3), np.zeros(3), one, 1.0, 4.0,
+                                         100.0, 100.0, 100.0, 1.0, False, 1.05, 1.10, 4.0, pool)
+    assert feasible and pool.tolist() == [True, False, False] and count == 1
+    # through the profile, both paths: a fast busy H100 and an idle A100, a budget neither meets
+    snap = fleet_snapshot(["H100", "A100"], in_flight=[40, 0], running=[40, 0], decoding=[40, 0])
+    req = sched_request(prompt_tokens=1000, expected_output=100, budget=LatencyBudget(ttft_s=1e-6, tpot_s=1e-6))
+    p = predict(snap, req)
+    assert p.e2e[0] < p.e2e[1] / DEFAULTS.scheduler.latency_tie  # the H100 is clearly the least late
+    for fused in (True, False):
+        policy = make_policy("steersman")
+        if not fused:
+            policy._fast = None
+        d = policy.pick(snap, req)
+        assert isinstance(d, Route) and d.late and d.replica == 1  # the idle one: the load decides
 
 
 def test_critical_and_valuable_workflows_keep_a_safety_margin():
@@ -139,3 +171,20 @@ def test_custom_profile_from_the_fleet_file():
         parse_fleet({**base, "policy": "mine", "scheduler": {"profiles": {"mine": bad}}})
     with pytest.raises(FleetConfigError, match="unknown policy 'nope'"):
         parse_fleet({**base, "policy": "nope"})
+
+
+def test_a_late_tie_beyond_exploit_slowdown_is_refused_naming_it():
+    from dataclasses import replace
+
+    import pytest
+
+    from steersman.fleet.config import FleetConfigError, parse_fleet
+
+    with pytest.raises(ValueError, match="late_latency_tie"):
+        replace(DEFAULTS.scheduler, late_latency_tie=DEFAULTS.scheduler.exploit_slowdown * 2)
+    with pytest.raises(ValueError, match="latency_tie must be >= 1"):
+        replace(DEFAULTS.scheduler, latency_tie=0.5)
+    assert replace(DEFAULTS.scheduler, late_latency_tie=8.0, exploit_slowdown=8.0).late_latency_tie == 8.0
+    endpoint = {"name": "e0", "url": "http://127.0.0.1:1", "engine": "vllm", "models": ["llama-3.1-8b"], "gpu": "H100"}
+    with pytest.raises(FleetConfigError, match="late_latency_tie"):
+        parse_fleet({"scheduler": {"late_latency_tie": 9}, "endpoints": [endpoint]})

@@ -128,10 +128,21 @@ class SchedulerSettings:
         "70.6% -> 73.2%); false: the band alone"
     )
     latency_tie: float = setting(
-        1.10, "design: replicas within 10% of the least predicted end-to-end latency count as equally fast "
-        "(among the equally cheap ones when some meet the budget, among all when none does; the scores, e.g. "
-        "prefix affinity, decide then), so a prediction's last 10% does not send a request away from its "
-        "cached prompt, and a stalled replica does not win on price"
+        1.10, "design: when some replica meets the budget, the equally cheap ones within 10% of the least predicted "
+        "end-to-end latency count as equally fast (the scores, e.g. prefix affinity, decide then), so a "
+        "prediction's last 10% does not send a request away from its cached prompt, and a stalled replica does "
+        "not win on price"
+    )
+    late_latency_tie: float = setting(
+        4.0, "bench/policies (spread.py, 9 loads around the calibrated one, mean goodput vs the best baseline, "
+        "1.10 -> 4): when no replica is predicted to meet the budget, every candidate within 4x the least "
+        "predicted end-to-end latency counts as equally late and the scores (load, prefix, KV headroom) decide: "
+        "ranking late options by latency sent the late work to the fastest replicas, crowding out requests they "
+        "could still serve on time.  Mooncake 1.052 -> 1.075x llm-d, agentic 0.973 -> 0.994x preble-e2 (tasks "
+        "per $ 0.944 -> 0.965x), Azure code 0.940 -> 0.943x, Azure conv 1.00x; 2x read 1.080, 0.986, 0.937 "
+        "(and cut Azure code's tasks per $ by 23% at the calibrated load), 16x 1.092, 0.994, 0.935.  At most "
+        "exploit_slowdown: a replica further behind (a hot prefix's holder far overloaded, a stalled one until "
+        "ejected) is not a candidate, or prefix affinity would win it back the request exploit_slowdown took away"
     )
 
     def __post_init__(self) -> None:
@@ -141,5 +152,8 @@ class SchedulerSettings:
             raise ValueError(f"shed_infeasible: unknown priority class(es) {bad}; known: {list(known)}")
         if "critical" in self.shed_infeasible:
             raise ValueError("shed_infeasible: 'critical' requests are never shed (they get the safety margin instead)")
+        if not (self.latency_tie >= 1.0 and 1.0 <= self.late_latency_tie <= self.exploit_slowdown):
+            raise ValueError(f"latency_tie must be >= 1 and late_latency_tie between 1 and exploit_slowdown "
+                             f"({self.exploit_slowdown}), got {self.latency_tie} and {self.late_latency_tie}")
         if not self.latency_ewma_tau_s >= 0.0:
             raise ValueError(f"latency_ewma_tau_s must be >= 0 (0: a fixed weight per observation), got {self.latency_ewma_tau_s}")

@@ -111,7 +111,7 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
                     prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
                     recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, protected, cost_tie, latency_tie,
-                    exploit, exploit_slowdown, cached, resident, pool):
+                    late_tie, exploit, exploit_slowdown, cached, resident, pool):
     """The ``prefix_blocks``, ``uncached_tokens`` and ``prediction`` features of :mod:`steersman.policy.predict`
     into ``blocks``, ``own`` and ``out``, then, when every candidate has a roofline, the picker's
     :func:`~steersman.policy.kernels.slo_pool_kernel` into ``pool``.  Returns (candidates without a
@@ -135,7 +135,7 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
         return unprofiled, -1, False, False
     count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
                                         exploit_slowdown, t_ttft, t_tpot, t_left, margin, protected, cost_tie,
-                                        latency_tie, pool)
+                                        latency_tie, late_tie, pool)
     return 0, count, feasible, stay
 
 
@@ -268,12 +268,13 @@ class _Fused:
             REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,
             float(ttft), float(tpot), float(left), float(margin), protected, float(p.cost_tie), float(p.latency_tie),
+            float(p.late_latency_tie),
             float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool)
         if unprofiled:
             _unprofiled(snap, idx, own, pt, eo, out)
             count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4],
                                                 p.exploit_share * pt, p.exploit_slowdown, ttft, tpot, left, margin,
-                                                protected, p.cost_tie, p.latency_tie, pool)
+                                                protected, p.cost_tie, p.latency_tie, p.late_latency_tie, pool)
         if not feasible and not stay and (p.shed or p.hold):
             late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
                 hold(req, protected, out[5], ttft, snap.time) if p.hold else None)

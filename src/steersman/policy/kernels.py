@@ -259,7 +259,7 @@ def _keeps(resident, tpot_res):
 
 @njit(cache=True, nogil=True)
 def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, exploit_slowdown, t_ttft, t_tpot,
-                    t_left, margin, protected, cost_tie, latency_tie, pool):
+                    t_left, margin, protected, cost_tie, latency_tie, late_tie, pool):
     """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible, stayed:
     an unprotected request kept with its prompt's holders although another replica meets its budget).
 
@@ -277,7 +277,9 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
     goes where its budget is met).  If any considered candidate is feasible, the pool is the
     feasible ones within ``cost_tie`` of the cheapest and, among those, within ``latency_tie`` of the fastest
     (so a stalled or overloaded replica does not win on price alone); otherwise the considered
-    ones within ``latency_tie`` of the least predicted end-to-end latency.
+    ones within ``late_tie`` of the least predicted end-to-end latency (a late request is late on
+    any of them: the scores spread late work by load and prefix instead of crowding the fastest
+    replicas, which on-time requests need; one far further behind is still avoided).
     """
     n = ttft.size
     best_cached = 0.0
@@ -329,7 +331,7 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
             pool[j] = not holders_only or (cached[j] >= best_cached and (not stay or _keeps(resident[j], tpot_res[j])))
             if pool[j] and e2e[j] < fastest:
                 fastest = e2e[j]
-    limit = fastest * latency_tie + 1e-12
+    limit = fastest * (latency_tie if feasible else late_tie) + 1e-12
     count = 0
     for j in range(n):
         pool[j] = pool[j] and e2e[j] <= limit
@@ -361,7 +363,7 @@ def warm_up() -> None:
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1,
+    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1, 4.0,
                     np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()

@@ -5,7 +5,9 @@ marginal GPU cost (:mod:`steersman.policy.predict`).  The ``slo-cheapest``
 picker then takes **the cheapest replica whose prediction meets the request's
 budget** (TTFT, TPOT and deadline; a critical request or a valuable workflow
 step must meet it with a safety margin), breaking near-ties by the weighted
-scores; when no replica meets it, the **least predicted latency** wins.  A
+scores; when no replica meets it, every candidate within ``late_latency_tie`` (4x) of the least
+predicted latency counts as equally late and the scores choose (late work spreads by load and prefix
+instead of crowding the fastest replicas, which on-time requests need).  A
 request whose prompt a replica mostly holds goes to such a holder first (Preble's
 exploit; an unprotected one even when only another replica would meet its budget,
 unless the holders are far slower or would break their residents' TPOT: see
@@ -35,7 +37,7 @@ __all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached", "she
 @PICKERS.register("slo-cheapest")
 class SloCheapest:
     """Margins and ties from :class:`~steersman.config.SchedulerSettings` (``safety_margin``, ``cost_tie``,
-    ``latency_tie``, ``exploit_share``, ``exploit_slowdown``); the rule is :func:`~steersman.policy.kernels.slo_pool_kernel`'s."""
+    ``latency_tie``, ``late_latency_tie``, ``exploit_share``, ``exploit_slowdown``); the rule is :func:`~steersman.policy.kernels.slo_pool_kernel`'s."""
 
     name = "slo-cheapest"
 
@@ -43,6 +45,7 @@ class SloCheapest:
         self.safety_margin = settings.safety_margin
         self.cost_tie = settings.cost_tie
         self.latency_tie = settings.latency_tie
+        self.late_latency_tie = settings.late_latency_tie
         self.exploit_share = settings.exploit_share
         self.exploit_slowdown = settings.exploit_slowdown
         self.shed = frozenset(PriorityClass.parse(c) for c in settings.shed_infeasible)
@@ -60,7 +63,8 @@ class SloCheapest:
         resident = snap.live[S.RESIDENT_TPOT][ctx.candidates]
         count, feasible, stay = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, resident, p.tpot_res,
                                                 self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft,
-                                                tpot, left, margin, protected, self.cost_tie, self.latency_tie, pool)
+                                                tpot, left, margin, protected, self.cost_tie, self.latency_tie,
+                                                self.late_latency_tie, pool)
         if not feasible and not stay:
             late = shed(self.shed, req, protected, p.ttft, ttft) or (
                 hold(req, protected, p.ttft_alone, ttft, ctx.snapshot.time) if self.hold else None)
@@ -117,7 +121,7 @@ def _reason(feasible: bool, stayed: bool) -> str:
         return "cheapest meeting the SLO"
     if stayed:
         return "holder of its prompt (another replica meets the SLO; computing the prompt there costs the fleet more)"
-    return "least predicted latency (no replica meets the SLO)"
+    return "no replica meets the SLO (the scores chose among the least late)"
 
 
 def raw_cached(ctx: DecisionContext) -> np.ndarray:
