@@ -6,7 +6,9 @@ import datetime as _dt
 import os
 import platform
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import loadgen
 import measure
@@ -14,6 +16,21 @@ from options import MODEL
 from procs import ProcessGroup
 from report import fmt
 from setups import SkipSetup, ensure_peers, start_engines, start_router
+
+
+def pinned_group(a, prefix: str) -> tuple[ProcessGroup, dict | bool]:
+    """The process group of a run, laid out on the cores by ``a.layout`` (this process pinned too); returns it
+    and where each role runs (False when not pinned: fewer than 2 CPUs or ``--no-pin``)."""
+    log_dir = Path(a.log_dir) if a.log_dir else Path(tempfile.mkdtemp(prefix=prefix))
+    pin = not a.no_pin and (os.cpu_count() or 1) >= 2
+    isolated = a.layout == "isolated"
+    router_cpus = {a.client_cpu} if isolated else {a.server_cpu}
+    pg = ProcessGroup(log_dir, cpus={a.server_cpu} if pin else None, role_cpus={"router": router_cpus} if pin else None)
+    if not pin:
+        return pg, False
+    client = a.server_cpu if isolated else a.client_cpu
+    os.sched_setaffinity(0, {client})
+    return pg, {"engines": a.server_cpu, "router": min(router_cpus), "client": client}
 
 
 class Bench:

@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,9 +30,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from harness import Bench  # noqa: E402
+from harness import Bench, pinned_group  # noqa: E402
 from options import parse_args  # noqa: E402
-from procs import ProcessGroup  # noqa: E402
 from setups import SkipSetup, start_engines, start_router  # noqa: E402
 
 
@@ -105,15 +102,9 @@ def main(argv=None) -> int:
         rest += ["--out", str(HERE / "rounds.json")]
     a = parse_args(rest)
     conc = a.concurrency[0]
-    log_dir = Path(a.log_dir) if a.log_dir else Path(tempfile.mkdtemp(prefix="steersman-bench-rounds-"))
-    pin = not a.no_pin and (os.cpu_count() or 1) >= 2
-    isolated = a.layout == "isolated"
-    router_cpus = {a.client_cpu} if isolated else {a.server_cpu}
-    pg = ProcessGroup(log_dir, cpus={a.server_cpu} if pin else None, role_cpus={"router": router_cpus} if pin else None)
-    if pin:
-        os.sched_setaffinity(0, {a.server_cpu} if isolated else {a.client_cpu})
+    pg, _ = pinned_group(a, "steersman-bench-rounds-")
     bench = Bench(a, pg)
-    print(f"logs: {log_dir}", flush=True)
+    print(f"logs: {pg.log_dir}", flush=True)
     try:
         try:
             import uvloop

@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,27 +38,19 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # bench/: loadgen, procs
 sys.path.insert(0, str(HERE))  # bench/overhead/: the modules below, also when run.py is imported
 
-from harness import Bench  # noqa: E402
+from harness import Bench, pinned_group  # noqa: E402
 from options import parse_args  # noqa: E402
-from procs import ProcessGroup  # noqa: E402
 from report import print_report  # noqa: E402
 from targets import derive  # noqa: E402
 
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    log_dir = Path(a.log_dir) if a.log_dir else Path(tempfile.mkdtemp(prefix="steersman-bench-overhead-"))
-    pin = not a.no_pin and (os.cpu_count() or 1) >= 2
-    isolated = a.layout == "isolated"
-    router_cpus = {a.client_cpu} if isolated else {a.server_cpu}
-    pg = ProcessGroup(log_dir, cpus={a.server_cpu} if pin else None, role_cpus={"router": router_cpus} if pin else None)
-    if pin:
-        os.sched_setaffinity(0, {a.server_cpu} if isolated else {a.client_cpu})
+    pg, pinned = pinned_group(a, "steersman-bench-overhead-")
+    log_dir = pg.log_dir
     bench = Bench(a, pg)
-    bench.results["meta"]["pinned"] = (
-        {"engines": a.server_cpu, "router": min(router_cpus), "client": a.server_cpu if isolated else a.client_cpu}
-        if pin else False)
-    if not pin:
+    bench.results["meta"]["pinned"] = pinned
+    if not pinned:
         print("warning: not pinning (fewer than 2 CPUs or --no-pin); numbers are noisier", file=sys.stderr)
 
     def on_term(signum, frame):
