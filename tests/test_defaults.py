@@ -63,7 +63,7 @@ PINNED = {
     "scheduler.safety_margin": 0.8,
     "scheduler.cost_tie": 1.05,
     "scheduler.latency_tie": 1.10,
-    "scheduler.late_latency_tie": 4.0,
+    "scheduler.late_latency_tie": 2.0,
     "reliability.probation_limit": 1.0,
     "scheduler.exploit_share": 0.5,
     "scheduler.exploit_slowdown": 4.0,

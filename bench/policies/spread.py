@@ -5,7 +5,8 @@ One calibrated load is one sample of a chaotic system: a policy change can move 
 +-10% while its mean over nearby loads stays put.  This reads the loads and best baselines of the last
 ``bench/policies/run.py`` run (its results.json), then runs steersman and that baseline at ``--factors`` x
 each load (the agentic mix with seed = the factor's index, the traces do not depend on the seed) and prints
-each goodput ratio and their mean, plus tasks per $ for the agentic mix.
+each goodput ratio and their mean, plus tasks per $ for the agentic mix, and the median over the loads of
+steersman's and the baseline's TTFT p99 (the tail that goodput does not show).
 
     .venv/bin/python bench/policies/run.py                       # first: calibrate (writes results.json)
     .venv/bin/python bench/policies/spread.py                    # ~2 min on one core
@@ -58,13 +59,16 @@ def main(argv: list[str] | None = None) -> int:
             for policy in (OURS, base):
                 exp = Experiment(fleet, wl.spec, wl.base_dir, seed=seed)
                 s = exp.run(policy, load * f)
-                got[policy] = (offered_window_goodput(exp.last), s["successful_tasks_per_usd"] or 0.0)
-            rows.append((got[OURS][0] / max(got[base][0], 1e-12), got[OURS][1] / max(got[base][1], 1e-12)))
+                got[policy] = (offered_window_goodput(exp.last), s["successful_tasks_per_usd"] or 0.0,
+                               s["ttft_s"]["p99"])
+            rows.append((got[OURS][0] / max(got[base][0], 1e-12), got[OURS][1] / max(got[base][1], 1e-12),
+                         got[OURS][2], got[base][2]))
         r = np.asarray(rows)
         each = " ".join(f"{x:.2f}" for x in r[:, 0])
         line = f"{wl.name:11} goodput vs {base}: mean {r[:, 0].mean():.3f} [{each}] at {factors} x load {load:.3g}"
         if wl.agentic:
             line += f"; tasks per $ mean {r[:, 1].mean():.3f}"
+        line += f"; TTFT p99 median {np.median(r[:, 2]):.3g} s vs {np.median(r[:, 3]):.3g} s"
         print(line, flush=True)
     return 0
 

@@ -13,10 +13,10 @@ plugin-by-plugin path gives every recorded decision), and when sheddable request
 serve within their SLO came to be refused early (``scheduler.shed_infeasible``: 116 changed, all
 sheddable requests of the steersman profile routed "least predicted latency" before; the
 plugin-by-plugin path gives every recorded decision), and when the candidates of a request no replica
-is predicted to serve in time came to count as equally late within ``late_latency_tie`` (4x) of the
-least predicted latency, the scores choosing among them (360 changed, all of the steersman profile:
-358 late routes and 2 stays with a prompt's holders, now chosen among the holders by the same rule;
-160 went to another replica, the rest changed only the reason's wording; the plugin-by-plugin
+is predicted to serve in time came to count as equally late within ``late_latency_tie`` (2x) of the
+least predicted latency, the scores choosing among them (359 changed, all of the steersman profile:
+358 late routes and 1 stay with a prompt's holders, now chosen among the holders by the same rule;
+115 went to another replica, the rest changed only the reason's wording; the plugin-by-plugin
 path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record

@@ -134,15 +134,17 @@ class SchedulerSettings:
         "not win on price"
     )
     late_latency_tie: float = setting(
-        4.0, "bench/policies (spread.py, 9 loads around the calibrated one, mean goodput vs the best baseline, "
-        "1.10 -> 4): when no replica is predicted to meet the budget, every candidate within 4x the least "
-        "predicted end-to-end latency counts as equally late and the scores (load, prefix, KV headroom) decide: "
-        "ranking late options by latency sent the late work to the fastest replicas, crowding out requests they "
-        "could still serve on time.  Mooncake 1.052 -> 1.075x llm-d, agentic 0.973 -> 0.994x preble-e2 (tasks "
-        "per $ 0.944 -> 0.965x), Azure code 0.940 -> 0.943x, Azure conv 1.00x; 2x read 1.080, 0.986, 0.937 "
-        "(and cut Azure code's tasks per $ by 23% at the calibrated load), 16x 1.092, 0.994, 0.935.  At most "
-        "exploit_slowdown: a replica further behind (a hot prefix's holder far overloaded, a stalled one until "
-        "ejected) is not a candidate, or prefix affinity would win it back the request exploit_slowdown took away"
+        2.0, "bench/policies (spread.py, 9 loads around the calibrated one, 0.92-1.08x): when no replica is "
+        "predicted to meet the budget, every candidate within 2x the least predicted end-to-end latency counts "
+        "as equally late and the scores (load, prefix, KV headroom) decide: ranking late options by latency "
+        "(within latency_tie) sent the late work to the fastest replicas, crowding out requests they could "
+        "still serve on time.  Goodput vs the best baseline, 1.10 -> 2: Mooncake 1.052 -> 1.080x llm-d, "
+        "agentic 0.973 -> 0.986x preble-e2 (tasks per $ 0.944 -> 0.957x), Azure code 0.940 -> 0.937x, Azure "
+        "conv 1.00x.  The late requests' tail grows with the tie: Mooncake TTFT p99, median over the loads, "
+        "10.5 s -> 14.0 s at 2x, 22.2 s at 4x (llm-d 15.6 s), for no more goodput (4x: 1.075, 0.994, 0.943).  "
+        "At most exploit_slowdown: a replica further behind (a hot prefix's holder far overloaded, a stalled "
+        "one until ejected) is not a candidate, or prefix affinity would win it back the request "
+        "exploit_slowdown took away"
     )
 
     def __post_init__(self) -> None:

@@ -363,7 +363,7 @@ def warm_up() -> None:
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1, 4.0,
+    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1, 2.0,
                     np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()

@@ -5,7 +5,7 @@ marginal GPU cost (:mod:`steersman.policy.predict`).  The ``slo-cheapest``
 picker then takes **the cheapest replica whose prediction meets the request's
 budget** (TTFT, TPOT and deadline; a critical request or a valuable workflow
 step must meet it with a safety margin), breaking near-ties by the weighted
-scores; when no replica meets it, every candidate within ``late_latency_tie`` (4x) of the least
+scores; when no replica meets it, every candidate within ``late_latency_tie`` (2x) of the least
 predicted latency counts as equally late and the scores choose (late work spreads by load and prefix
 instead of crowding the fastest replicas, which on-time requests need).  A
 request whose prompt a replica mostly holds goes to such a holder first (Preble's
