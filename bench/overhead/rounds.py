@@ -37,7 +37,6 @@ from setups import SkipSetup, start_engines, start_router  # noqa: E402
 
 async def rounds(bench: Bench, n_rounds: int, conc: int) -> dict[str, list[dict]]:
     a = bench.a
-    await asyncio.sleep(0)
     bench.engines, bench.engine_urls = start_engines(a, bench.pg, bench.log)
     urls: dict[str, tuple[str, object]] = {"direct": (bench.engine_urls[0] + bench.path, None)}
     for setup in a.setups:
@@ -48,7 +47,6 @@ async def rounds(bench: Bench, n_rounds: int, conc: int) -> dict[str, list[dict]
         except SkipSetup as e:
             bench.log(f"SKIP {setup}: {e}")
             continue
-        proc.name = setup  # the CPU accounting keys processes by name
         urls[setup] = (base + bench.path, proc)
         bench.log(f"{setup} ready at {base} in {waited:.2f}s (pid {proc.pid})")
     order = [s for s in a.setups if s in urls]
@@ -95,12 +93,10 @@ def report(got: dict[str, list[dict]], conc: int) -> dict:
 def main(argv=None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--rounds", type=int, default=6)
+    pre.add_argument("--duration", type=float, default=4.0, help="seconds measured per phase")
+    pre.add_argument("--out", default=str(HERE / "rounds.json"))
     known, rest = pre.parse_known_args(argv)
-    if "--duration" not in " ".join(rest):
-        rest += ["--duration", "4"]
-    if "--out" not in " ".join(rest):
-        rest += ["--out", str(HERE / "rounds.json")]
-    a = parse_args(rest)
+    a = parse_args([*rest, "--duration", str(known.duration), "--out", known.out])
     conc = a.concurrency[0]
     pg, _ = pinned_group(a, "steersman-bench-rounds-")
     bench = Bench(a, pg)

@@ -93,14 +93,14 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     sb = steersman_bin(a, setup)
-    setup = setup_kind(setup)
+    name, setup = setup, setup_kind(setup)  # the process (and its log) keeps the setup's name: runs may overlap
     if setup in ("steersman", "steersman-rr"):
         if not sb:
             raise SkipSetup("no `steersman` executable found (install the repo: pip install -e .)")
         ok, why = check_cli([sb, "serve"])
         if not ok:
             raise SkipSetup(f"`steersman serve` is not available yet: {why}")
-        cfg = pg.log_dir / "fleet.yaml"
+        cfg = pg.log_dir / f"{name}.fleet.yaml"
         lines = [f"gateway: {{host: 127.0.0.1, port: {port}}}", "endpoints:"]
         policy = "round-robin" if setup == "steersman-rr" else getattr(a, "fleet_policy", None)
         if policy:  # else the fleet's default profile
@@ -108,7 +108,7 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
         for i, u in enumerate(engine_urls):
             lines.append(f'  - {{name: e{i}, url: "{u}", engine: vllm, gpu: {a.gpu}, models: [{MODEL}]}}')
         cfg.write_text("\n".join(lines) + "\n")
-        p = pg.start("steersman", [sb, "serve", "--config", cfg], role="router")
+        p = pg.start(name, [sb, "serve", "--config", cfg], role="router")
         try:
             waited = wait_http(p, base + "/health", timeout=60)
         except (RuntimeError, TimeoutError) as e:

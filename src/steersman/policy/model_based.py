@@ -121,7 +121,7 @@ def _reason(feasible: bool, stayed: bool) -> str:
         return "cheapest meeting the SLO"
     if stayed:
         return "holder of its prompt (another replica meets the SLO; computing the prompt there costs the fleet more)"
-    return "no replica meets the SLO (the scores chose among the least late)"
+    return "no replica meets the SLO (one of the least late: the scores chose unless it was alone)"
 
 
 def raw_cached(ctx: DecisionContext) -> np.ndarray:
