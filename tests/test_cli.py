@@ -1,5 +1,6 @@
 """The commands a user types: `steersman up`, `serve`, `engine-sim`, `defaults`."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -84,14 +85,14 @@ from steersman.cli._run import run_service
 
 async def start():
     def probe():
-        print("frozen", gc.get_freeze_count(), flush=True)
+        print("frozen", gc.get_freeze_count(), "threshold0", gc.get_threshold()[0], flush=True)
         os.kill(os.getpid(), signal.SIGINT)
     asyncio.get_running_loop().call_later(0.05, probe)
 
 async def stop():
     print("stopped", flush=True)
 
-run_service(start, stop, freeze=sys.argv[1] == "1")
+run_service(start, stop, freeze=sys.argv[1] == "1", gc_threshold0=int(sys.argv[2]) if len(sys.argv) > 2 else None)
 """
 
 
@@ -104,3 +105,18 @@ def test_a_started_service_freezes_its_heap_out_of_the_collector(freeze):
     frozen = int(r.stdout.split("frozen")[1].split()[0])
     assert (frozen > 1000) if freeze else frozen == 0, r.stdout
     assert "stopped" in r.stdout
+
+
+def test_a_started_service_sets_the_young_collection_threshold():
+    # gateway.gc_threshold0: set once started; None leaves Python's own
+    for arg, want in ((["12345"], 12345), ([], gc.get_threshold()[0])):
+        r = subprocess.run([sys.executable, "-c", _FREEZE_PROBE, "1", *arg], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert int(r.stdout.split("threshold0")[1].split()[0]) == want, r.stdout
+
+
+def test_the_gateway_refuses_a_young_collection_threshold_below_one(tmp_path):
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text("gateway: {gc_threshold0: 0}\nendpoints:\n  - {url: 'http://127.0.0.1:9', models: [m]}\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "gc_threshold0" in r.stderr and "Traceback" not in r.stderr, r.stderr

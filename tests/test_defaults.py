@@ -29,6 +29,7 @@ PINNED = {
     "gateway.unhealthy_after_failures": 3,
     "gateway.admin_key_sha256": None,
     "gateway.gc_freeze": True,
+    "gateway.gc_threshold0": 10_000,
     "gateway.isolate_tenant_caches": False,
     "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,

@@ -96,7 +96,7 @@ def _run(cfg, engines: tuple[str, int] | None = None) -> None:
                 await procs.stop()
 
     try:
-        run_service(start, stop, freeze=cfg.gateway.gc_freeze)
+        run_service(start, stop, freeze=cfg.gateway.gc_freeze, gc_threshold0=cfg.gateway.gc_threshold0)
     except Exception as e:  # an engine that does not start: say why, no traceback
         from steersman.fleet.processes import EngineStartError
 

@@ -114,6 +114,17 @@ class Exchange:
         if not self.complete:
             self.conn.close()
 
+    def release(self) -> None:
+        """The caller is done with this exchange: abort it if unfinished and drop its sink.
+
+        The sink (a relay) usually holds the request's context, which holds the client request whose
+        producer is this exchange: a reference cycle per request.  Left in place, every request's
+        objects (~17) outlived it as cyclic garbage, and the collector's passes over them cost ~5% of
+        the gateway's CPU at 64 streams with pauses up to ~36 ms, a stall of every stream in flight.
+        """
+        self.abort()
+        self._sink = None
+
     # -- from the connection ------------------------------------------------------------
     def _fail(self, err: Exception) -> None:
         for f in (self._head, self._done):
@@ -144,6 +155,7 @@ class _UpConn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.parser = None  # type: ignore[assignment]  # it references this protocol: a cycle otherwise
         self.pool._forget(self)
         ex = self.exchange
         if ex is not None and not ex.complete:

@@ -180,6 +180,10 @@ class _Connection(asyncio.Protocol):
             self._timer = None
         if self._task is not None and not self._task.done():
             self._task.cancel()  # the client went away: cancel its request
+        # the parser, the request, its task and the deadline action reference this connection: dropping them
+        # leaves no cycle for the garbage collector (a client opening a connection per request made one each)
+        self._task = self._current = self._on_due = None
+        self.parser = None  # type: ignore[assignment]
         self._queue.clear()
         if self._drain is not None and not self._drain.done():
             self._drain.set_exception(ConnectionResetError("client disconnected"))

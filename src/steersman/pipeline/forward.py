@@ -218,7 +218,9 @@ class Forward:
             return Fail(_mid_stream(ctx, upstream_failed(f"Engine {rep.name} failed mid-response: {e}", 502)), retry)
         finally:
             if ex is not None:
-                ex.abort()  # no-op when the response completed
+                ex.release()  # aborts it unless the response completed; frees the relay (no reference cycle)
+                if ctx.http.producer is ex:
+                    ctx.http.producer = None
 
     async def _whole(self, ctx: RequestContext, ex: Exchange) -> Outcome:
         body = await ex.read()

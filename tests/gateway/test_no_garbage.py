@@ -1,0 +1,60 @@
+"""A served request leaves no reference cycles: its objects are freed as it ends, not by the garbage collector.
+
+Each request's context, relay and upstream exchange once formed a cycle (client request -> producer
+exchange -> relay sink -> context -> client request): ~17 objects per request outlived it, and the
+collector's passes over them cost ~5% of the gateway's CPU at 64 streams, with pauses up to ~36 ms
+that stalled every stream in flight.  A closed client connection did too (connection -> parser ->
+connection), once per request for clients that do not keep connections alive.
+"""
+
+import gc
+import time
+
+import httpx
+
+from steersman.fleet.snapshot import IN_FLIGHT
+from steersman.http.client import Exchange
+from steersman.http.server import HttpRequest, _Connection
+from steersman.pipeline.context import RequestContext
+from steersman.pipeline.forward import _Relay
+
+_TRACKED = (RequestContext, Exchange, _Relay, HttpRequest, _Connection)
+
+
+def _served(fleet, n: int) -> None:
+    with httpx.Client(base_url=fleet.url, timeout=30) as c:
+        for i in range(n):
+            body = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": f"cycle check {i}"}],
+                    "max_tokens": 8, "stream": i % 2 == 0}
+            # every third on a connection of its own (closed after the response)
+            headers = {"connection": "close"} if i % 3 == 0 else {}
+            r = c.post("/v1/chat/completions", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+        # refused requests too: malformed JSON, an unknown model
+        assert c.post("/v1/chat/completions", content=b"{not json").status_code == 400
+        r = c.post("/v1/chat/completions", json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 404
+
+
+def _cyclic_garbage() -> dict[str, int]:
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found: dict[str, int] = {}
+        for o in gc.garbage:
+            if isinstance(o, _TRACKED):
+                found[type(o).__name__] = found.get(type(o).__name__, 0) + 1
+        return found
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+def test_served_requests_leave_no_cyclic_garbage(fleet):
+    _served(fleet, 2)  # warm: connections pooled, kernels loaded
+    gc.collect()
+    _served(fleet, 20)
+    deadline = time.monotonic() + 5  # the gateway ends a request just after the client has read its last byte
+    while fleet.gateway.fleet.live[IN_FLIGHT].sum() > 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _cyclic_garbage() == {}
