@@ -16,15 +16,14 @@ _ns = time.perf_counter_ns
 class LoadGen:
     """Closed-loop generator: `concurrency` connections, each with one request in flight."""
 
-    def __init__(self, url: str, concurrency: int, body: dict | bytes | None = None, *, client: str = "raw",
-                 timeout: float = 30.0, headers: dict | None = None, quickack: bool = False):
-        u = urlsplit(url)
-        if u.scheme != "http":
-            raise ValueError("only http:// URLs are supported")
-        self.url = url
-        self.host = u.hostname or "127.0.0.1"
-        self.port = u.port or 80
-        self.path = (u.path or "/") + (("?" + u.query) if u.query else "")
+    def __init__(self, url: str | list[str], concurrency: int, body: dict | bytes | None = None, *,
+                 client: str = "raw", timeout: float = 30.0, headers: dict | None = None, quickack: bool = False):
+        # several URLs: connection i talks to urls[i % n] (the even spread of a free, perfect round-robin
+        # router; bench/overhead's ``direct`` reference over every engine)
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("give at least one URL")
+        self.url = urls[0]
         self.concurrency = concurrency
         self.client = client
         self.timeout = timeout
@@ -32,16 +31,10 @@ class LoadGen:
         # delayed-ACK stall (see bench/PEERS.md, sglang-router). Real clients do not do this.
         self.quickack = quickack
         self.body = body if isinstance(body, bytes) else dumps(body if body is not None else chat_body())
-        hdrs = {"Host": f"{self.host}:{self.port}", "Content-Type": "application/json", "Accept": "text/event-stream",
-                "Content-Length": str(len(self.body))}
-        hdrs.update(headers or {})
-        self.headers = hdrs
-        self.request_bytes = (
-            f"POST {self.path} HTTP/1.1\r\n".encode()
-            + b"".join(f"{k}: {v}\r\n".encode() for k, v in hdrs.items())
-            + b"\r\n"
-            + self.body
-        )
+        self.targets = [self._target(u, headers) for u in urls]
+        if client == "aiohttp" and len(urls) > 1:
+            raise ValueError("the aiohttp client takes one URL")
+        self.host, self.port, self.path, self.headers, self.request_bytes = self.targets[0]
         self.loop: asyncio.AbstractEventLoop | None = None
         self.conns: list = []
         self._session = None
@@ -51,6 +44,19 @@ class LoadGen:
         self._left = 0
         self._active = 0
         self._finished: asyncio.Future | None = None
+
+    def _target(self, url: str, headers: dict | None) -> tuple[str, int, str, dict, bytes]:
+        u = urlsplit(url)
+        if u.scheme != "http":
+            raise ValueError("only http:// URLs are supported")
+        host, port = u.hostname or "127.0.0.1", u.port or 80
+        path = (u.path or "/") + (("?" + u.query) if u.query else "")
+        hdrs = {"Host": f"{host}:{port}", "Content-Type": "application/json", "Accept": "text/event-stream",
+                "Content-Length": str(len(self.body))}
+        hdrs.update(headers or {})
+        raw = (f"POST {path} HTTP/1.1\r\n".encode() + b"".join(f"{k}: {v}\r\n".encode() for k, v in hdrs.items())
+               + b"\r\n" + self.body)
+        return host, port, path, hdrs, raw
 
     # ---- connections
     async def connect(self):
@@ -62,11 +68,12 @@ class LoadGen:
             return
         # open all connections up front (in batches, to spare the listener's backlog)
         for i in range(0, self.concurrency, 64):
-            batch = [self._open() for _ in range(min(64, self.concurrency - i))]
+            batch = [self._open(j % len(self.targets)) for j in range(i, min(i + 64, self.concurrency))]
             self.conns.extend(await asyncio.gather(*batch))
 
-    async def _open(self) -> RawConn:
-        _, proto = await self.loop.create_connection(lambda: RawConn(self), self.host, self.port)
+    async def _open(self, target: int = 0) -> RawConn:
+        host, port, _, _, raw = self.targets[target]
+        _, proto = await self.loop.create_connection(lambda: RawConn(self, target, raw), host, port)
         await proto.connected
         return proto
 
@@ -117,7 +124,7 @@ class LoadGen:
                 self.conns.remove(conn)
             except ValueError:
                 pass
-            self.loop.create_task(self._reconnect_and_issue())
+            self.loop.create_task(self._reconnect_and_issue(conn.target))
             return True
         self._left -= 1
         conn.send(Record(0))
@@ -133,16 +140,16 @@ class LoadGen:
         if not self._issue(conn):
             self._check_finished()
 
-    async def _reconnect_and_issue(self):
+    async def _reconnect_and_issue(self, target: int = 0):
         # the caller counted this slot in _active already
         try:
-            c = await self._open()
+            c = await self._open(target)
         except OSError as e:
             self._left -= 1  # a failed connect counts as a failed request
             self._records.append(Record(_ns(), status=0, error=f"connect: {e!r}"))
             await asyncio.sleep(0.05)
             if self._left > 0 and _ns() < self._deadline_ns:
-                self.loop.create_task(self._reconnect_and_issue())
+                self.loop.create_task(self._reconnect_and_issue(target))
             else:
                 self._active -= 1
                 self._check_finished()

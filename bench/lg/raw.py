@@ -26,8 +26,10 @@ _H_START, _H_BODY_CHUNKED, _H_BODY_LEN, _H_BODY_EOF = 0, 1, 2, 3
 class RawConn(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection issuing one streaming request at a time."""
 
-    def __init__(self, gen: LoadGen):
+    def __init__(self, gen: LoadGen, target: int = 0, request_bytes: bytes | None = None):
         self.gen = gen
+        self.target = target  # which of the generator's URLs this connection talks to
+        self.request_bytes = gen.request_bytes if request_bytes is None else request_bytes
         self.tr = None
         self.connected = gen.loop.create_future()
         self.rec: Record | None = None
@@ -250,7 +252,7 @@ class RawConn(asyncio.Protocol):
         if self.sock is not None:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         rec.start_ns = _ns()
-        self.tr.write(g.request_bytes)
+        self.tr.write(self.request_bytes)
 
     def _timeout(self):
         self.timer = None

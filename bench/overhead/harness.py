@@ -74,9 +74,8 @@ class Bench:
         a = self.a
         out: dict = {"status": "ok", "latency": {}, "throughput": None}
         router = None
-        if setup == "direct":
-            base = self.engine_urls[0]
-            out["url"] = base
+        if setup == "direct":  # the engines themselves, the streams spread evenly (a free, perfect round-robin)
+            out["url"] = self.engine_urls
         else:
             try:
                 router, base, waited = start_router(setup, a, self.pg, self.engine_urls)
@@ -85,7 +84,7 @@ class Bench:
                 return {"status": "skipped", "reason": str(e)}
             out.update(url=base, ready_s=waited, argv=router.argv, pid=router.pid)
             self.log(f"{setup} ready at {base} in {waited:.2f}s (pid {router.pid})")
-        url = base + self.path
+        url = [u + self.path for u in self.engine_urls] if router is None else base + self.path
         try:
             # sanity: a few requests, all must succeed
             chk = await loadgen.LoadGen(url, 1, self.body, timeout=a.request_timeout, quickack=quickack).run(requests=3)

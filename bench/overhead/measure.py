@@ -10,9 +10,11 @@ import loadgen
 from procs import Proc, all_procs_ticks, descendants, foreign_cpu
 
 
-async def phase(url: str, conc: int, body: dict, duration: float, *, engines: list[Proc], router: Proc | None,
+async def phase(url: str | list[str], conc: int, body: dict, duration: float, *, engines: list[Proc], router: Proc | None,
                 warmup: float, timeout: float, quickack: bool = False) -> dict:
     """Closed loop at `conc` streams: `warmup` s discarded, then `duration` s measured.
+
+    ``url`` may be a list: stream i then talks to ``url[i % n]`` (the ``direct`` reference over every engine).
 
     Returns loadgen's summary plus ``other_load`` (CPU of processes not ours) and
     ``cpu`` (router / engines / client CPU per request and utilisation).

@@ -38,7 +38,8 @@ from setups import SkipSetup, start_engines, start_router  # noqa: E402
 async def rounds(bench: Bench, n_rounds: int, conc: int) -> dict[str, list[dict]]:
     a = bench.a
     bench.engines, bench.engine_urls = start_engines(a, bench.pg, bench.log)
-    urls: dict[str, tuple[str, object]] = {"direct": (bench.engine_urls[0] + bench.path, None)}
+    # direct: the streams spread evenly over every engine (what a free, perfect round-robin router would do)
+    urls: dict[str, tuple[str | list[str], object]] = {"direct": ([u + bench.path for u in bench.engine_urls], None)}
     for setup in a.setups:
         if setup == "direct":
             continue

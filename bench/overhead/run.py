@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """bench/overhead: latency and CPU added by an LLM gateway vs talking to the engine directly.
 
-For each setup -- ``direct`` (client -> one engine), ``steersman`` (``steersman
+For each setup -- ``direct`` (client -> the engines, streams spread evenly), ``steersman`` (``steersman
 serve``), ``vllm-router`` and ``sglang-router`` (Rust routers from PyPI, in
 ``bench/.venv-peers``), all in front of the same engine replicas -- and each
 concurrency (1, 64, 256 closed-loop streams) it measures TTFT and
