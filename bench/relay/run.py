@@ -38,7 +38,7 @@ class _Http:
     def __init__(self) -> None:
         self.n = 0
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, end: bool = False) -> None:
         self.n += len(data)
 
 
@@ -99,8 +99,10 @@ def run(kind: str, chunks: list[bytes], requests: int, metrics: GatewayMetrics) 
         else:
             cont = Continuation(req, BODY, None)
             cont.begin_leg()
-            r = _Relay(ctx, None, clock, metrics, cont, False, 1 << 20, None)
-            for c in chunks:
+            ex = SimpleNamespace(last=False)  # the upstream exchange: ``last`` marks the response's last bytes
+            r = _Relay(ctx, None, clock, metrics, cont, False, 1 << 20, ex)
+            for i, c in enumerate(chunks):
+                ex.last = i == len(chunks) - 1
                 r(c)
             assert cont.done and r.error is None
     return (time.process_time() - t0) / requests * 1e6
