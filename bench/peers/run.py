@@ -10,6 +10,13 @@ short prompts, one at a time, interleaved).  Ratios are against steersman, all f
 
     .venv/bin/python bench/peers/run.py                 # both fleets, ~4-6 minutes on 2 cores
     .venv/bin/python bench/peers/run.py --fleets sim --sim-replicas 8
+    .venv/bin/python bench/peers/run.py --fleets llamacpp --rounds 3   # medians of 3 rounds, order rotated
+
+With ``--rounds K`` every setup runs K times, the setups' order rotated each round (so none always
+runs first or last on a drifting machine); the table shows each column's median over the rounds, and
+a second table counts in how many rounds steersman beat each peer on each column.  48 requests on
+two llama-server replicas give a TTFT p50 that moves 2x between runs; the medians and the counts are
+what to read there.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ def parse_args(argv=None):
     ap.add_argument("--tenants", type=int, default=6)
     ap.add_argument("--unique-frac", type=float, default=0.2)
     ap.add_argument("--probe-pairs", type=int, default=40, help="added-latency probe: direct/router request pairs")
+    ap.add_argument("--rounds", type=int, default=1, help="run every setup this many times, order rotated; report medians")
     ap.add_argument("--peers-venv", default=str(HERE.parent / ".venv-peers"))
     ap.add_argument("--out", default=str(HERE / "results.json"))
     return ap.parse_args(argv)
@@ -106,10 +114,48 @@ def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, ma
     }
 
 
+#: the columns compared, and whether lower is better
+COLUMNS = (("ttft_p50_ms", True), ("ttft_p99_ms", True), ("output_tok_s", False), ("prefix_hit_rate", False),
+           ("added_ttft_p50_ms", True))
+
+
+def medians(runs: list[dict]) -> dict:
+    """One row per setup from its rounds: each column's median (a setup skipped in any round is skipped)."""
+    skipped = next((r for r in runs if "skipped" in r), None)
+    if skipped is not None:
+        return skipped
+    row = {"setup": runs[0]["setup"], "rounds": len(runs), "requests": sum(r["requests"] for r in runs),
+           "ok": sum(r["ok"] for r in runs), "errors": sorted({e for r in runs for e in r["errors"]})[:3]}
+    for col, _ in COLUMNS:
+        row[col] = statistics.median(r[col] for r in runs)
+    return row
+
+
+def wins(by_setup: dict[str, list[dict]]) -> list[str]:
+    """Per peer and column: in how many rounds steersman was better (ties count half)."""
+    ref = by_setup.get("steersman")
+    if not ref or any("skipped" in r for r in ref):
+        return []
+    lines = ["rounds steersman won, per peer and column (a tie counts half)"]
+    for setup, runs in by_setup.items():
+        if setup == "steersman" or any("skipped" in r for r in runs):
+            continue
+        cells = []
+        for col, lower in COLUMNS:
+            w = 0.0
+            for mine, theirs in zip(ref, runs):
+                a, b = mine[col], theirs[col]
+                w += 0.5 if a == b else float((a < b) if lower else (a > b))
+            cells.append(f"{col} {w:g}/{len(runs)}")
+        lines.append(f"  {setup:26} " + "  ".join(cells))
+    return lines
+
+
 def table(fleet: str, rows: list[dict]) -> str:
     ref = next((r for r in rows if r["setup"] == "steersman" and "skipped" not in r), None)
     head = f"{'setup':28} {'ok':>7} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'out tok/s':>10} {'prefix hit':>10} {'added ms':>9}"
-    lines = [f"== {fleet}", head]
+    lines = [f"== {fleet}" + (f" (medians of {rows[0]['rounds']} rounds)" if rows and rows[0].get("rounds", 1) > 1 else ""),
+             head]
     for r in rows:
         if "skipped" in r:
             lines.append(f"{r['setup']:28} skipped: {r['skipped']}")
@@ -147,15 +193,23 @@ def main(argv=None) -> int:
             conc, mt = a.sim_concurrency, a.sim_max_tokens
         else:
             raise SystemExit(f"unknown fleet {fleet!r}")
-        rows = []
-        for setup in setups:
-            log(f"{fleet}: {setup} ({len(reqs)} requests, {conc} streams, {spec.replicas} replicas)")
-            rows.append(run_setup(setup, spec, reqs, a, conc, mt, log))
-            if "skipped" not in rows[-1]:
-                r = rows[-1]
-                log(f"  ok {r['ok']}/{r['requests']} TTFT p50 {r['ttft_p50_ms']:.1f} ms, hit {r['prefix_hit_rate']:.1%} {r['errors'] or ''}")
+        by_setup: dict[str, list[dict]] = {s: [] for s in setups}
+        for k in range(a.rounds):
+            order = setups[k % len(setups):] + setups[:k % len(setups)]  # rotated: no setup always first or last
+            for setup in order:
+                tag = f" round {k + 1}/{a.rounds}" if a.rounds > 1 else ""
+                log(f"{fleet}:{tag} {setup} ({len(reqs)} requests, {conc} streams, {spec.replicas} replicas)")
+                r = run_setup(setup, spec, reqs, a, conc, mt, log)
+                by_setup[setup].append(r)
+                if "skipped" not in r:
+                    log(f"  ok {r['ok']}/{r['requests']} TTFT p50 {r['ttft_p50_ms']:.1f} ms, hit {r['prefix_hit_rate']:.1%} {r['errors'] or ''}")
+        rows = [medians(runs) if a.rounds > 1 else runs[0] for runs in by_setup.values()]
         out["fleets"][fleet] = rows
+        if a.rounds > 1:
+            out.setdefault("rounds", {})[fleet] = by_setup
         print(table(f"{fleet} x{spec.replicas}", rows), flush=True)
+        if a.rounds > 1:
+            print("\n".join(wins(by_setup)), flush=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=str))
     log(f"wrote {a.out}")
     return 0

@@ -219,7 +219,7 @@ class Forward:
         finally:
             if ex is not None:
                 ex.release()  # aborts it unless the response completed; frees the relay (no reference cycle)
-                if ctx.http.producer is ex:
+                if getattr(ctx.http, "producer", None) is ex:
                     ctx.http.producer = None
 
     async def _whole(self, ctx: RequestContext, ex: Exchange) -> Outcome:
