@@ -17,6 +17,8 @@ from steersman.http.client import Exchange
 from steersman.http.server import HttpRequest, _Connection
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import _Relay
+from steersman.testing import LiveFleet
+from tests.gateway.conftest import sims
 
 _TRACKED = (RequestContext, Exchange, _Relay, HttpRequest, _Connection)
 
@@ -58,3 +60,27 @@ def test_served_requests_leave_no_cyclic_garbage(fleet):
     while fleet.gateway.fleet.live[IN_FLIGHT].sum() > 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _cyclic_garbage() == {}
+
+
+def _gc_pauses(fleet, generation: str) -> float:
+    text = httpx.get(fleet.url + "/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("steersman:gc_pause_seconds_count{") and f'generation="{generation}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no steersman:gc_pause_seconds series for generation " + generation)
+
+
+def test_gc_pauses_are_exported_while_the_gateway_runs(fleet):
+    # steersman:gc_pause_seconds: every collection in the process is timed, by generation
+    before = _gc_pauses(fleet, "2")
+    for _ in range(3):
+        gc.collect()
+    assert _gc_pauses(fleet, "2") >= before + 3
+    assert _gc_pauses(fleet, "0") >= 0
+
+
+def test_a_stopped_gateway_leaves_the_collector_callbacks_as_they_were():
+    with LiveFleet(sims=sims(1), policy="least-request") as lf:
+        callback = lf.gateway.metrics.gc._callback
+        assert callback in gc.callbacks
+    assert callback not in gc.callbacks

@@ -120,6 +120,7 @@ class Gateway(RequestLifecycle):
         self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
+        self.metrics.gc.install()
         self.metrics.track_queue(lambda: float(self.plane.waiting))
         if self.admin.open:
             log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open")
@@ -175,6 +176,7 @@ class Gateway(RequestLifecycle):
             self.fleet.set_models(rep.index, models)
 
     async def stop(self) -> None:
+        self.metrics.gc.uninstall()
         await self.http.stop()
         self.stop_lifecycle()
         if self.scraper is not None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics, generate_latest
 
+from steersman.obs.gcwatch import GC_BUCKETS, GcPauses
 from steersman.obs.histogram import CounterFamily, FastHistogram, HistogramFamily
 
 __all__ = ["GatewayMetrics"]
@@ -42,7 +43,11 @@ class GatewayMetrics:
             "steersman:routes", "Dispatches to a replica, by model and what the route predicted of the request's SLO: "
             "met, missed (no replica was predicted to meet it: an overload signal), none (the profile does not predict).",
             ["model", "slo_prediction"])
-        for fam in (self.requests, self.upstream_errors, self.routes, self._ttft, self._itl, self._e2e):
+        gc_pauses = HistogramFamily("steersman:gc_pause_seconds", "Garbage-collector pauses of the gateway process by "
+                                    "generation: the event loop (every stream in flight) stalls for each.",
+                                    ["generation"], GC_BUCKETS)
+        self.gc = GcPauses(gc_pauses)  # installed while the gateway runs (Gateway.start / stop)
+        for fam in (self.requests, self.upstream_errors, self.routes, self._ttft, self._itl, self._e2e, gc_pauses):
             r.register(fam)
         self._in_flight = Gauge("steersman:requests_in_flight", "Requests being served.", registry=r)
         self._queued = Gauge("steersman:requests_queued", "Requests waiting in the gateway queue.", registry=r)
