@@ -198,12 +198,9 @@ class Pipeline:
         active = self._active.setdefault(i, set()) if i is not None else None
         if active is not None:
             active.add(ctx)
-            # asyncio.current_task() without a loop costs a getpid syscall on CPython 3.11: pass the loop
-            task = asyncio.current_task(self._loop) if self._loop is not None else None
-            if task is None:
-                self._loop = asyncio.get_running_loop()
-                task = asyncio.current_task(self._loop)
-            self._tasks[ctx] = task  # type: ignore[assignment]
+            # not a local of this frame: a cancellation's traceback holds the frame, the task holds the
+            # cancellation, and a local naming the task would close a reference cycle per cancelled request
+            self._tasks[ctx] = self._current_task()
         try:
             left = self.retrier.remaining(ctx.sched)
             if left is None:
@@ -224,6 +221,15 @@ class Pipeline:
                 active.discard(ctx)
                 self._tasks.pop(ctx, None)
                 self._cancelling.discard(ctx)
+
+    def _current_task(self) -> asyncio.Task:
+        # asyncio.current_task() without a loop costs a getpid syscall on CPython 3.11: pass the loop
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        if task is None:
+            self._loop = asyncio.get_running_loop()
+            task = asyncio.current_task(self._loop)
+        assert task is not None
+        return task
 
     async def _before_deadline(self, ctx: RequestContext, forward: Stage, left: float) -> Outcome:
         task = asyncio.ensure_future(forward.run(ctx))
