@@ -86,7 +86,8 @@ class OpenAIHttpAdapter:
 
     async def _get(self, replica: ReplicaAddress, path: str) -> tuple[int, bytes]:
         try:
-            return await asyncio.wait_for(self.pool.get(replica.endpoint, path), self._settings.metrics_timeout_s)
+            async with asyncio.timeout(self._settings.metrics_timeout_s):  # not wait_for: no task, no cycle (see _connect)
+                return await self.pool.get(replica.endpoint, path)
         except TimeoutError:
             raise UpstreamError(f"{replica.name} {path} took longer than {self._settings.metrics_timeout_s} s", connected=True) from None
 

@@ -141,7 +141,8 @@ class _UpConn(asyncio.Protocol):
         self.key = key
         self.loop = asyncio.get_running_loop()  # made by the loop's protocol factory; a lookup costs a getpid
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
+        self.parser: httptools.HttpResponseParser | None = None  # made once connected: it references this protocol,
+        # a cycle that connection_lost breaks (a connection that never came up gets neither)
         self.exchange: Exchange | None = None
         self.reused = False
         self.idle_since = 0.0
@@ -149,13 +150,14 @@ class _UpConn(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
+        self.parser = httptools.HttpResponseParser(self)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self.parser = None  # type: ignore[assignment]  # it references this protocol: a cycle otherwise
+        self.parser = None  # it references this protocol: a cycle otherwise
         self.pool._forget(self)
         ex = self.exchange
         if ex is not None and not ex.complete:
@@ -169,7 +171,7 @@ class _UpConn(asyncio.Protocol):
             return
         ex.got_bytes = True
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(data)  # type: ignore[union-attr]
         except httptools.HttpParserError as e:
             self._batch.clear()
             self.exchange = None
@@ -208,7 +210,7 @@ class _UpConn(asyncio.Protocol):
             ex.last = True  # type: ignore[union-attr]
             self._flush(ex)  # the last bytes reach the sink before the response counts as done
         self.exchange = None
-        keep = self.parser.should_keep_alive()
+        keep = self.parser.should_keep_alive()  # type: ignore[union-attr]
         self.parser = httptools.HttpResponseParser(self)
         ex.complete = True  # type: ignore[union-attr]
         if not ex._done.done():  # type: ignore[union-attr]
@@ -241,7 +243,11 @@ class UpstreamPool:
                 self._ssl = ssl.create_default_context()
             ctx = self._ssl
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: _UpConn(self, key), ep.host, ep.port, ssl=ctx), self.connect_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the connect in a task of its own, and a
+            # failed connect's error then held that task in a reference cycle (through wait_for's frame), one
+            # per attempt at a dead engine (the scraper tries every metrics interval)
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: _UpConn(self, key), ep.host, ep.port, ssl=ctx)
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise UpstreamError(f"cannot connect to {ep.host}:{ep.port}: {e or type(e).__name__}", connected=False) from None
         self._all.add(conn)
