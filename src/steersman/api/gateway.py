@@ -69,7 +69,7 @@ class Gateway(RequestLifecycle):
         self.scheduler_settings = cfg.scheduler
         self.block_size = DEFAULTS.engine.block_size
         self.clock = clock or WallClock()
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics(self.settings.loop_lag_interval_s)
         self.metrics.registry.register(PLUGIN_LATENCY)
         if cfg.policy in cfg.profiles:
             self.policy = make_profile(cfg.policy, cfg.profiles[cfg.policy], cfg.scheduler)
@@ -121,6 +121,7 @@ class Gateway(RequestLifecycle):
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
         self.metrics.gc.install()
+        self.metrics.loop_lag.start()
         self.metrics.track_queue(lambda: float(self.plane.waiting))
         if self.admin.open:
             log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open")
@@ -177,6 +178,7 @@ class Gateway(RequestLifecycle):
 
     async def stop(self) -> None:
         self.metrics.gc.uninstall()
+        self.metrics.loop_lag.stop()
         await self.http.stop()
         self.stop_lifecycle()
         if self.scraper is not None:

@@ -47,6 +47,11 @@ class GatewaySettings:
         "over 2 engine-sims (2026-11-30, fourth session): 249 collections in 20 s, 1.5% of the gateway's CPU and "
         "pauses up to 12 ms at 700, none at 10,000 (a pass over 10,000 young objects takes ~1-3 ms when one runs)"
     )
+    loop_lag_interval_s: float = setting(
+        0.1, "steersman:event_loop_lag_seconds samples the event loop's lag every 100 ms: 10 timer wake-ups a "
+        "second cost nothing measurable and a 15 s Prometheus scrape still sees ~150 samples (the interval of "
+        "Node.js's perf_hooks.monitorEventLoopDelay default is 10 ms; a gateway needs less)"
+    )
     isolate_tenant_caches: bool = setting(
         False, "vLLM shares prefix-cache blocks across all requests (a cache hit is a timing side channel between "
         "tenants); true adds a per-tenant `cache_salt` (vLLM's request field) at the cost of cross-tenant hits"
@@ -64,5 +69,7 @@ class GatewaySettings:
     )
 
     def __post_init__(self) -> None:
+        if not self.loop_lag_interval_s > 0:
+            raise ValueError(f"loop_lag_interval_s must be > 0, got {self.loop_lag_interval_s}")
         if self.gc_threshold0 < 1:
             raise ValueError(f"gc_threshold0 must be >= 1 (objects between young collections), got {self.gc_threshold0}")

@@ -12,8 +12,10 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics, generate_latest
 
+from steersman.config import DEFAULTS
 from steersman.obs.gcwatch import GC_BUCKETS, GcPauses
 from steersman.obs.histogram import CounterFamily, FastHistogram, HistogramFamily
+from steersman.obs.looplag import LAG_BUCKETS, LoopLag
 
 __all__ = ["GatewayMetrics"]
 
@@ -32,7 +34,7 @@ class _PerModel:
 
 
 class GatewayMetrics:
-    def __init__(self) -> None:
+    def __init__(self, loop_lag_interval_s: float = DEFAULTS.gateway.loop_lag_interval_s) -> None:
         r = self.registry = CollectorRegistry(auto_describe=False)
         self.requests = CounterFamily("steersman:requests", "Requests answered, by model and HTTP status.", ["model", "status"])
         self.upstream_errors = CounterFamily("steersman:upstream_errors", "Failures talking to engines, by replica and kind.", ["replica", "kind"])
@@ -47,7 +49,12 @@ class GatewayMetrics:
                                     "generation: the event loop (every stream in flight) stalls for each.",
                                     ["generation"], GC_BUCKETS)
         self.gc = GcPauses(gc_pauses)  # installed while the gateway runs (Gateway.start / stop)
-        for fam in (self.requests, self.upstream_errors, self.routes, self._ttft, self._itl, self._e2e, gc_pauses):
+        loop_lag = HistogramFamily("steersman:event_loop_lag_seconds", "How late the gateway's event loop ran a timer "
+                                   "that was due: the wait every request and relayed chunk in flight shares.", [],
+                                   LAG_BUCKETS)
+        self.loop_lag = LoopLag(loop_lag.labels(), loop_lag_interval_s)  # started while the gateway runs
+        for fam in (self.requests, self.upstream_errors, self.routes, self._ttft, self._itl, self._e2e, gc_pauses,
+                    loop_lag):
             r.register(fam)
         self._in_flight = Gauge("steersman:requests_in_flight", "Requests being served.", registry=r)
         self._queued = Gauge("steersman:requests_queued", "Requests waiting in the gateway queue.", registry=r)
