@@ -63,7 +63,6 @@ def test_a_saturated_gateway_refuses_new_work_but_critical_and_recovers():
         std = openai.OpenAI(base_url=lf.url + "/v1", api_key=keys["std"], max_retries=0, timeout=30)
         vip = openai.OpenAI(base_url=lf.url + "/v1", api_key=keys["vip"], max_retries=0, timeout=30)
         ask = dict(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
-        assert "overload" in [st.name for st in lf.gateway.pipeline.stages]
         assert std.chat.completions.create(**ask).choices[0].message.content  # calm: served
 
         _lagging(lf, 0.2)  # 200 ms late on every sample of the window
@@ -81,9 +80,3 @@ def test_a_saturated_gateway_refuses_new_work_but_critical_and_recovers():
         assert f'steersman_overload_refused_total{{model="{MODEL}"}} 1.0' in text
         std.close()
         vip.close()
-
-
-def test_off_by_default_the_stage_is_not_in_the_request_path():
-    with LiveFleet(sims=[SimServerConfig(gpu="H100", model=MODEL, speedup=50.0, port=0)]) as lf:
-        names = [st.name for st in lf.gateway.pipeline.stages]
-        assert "overload" not in names and names[:3] == ["parse", "authenticate", "resolve-model"]

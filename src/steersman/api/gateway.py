@@ -137,7 +137,7 @@ class Gateway(RequestLifecycle):
                 ParseRequest(self.settings),
                 Authenticate(self.tenants),
                 ResolveModel(self.fleet),
-                *([Overload(self)] if self.settings.overload_loop_lag_s is not None else []),  # opt-in: no stage when off
+                Overload(self),
                 Describe(self),
                 Brownout(self),
                 Schedule(self),

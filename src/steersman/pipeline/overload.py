@@ -7,8 +7,7 @@ new request arriving while the loop has been at least that late on every sample 
 the last half second (:attr:`steersman.obs.looplag.LoopLag.sustained`) gets 503 with
 ``Retry-After`` once its tenant and model are known, before it is described, routed or sent:
 clients back off or go to another gateway replica.  Critical tenants are still
-admitted.  Counted in ``steersman_overload_refused_total``.  Off by default (then the gateway leaves the
-stage out of the request path).
+admitted.  Counted in ``steersman_overload_refused_total``.  Off by default.
 """
 
 from __future__ import annotations
@@ -38,6 +37,8 @@ class Overload:
         gateway.metrics.registry.register(self.refused)
 
     async def run(self, ctx: RequestContext) -> Outcome:
+        if self.threshold is None:
+            return CONTINUE
         assert ctx.tenant is not None
         lag = self.lag.sustained
         if not gateway_overloaded(ctx.tenant.priority, lag, self.threshold):
