@@ -31,7 +31,6 @@ PINNED = {
     "gateway.gc_freeze": True,
     "gateway.gc_threshold0": 10_000,
     "gateway.loop_lag_interval_s": 0.1,
-    "gateway.overload_loop_lag_s": None,
     "gateway.isolate_tenant_caches": False,
     "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,

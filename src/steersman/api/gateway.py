@@ -37,7 +37,6 @@ from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
-from steersman.pipeline.overload import Overload
 from steersman.pipeline.brownout import Brownout
 from steersman.pipeline.runner import Pipeline, Retrier, send_error
 from steersman.pipeline.stages import ParseRequest, ResolveModel
@@ -137,7 +136,6 @@ class Gateway(RequestLifecycle):
                 ParseRequest(self.settings),
                 Authenticate(self.tenants),
                 ResolveModel(self.fleet),
-                Overload(self),
                 Describe(self),
                 Brownout(self),
                 Schedule(self),

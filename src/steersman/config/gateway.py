@@ -52,12 +52,6 @@ class GatewaySettings:
         "second cost nothing measurable and a 15 s Prometheus scrape still sees ~150 samples (the interval of "
         "Node.js's perf_hooks.monitorEventLoopDelay default is 10 ms; a gateway needs less)"
     )
-    overload_loop_lag_s: float | None = setting(
-        None, "off: the gateway admits work however late its own event loop runs (a saturated gateway core then "
-        "slows every stream in flight). A number turns on the overload guard: while the loop was late by at least "
-        "this much on every lag sample of the last 0.5 s, new requests but critical ones get 503 with Retry-After "
-        "before any routing work (Envoy's overload manager sheds on its own resource pressure the same way)"
-    )
     isolate_tenant_caches: bool = setting(
         False, "vLLM shares prefix-cache blocks across all requests (a cache hit is a timing side channel between "
         "tenants); true adds a per-tenant `cache_salt` (vLLM's request field) at the cost of cross-tenant hits"
@@ -77,7 +71,5 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         if not self.loop_lag_interval_s > 0:
             raise ValueError(f"loop_lag_interval_s must be > 0, got {self.loop_lag_interval_s}")
-        if self.overload_loop_lag_s is not None and not self.overload_loop_lag_s > 0:
-            raise ValueError(f"overload_loop_lag_s must be > 0 (or null: off), got {self.overload_loop_lag_s}")
         if self.gc_threshold0 < 1:
             raise ValueError(f"gc_threshold0 must be >= 1 (objects between young collections), got {self.gc_threshold0}")

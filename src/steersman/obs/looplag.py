@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
 
 from steersman.obs.histogram import FastHistogram
 
-__all__ = ["LoopLag", "LAG_BUCKETS", "WINDOW"]
-
-#: samples :attr:`LoopLag.sustained` looks at (0.5 s at the default 100 ms interval)
-WINDOW = 5
+__all__ = ["LoopLag", "LAG_BUCKETS"]
 
 #: an idle loop fires ~50-200 µs late here; a saturated one by milliseconds, a stalled one by seconds
 LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -39,7 +35,6 @@ class LoopLag:
         self.hist = hist
         self.interval_s = interval_s
         self._timer = timer
-        self._recent: deque[float] = deque(maxlen=WINDOW)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0.0
@@ -59,17 +54,6 @@ class LoopLag:
         self._due = self._timer() + self.interval_s
         self._handle = self._loop.call_later(self.interval_s, self._fire)
 
-    @property
-    def sustained(self) -> float:
-        """The least lag of the last :data:`WINDOW` samples (0 until there are that many): a loop late by
-        this much every time for the whole window is saturated, not hit by one pause."""
-        r = self._recent
-        return min(r) if len(r) == WINDOW else 0.0
-
-    def record(self, lag: float) -> None:
-        self.hist.observe(lag)
-        self._recent.append(lag)
-
     def _fire(self) -> None:
-        self.record(max(self._timer() - self._due, 0.0))
+        self.hist.observe(max(self._timer() - self._due, 0.0))
         self._arm()
