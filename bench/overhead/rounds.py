@@ -69,7 +69,8 @@ def report(got: dict[str, list[dict]], conc: int) -> dict:
     direct = {x["round"]: x for x in got.get("direct", [])}
     out = {}
     print(f"\nc={conc}, {max(len(v) for v in got.values())} rounds; medians over rounds, [min, max]")
-    print(f"{'setup':<20}{'TTFT p50':>10}{'added p50':>24}{'added p99':>12}{'router us/req':>15}")
+    print(f"{'setup':<20}{'TTFT p50':>10}{'added p50':>24}{'added p99':>12}{'router us/req':>15}{'served/s':>10}"
+          f"{'refused':>9}")
     for setup, rows in got.items():
         p50 = np.array([x["ttft_p50"] for x in rows])
         add = np.array([x["ttft_p50"] - direct[x["round"]]["ttft_p50"] for x in rows if x["round"] in direct])
@@ -86,6 +87,12 @@ def report(got: dict[str, list[dict]], conc: int) -> dict:
         if cpu:
             row["router_us_per_req"] = float(np.median(cpu))
             text += f"{np.median(cpu):15.0f}"
+        else:
+            text += f"{'':>15}"
+        # served = completed requests a second (TTFT is theirs); refused = answered with an error (the guard's 503s)
+        row["served_per_s"] = float(np.median([x["rps"] for x in rows]))
+        row["refused"] = float(np.median([x["errors"] for x in rows]))
+        text += f"{row['served_per_s']:10.0f}{row['refused']:9.0f}"
         print(text)
         out[setup] = row
     return out
