@@ -22,7 +22,7 @@ from steersman.obs.histogram import FastHistogram
 
 __all__ = ["LoopLag", "LAG_BUCKETS"]
 
-#: an idle loop fires ~50-200 µs late here; a saturated one by milliseconds, a stalled one by seconds
+#: an idle loop reads 0-1 ms (libuv fires timers at millisecond granularity); a saturated one milliseconds more, a stalled one seconds
 LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
