@@ -89,7 +89,7 @@ def report(got: dict[str, list[dict]], conc: int) -> dict:
             text += f"{np.median(cpu):15.0f}"
         else:
             text += f"{'':>15}"
-        # served = completed requests a second (TTFT is theirs); refused = answered with an error (the guard's 503s)
+        # served = completed requests a second (TTFT is theirs); refused = the requests answered with an error
         row["served_per_s"] = float(np.median([x["rps"] for x in rows]))
         row["refused"] = float(np.median([x["errors"] for x in rows]))
         text += f"{row['served_per_s']:10.0f}{row['refused']:9.0f}"

@@ -203,12 +203,11 @@ def main(argv=None) -> int:
                 by_setup[setup].append(r)
                 if "skipped" not in r:
                     log(f"  ok {r['ok']}/{r['requests']} TTFT p50 {r['ttft_p50_ms']:.1f} ms, hit {r['prefix_hit_rate']:.1%} {r['errors'] or ''}")
-        rows = [medians(runs) if a.rounds > 1 else runs[0] for runs in by_setup.values()]
+        rows = [medians(runs) for runs in by_setup.values()]  # one round: its own numbers
         out["fleets"][fleet] = rows
-        if a.rounds > 1:
-            out.setdefault("rounds", {})[fleet] = by_setup
         print(table(f"{fleet} x{spec.replicas}", rows), flush=True)
         if a.rounds > 1:
+            out.setdefault("rounds", {})[fleet] = by_setup
             print("\n".join(wins(by_setup)), flush=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=str))
     log(f"wrote {a.out}")
