@@ -54,7 +54,8 @@ def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str) -> list[str]:
     return urls
 
 
-def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str], peers: Path) -> str:
+def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str], peers: Path,
+                 steersman_bin: str | None = None) -> str:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     if setup.startswith("steersman"):
@@ -64,7 +65,9 @@ def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str],
             gpu = f", gpu: {spec.sim_gpu}" if spec.name == "sim" else ""
             lines.append(f'  - {{name: e{i}, url: "{u}", engine: {spec.engine_kind}, models: [{spec.model}]{gpu}}}')
         cfg.write_text("\n".join(lines) + "\n")
-        p = pg.start("steersman", [BIN / "steersman", "serve", "--config", cfg], role="router")
+        if setup.startswith("steersman@base") and not steersman_bin:
+            raise SkipSetup("steersman@base needs --baseline-bin")
+        p = pg.start("steersman", [steersman_bin or BIN / "steersman", "serve", "--config", cfg], role="router")
         wait_http(p, base + "/health", timeout=120)
         return base
     router, _, policy = setup.partition(":")

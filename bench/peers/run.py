@@ -62,6 +62,8 @@ def parse_args(argv=None):
     ap.add_argument("--unique-frac", type=float, default=0.2)
     ap.add_argument("--probe-pairs", type=int, default=40, help="added-latency probe: direct/router request pairs")
     ap.add_argument("--rounds", type=int, default=1, help="run every setup this many times, order rotated; report medians")
+    ap.add_argument("--baseline-bin", default=None,
+                    help="a `steersman` executable of older code: setup steersman@base runs it (old vs new in one run)")
     ap.add_argument("--peers-venv", default=str(HERE.parent / ".venv-peers"))
     ap.add_argument("--out", default=str(HERE / "results.json"))
     return ap.parse_args(argv)
@@ -91,7 +93,8 @@ def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, ma
     try:
         urls = start_engines(spec, pg, spec.name)
         try:
-            base = start_router(setup, spec, pg, urls, Path(a.peers_venv))
+            base = start_router(setup, spec, pg, urls, Path(a.peers_venv),
+                                steersman_bin=a.baseline_bin if setup.startswith("steersman@base") else None)
         except SkipSetup as e:
             log(f"  skip {setup}: {e}")
             return {"setup": setup, "skipped": str(e)}

@@ -1,5 +1,5 @@
 """The prefix index learns a prompt at dispatch on engines that share a prompt still prefilling (vLLM, SGLang,
-engine-sim) and at its first token on those that cache it in the slot that ran it (llama.cpp)."""
+engine-sim) and when its request ends on those that reuse it only from a free slot that ran it (llama.cpp)."""
 
 from __future__ import annotations
 
@@ -40,16 +40,27 @@ def test_a_sharing_engine_is_credited_at_dispatch():
     assert fleet.prefix.match(HASHES).tolist() == [40, 0]
 
 
-def test_a_slot_cache_engine_is_credited_only_once_the_prompt_ran():
+def test_a_slot_cache_engine_is_credited_only_once_the_prompt_ran_and_its_request_ended():
     fleet, acc = _setup()
     s = _dispatch(acc, 1, 1)
     assert fleet.prefix.match(HASHES).tolist() == [0, 0]  # a follower now would prefill it again there
     follower = _dispatch(acc, 1, 2)
     assert follower.predicted_hit_blocks == 0
     acc.first_token(s)
+    # still not: llama-server reuses a prompt only from a free slot (tests/real/test_llamacpp_slot_reuse.py)
+    assert fleet.prefix.match(HASHES).tolist() == [0, 0]
+    fleet.report(s.ticket, True)
+    fleet.end(s.ticket, 8)
     assert fleet.prefix.match(HASHES).tolist() == [0, 40]
-    acc.first_token(s)  # once only
     assert fleet.prefix.blocks_per_replica().tolist() == [0, 40]
+
+
+def test_a_prompt_that_ran_is_credited_even_if_its_client_left_mid_stream():
+    fleet, acc = _setup()
+    s = _dispatch(acc, 1, 1)
+    acc.first_token(s)
+    fleet.end(s.ticket, 3)  # no verdict: the client went away; the slot still holds the prompt it ran
+    assert fleet.prefix.match(HASHES).tolist() == [0, 40]
 
 
 def test_a_prompt_that_never_ran_is_never_credited():
@@ -57,4 +68,7 @@ def test_a_prompt_that_never_ran_is_never_credited():
     s = _dispatch(acc, 1, 1)
     fleet.report(s.ticket, False)  # the engine failed it before a first token
     fleet.end(s.ticket, 0)
+    assert fleet.prefix.match(HASHES).tolist() == [0, 0]
+    s = _dispatch(acc, 1, 2)
+    fleet.end(s.ticket, 0)  # the client left before a first token
     assert fleet.prefix.match(HASHES).tolist() == [0, 0]

@@ -68,7 +68,7 @@ class Accounting:
                              route.tpot_target_s)
         if fleet.prefix is not None and hashes:
             if fleet.caches_after_prefill[i]:
-                ticket.cache_at_first = hashes  # not reusable there until it has run
+                ticket.cache_at_end = hashes  # not reusable there until it has run and its slot is free
             elif defer_record:
                 fleet.prefix.record_later(i, hashes)
             else:

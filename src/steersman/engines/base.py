@@ -41,9 +41,11 @@ class EngineAdapter(Protocol):
     kind: str
     #: Can a request reuse prompt blocks that another request on the same replica is still prefilling?
     #: vLLM v1 and SGLang register a prompt's blocks as they are scheduled, so a follower shares them;
-    #: llama.cpp caches a prompt in the slot that ran it, so concurrent requests each prefill their own
-    #: copy and only a finished prompt can be reused.  When False the gateway credits the replica with
-    #: a prompt's blocks at its first token instead of at dispatch.
+    #: llama.cpp caches a prompt in the slot that ran it, and a slot's prompt is reused only once the slot
+    #: is free: a follower sent at the holder's first token prefilled the whole prompt again (cache_n 0 of
+    #: 311 tokens, llama-server of llama-cpp-python 0.3.36), one sent after the holder ended reused 298.
+    #: When False the gateway credits the replica with a prompt's blocks when its request ends (if it ran)
+    #: instead of at dispatch; ``tests/real/test_llamacpp_slot_reuse.py`` pins the engine's behaviour.
     shares_prefill_in_flight: bool
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes,

@@ -100,7 +100,7 @@ def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: i
 class LlamaCppAdapter(OpenAIHttpAdapter):
     """llama-server: requests as any OpenAI server; load from ``/metrics`` + ``/slots``."""
 
-    shares_prefill_in_flight = False  # a prompt is cached in the slot that ran it (see EngineAdapter)
+    shares_prefill_in_flight = False  # a prompt is reused from the slot that ran it, once free (see EngineAdapter)
 
     def __init__(self, kind: str = "llamacpp", settings: GatewaySettings = DEFAULTS.gateway) -> None:
         super().__init__(kind, settings)

@@ -67,8 +67,8 @@ class Ticket:
     key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
     streamed: bool = True  # False: the engine answers all at once, so its "first token" is the whole response
     tpot_target: float = 0.0  # the TPOT it must keep (x its margin): later requests must not slow it past that
-    cache_at_first: Sequence[int] | None = None  # prompt blocks the prefix index credits the replica with at the
-    # first token (an engine that cannot share a prompt still prefilling: see EngineAdapter.shares_prefill_in_flight)
+    cache_at_end: Sequence[int] | None = None  # prompt blocks the prefix index credits the replica with when the
+    # request ends, if it ran (an engine whose slot frees its prompt only then: see EngineAdapter.shares_prefill_in_flight)
 
 
 def _or_one(x: float) -> float:
@@ -119,7 +119,7 @@ class Fleet:
         self._names = tuple(r.name for r in reps)
         self._gpus = tuple(r.gpu for r in reps)
         self._pools = tuple(r.pool for r in reps)
-        #: replicas whose engine caches a prompt only once it ran (the index learns it at the first token)
+        #: replicas whose engine can reuse a prompt only once its request ended (the index learns it then)
         self.caches_after_prefill = tuple(r.adapter is not None and not r.adapter.shares_prefill_in_flight
                                           for r in reps)
         self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour,
@@ -185,10 +185,6 @@ class Fleet:
             return
         now = self.clock.now()
         t.first_at = now
-        if t.cache_at_first is not None:
-            if self.prefix is not None:
-                self.prefix.record(t.replica, t.cache_at_first)
-            t.cache_at_first = None
         if t.on_first is not None:
             t.on_first, hook = None, t.on_first
             hook()
@@ -209,6 +205,10 @@ class Fleet:
         self._own()
         live = self.live
         i = t.replica
+        if t.cache_at_end is not None:
+            if t.first_at is not None and self.prefix is not None:  # its prompt ran: the freed slot holds it
+                self.prefix.record(i, t.cache_at_end)
+            t.cache_at_end = None
         live[S.IN_FLIGHT, i] -= 1
         live[S.SINCE_SCRAPE, i] -= 1  # a finished request frees a batch slot (or a place in the engine's queue)
         live[S.ACTIVE_BLOCKS, i] -= t.blocks

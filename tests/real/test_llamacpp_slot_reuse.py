@@ -1,0 +1,97 @@
+"""What the gateway assumes of llama-server's prompt cache, pinned against the real engine.
+
+``LlamaCppAdapter.shares_prefill_in_flight`` is False: the prefix index credits a llama.cpp replica with
+a prompt only when its request has ended.  That is what llama-server (llama-cpp-python 0.3.36) does: a
+slot's prompt is reused by a later request only once the slot is free.  A request sharing the prompt
+that arrives while the holder is still decoding takes another slot and prefills everything again.  If a
+newer llama.cpp shares prompts across busy slots, the first test fails and the adapter should credit
+at the first token (or at dispatch) instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from realhelpers import MODEL, start_fleet, stop_fleet
+
+pytestmark = pytest.mark.timeout(180)
+
+PREFIX = "You are the support assistant of Acme Tools. " + " ".join(
+    f"Rule {i}: parcels of weight class {i} ship from dock {i % 7} after inspection by the courier." for i in range(20)
+)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    f = start_fleet(1)
+    try:
+        yield f
+    finally:
+        stop_fleet(f)
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    return engine.endpoints()[0]["url"]
+
+
+def _body(question: str, max_tokens: int, stream: bool) -> dict:
+    return {"model": MODEL, "stream": stream, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "system", "content": PREFIX}, {"role": "user", "content": question}]}
+
+
+def _timings(c: httpx.Client, url: str, question: str) -> dict:
+    """llama-server's own account of one whole request: ``prompt_n`` computed, ``cache_n`` reused."""
+    r = c.post(url + "/v1/chat/completions", json=_body(question, 2, False))
+    r.raise_for_status()
+    return r.json()["timings"]
+
+
+def test_a_follower_reuses_nothing_while_the_holder_decodes_and_everything_once_it_ended(url):
+    with httpx.Client(timeout=120) as c:
+        first_token = threading.Event()
+        holder_done = threading.Event()
+
+        def holder() -> None:
+            with c.stream("POST", url + "/v1/chat/completions", json=_body("Question 1: where is my order?", 40, True)) as r:
+                for line in r.iter_lines():
+                    if '"content":"' in line:
+                        first_token.set()
+            holder_done.set()
+
+        t = threading.Thread(target=holder, daemon=True)
+        t.start()
+        assert first_token.wait(60), "the holder streamed no token"
+        during = _timings(c, url, "Question 2: may I return it?")
+        assert not holder_done.is_set(), "the holder ended before the follower ran: make it decode longer"
+        t.join(120)
+        assert holder_done.is_set()
+        after = _timings(c, url, "Question 3: who pays the courier?")
+    prompt = during["prompt_n"] + during["cache_n"]
+    assert prompt > 250
+    assert during["cache_n"] < 0.2 * prompt, f"a follower reused {during['cache_n']} of {prompt} tokens from a busy slot"
+    assert after["cache_n"] > 0.8 * prompt, f"after the holder ended only {after['cache_n']} of {prompt} tokens were reused"
+
+
+def test_the_gateway_credits_the_replica_once_the_request_ended(engine):
+    """The same through the gateway's accounting: no credit at the first token, the whole prompt at the end."""
+    from steersman.testing import LiveFleet
+
+    with LiveFleet(endpoints=engine.endpoints(), policy="steersman") as lf, httpx.Client(timeout=120) as c:
+        gw = lf.gateway
+        index = gw.fleet.prefix
+        seen_at_first: list[int] = []
+        with c.stream("POST", lf.url + "/v1/chat/completions", json=_body("Question 4: a refund?", 8, True),
+                      headers={"x-steersman-slo": "batch"}) as r:
+            for line in r.iter_lines():
+                if '"content":"' in line and not seen_at_first:
+                    seen_at_first.append(int(index.blocks_per_replica()[0]))
+        deadline = time.monotonic() + 5
+        while index.blocks_per_replica()[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the gateway settles the request just after the client read [DONE]
+        assert seen_at_first == [0]
+        assert index.blocks_per_replica()[0] >= 250 // 16
