@@ -305,6 +305,10 @@ class Fleet:
     def update_metrics(self, index: int, m: EngineMetrics) -> None:
         self._own()
         col = self.live[:, index]
+        if m.prefix_queries < col[S.PREFIX_QUERIES] and self.prefix is not None:
+            # a cumulative counter went back: the engine restarted (crash, OOM, rolling update) and its
+            # KV cache went with it; the index stops crediting it with what it held before
+            self.prefix.forget_replica(index)
         col[S.RUNNING] = m.num_running
         col[S.WAITING] = m.num_waiting
         col[S.KV_USAGE] = m.kv_usage
