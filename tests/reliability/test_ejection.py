@@ -111,3 +111,57 @@ def test_a_busy_replica_is_judged_from_its_last_progress_not_its_oldest_request(
     # a request queued there since 10.0 while others got first tokens, the last at 11.15: stalled since then
     assert d.sweep(11.2, np.array([NAN, NAN, 11.15])) == []
     assert d.sweep(11.5, np.array([NAN, NAN, 11.15])) == [2]  # ...until it stops producing
+
+
+def _reference_sweep(d: OutlierDetector, now: float, stalled_since: np.ndarray) -> list[int]:
+    """The sweep as written before it skipped replicas under both floors: every active replica judged."""
+    s = d.s
+    if d.n < 2:
+        return []
+    active = d.until <= now
+    judged = active & (d.samples >= s.latency_min_samples)
+    stalls = np.nan_to_num(np.maximum(now - np.asarray(stalled_since, dtype=float), 0.0))
+    out = []
+    for i in np.flatnonzero(active):
+        peers = judged.copy()
+        peers[i] = False
+        if not peers.any():
+            continue
+        ref_ttft = float(np.median(d.ttft[peers]))
+        ref_tpot = float(np.nanmedian(d.tpot[peers])) if np.isfinite(d.tpot[peers]).any() else np.nan
+        others = active.copy()
+        others[i] = False
+        ref_stall = float(np.median(stalls[others])) if others.any() else 0.0
+        r = s.latency_outlier_ratio
+        why = ""
+        if judged[i] and d.tpot[i] >= max(r * ref_tpot, s.latency_floor_tpot_s):
+            why = "tpot"
+        elif stalls[i] >= max(r * ref_ttft, r * ref_stall, s.latency_floor_ttft_s):
+            why = "stall"
+        if why and d.eject(int(i), now, why):
+            out.append(int(i))
+    return out
+
+
+def test_the_sweep_ejects_exactly_what_judging_every_replica_ejects():
+    """Skipping the replicas under both floors is an optimisation only: same ejections, same order, on random
+    fleets (healthy, degraded, hung, some already ejected, some without samples)."""
+    rng = np.random.default_rng(11)
+    settings = replace(S, max_ejection_percent=50.0)
+    ejected = 0
+    for trial in range(400):
+        n = int(rng.integers(2, 9))
+        a, b = OutlierDetector(n, settings, alpha=0.2), OutlierDetector(n, settings, alpha=0.2)
+        now = 100.0
+        for d in (a, b):
+            r = np.random.default_rng(trial)
+            d.ttft[:] = r.choice([0.05, 0.3, 1.0, 2.5, 8.0], n)
+            d.tpot[:] = np.where(r.random(n) < 0.2, np.nan, r.choice([0.01, 0.05, 0.15, 0.3, 0.9], n))
+            d.samples[:] = r.choice([0, 3, 5, 20], n)
+            d.until[:] = np.where(r.random(n) < 0.15, now + 5.0, -np.inf)
+        stalled = np.where(rng.random(n) < 0.5, now - rng.choice([0.1, 1.0, 2.5, 7.0, 30.0], n), np.nan)
+        got, want = a.sweep(now, stalled.copy()), _reference_sweep(b, now, stalled.copy())
+        assert got == want, (trial, got, want)
+        assert a.reasons != [""] * n or not got
+        ejected += len(got)
+    assert ejected > 50  # the random fleets do exercise ejections
