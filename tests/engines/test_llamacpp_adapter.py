@@ -53,3 +53,12 @@ def test_metrics_without_slots_still_read_the_load():
 def test_not_a_slot_list_is_refused(bad):
     with pytest.raises(ValueError):
         parse_slots(bad)
+
+
+def test_the_engines_own_timing_of_its_work_is_read():
+    idle = llamacpp_metrics(_page("idle"), _slots("idle"), block_size=16)
+    # llamacpp:prompt_seconds_total over the prompt tokens it computed; generation seconds over tokens generated
+    assert (idle.prefill_seconds, idle.prefill_tokens) == (pytest.approx(1.34942), 423)
+    assert (idle.decode_seconds, idle.decode_tokens) == (pytest.approx(0.541483), 16)
+    busy = llamacpp_metrics(_page("busy"), None)
+    assert (busy.prefill_seconds, busy.prefill_tokens, busy.decode_tokens) == (pytest.approx(2.67121), 836, 0)

@@ -13,10 +13,12 @@ the gateway says so at startup.
 from __future__ import annotations
 
 import hmac
+import math
 import re
 
 from steersman.api.errors import ApiError
 from steersman.control.tenants import hash_key
+from steersman.fleet import snapshot as S
 
 __all__ = ["AdminGuard", "fleet_view"]
 
@@ -50,6 +52,10 @@ class AdminGuard:
         return None
 
 
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
 def fleet_view(fleet) -> dict:
     """What ``GET /admin/fleet`` shows: every replica's address, engine, models, health and load."""
     reps = []
@@ -58,5 +64,8 @@ def fleet_view(fleet) -> dict:
             "name": r.name, "url": r.url, "engine": r.engine, "gpu": r.gpu, "models": list(r.models), "pool": r.pool,
             "healthy": bool(fleet.healthy[r.index]), "routable": bool(fleet.routable[r.index]),
             "in_flight": float(fleet.in_flight[r.index]),
+            # the engine's own timing of its work where it reports it (llama.cpp), what the scheduler predicts with
+            "prefill_s_per_token": _finite(fleet.live[S.PREFILL_S_TOKEN, r.index]),
+            "decode_s_per_token": _finite(fleet.live[S.DECODE_S_TOKEN, r.index]),
         })
     return {"replicas": reps}

@@ -73,11 +73,13 @@ class SchedulerSettings:
     )
     unprofiled_prefill_s_per_token: float = setting(
         0.001, "replicas without a GPU profile (llama.cpp): prior prompt-processing time, 1 ms/token (~1k tok/s, "
-        "llama.cpp llama-bench pp512 order for sub-1B Q4 models on CPU); each replica's observed/predicted ratio corrects it"
+        "llama.cpp llama-bench pp512 order for sub-1B Q4 models on CPU), until the engine's own timing counters are read "
+        "(llama.cpp prompt_seconds_total); each replica's observed/predicted ratio corrects it"
     )
     unprofiled_decode_step_s: float = setting(
         0.05, "replicas without a GPU profile: prior decode step (and first-token overhead) 50 ms, 20 tok/s; "
-        "corrected per replica by the observed/predicted TPOT ratio"
+        "replaced by the engine's own timing once read (llama.cpp tokens_predicted_seconds_total); corrected per "
+        "replica by the observed/predicted TPOT ratio"
     )
     safety_margin: float = setting(
         0.8, "design: a protected request (critical, or a workflow with sunk cost) may use 80% of its budget; "

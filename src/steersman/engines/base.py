@@ -22,6 +22,12 @@ class EngineMetrics:
     prefix_hits: float = 0.0
     weights: str | None = None  # "cold" | "loading" | "warm" when the engine says
     kv_blocks_total: float | None = None  # KV capacity in blocks when the engine says (vLLM cache_config_info)
+    #: the engine's own cumulative timing of its work, when it reports it (llama.cpp): seconds spent on
+    #: prompt processing and the prompt tokens computed in them; seconds generating and the tokens generated
+    prefill_seconds: float | None = None
+    prefill_tokens: float | None = None
+    decode_seconds: float | None = None
+    decode_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

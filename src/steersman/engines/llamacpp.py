@@ -87,6 +87,10 @@ def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: i
         num_waiting=v.get("num_waiting", 0.0),
         prefix_queries=v.get("prompt_processed", 0.0) + hits,
         prefix_hits=hits,
+        prefill_seconds=v.get("prefill_seconds"),
+        prefill_tokens=v.get("prompt_processed"),
+        decode_seconds=v.get("decode_seconds"),
+        decode_tokens=v.get("decode_tokens"),
     )
     if not slots:
         return m

@@ -65,6 +65,11 @@ _LLAMACPP = MetricNames(
             "llamacpp:requests_deferred": "num_waiting",
             "llamacpp:prompt_tokens_total": "prompt_processed",  # excludes cached tokens
             "llamacpp:prompt_tokens_cached_total": "prefix_hits",
+            # the engine's own timing of its work (per slot, summed): seconds per computed prompt token
+            # and per generated token, what a request there sees (steersman.fleet.state learns them)
+            "llamacpp:prompt_seconds_total": "prefill_seconds",
+            "llamacpp:tokens_predicted_seconds_total": "decode_seconds",
+            "llamacpp:tokens_predicted_total": "decode_tokens",
         }
     ),
 )

@@ -41,15 +41,20 @@ WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 #: policies' and the reliability guard's sweep);
 #: resident_tpot is the tightest TPOT target (x the margin its decision used) among our requests
 #: in flight there, 0 when none has one: a newcomer must not slow the shared steps past it.
+#: prefill_s_token / decode_s_token are the engine's own timing of its work where it reports it
+#: (llama.cpp: seconds per computed prompt token, per generated token; EWMA over scrapes), NaN else:
+#: the linear model of replicas without a GPU profile uses them instead of its priors.
 #: The ratios are NaN until a replica is observed; predictors use the fleet prior then.
 LIVE_FIELDS = (
     "in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at",
     "kv_blocks_total", "pending_prefill", "decoding", "active_blocks", "recent_tokens", "ttft_ewma", "tpot_ewma",
     "ttft_ratio", "tpot_ratio", "since_scrape", "prefix_accuracy", "stalled_since", "resident_tpot",
+    "prefill_s_token", "decode_s_token",
 )
 (IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT,
  KV_BLOCKS_TOTAL, PENDING_PREFILL, DECODING, ACTIVE_BLOCKS, RECENT_TOKENS, TTFT_EWMA, TPOT_EWMA,
- TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY, STALLED_SINCE, RESIDENT_TPOT) = range(len(LIVE_FIELDS))
+ TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY, STALLED_SINCE, RESIDENT_TPOT,
+ PREFILL_S_TOKEN, DECODE_S_TOKEN) = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # the fleet tracks its latest snapshot (copy on write)

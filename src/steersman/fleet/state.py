@@ -94,10 +94,11 @@ class Fleet:
         self.live = np.zeros((len(S.LIVE_FIELDS), n))
         self.live[S.WEIGHTS] = _WARM
         self.live[S.SCRAPED_AT] = -np.inf
-        for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA, S.STALLED_SINCE):
+        for row in (S.KV_BLOCKS_TOTAL, S.TTFT_EWMA, S.TPOT_EWMA, S.STALLED_SINCE, S.PREFILL_S_TOKEN, S.DECODE_S_TOKEN):
             self.live[row] = np.nan
         self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = np.nan  # unobserved: the fleet-wide prior applies
         self.live[S.PREFIX_ACCURACY] = 1.0
+        self._work = np.full((4, n), np.nan)  # the engines' last cumulative (prefill s, tokens, decode s, tokens)
         self.ratio_prior = {S.TTFT_RATIO: math.nan, S.TPOT_RATIO: math.nan}  # NaN until the first observation
         self._ewma_at = np.full(self.live.shape, -np.inf)  # when each learnt average last took an observation
         self._prior_at = {S.TTFT_RATIO: -math.inf, S.TPOT_RATIO: -math.inf}
@@ -316,6 +317,10 @@ class Fleet:
         col[S.PREFIX_HITS] = m.prefix_hits
         if m.kv_blocks_total is not None:
             col[S.KV_BLOCKS_TOTAL] = m.kv_blocks_total
+        if m.prefill_seconds is not None and m.prefill_tokens is not None:
+            self._timing(index, S.PREFILL_S_TOKEN, 0, m.prefill_seconds, m.prefill_tokens)
+        if m.decode_seconds is not None and m.decode_tokens is not None:
+            self._timing(index, S.DECODE_S_TOKEN, 2, m.decode_seconds, m.decode_tokens)
         if m.weights is not None:
             was = col[S.WEIGHTS]
             col[S.WEIGHTS] = WEIGHTS_CODES.get(m.weights, _WARM)
@@ -326,6 +331,18 @@ class Fleet:
         col[S.SINCE_SCRAPE] = 0
         if self.guard is not None:  # sweeps must run with no traffic too (a hung replica's last requests)
             self.guard.maybe_sweep(col[S.SCRAPED_AT], self.live[S.STALLED_SINCE])
+
+    def _timing(self, i: int, row: int, k: int, seconds: float, tokens: float) -> None:
+        """Learn seconds per token from an engine's cumulative timing counters (the work done since the
+        last scrape; at the first scrape its lifetime average, if it has worked)."""
+        w = self._work
+        last_s, last_t = w[k, i], w[k + 1, i]
+        w[k, i], w[k + 1, i] = seconds, tokens
+        if math.isnan(last_t) or tokens < last_t or seconds < last_s:  # first read, or the engine restarted
+            last_s = last_t = 0.0
+        done = tokens - last_t
+        if done > 0:
+            self._ewma(row, i, (seconds - last_s) / done, self.clock.now())
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self._own()

@@ -43,10 +43,12 @@ GPU learns a ratio above 1; a replica not yet observed takes the fleet's, so it
 is explored on equal terms; an idle replica takes the fleet's TPOT ratio, since
 the TPOT it was observed at described the batches it had then).
 
-Replicas without a known GPU/model (llama.cpp) get a linear model whose priors are
-``DEFAULTS.scheduler.unprofiled_*``: ``TTFT ≈ (t_step + W × s_token) × ttft_ratio`` and
-``TPOT ≈ t_step × tpot_ratio``; the same observed/predicted ratios learn each replica's
-prefill throughput and decode step online, and since ``W`` counts only *uncached*
+Replicas without a known GPU/model (llama.cpp) get a linear model, ``TTFT ≈ (t_step + W × s_token) ×
+ttft_ratio`` and ``TPOT ≈ t_step × tpot_ratio``, whose ``s_token`` and ``t_step`` are the engine's own
+timing of its work where it reports it (llama.cpp's ``prompt_seconds_total`` / ``prompt_tokens_total`` and
+``tokens_predicted_seconds_total`` / ``tokens_predicted_total``, learnt per scrape: the fleet's
+``prefill_s_token`` / ``decode_s_token`` rows) and the priors ``DEFAULTS.scheduler.unprofiled_*`` until
+then; the same observed/predicted ratios correct each replica online, and since ``W`` counts only *uncached*
 tokens, a replica holding the prompt's prefix predicts a low TTFT.  The **cost** of the request on a replica is the GPU time it uses priced at the
 replica's $/h: its prompt's share of the token budget of the steps that prefill
 it, plus ``expected_output × TPOT / REFERENCE_BATCH`` (decode steps are shared by a
@@ -164,6 +166,10 @@ def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, ex
     i = idx[u]
     live = snap.live
     s_tok, step = DEFAULTS.scheduler.unprofiled_prefill_s_per_token, DEFAULTS.scheduler.unprofiled_decode_step_s
+    measured = live[S.PREFILL_S_TOKEN, i]  # the engine's own timing, where it reports it (NaN: not yet)
+    s_tok = np.where(measured > 0.0, measured, s_tok)
+    measured = live[S.DECODE_S_TOKEN, i]
+    step = np.where(measured > 0.0, measured, step)
     ours_waiting = np.maximum(live[S.IN_FLIGHT, i] - live[S.DECODING, i], 0.0)
     others = np.maximum(live[S.WAITING, i] - ours_waiting, 0.0) * prompt_tokens  # NaN (never scraped): none
     work = np.maximum(live[S.PENDING_PREFILL, i], 0.0) + np.nan_to_num(others) + own[u]
