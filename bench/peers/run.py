@@ -11,12 +11,14 @@ short prompts, one at a time, interleaved).  Ratios are against steersman, all f
     .venv/bin/python bench/peers/run.py                 # both fleets, ~4-6 minutes on 2 cores
     .venv/bin/python bench/peers/run.py --fleets sim --sim-replicas 8
     .venv/bin/python bench/peers/run.py --fleets llamacpp --rounds 3   # medians of 3 rounds, order rotated
+    .venv/bin/python bench/peers/run.py --setups steersman,steersman@base --baseline-bin WRAPPER  # old vs new code
 
 With ``--rounds K`` every setup runs K times, the setups' order rotated each round (so none always
 runs first or last on a drifting machine); the table shows each column's median over the rounds, and
 a second table counts in how many rounds steersman beat each peer on each column.  48 requests on
 two llama-server replicas give a TTFT p50 that moves 2x between runs; the medians and the counts are
-what to read there.
+what to read there.  ``steersman@base`` runs the ``--baseline-bin`` executable (e.g. a script running
+``python -m steersman`` with ``PYTHONPATH`` set to a worktree of an older commit) in the same run.
 """
 
 from __future__ import annotations
