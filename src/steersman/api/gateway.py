@@ -16,6 +16,7 @@ import orjson
 
 from steersman.api.errors import ApiError, error_body
 from steersman.api.lifecycle import RequestLifecycle
+from steersman.api.calibrate import calibrate
 from steersman.api.admin import AdminGuard, fleet_view
 from steersman.api.openapi import openapi_document
 from steersman.api.prompt import with_cache_salt
@@ -130,6 +131,8 @@ class Gateway(RequestLifecycle):
         await self._discover_models()
         self.scraper = Scraper(self.fleet, self.settings, self.clock, on_update=self.kick)
         await asyncio.gather(*(self.scraper.scrape_once(r) for r in replicas))
+        if self.settings.calibrate_unprofiled:
+            await calibrate(self.fleet, self.scraper, self.settings.calibrate_timeout_s)
         self.scraper.start()
         self.pipeline = Pipeline(
             [

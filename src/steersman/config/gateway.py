@@ -21,6 +21,16 @@ class GatewaySettings:
         0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)"
     )
     metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round")
+    calibrate_unprofiled: bool = setting(
+        True, "before it serves, the gateway sends one short request (~200-word prompt, 8 tokens) to each replica "
+        "without a roofline profile whose engine reports its own timing but has done no work yet (a fresh "
+        "llama-server), so its speed is the engine's from the first request on, not the priors (1 ms a prompt "
+        "token; Gemma 3 270M on one CPU thread takes ~5.7 ms: cold prompts predicted ~4x too fast)"
+    )
+    calibrate_timeout_s: float = setting(
+        30.0, "design: a replica that does not answer the calibration request in 30 s is left to the priors "
+        "(a warning), the gateway starts anyway"
+    )
     connect_timeout_s: float = setting(2.0, "Envoy cluster connect_timeout is 5 s; 2 s fails over faster on loopback/LAN")
     upstream_idle_timeout_s: float = setting(
         4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s"

@@ -23,6 +23,10 @@ class LlamaCppSettings:
     repack: bool = setting(
         False, "--no-repack: on these VMs the CPU reports AMX but ldtilecfg faults (SIGSEGV in ggml_backend_amx_mul_mat "
         "at warm-up); without repacking llama.cpp stays off the AMX path")
+    slot_prompt_similarity: float = setting(
+        0.1, "llama-server's --slot-prompt-similarity default (common/common.h, llama.cpp of llama-cpp-python 0.3.36): "
+        "a free slot whose cached prompt shares over this fraction of a new prompt takes it; the gateway's slot "
+        "mirror (steersman.fleet.slots) follows the same rule")
     cache_reuse: int = setting(256, "--cache-reuse 256: llama.cpp server README example chunk size for KV shifting reuse")
     start_timeout_s: float = setting(120.0, "llama-server loads the 253 MB model in seconds; 120 s covers a busy 2-core box")
     stop_grace_s: float = setting(5.0, "SIGTERM, then SIGKILL after 5 s (Kubernetes' grace is 30 s; a local engine needs less)")

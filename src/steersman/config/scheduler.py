@@ -122,6 +122,23 @@ class SchedulerSettings:
         "goodput +6%, +11%, 0%; whole Mooncake trace -9%..+2.5% over five loads, and at the calibrated load "
         "1.01x llm-d / 1.89x round-robin instead of 1.08x / 2.02x: not a default"
     )
+    slot_wait: bool = setting(
+        True, "llama.cpp reuses a prompt only from a free slot (steersman.fleet.slots): a request whose prompt a "
+        "running request there will leave in its slot waits in the gateway for that slot when its first token is "
+        "predicted to come sooner that way (the running request's predicted end, then the rest of its prompt) "
+        "than anywhere now.  Measured on 2 llama-server replicas of Gemma 3 270M (bench/peers, first wave: 4 "
+        "requests with one uncached 311-token prompt split 2 + 2 computed two copies per engine at once, 3.4-4.3 s "
+        "to the first token; 1 + 1 with the other two waiting for the slots: ~2.3-2.5 s).  Only replicas with a "
+        "slot mirror (llama.cpp) and without a roofline profile; never protected requests or resumed streams"
+    )
+    slot_wait_gain: float = setting(
+        0.8, "design: waiting for a slot must be predicted to give the first token at least 20% sooner than "
+        "the best replica now (the prediction of a holder's end is a mean; a small gain is not worth the risk)"
+    )
+    slot_wait_overrun: float = setting(
+        0.5, "design: a request waits for a running one only until that one is 50% of its predicted time past "
+        "its predicted end (then the prediction was wrong: it routes as if nothing were running)"
+    )
     demote_late: bool = setting(
         True, "vLLM --scheduling-policy priority serves lower 'priority' first, then by arrival: to an engine that "
         "runs it (endpoint scheduling: priority) each request goes with 2 x its band, plus 1 when no replica was "

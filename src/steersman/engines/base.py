@@ -28,6 +28,7 @@ class EngineMetrics:
     prefill_tokens: float | None = None
     decode_seconds: float | None = None
     decode_tokens: float | None = None
+    slots: int | None = None  # parallel slots, when the engine says (llama.cpp /slots)
 
 
 @dataclass(frozen=True, slots=True)

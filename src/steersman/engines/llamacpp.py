@@ -98,7 +98,7 @@ def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: i
     if ctx <= 0:
         return m
     busy = sum(s.held_tokens for s in slots if s.processing)
-    return replace(m, kv_usage=min(busy / ctx, 1.0), kv_blocks_total=ctx / block_size)
+    return replace(m, kv_usage=min(busy / ctx, 1.0), kv_blocks_total=ctx / block_size, slots=len(slots))
 
 
 class LlamaCppAdapter(OpenAIHttpAdapter):

@@ -32,6 +32,7 @@ class PrefixReads:
     _total_view: np.ndarray
     _memo: tuple | None
     _later: list
+    slots: dict  # replica -> steersman.fleet.slots.SlotMirror (llama.cpp replicas: the match is the mirror's)
 
     def _scatter(self, out: np.ndarray, v: int, value: int, add: bool = False) -> None:
         """``out[replicas in v] = value`` (``+= value`` with ``add``)."""
@@ -95,6 +96,8 @@ class PrefixReads:
         if memo is not None and memo[0] is hashes and memo[1] == len(hashes):
             return memo[2]
         out = self._match(hashes)
+        for r, mirror in self.slots.items():
+            out[r] = mirror.match(hashes)
         out.setflags(write=False)  # half the cost of going through ``out.flags``
         self._memo = (hashes, len(hashes), out)
         return out

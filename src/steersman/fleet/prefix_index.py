@@ -51,6 +51,7 @@ import numpy as np
 
 from steersman.fleet._prefix_reads import PrefixReads, _mask
 from steersman.fleet._prefix_sizing import _MAX_GENS, layout, measured_costs
+from steersman.fleet.slots import SlotMirror
 
 __all__ = ["PrefixIndex", "measured_costs"]
 
@@ -102,6 +103,17 @@ class PrefixIndex(PrefixReads):
         self._gens = [_Gen(n_replicas, 0)]
         self._trim()
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
+        #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): their match is the mirror's
+        self.slots: dict[int, SlotMirror] = {}
+
+    def mirror_slots(self, replica: int, mirror: SlotMirror) -> None:
+        """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
+        self.slots[replica] = mirror
+        mirror.on_change = self._stale
+        self._memo = None
+
+    def _stale(self) -> None:
+        self._memo = None
 
     # ---- capacity -----------------------------------------------------------
     @property
@@ -346,6 +358,9 @@ class PrefixIndex(PrefixReads):
         generations mask the replica out from now on; what is recorded later starts a new one."""
         self.flush()
         self._memo = None
+        mirror = self.slots.get(replica)
+        if mirror is not None:
+            mirror.clear()
         bit = 1 << replica
         for g in self._gens:
             g.stale |= bit

@@ -21,6 +21,7 @@ from steersman.clock import Clock
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.engines.base import EngineAdapter, EngineMetrics, ReplicaAddress
 from steersman.fleet import snapshot as S
+from steersman.fleet.slots import SlotMirror
 from steersman.fleet.snapshot import WEIGHTS_CODES, FleetSnapshot
 from steersman.fleet.statics import ReplicaSpec, build_statics
 
@@ -109,11 +110,27 @@ class Fleet:
         self._views = tuple(_view(a) for a in (self.healthy, self.routable, self.live, self._recent_at))
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
-        self.prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
+        self._prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
         self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
         self._static()
+        #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): the gateway mirrors their slots
+        ll = DEFAULTS.llamacpp
+        self.slots = {i: SlotMirror(ll.parallel, DEFAULTS.engine.block_size, ll.slot_prompt_similarity)
+                      for i, c in enumerate(self.caches_after_prefill) if c}
+
+    @property
+    def prefix(self):
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, index) -> None:
+        """Attach the prefix index; replicas with a slot mirror answer its matches from the mirror."""
+        self._prefix = index
+        if index is not None:
+            for i, mirror in self.slots.items():
+                index.mirror_slots(i, mirror)
 
     def _static(self) -> None:
         reps = self.replicas
@@ -193,6 +210,8 @@ class Fleet:
         live[S.PENDING_PREFILL, t.replica] -= t.uncached
         live[S.DECODING, t.replica] += 1
         self._progress(t, now)
+        if t.replica in self.slots:
+            self.slots[t.replica].first_token(t.key, now)
         if not t.streamed:
             return  # the whole response, not a first token: no TTFT to learn from
         ttft = now - t.started
@@ -210,6 +229,9 @@ class Fleet:
             if t.first_at is not None and self.prefix is not None:  # its prompt ran: the freed slot holds it
                 self.prefix.record(i, t.cache_at_end)
             t.cache_at_end = None
+        mirror = self.slots.get(i)
+        if mirror is not None:
+            mirror.release(t.key, t.first_at is not None, self.clock.now())
         live[S.IN_FLIGHT, i] -= 1
         live[S.SINCE_SCRAPE, i] -= 1  # a finished request frees a batch slot (or a place in the engine's queue)
         live[S.ACTIVE_BLOCKS, i] -= t.blocks
@@ -257,6 +279,13 @@ class Fleet:
             row[t.replica] = now
         else:  # it left without progress: the rest wait since the oldest's dispatch, or the last progress
             row[t.replica] = max(row[t.replica], next(iter(waiting.values())))
+
+    def take_slot(self, t: Ticket, hashes: Sequence[int], due: float = math.inf, decode_s: float = math.nan) -> None:
+        """``t``'s prompt reaches a replica with a slot mirror: it takes the slot its engine would give it;
+        ``due``: when it is predicted to end, ``decode_s``: predicted seconds from its first token to its end."""
+        mirror = self.slots.get(t.replica)
+        if mirror is not None:
+            mirror.take(t.key, hashes, self.clock.now(), due, decode_s)
 
     def report(self, t: Ticket, ok: bool) -> None:
         """An attempt's verdict on its replica's health: a failure counts at once, a success when the ticket ends."""
@@ -317,6 +346,8 @@ class Fleet:
         col[S.PREFIX_HITS] = m.prefix_hits
         if m.kv_blocks_total is not None:
             col[S.KV_BLOCKS_TOTAL] = m.kv_blocks_total
+        if m.slots and index in self.slots:
+            self.slots[index].resize(m.slots)
         if m.prefill_seconds is not None and m.prefill_tokens is not None:
             self._timing(index, S.PREFILL_S_TOKEN, 0, m.prefill_seconds, m.prefill_tokens)
         if m.decode_seconds is not None and m.decode_tokens is not None:
@@ -343,6 +374,10 @@ class Fleet:
         done = tokens - last_t
         if done > 0:
             self._ewma(row, i, (seconds - last_s) / done, self.clock.now())
+
+    def timing_unlearnt(self, index: int) -> bool:
+        """The engine reports its own prefill timing but has computed no prompt token yet (a fresh llama-server)."""
+        return not math.isnan(self._work[1, index]) and math.isnan(self.live[S.PREFILL_S_TOKEN, index])
 
     def set_healthy(self, index: int, healthy: bool) -> None:
         self._own()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -22,6 +23,10 @@ class Route:
     predicted_tpot_s: float | None = None
     tpot_target_s: float = 0.0  # > 0: the TPOT it must keep there (x margin); later arrivals must not break it
     late: bool = False  # no replica was predicted to meet its SLO: an engine with priority scheduling serves it last
+    #: the prediction as applied (learnt corrections included), seconds from the decision: its first token and its
+    #: end (NaN: the policy does not predict).  A llama.cpp slot frees then (steersman.fleet.slots)
+    expected_ttft_s: float = math.nan
+    expected_e2e_s: float = math.nan
 
     @property
     def slo_prediction(self) -> str:

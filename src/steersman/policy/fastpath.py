@@ -40,6 +40,7 @@ from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, 
 from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation, affine_blocks
+from steersman.policy.slot_wait import wait_for_slot
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
 __all__ = ["fused"]
@@ -280,6 +281,10 @@ class _Fused:
                 hold(req, protected, out[5], ttft, snap.time) if p.hold else None)
             if late is not None:
                 return late
+        if unprofiled and p.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:
+            wait = wait_for_slot(snap, req, idx, out[0], held, protected, ttft, *p.slot_wait)
+            if wait is not None:
+                return wait
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -293,7 +298,8 @@ class _Fused:
         i = int(idx[j])
         r_ttft, r_tpot = corrections(snap, i)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
-        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot, keep, not feasible and not stay)
+        return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot, keep, not feasible and not stay,
+                     float(out[0, j]), float(out[2, j]))
 
     def _scores(self, snap, req, idx, blocks, need, clock) -> np.ndarray:
         total = np.zeros(idx.size)

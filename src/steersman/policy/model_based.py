@@ -29,6 +29,7 @@ from steersman.policy.kernels import slo_pool_kernel
 from steersman.policy.plugin_kernels import pick_top, uncached_kernel
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
+from steersman.policy.slot_wait import wait_for_slot
 from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
 
 __all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached", "shed", "hold"]
@@ -50,6 +51,7 @@ class SloCheapest:
         self.exploit_slowdown = settings.exploit_slowdown
         self.shed = frozenset(PriorityClass.parse(c) for c in settings.shed_infeasible)
         self.hold = settings.hold_late
+        self.slot_wait = (settings.slot_wait_gain, settings.slot_wait_overrun) if settings.slot_wait else None
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
@@ -70,6 +72,11 @@ class SloCheapest:
                 hold(req, protected, p.ttft_alone, ttft, ctx.snapshot.time) if self.hold else None)
             if late is not None:
                 return late
+        if self.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:
+            wait = wait_for_slot(snap, req, ctx.candidates, p.ttft, ctx.feature("prefix_held"), protected, ttft,
+                                 *self.slot_wait)
+            if wait is not None:
+                return wait
         if count == 1:
             j = int(pool.argmax())
         else:  # equally good: the weighted scores decide, then the request's sequence number
@@ -85,7 +92,8 @@ class SloCheapest:
         # the fleet learns observed / predicted: it must see the model's prediction *before* the correction,
         # else the learned ratio converges to the square root of the true one (r <- k / r)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
-        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep, not feasible and not stay)
+        return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep, not feasible and not stay,
+                     float(p.ttft[j]), float(p.e2e[j]))
 
 
 def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft: float) -> Reject | None:

@@ -156,6 +156,19 @@ def _all_modelled(st) -> bool:
     return hit[1]
 
 
+def unprofiled_speeds(snap, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replicas ``i`` without a roofline: (seconds per prompt token, seconds per decode step, the learnt TTFT
+    correction) -- the engine's own timing where it reports it, else the priors (see the module doc)."""
+    live = snap.live
+    s_tok, step = DEFAULTS.scheduler.unprofiled_prefill_s_per_token, DEFAULTS.scheduler.unprofiled_decode_step_s
+    measured = live[S.PREFILL_S_TOKEN, i]  # the engine's own timing, where it reports it (NaN: not yet)
+    s_tok = np.where(measured > 0.0, measured, s_tok)
+    measured = live[S.DECODE_S_TOKEN, i]
+    step = np.where(measured > 0.0, measured, step)
+    r_ttft = live[S.TTFT_RATIO, i]
+    return s_tok, step, np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
+
+
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
                 out: np.ndarray) -> None:
     """Overwrite ``out`` for the candidates without a roofline (see the module doc)."""
@@ -165,16 +178,10 @@ def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, ex
         return
     i = idx[u]
     live = snap.live
-    s_tok, step = DEFAULTS.scheduler.unprofiled_prefill_s_per_token, DEFAULTS.scheduler.unprofiled_decode_step_s
-    measured = live[S.PREFILL_S_TOKEN, i]  # the engine's own timing, where it reports it (NaN: not yet)
-    s_tok = np.where(measured > 0.0, measured, s_tok)
-    measured = live[S.DECODE_S_TOKEN, i]
-    step = np.where(measured > 0.0, measured, step)
+    s_tok, step, r_ttft = unprofiled_speeds(snap, i)
     ours_waiting = np.maximum(live[S.IN_FLIGHT, i] - live[S.DECODING, i], 0.0)
     others = np.maximum(live[S.WAITING, i] - ours_waiting, 0.0) * prompt_tokens  # NaN (never scraped): none
     work = np.maximum(live[S.PENDING_PREFILL, i], 0.0) + np.nan_to_num(others) + own[u]
-    r_ttft = live[S.TTFT_RATIO, i]
-    r_ttft = np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
     r_tpot = live[S.TPOT_RATIO, i]
     idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
     r_tpot = np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)

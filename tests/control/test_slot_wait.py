@@ -1,0 +1,131 @@
+"""A request waits for a llama.cpp slot that will hold its prompt when that gives its first token sooner
+(scheduler.slot_wait; steersman.policy.slot_wait), on both decision paths of the default profile."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from steersman.config import DEFAULTS
+from steersman.control.accounting import Accounting
+from steersman.control.plane import Dispatch
+from steersman.engines.base import EngineMetrics
+from steersman.engines.llamacpp import LlamaCppAdapter
+from steersman.fleet.prefix_index import PrefixIndex
+from steersman.fleet.state import Fleet, Replica
+from steersman.policy import make_policy
+from steersman.policy.base import Queue, Route
+from steersman.policy.request import PriorityClass, SchedRequest
+from steersman.testing.clock import FakeClock
+
+BS = DEFAULTS.engine.block_size
+LONG = tuple(range(1000, 1020))  # 20 blocks: ~330 tokens, ~1.9 s to compute at 5.7 ms a token
+
+
+def _fleet(slots: int = 4):
+    clock = FakeClock(start=10.0)
+    adapter = LlamaCppAdapter()
+    reps = [Replica(i, f"llama-{i}", f"http://127.0.0.1:{9100 + i}", "llamacpp", None, ("gemma",), "p", 0.0, 1,
+                    adapter=adapter) for i in range(2)]
+    fleet = Fleet(reps, clock)
+    fleet.prefix = PrefixIndex(2, 8 * 2**20)
+    for i in range(2):  # the engines' own timing (Gemma 3 270M on one thread): 5.7 ms a prompt token, 26 ms a token
+        fleet.update_metrics(i, EngineMetrics(0, 0, 0.0, prefill_seconds=0.0, prefill_tokens=0.0,
+                                              decode_seconds=0.0, decode_tokens=0.0, slots=slots))
+        fleet.update_metrics(i, EngineMetrics(0, 0, 0.0, prefill_seconds=0.57, prefill_tokens=100.0,
+                                              decode_seconds=0.26, decode_tokens=10.0, slots=slots))
+    acc = Accounting(fleet, None, None, DEFAULTS.scheduler, BS)
+    return fleet, acc, clock
+
+
+def _req(seq: int, hashes=LONG, tokens: int | None = None, priority=PriorityClass.STANDARD, arrival: float = 10.0):
+    return SchedRequest(seq=seq, model="gemma", kind="chat", stream=True, tenant="t", priority=priority,
+                        arrival=arrival, prompt_tokens=tokens if tokens is not None else BS * len(hashes) + 5,
+                        block_hashes=hashes, max_tokens=16, expected_output=16)
+
+
+def _advance(clock: FakeClock, seconds: float) -> None:
+    asyncio.run(clock.advance(seconds))
+
+
+PATHS = {
+    "fused": lambda policy, snap, req: policy.pick(snap, req),
+    "plugins": lambda policy, snap, req: policy.decide(policy.context(snap, req)),
+}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_the_first_wave_of_one_cold_prompt_sends_one_per_replica_and_the_rest_wait_for_their_slots(path):
+    fleet, acc, clock = _fleet()
+    policy = make_policy("steersman")
+    decide = PATHS[path]
+    started = []
+    for seq in (1, 2):
+        d = decide(policy, fleet.snapshot(), _req(seq))
+        assert isinstance(d, Route)
+        assert d.expected_e2e_s > d.expected_ttft_s > 1.5  # the engine's own speed, not the 1 ms/token prior
+        started.append(acc.dispatched(_req(seq), Dispatch(d, None)))
+    assert sorted(s.replica for s in started) == [0, 1]  # one copy per replica, computed alone
+    for seq in (3, 4):  # computing a third and fourth copy next to them: ~3.8 s; waiting for a slot: ~2.4 s
+        d = decide(policy, fleet.snapshot(), _req(seq))
+        assert isinstance(d, Queue), d
+        assert "waits for a slot of llama-" in d.reason
+    _advance(clock, 1.9)
+    acc.first_token(started[0])
+    _advance(clock, 0.4)
+    fleet.report(started[0].ticket, True)
+    fleet.end(started[0].ticket, 16)  # replica 0's slot frees with the prompt in it
+    d = decide(policy, fleet.snapshot(), _req(3))
+    assert isinstance(d, Route) and d.replica == started[0].replica
+    third = acc.dispatched(_req(3), Dispatch(d, None))
+    assert third.uncached < 2 * BS  # it reuses the slot
+    d = decide(policy, fleet.snapshot(), _req(4))  # only one follower can take that slot: wait for the other one
+    assert isinstance(d, Queue), d
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_no_wait_when_the_prompt_is_cheap_or_the_request_protected_or_resumed(path):
+    fleet, acc, clock = _fleet()
+    policy = make_policy("steersman")
+    decide = PATHS[path]
+    short = LONG[:2]
+    for seq in (1, 2):
+        acc.dispatched(_req(seq, short), Dispatch(decide(policy, fleet.snapshot(), _req(seq, short)), None))
+    # two blocks to compute cost less than the 16 tokens the running ones still decode
+    assert isinstance(decide(policy, fleet.snapshot(), _req(3, short)), Route)
+    for seq in (4, 5):
+        acc.dispatched(_req(seq), Dispatch(decide(policy, fleet.snapshot(), _req(seq)), None))
+    assert isinstance(decide(policy, fleet.snapshot(), _req(6)), Queue)
+    assert isinstance(decide(policy, fleet.snapshot(), _req(7, priority=PriorityClass.CRITICAL)), Route)
+    resumed = dataclasses.replace(_req(8), resumed=True)
+    assert isinstance(decide(policy, fleet.snapshot(), resumed), Route)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_request_stops_waiting_once_the_running_one_is_far_past_its_predicted_end(path):
+    fleet, acc, clock = _fleet()
+    policy = make_policy("steersman")
+    decide = PATHS[path]
+    started = [acc.dispatched(_req(s), Dispatch(decide(policy, fleet.snapshot(), _req(s)), None)) for s in (1, 2)]
+    assert isinstance(decide(policy, fleet.snapshot(), _req(3)), Queue)
+    due = max(t.ticket.started for t in started) + 2.5
+    _advance(clock, 2.5 * 1.6)  # both are over 50% of their predicted time past their predicted end (a hang)
+    assert clock.now() > due
+    assert isinstance(decide(policy, fleet.snapshot(), _req(3)), Route)
+
+
+def test_it_can_be_turned_off():
+    fleet, acc, clock = _fleet()
+    policy = make_policy("steersman", dataclasses.replace(DEFAULTS.scheduler, slot_wait=False))
+    for s in (1, 2):
+        acc.dispatched(_req(s), Dispatch(policy.pick(fleet.snapshot(), _req(s)), None))
+    assert isinstance(policy.pick(fleet.snapshot(), _req(3)), Route)
+
+
+def test_slot_wait_defaults_are_pinned():
+    s = DEFAULTS.scheduler
+    assert (s.slot_wait, s.slot_wait_gain, s.slot_wait_overrun) == (True, 0.8, 0.5)
+    assert DEFAULTS.llamacpp.slot_prompt_similarity == 0.1
+    assert DEFAULTS.gateway.calibrate_unprofiled is True

@@ -1,0 +1,143 @@
+"""The gateway's mirror of a llama.cpp replica's slots follows llama-server's slot choice
+(get_available_slot, server_prompt_cache::load of llama.cpp in llama-cpp-python 0.3.36)."""
+
+from __future__ import annotations
+
+import math
+
+from steersman.fleet.slots import SAVED_PROMPTS, SlotMirror, common_blocks
+
+A = tuple(range(100, 140))  # a 40-block prompt
+A2 = A[:30] + tuple(range(500, 510))  # shares A's first 30 blocks
+B = tuple(range(200, 240))
+C = tuple(range(300, 340))
+
+
+def test_common_blocks_is_the_shared_prefix_of_chained_hashes():
+    assert common_blocks(A, A) == 40
+    assert common_blocks(A, A2) == 30
+    assert common_blocks(A, B) == 0
+    assert common_blocks(A[:5], A) == 5
+    assert common_blocks((), A) == 0
+
+
+def test_a_running_prompt_serves_nobody_until_its_request_ends():
+    m = SlotMirror(4, 16)
+    assert m.take(1, A, now=0.0) == 0
+    assert m.match(A) == 0  # its copy is in a busy slot; the other slots are empty
+    assert m.take(2, A, now=0.1) == 0  # a follower sent now computes it again
+    m.release(1, ran=True, now=1.0)
+    assert m.match(A) == 40
+    assert m.match(A2) == 30
+
+
+def test_of_two_followers_sent_after_the_holder_ended_only_one_reuses_its_slot():
+    m = SlotMirror(4, 16)
+    m.take(1, A, now=0.0)
+    m.release(1, ran=True, now=1.0)
+    assert m.take(2, A, now=1.1) == 40
+    assert m.take(3, A, now=1.1) == 0  # measured: 0 and 302 of 311 tokens cached
+
+
+def test_the_most_similar_free_slot_wins_and_a_weak_match_goes_to_the_lru_slot():
+    m = SlotMirror(3, 16)
+    for key, p, t in ((1, A, 0.0), (2, A2, 0.0), (3, B, 0.0)):
+        m.take(key, p, now=t)
+    m.release(1, ran=True, now=1.0)
+    m.release(2, ran=True, now=2.0)
+    m.release(3, ran=True, now=3.0)
+    assert m.take(4, A, now=4.0) == 40  # the slot holding A (full), not A2's (30 blocks)
+    # 3 of 40 blocks = 7.5% similar: under the 10% threshold, so the least recently used free slot (A2's)
+    weak = B[:3] + tuple(range(900, 937))
+    assert m.match(weak) == 0
+    assert m.take(5, weak, now=5.0) == 0
+    # empty slots tie on LRU and llama-server takes the last: A went to slot 2, A2 to slot 1, B to slot 0
+    assert [s.prompt for s in m._slots] == [B, weak, A]  # A2 was the least recently used
+    assert m._saved == [A2]  # ... and A2 went to the host prompt cache
+
+
+def test_a_prompt_pushed_out_of_its_slot_is_loaded_back_from_the_host_prompt_cache():
+    m = SlotMirror(1, 16)
+    m.take(1, A, now=0.0)
+    m.release(1, ran=True, now=1.0)
+    m.take(2, B, now=2.0)  # LRU slot: A is saved to the host cache
+    m.release(2, ran=True, now=3.0)
+    assert m.match(A) == 40  # B is not similar: LRU slot, and A comes back from the cache
+    m.take(3, A, now=4.0)
+    m.release(3, ran=True, now=5.0)
+    m.take(4, C, now=6.0)  # saves A again (it left the cache when it was loaded)
+    m.release(4, ran=True, now=7.0)
+    assert m.match(A) == 40
+
+
+def test_the_host_cache_skips_prompts_it_would_keep_under_a_quarter_of():
+    m = SlotMirror(1, 16)
+    m.take(1, A, now=0.0)
+    m.release(1, ran=True, now=1.0)
+    m.take(2, B, now=2.0)  # A goes to the host cache
+    m.release(2, ran=True, now=3.0)
+    assert m.match(A[:8]) == 0  # would keep 8 of the cached A's 40 blocks: 20% < 25%, "don't trash large prompts"
+    assert m.match(A[:10]) == 10  # 25%: loaded
+
+
+def test_the_host_cache_is_bounded():
+    m = SlotMirror(1, 16)
+    for k in range(SAVED_PROMPTS + 10):
+        m.take(k + 1, (10_000 + k,) * 1 + (k,), now=float(k))
+        m.release(k + 1, ran=True, now=float(k) + 0.5)
+    assert len(m._saved) == SAVED_PROMPTS
+
+
+def test_with_every_slot_busy_a_request_waits_and_takes_the_slot_that_frees():
+    m = SlotMirror(2, 16)
+    m.take(1, A, now=0.0)
+    m.take(2, B, now=0.0)
+    assert m.match(A) == 0
+    assert m.take(3, A, now=0.5) == 0  # queued in the engine
+    m.release(1, ran=True, now=1.0)  # it takes the freed slot, which holds A
+    assert m.match(A) == 0  # ... so no free slot is left
+    assert [f.blocks for f in m.in_flight(A)] == [40]
+    m.release(3, ran=True, now=2.0)
+    assert m.match(A) == 40
+
+
+def test_in_flight_reports_when_each_slot_frees_and_the_first_token_moves_it():
+    m = SlotMirror(4, 16)
+    m.take(1, A, now=0.0, due=2.0, decode_s=0.5)
+    m.take(2, A2, now=0.0)
+    got = sorted((f.blocks, f.due, f.since) for f in m.in_flight(A))
+    assert got == [(30, math.inf, 0.0), (40, 2.0, 0.0)]
+    m.first_token(1, now=2.5)  # the prefill ran late: it ends 0.5 s after its first token
+    assert max(f.due for f in m.in_flight(A) if f.blocks == 40) == 3.0
+    assert m.in_flight(B) == []
+
+
+def test_a_request_that_never_ran_leaves_nothing_and_restart_forgets_all():
+    m = SlotMirror(2, 16)
+    m.take(1, A, now=0.0)
+    m.release(1, ran=False, now=1.0)
+    assert m.match(A) == 0
+    m.take(2, A, now=2.0)
+    m.release(2, ran=True, now=3.0)
+    m.clear()
+    assert m.match(A) == 0
+
+
+def test_resizing_to_the_engines_slot_count_keeps_busy_slots():
+    m = SlotMirror(4, 16)
+    m.take(1, A, now=0.0)
+    m.resize(2)
+    assert len(m) == 2
+    assert [f.blocks for f in m.in_flight(A)] == [40]
+    m.resize(6)
+    assert len(m) == 6
+    m.release(1, ran=True, now=1.0)
+    assert m.match(A) == 40
+
+
+def test_a_change_tells_the_prefix_index():
+    calls = []
+    m = SlotMirror(2, 16, on_change=lambda: calls.append(1))
+    m.take(1, A, now=0.0)
+    m.release(1, ran=True, now=1.0)
+    assert len(calls) == 2
