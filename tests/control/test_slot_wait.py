@@ -129,3 +129,39 @@ def test_slot_wait_defaults_are_pinned():
     assert (s.slot_wait, s.slot_wait_gain, s.slot_wait_overrun) == (True, 0.8, 0.5)
     assert DEFAULTS.llamacpp.slot_prompt_similarity == 0.1
     assert DEFAULTS.gateway.calibrate_unprofiled is True
+
+
+def test_a_request_made_to_wait_for_a_slot_keeps_its_place_in_the_queue():
+    """It waited because the gateway chose to (and its TTFT budget ran out meanwhile): when the slot frees it
+    goes before a later request that wants the same slot (before, the later one's budget put it first)."""
+    from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory
+    from steersman.control.plane import ControlPlane, Wait
+
+    fleet, acc, clock = _fleet()
+    adm = DEFAULTS.admission
+    policy = make_policy("steersman")
+    plane = ControlPlane(policy, DefaultAdmitter(adm), GatewayQueue(adm), DEFAULTS.scheduler)
+    tenant = TenantDirectory.from_data({}, "open mode", adm).open_tenant
+    from steersman.policy.request import LatencyBudget
+
+    def std(seq: int, arrival: float) -> SchedRequest:  # the standard class: 2 s to the first token
+        return dataclasses.replace(_req(seq, arrival=arrival), tenant="default",
+                                   budget=LatencyBudget(2.0, 0.2, None, "standard"))
+
+    started = []
+    for seq in (1, 2):
+        out, _ = plane.arrive(f"r{seq}", std(seq, 10.0), tenant, fleet.snapshot(), clock.now())
+        started.append(acc.dispatched(std(seq, 10.0), out))
+    out, _ = plane.arrive("r3", std(3, 10.0), tenant, fleet.snapshot(), clock.now())
+    assert isinstance(out, Wait)
+    _advance(clock, 2.2)  # r3's 2 s TTFT budget has run out
+    out, _ = plane.arrive("r4", std(4, clock.now()), tenant, fleet.snapshot(), clock.now())
+    assert isinstance(out, Wait)
+    assert plane.dispatch(fleet.snapshot, clock.now()) == []  # both wait for the slots
+    _advance(clock, 0.1)
+    acc.first_token(started[0])
+    fleet.report(started[0].ticket, True)
+    fleet.end(started[0].ticket, 16)
+    got = plane.dispatch(fleet.snapshot, clock.now(), limit=1)
+    assert [item for item, _ in got] == ["r3"]
+    assert got[0][1].route.replica == started[0].replica

@@ -99,6 +99,7 @@ class ControlPlane:
         self._waiting: dict[Any, _Queued] = {}
         self._held_at: float | None = None  # the ``now`` of the last dispatch pass ...
         self._held: set[int] = set()  # ... and the queued requests the policy held back in it (by id)
+        self._kept: set[int] = set()  # queued requests waiting for a slot (Queue.keeps_place), by id: first pass
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
@@ -125,14 +126,18 @@ class ControlPlane:
             return Refuse(503, decision.code, decision.reason, decision.retry_after), []
         assert isinstance(decision, Queue)
         pushed = self.queue.push(item, req, now, weight=tenant.weight)
+        if decision.keeps_place:
+            self._kept.add(id(item))
         if isinstance(pushed, Enqueued):
             self._waiting[item] = _Queued(req, a)
             return Wait(pushed.depth), []
         if pushed.newcomer:
+            self._kept.discard(id(item))
             self.admitter.release(a, now)
             return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
         self._waiting[item] = _Queued(req, a)
         victim = self._waiting.pop(pushed.item)
+        self._kept.discard(id(pushed.item))
         self.admitter.release(victim.admit, now)
         shed = Refuse(503, "shed", "shed from the gateway queue for more important requests", 1.0)
         return Wait(len(self.queue)), [(pushed.item, shed)]
@@ -156,7 +161,8 @@ class ControlPlane:
 
         Order: the queue's (band, fair share, value, deadline, arrival), but inside the
         most important band waiting, first the requests whose TTFT budget has time left
-        (or that are protected); those whose budget ran out go when none of the former
+        (or that are protected, or that the policy made wait for a slot holding their prompt:
+        ``Queue.keeps_place``); those whose budget ran out go when none of the former
         can use the capacity.  A request the policy holds back (``Queue``: no replica can
         meet its SLO now, see ``SchedulerSettings.hold_late``) keeps its place and is not
         asked again at this ``now``; one it refuses (its SLO can no longer be met, see
@@ -177,6 +183,7 @@ class ControlPlane:
             if got is None:
                 break
             item, decision = got
+            self._kept.discard(id(item))
             q = self._waiting.pop(item)
             if isinstance(decision, Route):
                 out.append((item, Dispatch(decision, q.admit)))
@@ -200,12 +207,17 @@ class ControlPlane:
             req = self._waiting[item].req
             if first_pass:
                 looks += 1
-                if looks > DISPATCH_FIRST_LOOKS or req.priority != top or not _first(req, now):
+                if looks > DISPATCH_FIRST_LOOKS or req.priority != top or not (
+                        _first(req, now) or id(item) in self._kept):
                     return False
             picks += 1
             d = self.policy.pick(snap, req)
             if isinstance(d, Queue):
                 held.add(id(item))  # saturation moved, or held back for a replica that can meet its SLO
+                if d.keeps_place:
+                    self._kept.add(id(item))
+                else:
+                    self._kept.discard(id(item))
                 return False
             decision = d
             return True
@@ -224,6 +236,7 @@ class ControlPlane:
         out = []
         for item in self.queue.expire(now, feasible):
             q = self._waiting.pop(item, None)
+            self._kept.discard(id(item))
             if q is not None:
                 self.admitter.release(q.admit, now)
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
@@ -234,6 +247,7 @@ class ControlPlane:
     def abandon(self, item: Any, now: float) -> None:
         """A queued request's client went away (or the caller gave up on it)."""
         q = self._waiting.pop(item, None)
+        self._kept.discard(id(item))
         if q is not None:
             self.queue.remove(item)
             self.admitter.release(q.admit, now)

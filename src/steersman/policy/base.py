@@ -42,6 +42,9 @@ class Queue:
     """Hold the request in the gateway until capacity frees ("delay work")."""
 
     reason: str
+    #: it waits for a slot that will hold its prompt (steersman.policy.slot_wait): the gateway made it wait,
+    #: so it keeps its place in the queue's order even once its TTFT budget has run out
+    keeps_place: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,4 +61,4 @@ def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray
         if best > left and now_best <= left:  # waiting would miss a TTFT target that going now meets
             return None
     return Queue(f"waits for a slot of {snap.names[where]} that will hold its prompt: first token predicted in "
-                 f"{best:.2f} s that way, {now_best:.2f} s at best now (scheduler.slot_wait)")
+                 f"{best:.2f} s that way, {now_best:.2f} s at best now (scheduler.slot_wait)", keeps_place=True)
