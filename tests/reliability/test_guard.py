@@ -140,6 +140,22 @@ def test_a_hung_replica_is_ejected_from_the_fleets_stall_row():
     assert snap.blocked_until[0] <= snap.time and snap.blocked_until[1] <= snap.time
 
 
+def test_a_replica_computing_a_prompt_predicted_to_take_long_is_not_stalled_until_well_past_that():
+    """A CPU engine computing a cold prompt (llama.cpp: ~2 s for 350 tokens) shows no first token for longer
+    than its peers' TTFT, which prompts they had cached made short: the stall is judged against the
+    prediction too (3x the predicted TTFT of what awaits there), so it is not ejected (bench/peers traced
+    one such false ejection, and the 2 streams it moved computed their prompts again elsewhere)."""
+    fleet, clock = _stall_fleet()
+    t0 = clock._now = 10.0
+    fleet.begin(2, predicted_ttft=1.5)  # predicted 1.5 s: 3x is 4.5 s
+    fleet.first_token(fleet.begin(0))
+    snap = _at(fleet, clock, t0 + 4.0)
+    assert snap.stall[2] == 4.0 and snap.blocked_until[2] <= snap.time
+    snap = _at(fleet, clock, t0 + 4.6)  # ...but a hang still shows: 3x past what was predicted
+    assert snap.blocked_until[2] > snap.time
+    assert "predicted 1.5s" in fleet.guard.state(2, snap.time)["reason"]
+
+
 def test_a_busy_replica_that_keeps_producing_is_not_stalled():
     fleet, clock = _stall_fleet()
     clock._now = 10.0

@@ -109,9 +109,10 @@ class Fleet:
         # read-only views lent to every snapshot (made once: the arrays above are changed in place only)
         self._views = tuple(_view(a) for a in (self.healthy, self.routable, self.live, self._recent_at))
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
+        self._expected: list[dict[int, float]] = [{} for _ in range(n)]  # awaiting ticket key -> predicted TTFT
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
         self._prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
-        self.guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
+        self._guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
         self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
         self._static()
@@ -119,6 +120,21 @@ class Fleet:
         ll = DEFAULTS.llamacpp
         self.slots = {i: SlotMirror(ll.parallel, DEFAULTS.engine.block_size, ll.slot_prompt_similarity)
                       for i, c in enumerate(self.caches_after_prefill) if c}
+
+    @property
+    def guard(self):
+        return self._guard
+
+    @guard.setter
+    def guard(self, guard) -> None:
+        """Attach the reliability guard; its stall rule reads what this fleet predicted (expected_first_token)."""
+        self._guard = guard
+        if guard is not None:
+            guard.outliers.stall_allowance = self.expected_first_token
+
+    def expected_first_token(self, index: int) -> float:
+        """The longest TTFT predicted for the requests of ours awaiting a first token on ``index`` (0: none)."""
+        return max(self._expected[index].values(), default=0.0)
 
     @property
     def prefix(self):
@@ -193,6 +209,8 @@ class Fleet:
             if not waiting:
                 live[S.STALLED_SINCE, index] = now
             waiting[t.key] = now
+            if predicted_ttft:
+                self._expected[index][t.key] = predicted_ttft
         if self.guard is not None:
             self.guard.dispatched(index, t.key, now)
         return t
@@ -272,6 +290,7 @@ class Fleet:
         waiting = self._awaiting[t.replica]
         if waiting.pop(t.key, None) is None:
             return
+        self._expected[t.replica].pop(t.key, None)
         row = self.live[S.STALLED_SINCE]
         if not waiting:
             row[t.replica] = math.nan

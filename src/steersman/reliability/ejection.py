@@ -8,7 +8,9 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   peers* (the other replicas with ``latency_min_samples`` samples):
   its TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or it has
   *stalled* ``latency_outlier_ratio`` x the peers' TTFT (and x their own
-  stalls, so a fleet-wide freeze is not an outlier).  TTFT itself is not
+  stalls, so a fleet-wide freeze is not an outlier, and x the longest TTFT predicted for
+  the requests awaiting a first token there, so a CPU engine computing a long cold prompt
+  is not an outlier next to peers whose prompts were cached).  TTFT itself is not
   compared: it is mostly queueing, which differs between healthy replicas under
   load, and ejecting a busy replica under overload starts the very cascade this
   is meant to stop (the overload drill did exactly that); a degraded GPU shows in
@@ -58,6 +60,9 @@ class OutlierDetector:
         self.consecutive = np.zeros(n, dtype=np.int64)
         self.ttft = np.full(n, np.nan)
         self.tpot = np.full(n, np.nan)
+        #: replica -> the longest predicted TTFT of the requests awaiting a first token there (0: none
+        #: predicted); a stall is judged against it too (set by the fleet: Fleet.expected_first_token)
+        self.stall_allowance = None
         self.samples = np.zeros(n, dtype=np.int64)
         self.reasons: list[str] = [""] * n
 
@@ -151,7 +156,10 @@ class OutlierDetector:
             if judged[i] and self.tpot[i] >= max(r * ref_tpot, s.latency_floor_tpot_s):  # NaN compares False
                 why = f"TPOT {self.tpot[i]:.3g}s vs peers' {ref_tpot:.3g}s"
             elif stalls[i] >= max(r * ref_ttft, r * ref_stall, s.latency_floor_ttft_s):
-                why = f"no first token for {stalls[i]:.3g}s vs peers' TTFT {ref_ttft:.3g}s"
+                allow = self.stall_allowance(int(i)) if self.stall_allowance is not None else 0.0
+                if stalls[i] >= r * allow:
+                    why = f"no first token for {stalls[i]:.3g}s vs peers' TTFT {ref_ttft:.3g}s" + (
+                        f" (predicted {allow:.3g}s)" if allow > 0.0 else "")
             if why and self.eject(int(i), now, why):
                 out.append(int(i))
         return out
