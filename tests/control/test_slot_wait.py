@@ -165,3 +165,28 @@ def test_a_request_made_to_wait_for_a_slot_keeps_its_place_in_the_queue():
     got = plane.dispatch(fleet.snapshot, clock.now(), limit=1)
     assert [item for item, _ in got] == ["r3"]
     assert got[0][1].route.replica == started[0].replica
+
+
+def test_each_running_copy_serves_one_waiter_and_the_next_request_does_not_wait():
+    """Two copies of the prompt are being computed (one per replica): two requests wait for their slots; a
+    third would wait behind them for a slot only the next copy frees, so it is routed now."""
+    from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory
+    from steersman.control.plane import ControlPlane, Dispatch as D, Wait
+
+    fleet, acc, clock = _fleet()
+    adm = DEFAULTS.admission
+    plane = ControlPlane(make_policy("steersman"), DefaultAdmitter(adm), GatewayQueue(adm), DEFAULTS.scheduler)
+    tenant = TenantDirectory.from_data({}, "open mode", adm).open_tenant
+
+    def req(seq: int) -> SchedRequest:
+        return dataclasses.replace(_req(seq), tenant="default")
+
+    for seq in (1, 2):
+        out, _ = plane.arrive(seq, req(seq), tenant, fleet.snapshot(), clock.now())
+        acc.dispatched(req(seq), out)
+    for seq in (3, 4, 5):
+        out, _ = plane.arrive(seq, req(seq), tenant, fleet.snapshot(), clock.now())
+        assert isinstance(out, Wait)  # others wait for the model: queued, then asked in queue order
+    got = plane.dispatch(fleet.snapshot, clock.now() + 0.01)
+    assert [(item, type(d)) for item, d in got] == [(5, D)]
+    assert plane.waiting == 2

@@ -19,7 +19,7 @@ outcomes saying what to do with which item:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -199,10 +199,19 @@ class ControlPlane:
         top = min((b for b, n in self.queue.counts().items() if n), default=None)
         picks = looks = 0
         decision: Route | Reject | None = None
+        kept = self._kept
+        waiters: dict[int, int] = {}  # a prompt's first block -> requests met so far that wait for its slots
+        counted: set[int] = set()
 
         def serve(item: Any, first_pass: bool) -> bool:
             nonlocal picks, looks, decision
-            if id(item) in held or picks >= DISPATCH_PICKS:
+            key = id(item)
+            if key in held or picks >= DISPATCH_PICKS:
+                if key in kept and key not in counted:
+                    counted.add(key)
+                    req = self._waiting[item].req
+                    if req.block_hashes:
+                        waiters[req.block_hashes[0]] = waiters.get(req.block_hashes[0], 0) + 1
                 return False
             req = self._waiting[item].req
             if first_pass:
@@ -211,13 +220,18 @@ class ControlPlane:
                         _first(req, now) or id(item) in self._kept):
                     return False
             picks += 1
-            d = self.policy.pick(snap, req)
+            first = req.block_hashes[0] if req.block_hashes else None
+            ahead = waiters.get(first, 0) if first is not None else 0
+            d = self.policy.pick(snap, replace(req, slot_waiters_ahead=ahead) if ahead else req)
             if isinstance(d, Queue):
-                held.add(id(item))  # saturation moved, or held back for a replica that can meet its SLO
+                held.add(key)  # saturation moved, or held back for a replica that can meet its SLO
                 if d.keeps_place:
-                    self._kept.add(id(item))
+                    kept.add(key)
+                    counted.add(key)
+                    if first is not None:
+                        waiters[first] = ahead + 1
                 else:
-                    self._kept.discard(id(item))
+                    kept.discard(key)
                 return False
             decision = d
             return True

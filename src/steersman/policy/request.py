@@ -72,6 +72,9 @@ class SchedRequest:
     #: running already, so the gates on *new* work (adaptive concurrency limit, saturation queue) do not hold
     #: it back; ejection, breakers and exclusions still apply
     resumed: bool = False
+    #: requests ahead of it in the gateway queue that wait for a llama.cpp slot holding the same prompt (each
+    #: running copy serves one of them: steersman.policy.slot_wait); the control plane sets it when it asks
+    slot_waiters_ahead: int = 0
 
     @property
     def protection(self) -> float:

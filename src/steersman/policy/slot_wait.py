@@ -6,7 +6,9 @@ once per request; a request can instead wait for the running request that comput
 then reuse its slot.  :func:`wait_for_slot` compares, for one request, the best predicted time to its first
 token now with the best one after waiting (the running request's predicted end, then the prefill of what
 its slot will not hold), and asks it to wait in the gateway queue when waiting is predicted to be at least
-``1 - slot_wait_gain`` sooner (:class:`~steersman.config.SchedulerSettings`).  The queue re-decides it at
+``1 - slot_wait_gain`` sooner.  Each running copy frees one slot: a request with ``slot_waiters_ahead``
+= k others waiting for the same prompt ahead of it in the queue counts on the (k+1)-th soonest copy, and on
+none when there are no more copies than waiters (the control plane counts them as it walks the queue) (:class:`~steersman.config.SchedulerSettings`).  The queue re-decides it at
 every request end and scrape: once the slot frees, the prefix index (answered by the slot mirror) credits
 the replica, and the request goes there.  Pure; the replicas it waits for are unprofiled ones (their
 prediction is the engine's own timing: :func:`~steersman.policy.predict.unprofiled_speeds`).
@@ -35,7 +37,7 @@ def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray
     now = snap.time
     bs = snap.statics.block_size
     pt = req.prompt_tokens
-    best, where = math.inf, -1
+    ways: list[tuple[float, int]] = []  # (predicted TTFT waiting for that running copy, its replica)
     for j in range(idx.size):
         i = int(idx[j])
         mirror = prefix.slots.get(i)
@@ -50,11 +52,13 @@ def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray
             gained = min(f.blocks * bs, max(pt - 1, 0)) - have
             if gained <= 0 or not now < f.due + overrun * (f.due - f.since):
                 continue
-            t = max(f.due - now, 0.0) + (step + (pt - have - gained) * s_tok) * r_ttft
-            if t < best:
-                best, where = t, i
+            ways.append((max(f.due - now, 0.0) + (step + (pt - have - gained) * s_tok) * r_ttft, i))
+    k = req.slot_waiters_ahead  # each running copy frees one slot: the requests waiting ahead take the first k
+    if k >= len(ways):
+        return None
+    best, where = sorted(ways)[k]
     now_best = float(ttft.min())
-    if where < 0 or not best < gain * now_best:
+    if not best < gain * now_best:
         return None
     if target_ttft < math.inf:
         left = target_ttft - (now - req.arrival)
