@@ -76,8 +76,6 @@ PINNED = {
     "scheduler.hold_late": False,
     "scheduler.slot_wait": True,
     "scheduler.slot_wait_gain": 0.8,
-    "scheduler.slot_wait_queued": 1.5,
-    "scheduler.slot_wait_gain_alone": 0.5,
     "scheduler.slot_wait_overrun": 0.5,
     "admission.queue_max_entries": 1024,
     "admission.rate_burst_s": 60.0,

@@ -126,7 +126,7 @@ def test_it_can_be_turned_off():
 
 def test_slot_wait_defaults_are_pinned():
     s = DEFAULTS.scheduler
-    assert (s.slot_wait, s.slot_wait_gain, s.slot_wait_overrun, s.slot_wait_queued) == (True, 0.8, 0.5, 1.5)
+    assert (s.slot_wait, s.slot_wait_gain, s.slot_wait_overrun) == (True, 0.8, 0.5)
     assert DEFAULTS.llamacpp.slot_prompt_similarity == 0.1
     assert DEFAULTS.gateway.calibrate_unprofiled is True
 

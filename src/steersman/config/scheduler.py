@@ -135,18 +135,6 @@ class SchedulerSettings:
         0.8, "design: waiting for a slot must be predicted to give the first token at least 20% sooner than "
         "the best replica now (the prediction of a holder's end is a mean; a small gain is not worth the risk)"
     )
-    slot_wait_queued: float = setting(
-        1.5, "bench/peers (llama.cpp x2, 5 rounds): waiting whenever it was predicted sooner took TTFT p99 "
-        "3,774 -> 2,900 ms and tokens/s 26.9 -> 30.2 but TTFT p50 505 -> 748 ms (fewer copies of the hot "
-        "prompts, so more requests waited); so a request waits only when the best replica now would compute its "
-        "prompt behind other work, its predicted TTFT >= 1.5x its prefill alone (the cold first wave: ~2x), "
-        "else only for a larger gain (slot_wait_gain_alone)"
-    )
-    slot_wait_gain_alone: float = setting(
-        0.5, "design, see slot_wait_queued: when the best replica now would compute the prompt alone (making "
-        "another copy of it), a request waits for a slot only when that is predicted to give its first token "
-        "at least 2x sooner"
-    )
     slot_wait_overrun: float = setting(
         0.5, "design: a request waits for a running one only until that one is 50% of its predicted time past "
         "its predicted end (then the prediction was wrong: it routes as if nothing were running)"

@@ -51,8 +51,7 @@ class SloCheapest:
         self.exploit_slowdown = settings.exploit_slowdown
         self.shed = frozenset(PriorityClass.parse(c) for c in settings.shed_infeasible)
         self.hold = settings.hold_late
-        self.slot_wait = ((settings.slot_wait_gain, settings.slot_wait_overrun, settings.slot_wait_queued,
-                           settings.slot_wait_gain_alone) if settings.slot_wait else None)
+        self.slot_wait = (settings.slot_wait_gain, settings.slot_wait_overrun) if settings.slot_wait else None
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
@@ -74,8 +73,8 @@ class SloCheapest:
             if late is not None:
                 return late
         if self.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:
-            wait = wait_for_slot(snap, req, ctx.candidates, p.ttft, p.ttft_alone, ctx.feature("prefix_held"),
-                                 protected, ttft, *self.slot_wait)
+            wait = wait_for_slot(snap, req, ctx.candidates, p.ttft, ctx.feature("prefix_held"), protected, ttft,
+                                 *self.slot_wait)
             if wait is not None:
                 return wait
         if count == 1:

@@ -8,10 +8,7 @@ token now with the best one after waiting (the running request's predicted end, 
 its slot will not hold), and asks it to wait in the gateway queue when waiting is predicted to be at least
 ``1 - slot_wait_gain`` sooner.  Each running copy frees one slot: a request with ``slot_waiters_ahead``
 = k others waiting for the same prompt ahead of it in the queue counts on the (k+1)-th soonest copy, and on
-none when there are no more copies than waiters (the control plane counts them as it walks the queue).
-When the best replica now would compute the prompt alone (its predicted TTFT under ``slot_wait_queued`` x
-its prefill alone), computing it makes one more copy of a hot prompt, which later requests reuse: waiting
-must then be predicted ``1 - slot_wait_gain_alone`` sooner (:class:`~steersman.config.SchedulerSettings`).  The queue re-decides it at
+none when there are no more copies than waiters (the control plane counts them as it walks the queue) (:class:`~steersman.config.SchedulerSettings`).  The queue re-decides it at
 every request end and scrape: once the slot frees, the prefix index (answered by the slot mirror) credits
 the replica, and the request goes there.  Pure; the replicas it waits for are unprofiled ones (their
 prediction is the engine's own timing: :func:`~steersman.policy.predict.unprofiled_speeds`).
@@ -29,12 +26,10 @@ from steersman.policy.predict import unprofiled_speeds
 __all__ = ["wait_for_slot"]
 
 
-def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, alone: np.ndarray, held: np.ndarray,
-                  protected: bool, target_ttft: float, gain: float, overrun: float, queued: float,
-                  gain_alone: float) -> Queue | None:
-    """``idx``: the candidates; ``ttft``: their predicted TTFT now; ``alone``: the same with nothing queued
-    ahead of it there; ``held``: blocks of the prompt each replica (all of them) would reuse now.  A
-    :class:`Queue` when the request should wait for a slot."""
+def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray, protected: bool,
+                  target_ttft: float, gain: float, overrun: float) -> Queue | None:
+    """``idx``: the candidates; ``ttft``: their predicted TTFT now; ``held``: blocks of the prompt each
+    replica (all of them) would reuse now.  A :class:`Queue` when the request should wait for a slot."""
     prefix = snap.prefix
     hashes = req.block_hashes
     if prefix is None or not prefix.slots or protected or req.resumed or not hashes or not ttft.size:
@@ -62,10 +57,8 @@ def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, alone: np.ndarra
     if k >= len(ways):
         return None
     best, where = sorted(ways)[k]
-    j = int(ttft.argmin())
-    now_best = float(ttft[j])
-    # computing it alone now makes one more copy of the prompt, which later requests reuse: worth more
-    if not best < (gain if now_best >= queued * float(alone[j]) else gain_alone) * now_best:
+    now_best = float(ttft.min())
+    if not best < gain * now_best:
         return None
     if target_ttft < math.inf:
         left = target_ttft - (now - req.arrival)
