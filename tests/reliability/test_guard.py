@@ -147,13 +147,26 @@ def test_a_replica_computing_a_prompt_predicted_to_take_long_is_not_stalled_unti
     one such false ejection, and the 2 streams it moved computed their prompts again elsewhere)."""
     fleet, clock = _stall_fleet()
     t0 = clock._now = 10.0
-    fleet.begin(2, predicted_ttft=1.5)  # predicted 1.5 s: 3x is 4.5 s
+    fleet.expect_first_token(fleet.begin(2), 1.5)  # predicted 1.5 s: 3x is 4.5 s
     fleet.first_token(fleet.begin(0))
     snap = _at(fleet, clock, t0 + 4.0)
     assert snap.stall[2] == 4.0 and snap.blocked_until[2] <= snap.time
     snap = _at(fleet, clock, t0 + 4.6)  # ...but a hang still shows: 3x past what was predicted
     assert snap.blocked_until[2] > snap.time
     assert "predicted 1.5s" in fleet.guard.state(2, snap.time)["reason"]
+
+
+def test_a_hung_replica_is_not_excused_by_predictions_its_stall_inflated():
+    """Requests routed to a replica already stalled are predicted with the stall in (it only grows): the stall
+    is judged against the oldest awaiting request's prediction, made before it."""
+    fleet, clock = _stall_fleet()
+    t0 = clock._now = 10.0
+    fleet.expect_first_token(fleet.begin(2), 0.1)
+    fleet.first_token(fleet.begin(0))
+    clock._now = t0 + 0.25
+    fleet.expect_first_token(fleet.begin(2), 5.0)  # predicted late because the replica has stalled 0.25 s
+    snap = _at(fleet, clock, t0 + 0.4)
+    assert snap.blocked_until[2] > snap.time
 
 
 def test_a_busy_replica_that_keeps_producing_is_not_stalled():

@@ -66,6 +66,7 @@ class Accounting:
         uncached = req.prompt_tokens - min(held * bs, max(req.prompt_tokens - 1, 0))
         ticket = fleet.begin(i, uncached, self._blocks(req), route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
                              route.tpot_target_s)
+        fleet.expect_first_token(ticket, route.expected_ttft_s)  # NaN (a policy that does not predict): nothing
         if fleet.caches_after_prefill[i]:  # llama.cpp: the request takes a slot; the prompt is reusable once it is free
             e2e = route.expected_e2e_s
             due = ticket.started + e2e if e2e == e2e else math.inf

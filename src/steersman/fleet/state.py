@@ -132,9 +132,18 @@ class Fleet:
         if guard is not None:
             guard.outliers.stall_allowance = self.expected_first_token
 
+    def expect_first_token(self, t: Ticket, seconds: float) -> None:
+        """``t``'s first token is predicted ``seconds`` after its dispatch (the prediction as applied, learnt
+        corrections included): until then its replica's stall is no outlier (see expected_first_token)."""
+        if seconds > 0.0 and t.key in self._awaiting[t.replica]:
+            self._expected[t.replica][t.key] = seconds
+
     def expected_first_token(self, index: int) -> float:
-        """The longest TTFT predicted for the requests of ours awaiting a first token on ``index`` (0: none)."""
-        return max(self._expected[index].values(), default=0.0)
+        """The TTFT predicted for the oldest request of ours awaiting a first token on ``index`` (0: none, or not
+        predicted).  The oldest only: later ones were predicted with the stall so far in (a hung replica's
+        predictions grow with its stall, so they would excuse it for ever)."""
+        waiting = self._awaiting[index]
+        return self._expected[index].get(next(iter(waiting)), 0.0) if waiting else 0.0
 
     @property
     def prefix(self):
@@ -209,8 +218,6 @@ class Fleet:
             if not waiting:
                 live[S.STALLED_SINCE, index] = now
             waiting[t.key] = now
-            if predicted_ttft:
-                self._expected[index][t.key] = predicted_ttft
         if self.guard is not None:
             self.guard.dispatched(index, t.key, now)
         return t

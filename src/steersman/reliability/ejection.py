@@ -8,8 +8,8 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   peers* (the other replicas with ``latency_min_samples`` samples):
   its TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or it has
   *stalled* ``latency_outlier_ratio`` x the peers' TTFT (and x their own
-  stalls, so a fleet-wide freeze is not an outlier, and x the longest TTFT predicted for
-  the requests awaiting a first token there, so a CPU engine computing a long cold prompt
+  stalls, so a fleet-wide freeze is not an outlier, and x the TTFT predicted for the
+  oldest request awaiting a first token there, so a CPU engine computing a long cold prompt
   is not an outlier next to peers whose prompts were cached).  TTFT itself is not
   compared: it is mostly queueing, which differs between healthy replicas under
   load, and ejecting a busy replica under overload starts the very cascade this
@@ -60,7 +60,7 @@ class OutlierDetector:
         self.consecutive = np.zeros(n, dtype=np.int64)
         self.ttft = np.full(n, np.nan)
         self.tpot = np.full(n, np.nan)
-        #: replica -> the longest predicted TTFT of the requests awaiting a first token there (0: none
+        #: replica -> the predicted TTFT of the oldest request awaiting a first token there (0: none
         #: predicted); a stall is judged against it too (set by the fleet: Fleet.expected_first_token)
         self.stall_allowance = None
         self.samples = np.zeros(n, dtype=np.int64)
