@@ -6,9 +6,10 @@ once per request; a request can instead wait for the running request that comput
 then reuse its slot.  :func:`wait_for_slot` compares, for one request, the best predicted time to its first
 token now with the best one after waiting (the running request's predicted end, then the prefill of what
 its slot will not hold), and asks it to wait in the gateway queue when waiting is predicted to be at least
-``1 - slot_wait_gain`` sooner.  Each running copy frees one slot: a request with ``slot_waiters_ahead``
-= k others waiting for the same prompt ahead of it in the queue counts on the (k+1)-th soonest copy, and on
-none when there are no more copies than waiters (the control plane counts them as it walks the queue) (:class:`~steersman.config.SchedulerSettings`).  The queue re-decides it at
+``1 - slot_wait_gain`` sooner (:class:`~steersman.config.SchedulerSettings`).  Each running copy frees one
+slot: a request with ``slot_waiters_ahead`` = k others waiting for the same prompt ahead of it in the queue
+counts on the (k+1)-th soonest copy, and on none when there are no more copies than waiters (the control
+plane counts them as it walks the queue).  The queue re-decides it at
 every request end and scrape: once the slot frees, the prefix index (answered by the slot mirror) credits
 the replica, and the request goes there.  Pure; the replicas it waits for are unprofiled ones (their
 prediction is the engine's own timing: :func:`~steersman.policy.predict.unprofiled_speeds`).
