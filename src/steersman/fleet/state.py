@@ -11,16 +11,15 @@ import itertools
 import math
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
 import numpy as np
 
 from steersman.clock import Clock
 from steersman.config import DEFAULTS, SchedulerSettings
-from steersman.engines.base import EngineAdapter, EngineMetrics, ReplicaAddress
+from steersman.engines.base import EngineMetrics
 from steersman.fleet import snapshot as S
+from steersman.fleet.records import Replica, Ticket
 from steersman.fleet.slots import SlotMirror
 from steersman.fleet.snapshot import WEIGHTS_CODES, FleetSnapshot
 from steersman.fleet.statics import ReplicaSpec, build_statics
@@ -29,47 +28,6 @@ __all__ = ["Replica", "Fleet", "Ticket"]
 
 _WARM = WEIGHTS_CODES["warm"]
 _MAX_RATIO = 100.0  # one wild observation must not poison the correction
-
-
-@dataclass(slots=True)
-class Replica:
-    index: int
-    name: str
-    url: str
-    engine: str
-    gpu: str | None
-    models: tuple[str, ...]
-    pool: str
-    price_per_hour: float
-    tp: int
-    adapter: EngineAdapter
-    priority_scheduling: bool = False  # the engine takes a per-request ``priority`` (vLLM --scheduling-policy priority)
-    handoff_s_per_token: float = 0.0  # a prefill replica of a disaggregated fleet (the twin): see ReplicaSpec
-    address: ReplicaAddress = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.address = ReplicaAddress(self.name, self.url)
-
-
-@dataclass(slots=True)
-class Ticket:
-    """What one routed request added to a replica's accounting (removed again at the end)."""
-
-    replica: int
-    uncached: int  # prompt tokens predicted to need prefill
-    blocks: int  # KV blocks the request holds (prompt + expected output)
-    started: float
-    batch: float = 1.0  # requests sharing the replica's steps when it joined (itself included)
-    predicted_ttft: float | None = None  # what the scheduler expected, to learn the per-replica correction
-    predicted_tpot: float | None = None
-    first_at: float | None = None
-    verdict: bool | None = None  # the attempt's verdict on the replica: served (True) / server-side failure (False)
-    on_first: Any = None  # called once at the first token (the runner releases a retry-budget token)
-    key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
-    streamed: bool = True  # False: the engine answers all at once, so its "first token" is the whole response
-    tpot_target: float = 0.0  # the TPOT it must keep (x its margin): later requests must not slow it past that
-    cache_at_end: Sequence[int] | None = None  # prompt blocks the prefix index credits the replica with when the
-    # request ends, if it ran (an engine whose slot frees its prompt only then: see EngineAdapter.shares_prefill_in_flight)
 
 
 def _or_one(x: float) -> float:
