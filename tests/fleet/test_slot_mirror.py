@@ -141,17 +141,3 @@ def test_a_change_tells_the_prefix_index():
     m.take(1, A, now=0.0)
     m.release(1, ran=True, now=1.0)
     assert len(calls) == 2
-
-
-def test_the_mirror_learns_how_late_its_requests_end_and_scales_when_slots_free():
-    m = SlotMirror(4, 16)
-    for k in range(1, 30):  # every request ends at twice its predicted time after its first token
-        t = 10.0 * k
-        m.take(k, A, now=t, due=t + 2.0, decode_s=0.5)
-        m.first_token(k, now=t + 1.5)
-        m.release(k, ran=True, now=t + 1.5 + 1.0)
-    assert 1.9 < m.lateness <= 2.0
-    m.take(100, A, now=1000.0, due=1002.0, decode_s=0.5)
-    assert [round(f.due, 2) for f in m.in_flight(A)] == [round(1000.0 + 2.0 * m.lateness, 2)]
-    m.first_token(100, now=1001.0)
-    assert [round(f.due, 2) for f in m.in_flight(A)] == [round(1001.0 + 0.5 * m.lateness, 2)]

@@ -34,10 +34,6 @@ __all__ = ["SlotMirror", "PromptInFlight", "common_blocks", "SAVED_PROMPTS"]
 #: prompts the mirror remembers as saved in llama-server's host prompt cache (the engine's own bound is
 #: 8 GiB of state, thousands of short prompts; the oldest are forgotten first, as llama.cpp's cache does)
 SAVED_PROMPTS = 256
-#: how fast the mirror learns how late its requests end against their prediction (an EWMA weight per end), and
-#: the range one observation is clamped to (a request the client left early, or one stuck behind a hang)
-LATENESS_ALPHA = 0.2
-LATENESS_RANGE = (0.5, 4.0)
 _NONE: tuple[int, ...] = ()
 
 
@@ -63,7 +59,7 @@ class PromptInFlight:
 
 
 class _Slot:
-    __slots__ = ("prompt", "key", "used", "due", "since", "decode_s", "told")
+    __slots__ = ("prompt", "key", "used", "due", "since", "decode_s")
 
     def __init__(self) -> None:
         self.prompt: tuple[int, ...] = _NONE
@@ -72,7 +68,6 @@ class _Slot:
         self.due = math.inf
         self.since = 0.0
         self.decode_s = math.nan  # predicted seconds from its first token to its end
-        self.told = 0.0  # when ``due`` was last predicted (its dispatch, then its first token)
 
 
 class SlotMirror:
@@ -87,9 +82,6 @@ class SlotMirror:
         self._where: dict[int, _Slot] = {}  # ticket key -> its slot
         self._queued: dict[int, tuple[tuple[int, ...], int, float, float]] = {}  # key -> waiting for a slot
         self._saved: list[tuple[int, ...]] = []  # host prompt cache, oldest first
-        #: observed / predicted time from a request's last prediction (dispatch, first token) to its end, learnt
-        #: at each end (EWMA): the predictions of when slots free are scaled by it (decode slows under load)
-        self.lateness = 1.0
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -145,8 +137,7 @@ class SlotMirror:
             if s.key and s.prompt:
                 n = common_blocks(s.prompt, hashes)
                 if n:
-                    due = s.told + (s.due - s.told) * self.lateness if s.due < math.inf else s.due
-                    out.append(PromptInFlight(n, due, s.since))
+                    out.append(PromptInFlight(n, s.due, s.since))
         return out
 
     # ---- what the gateway routes -------------------------------------------------------------
@@ -171,7 +162,6 @@ class SlotMirror:
             if len(self._saved) > SAVED_PROMPTS:
                 del self._saved[0]
         slot.prompt, slot.key, slot.used, slot.due, slot.since, slot.decode_s = prompt, key, now, due, now, decode_s
-        slot.told = now
         self._where[key] = slot
         self._changed()
 
@@ -179,7 +169,7 @@ class SlotMirror:
         """Its first token came: its end is re-predicted from now (a prefill slower than predicted delays it)."""
         s = self._where.get(key)
         if s is not None and s.decode_s == s.decode_s:
-            s.due, s.told = now + s.decode_s, now
+            s.due = now + s.decode_s
 
     def release(self, key: int, ran: bool, now: float) -> None:
         """Request ``key`` ended.  ``ran``: its prompt was computed (it had a first token), so its slot holds
@@ -189,9 +179,6 @@ class SlotMirror:
         s = self._where.pop(key, None)
         if s is None:
             return
-        if ran and s.told < s.due < math.inf:
-            seen = min(max((now - s.told) / (s.due - s.told), LATENESS_RANGE[0]), LATENESS_RANGE[1])
-            self.lateness += LATENESS_ALPHA * (seen - self.lateness)
         s.key, s.used, s.due = 0, now, math.inf
         if not ran:
             s.prompt = _NONE
