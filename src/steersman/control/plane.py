@@ -217,7 +217,7 @@ class ControlPlane:
             if first_pass:
                 looks += 1
                 if looks > DISPATCH_FIRST_LOOKS or req.priority != top or not (
-                        _first(req, now) or id(item) in self._kept):
+                        _first(req, now) or key in kept):
                     return False
             picks += 1
             first = req.block_hashes[0] if req.block_hashes else None
