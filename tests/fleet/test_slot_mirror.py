@@ -53,7 +53,9 @@ def test_the_most_similar_free_slot_wins_and_a_weak_match_goes_to_the_lru_slot()
     assert m.take(5, weak, now=5.0) == 0
     # empty slots tie on LRU and llama-server takes the last: A went to slot 2, A2 to slot 1, B to slot 0
     assert [s.prompt for s in m._slots] == [B, weak, A]  # A2 was the least recently used
-    assert m._saved == [A2]  # ... and A2 went to the host prompt cache
+    # the idle B and A2 went to the host prompt cache when request 4 started (--cache-idle-slots); A2, pushed
+    # out of its slot by request 5, was there already
+    assert m._saved == [B, A2]
 
 
 def test_a_prompt_pushed_out_of_its_slot_is_loaded_back_from_the_host_prompt_cache():
@@ -68,6 +70,44 @@ def test_a_prompt_pushed_out_of_its_slot_is_loaded_back_from_the_host_prompt_cac
     m.take(4, C, now=6.0)  # saves A again (it left the cache when it was loaded)
     m.release(4, ran=True, now=7.0)
     assert m.match(A) == 40
+
+
+def test_idle_slots_are_saved_when_a_request_starts_so_a_second_follower_loads_the_prompt():
+    m = SlotMirror(4, 16)
+    m.take(1, A, now=0.0)
+    m.release(1, ran=True, now=1.0)
+    m.take(2, B, now=1.5)  # starting: the idle slot holding A is saved to the host cache
+    m.release(2, ran=True, now=2.0)
+    assert m.take(3, A, now=3.0) == 40  # the slot holding A
+    assert m.match(A) == 40  # its copy in the host cache, loaded into the least recently used free slot
+    assert m.take(4, A, now=3.1) == 40
+    assert m.match(A) == 0  # loading took it out of the cache; both copies are busy
+    assert m.take(5, A, now=3.2) == 0
+
+
+def test_without_a_start_in_between_an_idle_prompt_is_not_saved():
+    m = SlotMirror(4, 16)
+    m.take(1, A, now=0.0)
+    m.release(1, ran=True, now=1.0)
+    assert m.take(2, A, now=1.1) == 40
+    assert m.take(3, A, now=1.1) == 0  # nothing started while A's slot was idle: no copy in the host cache
+
+
+def test_the_host_cache_keeps_one_copy_of_a_prompt_and_drops_its_prefixes():
+    m = SlotMirror(4, 16)
+    short = A[:20]
+    m.take(1, short, now=0.0)
+    m.release(1, ran=True, now=0.5)
+    m.take(2, B, now=1.0)  # saves the idle ``short``
+    m.release(2, ran=True, now=1.5)
+    assert m._saved == [short]
+    m.take(3, A, now=2.0)  # by similarity (20 of 40 blocks) into short's slot: nothing is saved then
+    m.release(3, ran=True, now=2.5)
+    m.take(4, C, now=3.0)  # saves the idle A and B; A replaces its prefix ``short``
+    assert sorted(m._saved) == sorted([B, A])
+    m.release(4, ran=True, now=3.5)
+    m.take(5, C, now=4.0)  # A and B are in the cache already: nothing changes
+    assert sorted(m._saved) == sorted([B, A])
 
 
 def test_the_host_cache_skips_prompts_it_would_keep_under_a_quarter_of():

@@ -6,6 +6,11 @@ slot's prompt is reused by a later request only once the slot is free.  A reques
 that arrives while the holder is still decoding takes another slot and prefills everything again.  If a
 newer llama.cpp shares prompts across busy slots, the first test fails and the adapter should credit
 at the first token (or at dispatch) instead.
+
+One way around a busy slot exists: whenever a request starts, llama-server saves every idle slot's
+prompt to its host prompt cache (``--cache-idle-slots``, on by default), and a request that finds no
+free slot holding its prompt loads it from there.  The gateway's slot mirror models this
+(``steersman.fleet.slots``); the last test pins it.
 """
 
 from __future__ import annotations
@@ -95,3 +100,45 @@ def test_the_gateway_credits_the_replica_once_the_request_ended(engine):
             time.sleep(0.01)  # the gateway settles the request just after the client read [DONE]
         assert seen_at_first == [0]
         assert index.blocks_per_replica()[0] >= 250 // 16
+
+
+OTHER = "You translate shipping notices into plain English. " + " ".join(
+    f"Term {i}: a notice of class {i} means the parcel waits at hub {i % 5} for customs." for i in range(20)
+)
+PREFIX2 = "You are the billing assistant of Acme Tools. " + " ".join(
+    f"Clause {i}: invoices of tier {i} are due {i + 10} days after dispatch from warehouse {i % 4}." for i in range(20)
+)
+
+
+def _ask(c: httpx.Client, url: str, system: str, question: str) -> dict:
+    r = c.post(url + "/v1/chat/completions", json={**_body(question, 2, False), "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": question}]})
+    r.raise_for_status()
+    return r.json()["timings"]
+
+
+def test_an_idle_slots_prompt_saved_when_another_request_starts_serves_a_follower_beside_a_busy_copy(url):
+    with httpx.Client(timeout=120) as c:
+        _ask(c, url, PREFIX2, "Question 5: when is my invoice due?")  # PREFIX2 now sits in an idle slot
+        _ask(c, url, OTHER, "Question 6: what does class 3 mean?")  # starting, it saves the idle slots' prompts
+        first_token = threading.Event()
+        done = threading.Event()
+        body = {**_body("Question 7: can I pay later?", 40, True),
+                "messages": [{"role": "system", "content": PREFIX2}, {"role": "user", "content": "Question 7: can I pay later?"}]}
+
+        def busy() -> None:
+            with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if '"content":"' in line:
+                        first_token.set()
+            done.set()
+
+        t = threading.Thread(target=busy, daemon=True)
+        t.start()
+        assert first_token.wait(60), "the first follower streamed no token"
+        second = _ask(c, url, PREFIX2, "Question 8: is there a discount?")
+        assert not done.is_set(), "the first follower ended before the second ran: make it decode longer"
+        t.join(120)
+    prompt = second["prompt_n"] + second["cache_n"]
+    assert prompt > 250
+    assert second["cache_n"] > 0.8 * prompt, f"the second follower reused only {second['cache_n']} of {prompt} tokens"

@@ -12,7 +12,12 @@ in ``server-task.cpp``, llama.cpp vendored in llama-cpp-python 0.3.36) reuses a 
    prompt is saved to the host prompt cache (``--cache-ram``, default 8 GiB) and the cached prompt that
    keeps the most of the new one (at least a quarter of the cached prompt) is loaded into it, leaving the
    cache;
-4. with no free slot the request waits in the server's queue and takes a slot when one frees.
+4. with no free slot the request waits in the server's queue and takes a slot when one frees;
+5. once a request has a slot, every idle slot's prompt is saved to the host prompt cache too
+   (``--cache-idle-slots``, on by default; ``update_slots`` after ``launch_slot_with_task``), so a prompt
+   that sat in an idle slot while another request started has a copy there that a later request can
+   load even while its slot is busy.  The cache skips a prompt that is a prefix of one it holds and drops
+   the prompts that are prefixes of the one it saves (``server_prompt_cache::alloc``).
 
 So while a request runs, the copy of its prompt in its slot serves nobody; when it ends, one follower can
 reuse it, and a second follower sent together gets another slot and computes the prompt again (measured,
@@ -59,10 +64,11 @@ class PromptInFlight:
 
 
 class _Slot:
-    __slots__ = ("prompt", "key", "used", "due", "since", "decode_s")
+    __slots__ = ("prompt", "key", "used", "due", "since", "decode_s", "saved")
 
     def __init__(self) -> None:
         self.prompt: tuple[int, ...] = _NONE
+        self.saved = False  # its prompt is known to be in the host prompt cache (saving it again changes nothing)
         self.key = 0  # the ticket running in it (0: free)
         self.used = -math.inf
         self.due = math.inf
@@ -113,16 +119,9 @@ class SlotMirror:
                 return None, 0, False, None
             lcp_best = common_blocks(best.prompt, hashes)
             save = True
-        load = None
-        if save and self._saved:
-            keep = lcp_best / len(best.prompt) if best.prompt else -1.0
-            got = lcp_best
-            for k, p in enumerate(self._saved):
-                lcp = common_blocks(p, hashes)
-                f_keep = lcp / len(p)
-                if f_keep >= 0.25 and f_keep > keep and lcp > got:
-                    keep, got, load = f_keep, lcp, k
-            lcp_best = got
+        load = self._find(hashes, best.prompt) if save and self._saved else None
+        if load is not None:
+            lcp_best = common_blocks(self._saved[load], hashes)
         return best, lcp_best, save, load
 
     def match(self, hashes: Sequence[int]) -> int:
@@ -155,15 +154,54 @@ class SlotMirror:
 
     def _occupy(self, slot: _Slot, key: int, prompt: tuple[int, ...], save: bool, load: int | None, now: float,
                 due: float, decode_s: float) -> None:
+        if save and slot.prompt:
+            self._save(slot.prompt)
+            if load is not None:  # the save may have dropped prompts before it: find the one to load again
+                load = self._find(prompt, slot.prompt)
         if load is not None:
             del self._saved[load]  # loaded into the slot: it leaves the host cache
-        if save and slot.prompt:
-            self._saved.append(slot.prompt)
-            if len(self._saved) > SAVED_PROMPTS:
-                del self._saved[0]
+            self._unsaved()
         slot.prompt, slot.key, slot.used, slot.due, slot.since, slot.decode_s = prompt, key, now, due, now, decode_s
+        slot.saved = False
         self._where[key] = slot
+        for s in self._slots:  # --cache-idle-slots: the idle slots' prompts go to the host cache
+            if not s.key and s.prompt and not s.saved:
+                self._save(s.prompt)
+                s.saved = True
         self._changed()
+
+    def _save(self, prompt: tuple[int, ...]) -> None:
+        """``server_prompt_cache::alloc``: skip a prompt the cache holds whole, drop the cached prefixes of it."""
+        saved = self._saved
+        n = len(prompt)
+        if any(len(p) >= n and common_blocks(p, prompt) == n for p in saved):
+            return
+        kept = [p for p in saved if not (len(p) <= n and common_blocks(p, prompt) == len(p))]
+        if len(kept) != len(saved):
+            saved[:] = kept
+            self._unsaved()
+        saved.append(prompt)
+        if len(saved) > SAVED_PROMPTS:
+            del saved[0]
+            self._unsaved()
+
+    def _unsaved(self) -> None:
+        """A prompt left the host cache: the idle slots may have to save theirs again."""
+        for s in self._slots:
+            s.saved = False
+
+    def _find(self, hashes: Sequence[int], own: tuple[int, ...]) -> int | None:
+        """Index of the saved prompt ``server_prompt_cache::load`` would load for ``hashes`` into a slot holding
+        ``own`` (None: it keeps its own)."""
+        lcp_own = common_blocks(own, hashes)
+        keep = lcp_own / len(own) if own else -1.0
+        got, load = lcp_own, None
+        for k, p in enumerate(self._saved):
+            lcp = common_blocks(p, hashes)
+            f_keep = lcp / len(p)
+            if f_keep >= 0.25 and f_keep > keep and lcp > got:
+                keep, got, load = f_keep, lcp, k
+        return load
 
     def first_token(self, key: int, now: float) -> None:
         """Its first token came: its end is re-predicted from now (a prefill slower than predicted delays it)."""
@@ -208,7 +246,7 @@ class SlotMirror:
     def clear(self) -> None:
         """The engine restarted: its slots and prompt cache are empty (requests in flight are lost with it)."""
         for s in self._slots:
-            s.prompt = _NONE
+            s.prompt, s.saved = _NONE, False
         self._saved.clear()
         self._changed()
 
