@@ -74,7 +74,11 @@ def test_the_linear_model_uses_the_measured_speeds_where_known():
     assert np.isclose(p.ttft[0], 0.03 + 400 * 0.006)  # measured: 2.43 s
     assert np.isclose(p.tpot[0], 0.03)
     assert np.isclose(p.ttft[1], SCHED.unprofiled_decode_step_s + 400 * SCHED.unprofiled_prefill_s_per_token)
-    assert np.isclose(p.tpot[1], SCHED.unprofiled_decode_step_s)
+    assert np.isclose(p.tpot[1], 0.03)  # not measured yet: an alike replica's measured decode speed, not the prior
+    apart = dataclasses.replace(snap, statics=build_statics([ReplicaSpec(None, MODEL, 1, 0.0, kind="llamacpp"),
+                                                             ReplicaSpec(None, MODEL, 1, 0.0, kind="vllm")]))
+    p = DecisionContext(apart, req, apart.candidates(req.model)).feature("prediction")
+    assert np.isclose(p.tpot[1], SCHED.unprofiled_decode_step_s)  # another engine kind: the prior
 
 
 def test_admin_fleet_shows_the_learnt_speeds():

@@ -43,12 +43,49 @@ def test_warm_replica_predicts_low_ttft_even_after_a_slow_observed_average():
 
 
 def test_learned_ratios_scale_prefill_and_decode_per_replica():
-    # replica 1 was observed 4x slower than the prior model at prefill and 2x at decode
-    snap = unprofiled(2, ttft_ratio=[1.0, 4.0], tpot_ratio=[1.0, 2.0], in_flight=1, running=1, decoding=1)
+    # replica 1 was observed 4x slower than the prior model at prefill and 5x at decode (past the pooling spread)
+    snap = unprofiled(2, ttft_ratio=[1.0, 4.0], tpot_ratio=[1.0, 5.0], in_flight=1, running=1, decoding=1)
     p = predict(snap, sched_request(prompt_tokens=1000, expected_output=50))
     assert np.isclose(p.ttft[1], 4 * p.ttft[0])
-    assert np.isclose(p.tpot[1], 2 * p.tpot[0])
+    assert np.isclose(p.tpot[1], 5 * p.tpot[0])
     assert np.allclose(p.e2e, p.ttft + 50 * p.tpot)
+
+
+def test_alike_replicas_pool_their_learnt_tpot_within_the_spread():
+    # two identical engines whose requests saw 2.5x different TPOT (the prefills each ran beside them): noise
+    snap = unprofiled(2, tpot_ratio=[1.0, 2.5], decode_s_token=[0.02, 0.02], in_flight=1, running=1, decoding=1)
+    p = predict(snap, sched_request(prompt_tokens=1000, expected_output=50))
+    assert np.isclose(p.tpot[0], p.tpot[1]) and np.isclose(p.tpot[0], 0.02 * 1.75)
+    # the route still tells the fleet the replica's own base prediction (its ratio keeps learning from it)
+    d = POLICY.pick(snap, sched_request(prompt_tokens=1000, expected_output=50))
+    assert np.isclose(d.predicted_tpot_s, 0.02)
+    # replicas configured differently (another pool here) keep their own
+    apart = dataclasses.replace(snap, statics=build_statics([ReplicaSpec(None, MODEL, 1, 0.0, pool="a"),
+                                                             ReplicaSpec(None, MODEL, 1, 0.0, pool="b")]))
+    p = predict(apart, sched_request(prompt_tokens=1000, expected_output=50))
+    assert np.isclose(p.tpot[1], 2.5 * p.tpot[0])
+
+
+def test_pooling_sends_an_equally_cached_request_to_the_idle_replica_not_the_lucky_one():
+    # replica 0 is busy (a prompt prefilling, 3 requests) but its requests happened to see a 2.5x lower TPOT;
+    # replica 1 is idle.  Per-replica TPOTs made the end-to-end latency favour replica 0 by ~1 s of decode.
+    snap = unprofiled(2, tpot_ratio=[1.0, 2.5], decode_s_token=[0.03, 0.03], prefill_s_token=[0.002, 0.002],
+                      in_flight=[3, 0], running=[3, 1], decoding=[2, 0], pending_prefill=[160, 0])
+    req = sched_request(prompt_tokens=350, expected_output=16, budget=sched_request().budget)
+    assert POLICY.pick(snap, req).replica == 1
+    old = dataclasses.replace(DEFAULTS.scheduler, unprofiled_tpot_pool_spread=1.0)
+    object.__setattr__(DEFAULTS, "scheduler", old)
+    try:
+        assert POLICY.pick(snap, req).replica == 0  # without pooling: the lucky replica
+    finally:
+        object.__setattr__(DEFAULTS, "scheduler", SCHED)
+
+
+def test_a_replica_far_slower_than_its_class_keeps_its_own_tpot():
+    snap = unprofiled(3, tpot_ratio=[1.0, 1.2, 6.0], decode_s_token=0.02, in_flight=1, running=1, decoding=1)
+    p = predict(snap, sched_request(prompt_tokens=100, expected_output=50))
+    assert np.isclose(p.tpot[0], p.tpot[1]) and np.isclose(p.tpot[0] / p.tpot[1], 1.0)
+    assert np.isclose(p.tpot[2] / p.tpot[0], 6.0 / 1.1)
 
 
 def test_queued_prefill_adds_ttft_on_an_unprofiled_replica():

@@ -81,6 +81,13 @@ class SchedulerSettings:
         "replaced by the engine's own timing once read (llama.cpp tokens_predicted_seconds_total); corrected per "
         "replica by the observed/predicted TPOT ratio"
     )
+    unprofiled_tpot_pool_spread: float = setting(
+        4.0, "measured (bench/peers, two identical llama-servers, decisions logged): the learnt TPOT of identical "
+        "replicas drifted up to 2.6x apart with the prefills each happened to run beside its decodes, and the "
+        "latency-first picker sent 11-18 of ~35 equally cached requests to the busier replica; so an unprofiled "
+        "replica's learnt TPOT is pooled over the replicas configured alike while within 4x of theirs (further "
+        "away, e.g. a degraded host, it keeps its own); <= 1 turns pooling off"
+    )
     safety_margin: float = setting(
         0.8, "design: a protected request (critical, or a workflow with sunk cost) may use 80% of its budget; "
         "predictions are estimates, so protected traffic keeps 20% in reserve"

@@ -124,7 +124,7 @@ class Fleet:
         self.caches_after_prefill = tuple(r.adapter is not None and not r.adapter.shares_prefill_in_flight
                                           for r in reps)
         self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour,
-                                                  r.handoff_s_per_token) for r in reps])
+                                                  r.handoff_s_per_token, r.engine, r.pool) for r in reps])
         masks: dict[str, np.ndarray] = {}
         for r in reps:
             for m in r.models:

@@ -35,6 +35,10 @@ class ReplicaSpec:
     #: prefill/decode disaggregation (the twin): seconds per prompt token to move a request's KV from this
     #: prefill replica to a decode one (KV bytes per token / the link); 0 for a replica that decodes itself
     handoff_s_per_token: float = 0.0
+    #: the engine kind (``llamacpp``, ``vllm``...) and pool: with gpu, model, tp and hand-off they say which replicas
+    #: are alike (FleetStatics.speed_class)
+    kind: str = ""
+    pool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,9 @@ class FleetStatics:
     #: fixed (per step + all-reduce latency), attn_c, kv_m, decode-KV (max(attn_c, kv_m)), head_c, head_m,
     #: then the KV hand-off seconds per prompt token (ReplicaSpec.handoff_s_per_token)
     matrix: np.ndarray
+    #: replicas configured alike (engine kind, GPU, model, TP, pool, hand-off) share a class; an unprofiled replica's
+    #: learnt decode speed is pooled over its class (steersman.policy.predict.pooled_tpot)
+    speed_class: np.ndarray
 
     def step_time(self, idx: np.ndarray, tokens: np.ndarray, prefill_pairs: np.ndarray, prefill_kv: np.ndarray,
                   decode_kv: np.ndarray, sampled: np.ndarray) -> np.ndarray:
@@ -121,7 +128,10 @@ def build_statics(specs: Sequence[ReplicaSpec], settings: EngineSettings = DEFAU
         a.flags.writeable = False
     batch_tokens = np.where(np.isnan(mbt), 2048.0, mbt)
     compute_price = np.where(np.isnan(tflops), np.inf, price / np.fmax(np.nan_to_num(tflops, nan=1.0), 1e-9))
-    for a in (batch_tokens, compute_price):
+    keys: dict[tuple, int] = {}
+    speed_class = np.array([keys.setdefault((s.kind, s.gpu, s.model, s.tp, s.pool, s.handoff_s_per_token), len(keys))
+                            for s in specs], dtype=np.intp)
+    for a in (batch_tokens, compute_price, speed_class):
         a.flags.writeable = False
     return FleetStatics(price, tp, hbm, tflops, cls, tuple(names), mbt, batch_tokens, compute_price, mseq, kv,
-                        settings.block_size, modelled, coeff, matrix)
+                        settings.block_size, modelled, coeff, matrix, speed_class)

@@ -169,6 +169,50 @@ def unprofiled_speeds(snap, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return s_tok, step, np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
 
 
+def _own_tpot(snap, i: np.ndarray) -> np.ndarray:
+    """Replicas ``i`` (unprofiled): the decode step (the engine's own timing, else the prior) x the learnt TPOT
+    ratio (the fleet's prior on an idle replica)."""
+    live = snap.live
+    step = DEFAULTS.scheduler.unprofiled_decode_step_s
+    measured = live[S.DECODE_S_TOKEN, i]
+    step = np.where(measured > 0.0, measured, step)
+    r_tpot = live[S.TPOT_RATIO, i]
+    idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
+    return step * np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)
+
+
+def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
+    """The TPOT predicted on unprofiled replicas ``i``: each one's own learnt value (:func:`_own_tpot`), pooled over
+    the replicas configured alike (``statics.speed_class``) that agree with each other.
+
+    What a replica's requests saw between tokens is mostly what was prefilled beside them (a llama.cpp step
+    computes a whole new prompt with every decoding slot waiting), so the learnt TPOT of two identical replicas
+    drifts apart with the traffic each happened to get (2.6x on bench/peers' llama.cpp fleet) and the
+    latency-first picker then followed the lucky one, busier or not.  A replica whose own value is within
+    ``unprofiled_tpot_pool_spread`` of the mean of the others of its class takes the mean of the agreeing ones;
+    one further away (a degraded host) keeps its own, and one whose engine timing is not read yet takes its
+    class's measured value rather than the prior."""
+    own = _own_tpot(snap, i)
+    spread = DEFAULTS.scheduler.unprofiled_tpot_pool_spread
+    st = snap.statics
+    u = np.flatnonzero(~st.modelled)
+    if spread <= 1.0 or u.size < 2:
+        return own
+    every = _own_tpot(snap, u)
+    measured = snap.live[S.DECODE_S_TOKEN, u] > 0.0  # the engine's own timing read: it has something to pool
+    c = st.speed_class[u]
+    w = measured.astype(float)
+    size = int(c.max()) + 1
+    others_n = np.bincount(c, weights=w, minlength=size)[c] - w
+    others = (np.bincount(c, weights=every * w, minlength=size)[c] - every * w) / np.maximum(others_n, 1.0)
+    agree = measured & ((others_n == 0) | ((every <= spread * others) & (others <= spread * every)))
+    k = np.bincount(c, weights=agree, minlength=size)[c]
+    mean = np.bincount(c, weights=np.where(agree, every, 0.0), minlength=size)[c] / np.maximum(k, 1.0)
+    full = np.full(st.speed_class.size, np.nan)
+    full[u] = np.where(agree | (~measured & (k > 0)), mean, every)  # not measured yet: its class's measured value
+    return full[i]
+
+
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
                 out: np.ndarray) -> None:
     """Overwrite ``out`` for the candidates without a roofline (see the module doc)."""
@@ -182,11 +226,8 @@ def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, ex
     ours_waiting = np.maximum(live[S.IN_FLIGHT, i] - live[S.DECODING, i], 0.0)
     others = np.maximum(live[S.WAITING, i] - ours_waiting, 0.0) * prompt_tokens  # NaN (never scraped): none
     work = np.maximum(live[S.PENDING_PREFILL, i], 0.0) + np.nan_to_num(others) + own[u]
-    r_tpot = live[S.TPOT_RATIO, i]
-    idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
-    r_tpot = np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)
     ttft = np.maximum((step + work * s_tok) * r_ttft, np.nan_to_num(snap.time - live[S.STALLED_SINCE, i]))
-    tpot = step * r_tpot
+    tpot = pooled_tpot(snap, i)
     out[0, u] = ttft
     out[1, u] = tpot
     out[4, u] = tpot  # the linear model has no prefill interference
