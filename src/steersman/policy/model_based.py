@@ -27,7 +27,7 @@ import numpy as np
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
 from steersman.policy.kernels import slo_pool_kernel
 from steersman.policy.plugin_kernels import pick_top, uncached_kernel
-from steersman.policy.predict import _own_tpot, pooled_tpot
+from steersman.policy.predict import pooling_factor
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation
 from steersman.policy.slot_wait import wait_for_slot
@@ -154,9 +154,8 @@ def corrections(snap, i: int) -> tuple[float, float]:
     r_tpot = float(live[S.TPOT_RATIO, i])
     if r_tpot != r_tpot or (live[S.IN_FLIGHT, i] <= 0.0 and live[S.RUNNING, i] <= 0.0):
         r_tpot = snap.tpot_prior
-    if not snap.statics.modelled[i]:  # pooled over its class: the ratio applied is pooled / the replica's own step
-        at = np.array([i])
-        r_tpot *= float(pooled_tpot(snap, at)[0] / _own_tpot(snap, at)[0])
+    if not snap.statics.modelled[i]:  # its TPOT pooled over the replicas alike: the ratio applied is pooled / own
+        r_tpot *= pooling_factor(snap, i)
     return (r_ttft if r_ttft > 0 else 1.0), (r_tpot if r_tpot > 0 else 1.0)
 
 

@@ -49,7 +49,9 @@ timing of its work where it reports it (llama.cpp's ``prompt_seconds_total`` / `
 ``tokens_predicted_seconds_total`` / ``tokens_predicted_total``, learnt per scrape: the fleet's
 ``prefill_s_token`` / ``decode_s_token`` rows) and the priors ``DEFAULTS.scheduler.unprofiled_*`` until
 then; the same observed/predicted ratios correct each replica online, and since ``W`` counts only *uncached*
-tokens, a replica holding the prompt's prefix predicts a low TTFT.  The **cost** of the request on a replica is the GPU time it uses priced at the
+tokens, a replica holding the prompt's prefix predicts a low TTFT.  Their TPOT is pooled over the replicas
+configured alike (:func:`pooled_tpot`): what their requests saw between tokens is mostly the prompts computed
+beside them, not the hardware.  The **cost** of the request on a replica is the GPU time it uses priced at the
 replica's $/h: its prompt's share of the token budget of the steps that prefill
 it, plus ``expected_output × TPOT / REFERENCE_BATCH`` (decode steps are shared by a
 batch).
@@ -67,7 +69,8 @@ from steersman.policy.framework import DecisionContext, feature
 from steersman.policy.kernels import predict_kernel, prefix_kernel
 from steersman.policy.plugin_kernels import uncached_kernel
 
-__all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFERENCE_BATCH"]
+__all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFERENCE_BATCH", "unprofiled_speeds", "pooled_tpot",
+           "pooling_factor"]
 
 _NO_MATCH = np.zeros(0, dtype=np.int64)
 _NO_MATCH.flags.writeable = False
@@ -160,22 +163,22 @@ def unprofiled_speeds(snap, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     """Replicas ``i`` without a roofline: (seconds per prompt token, seconds per decode step, the learnt TTFT
     correction) -- the engine's own timing where it reports it, else the priors (see the module doc)."""
     live = snap.live
-    s_tok, step = DEFAULTS.scheduler.unprofiled_prefill_s_per_token, DEFAULTS.scheduler.unprofiled_decode_step_s
     measured = live[S.PREFILL_S_TOKEN, i]  # the engine's own timing, where it reports it (NaN: not yet)
-    s_tok = np.where(measured > 0.0, measured, s_tok)
-    measured = live[S.DECODE_S_TOKEN, i]
-    step = np.where(measured > 0.0, measured, step)
+    s_tok = np.where(measured > 0.0, measured, DEFAULTS.scheduler.unprofiled_prefill_s_per_token)
     r_ttft = live[S.TTFT_RATIO, i]
-    return s_tok, step, np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
+    return s_tok, _decode_step(live, i), np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
+
+
+def _decode_step(live: np.ndarray, i: np.ndarray) -> np.ndarray:
+    measured = live[S.DECODE_S_TOKEN, i]
+    return np.where(measured > 0.0, measured, DEFAULTS.scheduler.unprofiled_decode_step_s)
 
 
 def _own_tpot(snap, i: np.ndarray) -> np.ndarray:
     """Replicas ``i`` (unprofiled): the decode step (the engine's own timing, else the prior) x the learnt TPOT
     ratio (the fleet's prior on an idle replica)."""
     live = snap.live
-    step = DEFAULTS.scheduler.unprofiled_decode_step_s
-    measured = live[S.DECODE_S_TOKEN, i]
-    step = np.where(measured > 0.0, measured, step)
+    step = _decode_step(live, i)
     r_tpot = live[S.TPOT_RATIO, i]
     idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
     return step * np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)
@@ -211,6 +214,12 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
     full = np.full(st.speed_class.size, np.nan)
     full[u] = np.where(agree | (~measured & (k > 0)), mean, every)  # not measured yet: its class's measured value
     return full[i]
+
+
+def pooling_factor(snap, i: int) -> float:
+    """How much :func:`pooled_tpot` scaled unprofiled replica ``i``'s own learnt TPOT (1.0: not at all)."""
+    at = np.array([i])
+    return float(pooled_tpot(snap, at)[0] / _own_tpot(snap, at)[0])
 
 
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
