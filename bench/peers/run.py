@@ -90,6 +90,19 @@ async def _probe(router: str, direct: str, model: str, pairs: int) -> float:
     return statistics.median(via) - statistics.median(dir_) if via and dir_ else float("nan")
 
 
+def fleet_workload(a, fleet: str) -> tuple[FleetSpec, list[Request], int, int]:
+    """The fleet ``llamacpp`` or ``sim`` and its seeded workload: (spec, requests, streams, max tokens)."""
+    if fleet == "llamacpp":
+        return (FleetSpec("llamacpp", a.llama_replicas, "gemma-3-270m", "llamacpp"),
+                requests(a.llama_requests, a.tenants, 260, a.unique_frac, 120, a.seed),
+                a.llama_concurrency, a.llama_max_tokens)
+    if fleet == "sim":
+        return (FleetSpec("sim", a.sim_replicas, "llama-3.1-8b", "engine-sim", sim_speedup=a.sim_speedup),
+                requests(a.sim_requests, a.tenants * 3, 1500, a.unique_frac, 600, a.seed),
+                a.sim_concurrency, a.sim_max_tokens)
+    raise SystemExit(f"unknown fleet {fleet!r}")
+
+
 def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, max_tokens: int, log) -> dict:
     pg = ProcessGroup(Path(tempfile.mkdtemp(prefix=f"peers-{spec.name}-")))
     try:
@@ -188,16 +201,7 @@ def main(argv=None) -> int:
     setups = [s for s in a.setups.split(",") if s]
     out: dict = {"args": vars(a), "fleets": {}}
     for fleet in [f for f in a.fleets.split(",") if f]:
-        if fleet == "llamacpp":
-            spec = FleetSpec("llamacpp", a.llama_replicas, "gemma-3-270m", "llamacpp")
-            reqs = requests(a.llama_requests, a.tenants, 260, a.unique_frac, 120, a.seed)
-            conc, mt = a.llama_concurrency, a.llama_max_tokens
-        elif fleet == "sim":
-            spec = FleetSpec("sim", a.sim_replicas, "llama-3.1-8b", "engine-sim", sim_speedup=a.sim_speedup)
-            reqs = requests(a.sim_requests, a.tenants * 3, 1500, a.unique_frac, 600, a.seed)
-            conc, mt = a.sim_concurrency, a.sim_max_tokens
-        else:
-            raise SystemExit(f"unknown fleet {fleet!r}")
+        spec, reqs, conc, mt = fleet_workload(a, fleet)
         by_setup: dict[str, list[dict]] = {s: [] for s in setups}
         for k in range(a.rounds):
             order = setups[k % len(setups):] + setups[:k % len(setups)]  # rotated: no setup always first or last

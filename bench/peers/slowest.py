@@ -22,22 +22,14 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import client  # noqa: E402
 import run as R  # noqa: E402
-from fleets import FleetSpec, start_engines, start_router  # noqa: E402
+from fleets import start_engines, start_router  # noqa: E402
 from procs import ProcessGroup  # noqa: E402
-from workload import requests  # noqa: E402
 
 
 def main() -> None:
     setup = sys.argv[1] if len(sys.argv) > 1 else "steersman"
     a = R.parse_args([])
-    if len(sys.argv) > 2 and sys.argv[2] == "llama":
-        spec = FleetSpec("llamacpp", a.llama_replicas, "gemma-3-270m", "llamacpp")
-        reqs = requests(a.llama_requests, a.tenants, 260, a.unique_frac, 120, a.seed)
-        conc, mt = a.llama_concurrency, a.llama_max_tokens
-    else:
-        spec = FleetSpec("sim", a.sim_replicas, "llama-3.1-8b", "engine-sim", sim_speedup=a.sim_speedup)
-        reqs = requests(a.sim_requests, a.tenants * 3, 1500, a.unique_frac, 600, a.seed)
-        conc, mt = a.sim_concurrency, a.sim_max_tokens
+    spec, reqs, conc, mt = R.fleet_workload(a, "llamacpp" if len(sys.argv) > 2 and sys.argv[2] == "llama" else "sim")
     pg = ProcessGroup(Path(tempfile.mkdtemp(prefix="peers-slowest-")))
     try:
         urls = start_engines(spec, pg, spec.name)

@@ -59,6 +59,7 @@ batch).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,7 +220,8 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
 def pooling_factor(snap, i: int) -> float:
     """How much :func:`pooled_tpot` scaled unprofiled replica ``i``'s own learnt TPOT (1.0: not at all)."""
     at = np.array([i])
-    return float(pooled_tpot(snap, at)[0] / _own_tpot(snap, at)[0])
+    pooled, own = float(pooled_tpot(snap, at)[0]), float(_own_tpot(snap, at)[0])
+    return pooled / own if own > 0.0 and pooled > 0.0 and math.isfinite(pooled / own) else 1.0
 
 
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
