@@ -56,20 +56,26 @@ def _timings(c: httpx.Client, url: str, question: str) -> dict:
     return r.json()["timings"]
 
 
+def _stream_in_background(c: httpx.Client, url: str, body: dict) -> tuple[threading.Event, threading.Event,
+                                                                          threading.Thread]:
+    """Stream ``body`` on a thread: (set at its first token, set when it ended, the thread)."""
+    first_token, done = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            for line in r.iter_lines():
+                if '"content":"' in line:
+                    first_token.set()
+        done.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return first_token, done, t
+
+
 def test_a_follower_reuses_nothing_while_the_holder_decodes_and_everything_once_it_ended(url):
     with httpx.Client(timeout=120) as c:
-        first_token = threading.Event()
-        holder_done = threading.Event()
-
-        def holder() -> None:
-            with c.stream("POST", url + "/v1/chat/completions", json=_body("Question 1: where is my order?", 40, True)) as r:
-                for line in r.iter_lines():
-                    if '"content":"' in line:
-                        first_token.set()
-            holder_done.set()
-
-        t = threading.Thread(target=holder, daemon=True)
-        t.start()
+        first_token, holder_done, t = _stream_in_background(c, url, _body("Question 1: where is my order?", 40, True))
         assert first_token.wait(60), "the holder streamed no token"
         during = _timings(c, url, "Question 2: may I return it?")
         assert not holder_done.is_set(), "the holder ended before the follower ran: make it decode longer"
@@ -121,20 +127,9 @@ def test_an_idle_slots_prompt_saved_when_another_request_starts_serves_a_followe
     with httpx.Client(timeout=120) as c:
         _ask(c, url, PREFIX2, "Question 5: when is my invoice due?")  # PREFIX2 now sits in an idle slot
         _ask(c, url, OTHER, "Question 6: what does class 3 mean?")  # starting, it saves the idle slots' prompts
-        first_token = threading.Event()
-        done = threading.Event()
         body = {**_body("Question 7: can I pay later?", 40, True),
                 "messages": [{"role": "system", "content": PREFIX2}, {"role": "user", "content": "Question 7: can I pay later?"}]}
-
-        def busy() -> None:
-            with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                for line in r.iter_lines():
-                    if '"content":"' in line:
-                        first_token.set()
-            done.set()
-
-        t = threading.Thread(target=busy, daemon=True)
-        t.start()
+        first_token, done, t = _stream_in_background(c, url, body)
         assert first_token.wait(60), "the first follower streamed no token"
         second = _ask(c, url, PREFIX2, "Question 8: is there a discount?")
         assert not done.is_set(), "the first follower ended before the second ran: make it decode longer"

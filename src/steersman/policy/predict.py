@@ -196,12 +196,11 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
     ``unprofiled_tpot_pool_spread`` of the mean of the others of its class takes the mean of the agreeing ones;
     one further away (a degraded host) keeps its own, and one whose engine timing is not read yet takes its
     class's measured value rather than the prior."""
-    own = _own_tpot(snap, i)
     spread = DEFAULTS.scheduler.unprofiled_tpot_pool_spread
     st = snap.statics
     u = np.flatnonzero(~st.modelled)
     if spread <= 1.0 or u.size < 2:
-        return own
+        return _own_tpot(snap, i)
     every = _own_tpot(snap, u)
     measured = snap.live[S.DECODE_S_TOKEN, u] > 0.0  # the engine's own timing read: it has something to pool
     c = st.speed_class[u]
