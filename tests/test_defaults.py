@@ -64,7 +64,7 @@ PINNED = {
     "scheduler.initial_output_estimate": 211,
     "scheduler.unprofiled_prefill_s_per_token": 0.001,
     "scheduler.unprofiled_decode_step_s": 0.05,
-    "scheduler.unprofiled_tpot_pool_spread": 4.0,
+    "scheduler.unprofiled_tpot_pool_spread": 10.0,
     "scheduler.safety_margin": 0.8,
     "scheduler.cost_tie": 1.05,
     "scheduler.latency_tie": 1.10,
