@@ -191,7 +191,8 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
 
     What a replica's requests saw between tokens is mostly what was prefilled beside them (a llama.cpp step
     computes a whole new prompt with every decoding slot waiting), so the learnt TPOT of two identical replicas
-    drifts apart with the traffic each happened to get (2.6x on bench/peers' llama.cpp fleet) and the
+    drifts apart with the traffic each happened to get (median 1.5x, up to 7.3x on bench/peers' llama.cpp
+    fleet) and the
     latency-first picker then followed the lucky one, busier or not.  A replica whose own value is within
     ``unprofiled_tpot_pool_spread`` of the mean of the others of its class takes the mean of the agreeing ones;
     one further away (a degraded host) keeps its own, and one whose engine timing is not read yet takes its
@@ -217,7 +218,8 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
 
 
 def pooling_factor(snap, i: int) -> float:
-    """How much :func:`pooled_tpot` scaled unprofiled replica ``i``'s own learnt TPOT (1.0: not at all)."""
+    """How much :func:`pooled_tpot` scaled unprofiled replica ``i``'s own learnt TPOT (1.0: not at all).  A
+    ratio of the two, not pooled / step, so an unpooled replica's correction stays bit for bit its own."""
     at = np.array([i])
     pooled, own = float(pooled_tpot(snap, at)[0]), float(_own_tpot(snap, at)[0])
     return pooled / own if own > 0.0 and pooled > 0.0 and math.isfinite(pooled / own) else 1.0
