@@ -8,6 +8,7 @@ the call times of the schedule stage's parts are recorded too.  Prints the p50/p
 
     .venv/bin/python bench/overhead/critical_path.py [--policy steersman] [--requests 600] [--gap 0.005]
     .venv/bin/python bench/overhead/critical_path.py --prompt-words 1500 --requests 300   # long unique prompts
+    .venv/bin/python bench/overhead/critical_path.py --llama --requests 300 --gap 0.05    # one llama-server
 
 This is a diagnostic (it wraps internals to time them, which adds ~0.3 µs a call), not a benchmark:
 bench/overhead measures added latency and CPU side by side with the Rust routers.
@@ -30,6 +31,7 @@ from steersman.api.gateway import Gateway
 from steersman.control import accounting, plane
 from steersman.fleet import prefix_index, state
 from steersman.fleet.config import parse_fleet
+from steersman.fleet.processes import LlamaServerFleet
 from steersman.http import client as http_client
 from steersman.http import server as http_server
 from steersman.pipeline import admit, brownout, forward, stages
@@ -80,10 +82,17 @@ def instrument() -> None:
         _timed(cls, name, tag)
 
 
+MODEL = "llama-3.1-8b"
+
+
 def _request(i: int, words: int) -> bytes:
-    """A short question, or (``words`` > 0) a prompt of that many words unique to request ``i``."""
-    text = " ".join(f"doc{i}-w{j}" for j in range(words)) if words else "hello there, how are you?"
-    body = json.dumps({"model": "llama-3.1-8b", "stream": True, "max_tokens": 4,
+    """A short question, or (``words`` > 0) a prompt of that many words unique to request ``i``, or (``words``
+    < 0: ``--llama``) bench/peers' probe, a short question unique to request ``i`` asking for one token."""
+    if words < 0:
+        text, tokens = f"Probe {i}: say ok.", 1
+    else:
+        text, tokens = " ".join(f"doc{i}-w{j}" for j in range(words)) if words else "hello there, how are you?", 4
+    body = json.dumps({"model": MODEL, "stream": True, "max_tokens": tokens,
                        "messages": [{"role": "user", "content": text}]}).encode()
     return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body)) + body
@@ -111,14 +120,23 @@ async def drive(port: int, n: int, gap: float, words: int = 0) -> np.ndarray:
 
 
 async def main(a) -> None:
-    engine = subprocess.Popen([sys.executable, "-m", "steersman", "engine-sim", "--gpu", "H100", "--model",
-                               "llama-3.1-8b", "--port", str(a.engine_port), "--speedup", "4"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    global MODEL
+    if a.llama:
+        lf = LlamaServerFleet(1)
+        if lf.binary is None or lf.model is None:
+            raise SystemExit("llama-server / GGUF missing: run `make llama` first")
+        MODEL, argv, endpoint = lf.settings.model_name, lf.command(a.engine_port), {"engine": "llamacpp"}
+        a.prompt_words = -1
+    else:
+        argv = [sys.executable, "-m", "steersman", "engine-sim", "--gpu", "H100", "--model", MODEL, "--port",
+                str(a.engine_port), "--speedup", "4"]
+        endpoint = {"engine": "vllm", "gpu": "H100"}
+    engine = subprocess.Popen([str(x) for x in argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        await asyncio.sleep(3.0)
+        await asyncio.sleep(10.0 if a.llama else 3.0)
         cfg = parse_fleet({"gateway": {"host": "127.0.0.1", "port": a.port}, "policy": a.policy,
-                           "endpoints": [{"name": "e0", "url": f"http://127.0.0.1:{a.engine_port}", "engine": "vllm",
-                                          "models": ["llama-3.1-8b"], "gpu": "H100"}]})
+                           "endpoints": [{"name": "e0", "url": f"http://127.0.0.1:{a.engine_port}",
+                                          "models": [MODEL], **endpoint}]})
         gw = Gateway(cfg)
         await gw.start()
         try:
@@ -127,7 +145,8 @@ async def main(a) -> None:
             await gw.stop()
     finally:
         engine.kill()
-    what = f"unique {a.prompt_words}-word prompts" if a.prompt_words else "short questions"
+    what = ("llama-server, unique short questions" if a.llama else
+            f"unique {a.prompt_words}-word prompts" if a.prompt_words else "short questions")
     print(f"{a.requests} requests one at a time ({what}), {a.gap * 1e3:.1f} ms apart, policy {a.policy} (µs)")
     for (x, y), col in zip(zip(ORDER, ORDER[1:]), steps.T):
         print(f"  {x + ' -> ' + y:24} p50 {np.median(col):8.1f}   p90 {np.percentile(col, 90):8.1f}")
@@ -144,6 +163,8 @@ if __name__ == "__main__":
     ap.add_argument("--gap", type=float, default=0.005, help="seconds between requests")
     ap.add_argument("--prompt-words", type=int, default=0,
                     help="0: a short question; N: a prompt of N words unique to each request (1500: ~8,000 tokens)")
+    ap.add_argument("--llama", action="store_true",
+                    help="one llama-server (make llama) instead of engine-sim, bench/peers' probe as the request")
     ap.add_argument("--port", type=int, default=9300)
     ap.add_argument("--engine-port", type=int, default=9301)
     args = ap.parse_args()

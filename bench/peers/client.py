@@ -49,6 +49,36 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: Reques
     return Result(ttft is not None, ttft, tokens, time.perf_counter() - t0, "" if ttft is not None else "no token")
 
 
+async def probe(session: aiohttp.ClientSession, url: str, model: str, text: str) -> float | None:
+    """One short unique prompt, one output token, on ``session``'s kept-alive connection: its TTFT in seconds
+    minus the engine's own prompt time where the engine reports it (llama-server's ``timings.prompt_ms``),
+    so that what remains is the path to and from the engine, not how much of the prompt its slot reused."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True, "max_tokens": 1,
+            "temperature": 0}
+    t0 = time.perf_counter()
+    ttft, prompt_s = None, 0.0
+    try:
+        async with session.post(url + "/v1/chat/completions", data=orjson.dumps(body),
+                                headers={"Content-Type": "application/json"}) as resp:
+            if resp.status != 200:
+                return None
+            async for line in resp.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                ev = orjson.loads(line[6:])
+                # the first token's event: its text, or (a greedy first token that renders as nothing, which
+                # llama-server sends no content event for) the final event carrying the finish reason
+                if ttft is None and any((ch.get("delta") or {}).get("content") or ch.get("finish_reason")
+                                        for ch in ev.get("choices") or ()):
+                    ttft = time.perf_counter() - t0
+                timings = ev.get("timings")
+                if timings and timings.get("prompt_ms") is not None:
+                    prompt_s = timings["prompt_ms"] / 1e3
+    except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
+        return None
+    return None if ttft is None else ttft - prompt_s
+
+
 async def run(url: str, model: str, reqs: list[Request], concurrency: int, max_tokens: int,
               timeout: float = 300.0, headers: dict[str, str] | None = None) -> tuple[list[Result], float]:
     """Send ``reqs`` in order with ``concurrency`` streams in flight; returns (results, wall seconds)."""

@@ -5,8 +5,10 @@ fleet) and each setup (steersman default profile, sglang-router cache_aware / ro
 vllm-router cache_aware), the engines are started fresh (empty prefix caches), the router in front,
 and the same seeded workload is sent: tenants sharing long system prompts plus unique prompts,
 closed loop.  Reported: TTFT p50/p99, output tokens/s, the prefix-cache hit rate read from the
-engines' own counters, and added latency (TTFT p50 through the router minus direct to an engine,
-short prompts, one at a time, interleaved).  Ratios are against steersman, all from this run.
+engines' own counters, and added latency (the median of TTFT through the router minus direct to an
+engine over back-to-back pairs, short prompts, one at a time, connections kept alive, less the engine's
+own prompt time where it reports it).  Ratios are
+against steersman, all from this run.
 
     .venv/bin/python bench/peers/run.py                 # both fleets, ~4-6 minutes on 2 cores
     .venv/bin/python bench/peers/run.py --fleets sim --sim-replicas 8
@@ -31,6 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import aiohttp
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -78,16 +82,40 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def _probe(router: str, direct: str, model: str, pairs: int) -> float:
-    """TTFT p50 via the router minus direct, short unique prompts, alternating (seconds)."""
-    via, dir_ = [], []
-    for i in range(pairs):
-        for url, acc in ((direct, dir_), (router, via)) if i % 2 else ((router, via), (direct, dir_)):
-            req = Request(None, ({"role": "user", "content": f"Probe {i} {url[-5:]}: say ok."},))
-            res, _ = await client.run(url, model, [req], 1, 1)
-            if res and res[0].ok:
-                acc.append(res[0].ttft)
-    return statistics.median(via) - statistics.median(dir_) if via and dir_ else float("nan")
+async def _probe(router: str, directs: list[str], model: str, pairs: int, fresh: bool = False) -> float:
+    """Added latency (seconds): the median over ``pairs`` back-to-back pairs of (TTFT via the router - TTFT
+    direct to an engine), short unique prompts, one output token, the pair's order alternating and the direct
+    request going to each engine in turn; on engines that report their own prompt time (llama-server), each
+    TTFT less that time (:func:`client.probe`): a 20-token prompt costs ~5 ms a token there on a slow VM, and
+    which slot a router's choice lands on decides how much of it is reused (steersman's probes read ~8 ms
+    faster than direct on plain TTFT).
+
+    By default each target keeps one connection alive for the whole probe (two untimed requests open and
+    warm it), as an OpenAI client's pool does and as the router keeps its own to the engines.  ``fresh``: a
+    new connection per request (a client without a pool), which also times each server's accept.
+    """
+    timeout = aiohttp.ClientTimeout(total=120)
+
+    def session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1, force_close=fresh), timeout=timeout)
+
+    sessions = {u: session() for u in [router, *directs]}
+    try:
+        for u, s in sessions.items():
+            for k in range(2):
+                await client.probe(s, u, model, f"Warm-up {k} {u[-5:]}: say ok.")
+        diffs = []
+        for i in range(pairs):
+            direct = directs[i % len(directs)]
+            got = {}
+            for url in ((direct, router) if (i // len(directs)) % 2 else (router, direct)):
+                got[url] = await client.probe(sessions[url], url, model, f"Probe {i} {url[-5:]}{'n' if fresh else ''}: say ok.")
+            if got[router] is not None and got[direct] is not None:
+                diffs.append(got[router] - got[direct])
+        return statistics.median(diffs) if diffs else float("nan")
+    finally:
+        for s in sessions.values():
+            await s.close()
 
 
 def fleet_workload(a, fleet: str) -> tuple[FleetSpec, list[Request], int, int]:
@@ -117,7 +145,8 @@ def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, ma
         hdrs = {"x-steersman-slo": "batch"} if setup == "steersman:batch" else None
         results, wall = asyncio.run(client.run(base, spec.model, reqs, conc, max_tokens, headers=hdrs))
         q1, h1 = prefix_counters(spec, urls)
-        added = asyncio.run(_probe(base, urls[0], spec.model, a.probe_pairs))
+        added = asyncio.run(_probe(base, urls, spec.model, a.probe_pairs))
+        added_new = asyncio.run(_probe(base, urls, spec.model, a.probe_pairs, fresh=True))
     finally:
         pg.stop_all()
     ok = [r for r in results if r.ok]
@@ -129,12 +158,13 @@ def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, ma
         "output_tok_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
         "prefix_hit_rate": (h1 - h0) / (q1 - q0) if q1 > q0 else 0.0,
         "added_ttft_p50_ms": added * 1e3,
+        "added_new_conn_ms": added_new * 1e3,
     }
 
 
 #: the columns compared, and whether lower is better
 COLUMNS = (("ttft_p50_ms", True), ("ttft_p99_ms", True), ("output_tok_s", False), ("prefix_hit_rate", False),
-           ("added_ttft_p50_ms", True))
+           ("added_ttft_p50_ms", True), ("added_new_conn_ms", True))
 
 
 def medians(runs: list[dict]) -> dict:
@@ -171,7 +201,7 @@ def wins(by_setup: dict[str, list[dict]]) -> list[str]:
 
 def table(fleet: str, rows: list[dict]) -> str:
     ref = next((r for r in rows if r["setup"] == "steersman" and "skipped" not in r), None)
-    head = f"{'setup':28} {'ok':>7} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'out tok/s':>10} {'prefix hit':>10} {'added ms':>9}"
+    head = f"{'setup':28} {'ok':>7} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'out tok/s':>10} {'prefix hit':>10} {'added ms':>9} {'new conn':>9}"
     lines = [f"== {fleet}" + (f" (medians of {rows[0]['rounds']} rounds)" if rows and rows[0].get("rounds", 1) > 1 else ""),
              head]
     for r in rows:
@@ -179,7 +209,7 @@ def table(fleet: str, rows: list[dict]) -> str:
             lines.append(f"{r['setup']:28} skipped: {r['skipped']}")
             continue
         lines.append(f"{r['setup']:28} {r['ok']:>3}/{r['requests']:<3} {r['ttft_p50_ms']:12.1f} {r['ttft_p99_ms']:12.1f} "
-                     f"{r['output_tok_s']:10.1f} {r['prefix_hit_rate']:10.1%} {r['added_ttft_p50_ms']:9.2f}")
+                     f"{r['output_tok_s']:10.1f} {r['prefix_hit_rate']:10.1%} {r['added_ttft_p50_ms']:9.2f} {r['added_new_conn_ms']:9.2f}")
     if ref is not None:
         lines.append("ratios peer/steersman (TTFT: >1 means steersman faster; tok/s and hit rate: <1 means steersman ahead)")
         for r in rows:

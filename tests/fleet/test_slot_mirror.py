@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import math
+import random
 
+from steersman.fleet import slots as slots_module
 from steersman.fleet.slots import SAVED_PROMPTS, SlotMirror, common_blocks
 
 A = tuple(range(100, 140))  # a 40-block prompt
@@ -55,7 +57,7 @@ def test_the_most_similar_free_slot_wins_and_a_weak_match_goes_to_the_lru_slot()
     assert [s.prompt for s in m._slots] == [B, weak, A]  # A2 was the least recently used
     # the idle B and A2 went to the host prompt cache when request 4 started (--cache-idle-slots); A2, pushed
     # out of its slot by request 5, was there already
-    assert m._saved == [B, A2]
+    assert m.saved == [B, A2]
 
 
 def test_a_prompt_pushed_out_of_its_slot_is_loaded_back_from_the_host_prompt_cache():
@@ -100,14 +102,14 @@ def test_the_host_cache_keeps_one_copy_of_a_prompt_and_drops_its_prefixes():
     m.release(1, ran=True, now=0.5)
     m.take(2, B, now=1.0)  # saves the idle ``short``
     m.release(2, ran=True, now=1.5)
-    assert m._saved == [short]
+    assert m.saved == [short]
     m.take(3, A, now=2.0)  # by similarity (20 of 40 blocks) into short's slot: nothing is saved then
     m.release(3, ran=True, now=2.5)
     m.take(4, C, now=3.0)  # saves the idle A and B; A replaces its prefix ``short``
-    assert sorted(m._saved) == sorted([B, A])
+    assert sorted(m.saved) == sorted([B, A])
     m.release(4, ran=True, now=3.5)
     m.take(5, C, now=4.0)  # A and B are in the cache already: nothing changes
-    assert sorted(m._saved) == sorted([B, A])
+    assert sorted(m.saved) == sorted([B, A])
 
 
 def test_the_host_cache_skips_prompts_it_would_keep_under_a_quarter_of():
@@ -125,7 +127,7 @@ def test_the_host_cache_is_bounded():
     for k in range(SAVED_PROMPTS + 10):
         m.take(k + 1, (10_000 + k,) * 1 + (k,), now=float(k))
         m.release(k + 1, ran=True, now=float(k) + 0.5)
-    assert len(m._saved) == SAVED_PROMPTS
+    assert len(m.saved) == SAVED_PROMPTS
 
 
 def test_with_every_slot_busy_a_request_waits_and_takes_the_slot_that_frees():
@@ -181,3 +183,78 @@ def test_a_change_tells_the_prefix_index():
     m.take(1, A, now=0.0)
     m.release(1, ran=True, now=1.0)
     assert len(calls) == 2
+
+
+class _ListCache(SlotMirror):
+    """The mirror with its host prompt cache as one list scanned whole (the code before the cache was grouped
+    by first block): the reference the grouped cache must agree with, choice for choice."""
+
+    def __init__(self, n: int, block_size: int) -> None:
+        super().__init__(n, block_size)
+        self._saved = []
+
+    @property
+    def saved(self):
+        return list(self._saved)
+
+    def _save(self, prompt):
+        saved, n = self._saved, len(prompt)
+        if any(len(p) >= n and common_blocks(p, prompt) == n for p in saved):
+            return
+        kept = [p for p in saved if not (len(p) <= n and common_blocks(p, prompt) == len(p))]
+        if len(kept) != len(saved):
+            saved[:] = kept
+            self._unsaved()
+        saved.append(prompt)
+        if len(saved) > slots_module.SAVED_PROMPTS:
+            del saved[0]
+            self._unsaved()
+
+    def _drop(self, k):
+        del self._saved[k]
+
+    def _find(self, hashes, own):
+        lcp_own = common_blocks(own, hashes)
+        keep = lcp_own / len(own) if own else -1.0
+        got, load = lcp_own, None
+        for k, p in enumerate(self._saved):
+            lcp = common_blocks(p, hashes)
+            if lcp / len(p) >= 0.25 and lcp / len(p) > keep and lcp > got:
+                keep, got, load = lcp / len(p), lcp, k
+        return load
+
+
+def test_the_cache_grouped_by_first_block_chooses_as_a_scan_of_the_whole_cache(monkeypatch):
+    monkeypatch.setattr(slots_module, "SAVED_PROMPTS", 24)  # a bound the run reaches: eviction is compared too
+    rng = random.Random(3)
+    # tenants' system prompts (shared leading blocks), their questions, and unique prompts, some prefixes
+    # of others, 600 requests over 3 slots
+    systems = [tuple(rng.randrange(1 << 40) for _ in range(rng.randint(2, 12))) for _ in range(6)]
+    for seed in range(4):
+        rng = random.Random(seed)
+        grouped, scanned = SlotMirror(3, 16), _ListCache(3, 16)
+        running: list[int] = []
+        peak = 0
+        for k in range(1, 601):
+            now = float(k)
+            if running and (len(running) >= 4 or rng.random() < 0.45):
+                key = running.pop(rng.randrange(len(running)))
+                ran = rng.random() < 0.9
+                grouped.release(key, ran, now)
+                scanned.release(key, ran, now)
+            else:
+                r = rng.random()
+                if r < 0.7:
+                    sys_p = systems[rng.randrange(len(systems))]
+                    p = sys_p + tuple(rng.randrange(1 << 40) for _ in range(rng.randint(0, 3)))
+                    if rng.random() < 0.2:
+                        p = p[: rng.randint(1, len(p))]
+                else:
+                    p = tuple(rng.randrange(1 << 40) for _ in range(rng.randint(1, 8)))
+                assert grouped.match(p) == scanned.match(p)
+                assert grouped.take(k, p, now) == scanned.take(k, p, now)
+                running.append(k)
+            assert grouped.saved == scanned.saved
+            assert [s.prompt for s in grouped._slots] == [s.prompt for s in scanned._slots]
+            peak = max(peak, len(grouped.saved))
+        assert peak == 24  # the cache filled up and evicted

@@ -24,8 +24,11 @@ reuse it, and a second follower sent together gets another slot and computes the
 ``tests/real/test_llamacpp_slot_reuse.py``).  The gateway mirrors this per replica from what it routes
 (:class:`SlotMirror`): the prefix index asks it what a prompt would reuse there now, and the scheduler
 asks which running request will leave a prompt in a slot, and when (``in_flight``).  Prompts are chained
-block hashes, so two prompts share the leading blocks up to their first difference.  Pure: ``now`` comes
-from the caller.
+block hashes, so two prompts share the leading blocks up to their first difference, and none unless their
+first blocks are equal: the host cache is kept grouped by first block, so saving a prompt or finding one to
+load looks only at the prompts that begin like it (a list of every saved prompt, up to ``SAVED_PROMPTS``,
+scanned two or three times a routed request, cost ~1 ms of Python a request once it was full).  Pure:
+``now`` comes from the caller.
 """
 
 from __future__ import annotations
@@ -87,15 +90,23 @@ class SlotMirror:
         self._slots = [_Slot() for _ in range(max(1, n))]
         self._where: dict[int, _Slot] = {}  # ticket key -> its slot
         self._queued: dict[int, tuple[tuple[int, ...], int, float, float]] = {}  # key -> waiting for a slot
-        self._saved: list[tuple[int, ...]] = []  # host prompt cache, oldest first
+        # host prompt cache: id -> prompt, oldest first, and the same grouped by first block (oldest first)
+        self._saved: dict[int, tuple[int, ...]] = {}
+        self._by_first: dict[int, dict[int, tuple[int, ...]]] = {}
+        self._next_id = 0
 
     def __len__(self) -> int:
         return len(self._slots)
 
+    @property
+    def saved(self) -> list[tuple[int, ...]]:
+        """The prompts the host prompt cache holds, oldest first."""
+        return list(self._saved.values())
+
     # ---- what a new prompt would reuse ----------------------------------------------------
     def _choose(self, hashes: Sequence[int], tokens: int) -> tuple[_Slot | None, int, bool, int | None]:
         """(the slot llama-server would give the prompt now, blocks it would reuse, whether the slot's old
-        prompt goes to the host prompt cache, index of the saved prompt it would load or None);
+        prompt goes to the host prompt cache, id of the saved prompt it would load or None);
         (None, 0, False, None) when every slot is busy."""
         bs = self.block_size
         best: _Slot | None = None
@@ -159,7 +170,7 @@ class SlotMirror:
             if load is not None:  # the save may have dropped prompts before it: find the one to load again
                 load = self._find(prompt, slot.prompt)
         if load is not None:
-            del self._saved[load]  # loaded into the slot: it leaves the host cache
+            self._drop(load)  # loaded into the slot: it leaves the host cache
             self._unsaved()
         slot.prompt, slot.key, slot.used, slot.due, slot.since, slot.decode_s = prompt, key, now, due, now, decode_s
         slot.saved = False
@@ -171,19 +182,32 @@ class SlotMirror:
         self._changed()
 
     def _save(self, prompt: tuple[int, ...]) -> None:
-        """``server_prompt_cache::alloc``: skip a prompt the cache holds whole, drop the cached prefixes of it."""
-        saved = self._saved
+        """``server_prompt_cache::alloc``: skip a prompt the cache holds whole, drop the cached prefixes of it.
+        Both can only be prompts beginning with the same block."""
         n = len(prompt)
-        if any(len(p) >= n and common_blocks(p, prompt) == n for p in saved):
-            return
-        kept = [p for p in saved if not (len(p) <= n and common_blocks(p, prompt) == len(p))]
-        if len(kept) != len(saved):
-            saved[:] = kept
+        group = self._by_first.get(prompt[0])
+        if group:
+            if any(len(p) >= n and common_blocks(p, prompt) == n for p in group.values()):
+                return
+            prefixes = [k for k, p in group.items() if len(p) <= n and common_blocks(p, prompt) == len(p)]
+            if prefixes:
+                for k in prefixes:
+                    self._drop(k)
+                self._unsaved()
+        k = self._next_id
+        self._next_id += 1
+        self._saved[k] = prompt
+        self._by_first.setdefault(prompt[0], {})[k] = prompt
+        if len(self._saved) > SAVED_PROMPTS:
+            self._drop(next(iter(self._saved)))
             self._unsaved()
-        saved.append(prompt)
-        if len(saved) > SAVED_PROMPTS:
-            del saved[0]
-            self._unsaved()
+
+    def _drop(self, k: int) -> None:
+        prompt = self._saved.pop(k)
+        group = self._by_first[prompt[0]]
+        del group[k]
+        if not group:
+            del self._by_first[prompt[0]]
 
     def _unsaved(self) -> None:
         """A prompt left the host cache: the idle slots may have to save theirs again."""
@@ -191,16 +215,19 @@ class SlotMirror:
             s.saved = False
 
     def _find(self, hashes: Sequence[int], own: tuple[int, ...]) -> int | None:
-        """Index of the saved prompt ``server_prompt_cache::load`` would load for ``hashes`` into a slot holding
-        ``own`` (None: it keeps its own)."""
+        """Id of the saved prompt ``server_prompt_cache::load`` would load for ``hashes`` into a slot holding
+        ``own`` (None: it keeps its own).  Only a prompt sharing its first block can keep any of it; among
+        equals the oldest wins, as the engine scans its cache oldest first."""
         lcp_own = common_blocks(own, hashes)
         keep = lcp_own / len(own) if own else -1.0
         got, load = lcp_own, None
-        for k, p in enumerate(self._saved):
-            lcp = common_blocks(p, hashes)
-            f_keep = lcp / len(p)
-            if f_keep >= 0.25 and f_keep > keep and lcp > got:
-                keep, got, load = f_keep, lcp, k
+        group = self._by_first.get(hashes[0]) if hashes else None
+        if group:
+            for k, p in group.items():
+                lcp = common_blocks(p, hashes)
+                f_keep = lcp / len(p)
+                if f_keep >= 0.25 and f_keep > keep and lcp > got:
+                    keep, got, load = f_keep, lcp, k
         return load
 
     def first_token(self, key: int, now: float) -> None:
@@ -248,6 +275,7 @@ class SlotMirror:
         for s in self._slots:
             s.prompt, s.saved = _NONE, False
         self._saved.clear()
+        self._by_first.clear()
         self._changed()
 
     def _changed(self) -> None:
