@@ -52,7 +52,21 @@ async def _one(session: aiohttp.ClientSession, url: str, model: str, req: Reques
 async def probe(session: aiohttp.ClientSession, url: str, model: str, text: str) -> float | None:
     """One short unique prompt, one output token, on ``session``'s kept-alive connection: its TTFT in seconds
     minus the engine's own prompt time where the engine reports it (llama-server's ``timings.prompt_ms``),
-    so that what remains is the path to and from the engine, not how much of the prompt its slot reused."""
+    so that what remains is the path to and from the engine, not how much of the prompt its slot reused.
+
+    llama-server closes the connection after every streamed response (though it answers ``Keep-Alive``);
+    a request that finds its kept connection closed before any answer is sent once more on a new one, timed
+    from then, as a pooling client (and steersman's upstream pool) does."""
+    for attempt in (0, 1):
+        try:
+            return await _probe_once(session, url, model, text)
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+            if attempt:
+                return None
+    return None
+
+
+async def _probe_once(session: aiohttp.ClientSession, url: str, model: str, text: str) -> float | None:
     body = {"model": model, "messages": [{"role": "user", "content": text}], "stream": True, "max_tokens": 1,
             "temperature": 0}
     t0 = time.perf_counter()
@@ -74,6 +88,10 @@ async def probe(session: aiohttp.ClientSession, url: str, model: str, text: str)
                 timings = ev.get("timings")
                 if timings and timings.get("prompt_ms") is not None:
                     prompt_s = timings["prompt_ms"] / 1e3
+    except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError):
+        if ttft is not None:
+            return None  # broke after its first token: a failed request, not a stale connection
+        raise
     except (aiohttp.ClientError, asyncio.TimeoutError, orjson.JSONDecodeError):
         return None
     return None if ttft is None else ttft - prompt_s

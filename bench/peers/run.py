@@ -112,6 +112,9 @@ async def _probe(router: str, directs: list[str], model: str, pairs: int, fresh:
                 got[url] = await client.probe(sessions[url], url, model, f"Probe {i} {url[-5:]}{'n' if fresh else ''}: say ok.")
             if got[router] is not None and got[direct] is not None:
                 diffs.append(got[router] - got[direct])
+        if len(diffs) < pairs:
+            print(f"  added-latency probe{' (new conn)' if fresh else ''}: {pairs - len(diffs)} of {pairs} pairs failed",
+                  flush=True)
         return statistics.median(diffs) if diffs else float("nan")
     finally:
         for s in sessions.values():
