@@ -198,53 +198,53 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
     ``unprofiled_tpot_pool_spread`` of the mean of the others of its class takes the mean of the agreeing ones;
     one further away (a degraded host) keeps its own, and one whose engine timing is not read yet takes its
     class's measured value rather than the prior."""
+    both = _pooled_all(snap)
+    return _own_tpot(snap, i) if both is None else both[0][i]
+
+
+#: the last snapshot, the spread it was pooled with, and its pooled and own TPOTs (a decision asks for them
+#: two or three times, on one snapshot)
+_POOLED: list = [None, None, None]
+
+
+def _pooled_all(snap) -> tuple[np.ndarray, np.ndarray] | None:
+    """(pooled TPOT, own TPOT) of every replica (NaN for replicas with a roofline), memoised for the snapshot;
+    None when nothing pools (pooling off, or fewer than two replicas without a roofline)."""
     spread = DEFAULTS.scheduler.unprofiled_tpot_pool_spread
+    ref, was, got = _POOLED
+    if ref is not None and ref() is snap and was == spread:
+        return got
     st = snap.statics
     u = np.flatnonzero(~st.modelled)
     if spread <= 1.0 or u.size < 2:
-        return _own_tpot(snap, i)
-    return _pooled_all(snap, u, spread)[0][i]
-
-
-#: the last snapshot's pooled and own TPOTs (a decision asks for them two or three times, on one snapshot)
-_POOLED: list = [None, None]
-
-
-def _pooled_all(snap, u: np.ndarray, spread: float) -> tuple[np.ndarray, np.ndarray]:
-    """(pooled TPOT, own TPOT) of every replica (NaN for replicas with a roofline), memoised for the snapshot."""
-    ref, got = _POOLED
-    if ref is not None and ref() is snap:
-        return got
-    st = snap.statics
-    every = _own_tpot(snap, u)
-    measured = snap.live[S.DECODE_S_TOKEN, u] > 0.0  # the engine's own timing read: it has something to pool
-    c = st.speed_class[u]
-    w = measured.astype(float)
-    size = int(c.max()) + 1
-    others_n = np.bincount(c, weights=w, minlength=size)[c] - w
-    others = (np.bincount(c, weights=every * w, minlength=size)[c] - every * w) / np.maximum(others_n, 1.0)
-    agree = measured & ((others_n == 0) | ((every <= spread * others) & (others <= spread * every)))
-    k = np.bincount(c, weights=agree, minlength=size)[c]
-    mean = np.bincount(c, weights=np.where(agree, every, 0.0), minlength=size)[c] / np.maximum(k, 1.0)
-    full = np.full(st.speed_class.size, np.nan)
-    full[u] = np.where(agree | (~measured & (k > 0)), mean, every)  # not measured yet: its class's measured value
-    own = np.full(st.speed_class.size, np.nan)
-    own[u] = every
-    _POOLED[:] = weakref.ref(snap), (full, own)
-    return full, own
+        got = None
+    else:
+        every = _own_tpot(snap, u)
+        measured = snap.live[S.DECODE_S_TOKEN, u] > 0.0  # the engine's own timing read: it has something to pool
+        c = st.speed_class[u]
+        w = measured.astype(float)
+        size = int(c.max()) + 1
+        others_n = np.bincount(c, weights=w, minlength=size)[c] - w
+        others = (np.bincount(c, weights=every * w, minlength=size)[c] - every * w) / np.maximum(others_n, 1.0)
+        agree = measured & ((others_n == 0) | ((every <= spread * others) & (others <= spread * every)))
+        k = np.bincount(c, weights=agree, minlength=size)[c]
+        mean = np.bincount(c, weights=np.where(agree, every, 0.0), minlength=size)[c] / np.maximum(k, 1.0)
+        full = np.full(st.speed_class.size, np.nan)
+        full[u] = np.where(agree | (~measured & (k > 0)), mean, every)  # not measured yet: its class's measured value
+        own = np.full(st.speed_class.size, np.nan)
+        own[u] = every
+        got = full, own
+    _POOLED[:] = weakref.ref(snap), spread, got
+    return got
 
 
 def pooling_factor(snap, i: int) -> float:
     """How much :func:`pooled_tpot` scaled unprofiled replica ``i``'s own learnt TPOT (1.0: not at all).  A
     ratio of the two, not pooled / step, so an unpooled replica's correction stays bit for bit its own."""
-    st = snap.statics
-    u = np.flatnonzero(~st.modelled)
-    if DEFAULTS.scheduler.unprofiled_tpot_pool_spread <= 1.0 or u.size < 2 or st.modelled[i]:
-        at = np.array([i])
-        pooled, own = float(pooled_tpot(snap, at)[0]), float(_own_tpot(snap, at)[0])
-    else:
-        full, every = _pooled_all(snap, u, DEFAULTS.scheduler.unprofiled_tpot_pool_spread)
-        pooled, own = float(full[i]), float(every[i])
+    both = _pooled_all(snap)
+    if both is None:
+        return 1.0  # nothing pools: pooled_tpot is the replica's own
+    pooled, own = float(both[0][i]), float(both[1][i])
     return pooled / own if own > 0.0 and pooled > 0.0 and math.isfinite(pooled / own) else 1.0
 
 
