@@ -19,7 +19,7 @@ import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed
 
 from steersman.fleet import _prefix_bits as prefix_bits
 from steersman.fleet import snapshot as S
-from steersman.policy import plugin_kernels
+from steersman.policy import plugin_kernels, unprofiled_kernels
 
 __all__ = ["predict_kernel", "saturation_kernel", "is_saturated", "prefix_kernel", "shortlist_kernel",
            "slo_pool_kernel", "add_clamped", "warm_up"]
@@ -367,4 +367,5 @@ def warm_up() -> None:
                     np.empty(1, dtype=np.bool_))
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()
+    unprofiled_kernels.warm_up()
     prefix_bits.warm_up()

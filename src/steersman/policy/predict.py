@@ -66,7 +66,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from steersman.config import DEFAULTS
-from steersman.fleet import snapshot as S
+from steersman.policy import unprofiled_kernels as U
 from steersman.policy.framework import DecisionContext, feature
 from steersman.policy.kernels import predict_kernel, prefix_kernel
 from steersman.policy.plugin_kernels import uncached_kernel
@@ -164,26 +164,21 @@ def _all_modelled(st) -> bool:
 def unprofiled_speeds(snap, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Replicas ``i`` without a roofline: (seconds per prompt token, seconds per decode step, the learnt TTFT
     correction) -- the engine's own timing where it reports it, else the priors (see the module doc)."""
-    live = snap.live
-    measured = live[S.PREFILL_S_TOKEN, i]  # the engine's own timing, where it reports it (NaN: not yet)
-    s_tok = np.where(measured > 0.0, measured, DEFAULTS.scheduler.unprofiled_prefill_s_per_token)
-    r_ttft = live[S.TTFT_RATIO, i]
-    return s_tok, _decode_step(live, i), np.where(np.isnan(r_ttft), snap.ttft_prior, r_ttft)
-
-
-def _decode_step(live: np.ndarray, i: np.ndarray) -> np.ndarray:
-    measured = live[S.DECODE_S_TOKEN, i]
-    return np.where(measured > 0.0, measured, DEFAULTS.scheduler.unprofiled_decode_step_s)
+    i = np.asarray(i, dtype=np.intp)
+    out = np.empty((3, i.size))
+    sched = DEFAULTS.scheduler
+    U.speeds_into(snap.live, i, float(snap.ttft_prior), sched.unprofiled_prefill_s_per_token,
+                  sched.unprofiled_decode_step_s, out)
+    return out[0], out[1], out[2]
 
 
 def _own_tpot(snap, i: np.ndarray) -> np.ndarray:
     """Replicas ``i`` (unprofiled): the decode step (the engine's own timing, else the prior) x the learnt TPOT
     ratio (the fleet's prior on an idle replica)."""
-    live = snap.live
-    step = _decode_step(live, i)
-    r_tpot = live[S.TPOT_RATIO, i]
-    idle = (live[S.IN_FLIGHT, i] <= 0.0) & ~(live[S.RUNNING, i] > 0.0)
-    return step * np.where(np.isnan(r_tpot) | idle, snap.tpot_prior, r_tpot)
+    i = np.asarray(i, dtype=np.intp)
+    out = np.empty(i.size)
+    U.own_tpot_into(snap.live, i, float(snap.tpot_prior), DEFAULTS.scheduler.unprofiled_decode_step_s, out)
+    return out
 
 
 def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
@@ -210,30 +205,18 @@ _POOLED: list = [None, None, None]
 def _pooled_all(snap) -> tuple[np.ndarray, np.ndarray] | None:
     """(pooled TPOT, own TPOT) of every replica (NaN for replicas with a roofline), memoised for the snapshot;
     None when nothing pools (pooling off, or fewer than two replicas without a roofline)."""
-    spread = DEFAULTS.scheduler.unprofiled_tpot_pool_spread
+    sched = DEFAULTS.scheduler
+    spread = sched.unprofiled_tpot_pool_spread
     ref, was, got = _POOLED
     if ref is not None and ref() is snap and was == spread:
         return got
     st = snap.statics
-    u = np.flatnonzero(~st.modelled)
-    if spread <= 1.0 or u.size < 2:
-        got = None
-    else:
-        every = _own_tpot(snap, u)
-        measured = snap.live[S.DECODE_S_TOKEN, u] > 0.0  # the engine's own timing read: it has something to pool
-        c = st.speed_class[u]
-        w = measured.astype(float)
-        size = int(c.max()) + 1
-        others_n = np.bincount(c, weights=w, minlength=size)[c] - w
-        others = (np.bincount(c, weights=every * w, minlength=size)[c] - every * w) / np.maximum(others_n, 1.0)
-        agree = measured & ((others_n == 0) | ((every <= spread * others) & (others <= spread * every)))
-        k = np.bincount(c, weights=agree, minlength=size)[c]
-        mean = np.bincount(c, weights=np.where(agree, every, 0.0), minlength=size)[c] / np.maximum(k, 1.0)
-        full = np.full(st.speed_class.size, np.nan)
-        full[u] = np.where(agree | (~measured & (k > 0)), mean, every)  # not measured yet: its class's measured value
-        own = np.full(st.speed_class.size, np.nan)
-        own[u] = every
-        got = full, own
+    got = None
+    if spread > 1.0:
+        full, own = np.empty(st.speed_class.size), np.empty(st.speed_class.size)
+        if U.pool_kernel(snap.live, st.modelled, st.speed_class, float(snap.tpot_prior), sched.unprofiled_decode_step_s,
+                         float(spread), full, own):
+            got = full, own
     _POOLED[:] = weakref.ref(snap), spread, got
     return got
 
@@ -248,31 +231,17 @@ def pooling_factor(snap, i: int) -> float:
     return pooled / own if own > 0.0 and pooled > 0.0 and math.isfinite(pooled / own) else 1.0
 
 
-def _nan0(x: np.ndarray) -> np.ndarray:
-    """NaN -> 0 (``np.nan_to_num`` on finite values, at a tenth of its cost on a few replicas; none of these
-    values is infinite)."""
-    return np.where(np.isnan(x), 0.0, x)
-
-
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
                 out: np.ndarray) -> None:
-    """Overwrite ``out`` for the candidates without a roofline (see the module doc)."""
+    """Overwrite ``out`` for the candidates without a roofline (see the module doc; compiled:
+    :mod:`steersman.policy.unprofiled_kernels`)."""
     st = snap.statics
-    u = np.flatnonzero(~st.modelled[idx])
-    if u.size == 0:
-        return
-    i = idx[u]
-    live = snap.live
-    s_tok, step, r_ttft = unprofiled_speeds(snap, i)
-    ours_waiting = np.maximum(live[S.IN_FLIGHT, i] - live[S.DECODING, i], 0.0)
-    others = np.maximum(live[S.WAITING, i] - ours_waiting, 0.0) * prompt_tokens  # NaN (never scraped): none
-    work = np.maximum(live[S.PENDING_PREFILL, i], 0.0) + _nan0(others) + own[u]
-    ttft = np.maximum((step + work * s_tok) * r_ttft, _nan0(snap.time - live[S.STALLED_SINCE, i]))
-    tpot = pooled_tpot(snap, i)
-    out[0, u] = ttft
-    out[1, u] = tpot
-    out[4, u] = tpot  # the linear model has no prefill interference
-    out[5, u] = (step + own[u] * s_tok) * r_ttft
-    out[2, u] = ttft + expected_output * tpot
-    price = _nan0(st.price_per_hour[i])
-    out[3, u] = price * (own[u] * s_tok * r_ttft + expected_output / REFERENCE_BATCH * tpot) / 3600.0
+    sched = DEFAULTS.scheduler
+    both = _pooled_all(snap)
+    U.unprofiled_pass(idx, snap.live, st.modelled, st.price_per_hour, own, prompt_tokens, expected_output,
+                      float(snap.ttft_prior), float(snap.tpot_prior), sched.unprofiled_prefill_s_per_token,
+                      sched.unprofiled_decode_step_s, float(snap.time), REFERENCE_BATCH,
+                      _NO_POOL if both is None else both[0], both is not None, out)
+
+
+_NO_POOL = np.zeros(0)
