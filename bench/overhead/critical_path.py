@@ -39,7 +39,8 @@ from steersman.policy import fastpath
 
 MARKS: list[tuple[str, int]] = []
 CALLS: dict[str, list[int]] = {}
-ORDER = ["bytes in", "handler", "parse", "auth", "resolve", "describe", "brownout", "schedule", "forward", "upstream"]
+ORDER = ["bytes in", "handler", "parse", "auth", "resolve", "describe", "brownout", "schedule", "forward", "upstream",
+         "relay in", "client send"]
 
 
 def _mark(cls, name: str, tag: str, is_async: bool = False) -> None:
@@ -75,6 +76,8 @@ def instrument() -> None:
                      (forward.Forward, "forward")]:
         _mark(cls, "run", tag, True)
     _mark(http_client.UpstreamPool, "request", "upstream", True)
+    _mark(http_client._UpConn, "_flush", "relay in")  # the engine's first streamed bytes reach the relay
+    _mark(http_server.HttpRequest, "send", "client send")  # ... and are written to the client
     for cls, name, tag in [(state.Fleet, "snapshot", "fleet snapshot"), (plane.ControlPlane, "arrive", "admit + decide"),
                            (fastpath._Fused, "__call__", "decision (fused path)"),
                            (accounting.Accounting, "dispatched", "accounting"), (state.Fleet, "begin", "fleet begin"),

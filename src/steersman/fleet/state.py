@@ -180,11 +180,13 @@ class Fleet:
             self.guard.dispatched(index, t.key, now)
         return t
 
-    def first_token(self, t: Ticket) -> None:
+    def first_token(self, t: Ticket, now: float | None = None) -> None:
+        """``t``'s first token came (``now``: when; the clock's now by default)."""
         self._own()
         if t.first_at is not None:
             return
-        now = self.clock.now()
+        if now is None:
+            now = self.clock.now()
         t.first_at = now
         if t.on_first is not None:
             t.on_first, hook = None, t.on_first

@@ -133,18 +133,31 @@ class _Relay:
 
     def write(self, out: bytes) -> None:
         t = self.now()
-        if self.last is None:  # the first event of this leg: its replica produced its first token
-            if not self.ctx.bytes_sent:
-                self.ttft.observe(t - self.ctx.started)
-                self.ctx.bytes_sent = True
-            if self.ticket is not None:
-                self.fleet.first_token(self.ticket)
-        else:
-            self.itl.observe(t - self.last)
-        self.last = self.ctx.last_event_at = t
+        last, self.last = self.last, t
+        ctx = self.ctx
+        ctx.last_event_at = t
         # the response's last bytes with [DONE] in them: the stream ends with this write (the terminator rides
         # along); Forward._relay would end it right after anyway, one loop turn and one syscall later
-        self.ctx.http.send(out, self.ex.last and self.cont.done and self.error is None)
+        end = self.ex.last and self.cont.done and self.error is None
+        if last is not None:
+            self.itl.observe(t - last)
+            ctx.http.send(out, end)
+        elif end:  # first and last at once: its first token is accounted before the stream (and the request) ends
+            self._first(t)
+            ctx.http.send(out, True)
+        else:  # the first event of this leg: the client gets it before its bookkeeping (timed at ``t`` all the same)
+            try:
+                ctx.http.send(out, False)
+            finally:
+                self._first(t)
+
+    def _first(self, t: float) -> None:
+        """This leg's replica produced its first token at ``t``."""
+        if not self.ctx.bytes_sent:
+            self.ttft.observe(t - self.ctx.started)
+            self.ctx.bytes_sent = True
+        if self.ticket is not None:
+            self.fleet.first_token(self.ticket, t)
 
     def fail(self, message: str) -> None:
         self.error = message
