@@ -225,6 +225,7 @@ class _ListCache(SlotMirror):
 
 
 def test_the_cache_grouped_by_first_block_chooses_as_a_scan_of_the_whole_cache(monkeypatch):
+    # and a take reusing the decision's match (same prompt object, nothing changed since) chooses as a fresh one
     monkeypatch.setattr(slots_module, "SAVED_PROMPTS", 24)  # a bound the run reaches: eviction is compared too
     rng = random.Random(3)
     # tenants' system prompts (shared leading blocks), their questions, and unique prompts, some prefixes
@@ -233,6 +234,7 @@ def test_the_cache_grouped_by_first_block_chooses_as_a_scan_of_the_whole_cache(m
     for seed in range(4):
         rng = random.Random(seed)
         grouped, scanned = SlotMirror(3, 16), _ListCache(3, 16)
+        plain = SlotMirror(3, 16)  # asked no match before its takes: it never reuses a match's choice
         running: list[int] = []
         peak = 0
         for k in range(1, 601):
@@ -240,8 +242,8 @@ def test_the_cache_grouped_by_first_block_chooses_as_a_scan_of_the_whole_cache(m
             if running and (len(running) >= 4 or rng.random() < 0.45):
                 key = running.pop(rng.randrange(len(running)))
                 ran = rng.random() < 0.9
-                grouped.release(key, ran, now)
-                scanned.release(key, ran, now)
+                for m in (grouped, scanned, plain):
+                    m.release(key, ran, now)
             else:
                 r = rng.random()
                 if r < 0.7:
@@ -252,9 +254,15 @@ def test_the_cache_grouped_by_first_block_chooses_as_a_scan_of_the_whole_cache(m
                 else:
                     p = tuple(rng.randrange(1 << 40) for _ in range(rng.randint(1, 8)))
                 assert grouped.match(p) == scanned.match(p)
-                assert grouped.take(k, p, now) == scanned.take(k, p, now)
+                if running and rng.random() < 0.2:  # a request ends between a decision and its dispatch
+                    key = running.pop(rng.randrange(len(running)))
+                    for m in (grouped, scanned, plain):
+                        m.release(key, True, now)
+                took = plain.take(k, tuple(list(p)), now)  # another object: chosen afresh
+                assert grouped.take(k, p, now) == scanned.take(k, p, now) == took
                 running.append(k)
             assert grouped.saved == scanned.saved
             assert [s.prompt for s in grouped._slots] == [s.prompt for s in scanned._slots]
+            assert grouped.saved == plain.saved and [s.prompt for s in plain._slots] == [s.prompt for s in grouped._slots]
             peak = max(peak, len(grouped.saved))
         assert peak == 24  # the cache filled up and evicted

@@ -94,6 +94,10 @@ class SlotMirror:
         self._saved: dict[int, tuple[int, ...]] = {}
         self._by_first: dict[int, dict[int, tuple[int, ...]]] = {}
         self._next_id = 0
+        self._version = 0  # bumped by every change of the slots or the host cache (:meth:`_changed`)
+        # the last :meth:`match`'s prompt (the object), the version it saw and its choice: the decision's match
+        # and the dispatch's take of one request ask the same question of the same state
+        self._chose: tuple[object, int, int, tuple] | None = None
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -138,7 +142,9 @@ class SlotMirror:
     def match(self, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` the replica would reuse if the prompt were sent now (0: no free slot).
         Similarity is judged on the prompt's whole blocks (its last partial block is not hashed)."""
-        return self._choose(hashes, len(hashes) * self.block_size)[1]
+        got = self._choose(hashes, len(hashes) * self.block_size)
+        self._chose = (hashes, len(hashes), self._version, got)
+        return got[1]
 
     def in_flight(self, hashes: Sequence[int]) -> list[PromptInFlight]:
         """Busy slots whose prompt shares leading blocks with ``hashes``, with when each frees."""
@@ -156,7 +162,11 @@ class SlotMirror:
         """Request ``key`` (prompt ``hashes``) reaches the engine now: it takes the slot llama-server would
         give it (or waits for one).  Returns the blocks it reuses."""
         tokens = len(hashes) * self.block_size
-        slot, blocks, save, load = self._choose(hashes, tokens)
+        last = self._chose
+        if last is not None and last[0] is hashes and last[1] == len(hashes) and last[2] == self._version:
+            slot, blocks, save, load = last[3]  # what the decision's match chose: nothing changed since
+        else:
+            slot, blocks, save, load = self._choose(hashes, tokens)
         if slot is None:
             self._queued[key] = (tuple(hashes), tokens, due, decode_s)
             return 0
@@ -279,5 +289,7 @@ class SlotMirror:
         self._changed()
 
     def _changed(self) -> None:
+        self._version += 1
+        self._chose = None
         if self.on_change is not None:
             self.on_change()

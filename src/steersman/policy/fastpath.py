@@ -11,7 +11,7 @@ plugins below only (the ``steersman`` profile is), :meth:`Profile.pick` runs thi
 * the picker: prefix blocks, uncached tokens and the prediction in one kernel (calling
   :func:`~steersman.policy.kernels.prefix_kernel` and
   :func:`~steersman.policy.kernels.predict_kernel` unchanged), the unprofiled fallback
-  (:func:`steersman.policy.predict._unprofiled`), :func:`~steersman.policy.kernels.slo_pool_kernel`,
+  (:func:`~steersman.policy.unprofiled_kernels.unprofiled_pass`), :func:`~steersman.policy.kernels.slo_pool_kernel`,
   and only on a tie the scorers, each adding its clamped, weighted score in one pass.
 
 Every test is the plugins' own per-replica helper from :mod:`steersman.policy.kernels` and
@@ -29,14 +29,16 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
+from steersman.config import DEFAULTS
 from steersman.fleet import snapshot as S
 from steersman.policy import framework
 from steersman.policy import kernels as K
 from steersman.policy import plugin_kernels as P
+from steersman.policy import unprofiled_kernels as U
 from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
 from steersman.policy.model_based import SloCheapest, _reason, corrections, hold, shed
-from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled
+from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, _NO_POOL, REFERENCE_BATCH, _all_modelled, _pooled_all
 from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation, affine_blocks
@@ -112,11 +114,13 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
                     prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
                     recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, protected, cost_tie, latency_tie,
-                    late_tie, exploit, exploit_slowdown, cached, resident, pool):
+                    late_tie, exploit, exploit_slowdown, cached, resident, pool, default_prefill, default_step, pooled,
+                    use_pooled):
     """The ``prefix_blocks``, ``uncached_tokens`` and ``prediction`` features of :mod:`steersman.policy.predict`
-    into ``blocks``, ``own`` and ``out``, then, when every candidate has a roofline, the picker's
-    :func:`~steersman.policy.kernels.slo_pool_kernel` into ``pool``.  Returns (candidates without a
-    roofline, pool size, feasible, stayed); with some, the pool is left to the caller (pool size -1)."""
+    into ``blocks``, ``own`` and ``out`` (candidates without a roofline by
+    :func:`~steersman.policy.unprofiled_kernels.unprofiled_pass`, ``pooled``: every replica's pooled TPOT
+    when ``use_pooled``), then the picker's :func:`~steersman.policy.kernels.slo_pool_kernel` into ``pool``.
+    Returns (candidates without a roofline, pool size, feasible, stayed)."""
     if held.size:
         K.prefix_kernel(idx, held, live, kv_blocks, indexed, blocks)
     else:
@@ -133,11 +137,12 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
         if not modelled[idx[j]]:
             unprofiled += 1
     if unprofiled:
-        return unprofiled, -1, False, False
+        U.unprofiled_pass(idx, live, modelled, price, own, prompt_tokens, expected_output, ttft_prior, tpot_prior,
+                          default_prefill, default_step, now, reference_batch, pooled, use_pooled, out)
     count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
                                         exploit_slowdown, t_ttft, t_tpot, t_left, margin, protected, cost_tie,
                                         latency_tie, late_tie, pool)
-    return 0, count, feasible, stay
+    return unprofiled, count, feasible, stay
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -262,6 +267,8 @@ class _Fused:
         ttft, tpot, left = targets(req, snap.time)
         protected = req.priority == _CRITICAL or req.protection > 0
         margin = p.safety_margin if protected else 1.0
+        pooled = None if _all_modelled(st) else _pooled_all(snap)  # per snapshot (corrections() asks again)
+        sched = DEFAULTS.scheduler
         unprofiled, count, feasible, stay = prediction_pass(
             idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
             float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,
@@ -270,12 +277,9 @@ class _Fused:
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,
             float(ttft), float(tpot), float(left), float(margin), protected, float(p.cost_tie), float(p.latency_tie),
             float(p.late_latency_tie),
-            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool)
-        if unprofiled:
-            _unprofiled(snap, idx, own, pt, eo, out)
-            count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4],
-                                                p.exploit_share * pt, p.exploit_slowdown, ttft, tpot, left, margin,
-                                                protected, p.cost_tie, p.latency_tie, p.late_latency_tie, pool)
+            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool,
+            sched.unprofiled_prefill_s_per_token, sched.unprofiled_decode_step_s,
+            _NO_POOL if pooled is None else pooled[0], pooled is not None)
         if not feasible and not stay and (p.shed or p.hold):
             late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
                 hold(req, protected, out[5], ttft, snap.time) if p.hold else None)
