@@ -120,3 +120,67 @@ async def test_sent_is_called_once_after_the_write_or_before_a_new_connection_op
     await ex.read()
     await pool.close()
     o.srv.close()
+
+
+def _cyclic(mine) -> dict[str, int]:
+    """Objects the garbage collector finds in reference cycles, of those ``mine`` accepts, by type."""
+    import gc
+
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found: dict[str, int] = {}
+        for o in gc.garbage:
+            if mine(o):
+                found[type(o).__name__] = found.get(type(o).__name__, 0) + 1
+        return found
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
+async def test_a_broken_exchange_leaves_no_reference_cycle():
+    # an engine breaking a stream mid-response (the error raised from ``done()``), and one closing before its
+    # headers on a fresh connection (raised from ``request()``): the futures hold the error, and the error, as
+    # raised, held the frames holding the exchange: a cycle per failed request, left to the garbage collector
+    from steersman.http.client import Exchange
+
+    o = _Origin([b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n", b"CLOSE"])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+
+    async def mid_stream():
+        ex = await pool.request(ep, b"POST", "/v1/x", b"{}")
+        got = []
+        ex.pipe(got.append)
+        await asyncio.sleep(0.05)
+        ex.conn.transport.close()  # the engine's connection breaks before the response ends
+        try:
+            await ex.done()
+        except UpstreamError as e:
+            assert "closed" in str(e) and e.connected
+        else:
+            raise AssertionError("a broken response must raise")
+        finally:
+            ex.release()
+
+    async def before_headers():
+        try:
+            await pool.request(ep, b"POST", "/v1/x", b"{}")  # a fresh connection the origin closes: raised
+        except UpstreamError as e:
+            assert e.connected
+        else:
+            raise AssertionError("a connection closed before the headers must raise")
+
+    await mid_stream()
+    await pool.close()
+    await asyncio.sleep(0.05)
+    await before_headers()
+    await asyncio.sleep(0.05)
+    # only this test's objects: an earlier test's ``pytest.raises`` may leave its own cycle (its frame, held by
+    # the traceback it keeps) to be collected now
+    ours = lambda x: (isinstance(x, Exchange) and x.conn.pool is pool) or (  # noqa: E731
+        isinstance(x, UpstreamError) and "engine closed the connection" in str(x))
+    assert _cyclic(ours) == {}
+    await pool.close()
+    o.srv.close()

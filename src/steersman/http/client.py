@@ -33,6 +33,14 @@ class UpstreamError(Exception):
         self.connected = connected
 
 
+def _detached(e: UpstreamError) -> UpstreamError:
+    """What to raise for ``e``, an exchange's failure that its futures hold: a copy.  ``e`` itself, raised,
+    would take a traceback of the frames it passes through, and those hold the exchange that holds the
+    futures that hold ``e``: a reference cycle per failed request, left to the garbage collector."""
+    e.__traceback__ = None
+    return UpstreamError(str(e), e.connected)
+
+
 @dataclass(frozen=True, slots=True)
 class Endpoint:
     host: str
@@ -93,7 +101,10 @@ class Exchange:
         Cancelling the waiter cancels ``_done``; the connection then only skips
         resolving it (every resolver checks ``done()`` first).
         """
-        await self._done
+        try:
+            await self._done
+        except UpstreamError as e:
+            raise _detached(e) from None
 
     async def read(self) -> bytes:
         await self.done()
@@ -305,10 +316,11 @@ class UpstreamPool:
             try:
                 await ex._head
                 return ex
-            except UpstreamError:
+            except UpstreamError as e:
                 if attempt == 0 and conn.reused and not ex.got_bytes:
+                    e.__traceback__ = None
                     continue  # the engine had closed this idle connection: once more on a fresh one
-                raise
+                raise _detached(e) from None
             except asyncio.CancelledError:
                 ex.abort()
                 raise
