@@ -21,6 +21,7 @@ from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import _Relay
 from steersman.testing import LiveFleet
 from tests.gateway.conftest import sims
+from tests.gc_cycles import cyclic_garbage
 
 _TRACKED = (RequestContext, Exchange, _Relay, HttpRequest, _Connection, _UpConn, UpstreamError)
 
@@ -41,17 +42,7 @@ def _served(fleet, n: int) -> None:
 
 
 def _cyclic_garbage() -> dict[str, int]:
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found: dict[str, int] = {}
-        for o in gc.garbage:
-            if isinstance(o, _TRACKED):
-                found[type(o).__name__] = found.get(type(o).__name__, 0) + 1
-        return found
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
+    return cyclic_garbage(lambda o: isinstance(o, _TRACKED))
 
 
 def test_served_requests_leave_no_cyclic_garbage(fleet):

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from steersman.http.client import Endpoint, UpstreamError, UpstreamPool
+from tests.gc_cycles import cyclic_garbage
 
 
 class _Origin:
@@ -122,23 +123,6 @@ async def test_sent_is_called_once_after_the_write_or_before_a_new_connection_op
     o.srv.close()
 
 
-def _cyclic(mine) -> dict[str, int]:
-    """Objects the garbage collector finds in reference cycles, of those ``mine`` accepts, by type."""
-    import gc
-
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found: dict[str, int] = {}
-        for o in gc.garbage:
-            if mine(o):
-                found[type(o).__name__] = found.get(type(o).__name__, 0) + 1
-        return found
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-
-
 async def test_a_broken_exchange_leaves_no_reference_cycle():
     # an engine breaking a stream mid-response (the error raised from ``done()``), and one closing before its
     # headers on a fresh connection (raised from ``request()``): the futures hold the error, and the error, as
@@ -181,6 +165,6 @@ async def test_a_broken_exchange_leaves_no_reference_cycle():
     # the traceback it keeps) to be collected now
     ours = lambda x: (isinstance(x, Exchange) and x.conn.pool is pool) or (  # noqa: E731
         isinstance(x, UpstreamError) and "engine closed the connection" in str(x))
-    assert _cyclic(ours) == {}
+    assert cyclic_garbage(ours) == {}
     await pool.close()
     o.srv.close()

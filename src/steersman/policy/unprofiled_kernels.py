@@ -2,7 +2,7 @@
 
 :mod:`steersman.policy.predict` documents the model (its module doc) and calls these.  They were numpy
 expressions over the few candidates of a llama.cpp fleet: ~40 ufunc calls a decision on arrays of one
-or two elements, ~270 us of a request's ~600 us in the schedule stage on bench/overhead's
+or two elements, ~220 us of the schedule stage's ~650 us on bench/overhead's
 ``critical_path.py --llama`` (the gateway idles between requests, so each call runs cache-cold).
 
 The arithmetic is numpy's, operation for operation, so results are bit-identical:
