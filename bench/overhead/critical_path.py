@@ -1,10 +1,13 @@
 #!/usr/bin/env python
-"""Where one request's time goes inside the gateway before it reaches the engine (one request at a time).
+"""Where one request's time goes inside the gateway before it reaches the engine, and on the way back of its
+first event (one request at a time).
 
 The gateway runs in this process (uvloop, as ``steersman serve``) in front of one engine-sim; a raw
 client sends short streamed requests one after another, ``--gap`` apart.  Timestamps are taken at
-the request's bytes arriving, each stage of the request path starting, and the upstream request;
-the call times of the schedule stage's parts are recorded too.  Prints the p50/p90 of each step.
+the request's bytes arriving, each stage of the request path starting, the upstream request, the
+engine's first streamed bytes reaching the relay and their write to the client (``upstream -> relay
+in`` is the engine's own time); the call times of the schedule stage's parts are recorded too.
+Prints the p50/p90 of each step.
 
     .venv/bin/python bench/overhead/critical_path.py [--policy steersman] [--requests 600] [--gap 0.005]
     .venv/bin/python bench/overhead/critical_path.py --prompt-words 1500 --requests 300   # long unique prompts
