@@ -94,10 +94,9 @@ class SlotMirror:
         self._saved: dict[int, tuple[int, ...]] = {}
         self._by_first: dict[int, dict[int, tuple[int, ...]]] = {}
         self._next_id = 0
-        self._version = 0  # bumped by every change of the slots or the host cache (:meth:`_changed`)
-        # the last :meth:`match`'s prompt (the object), the version it saw and its choice: the decision's match
-        # and the dispatch's take of one request ask the same question of the same state
-        self._chose: tuple[object, int, int, tuple] | None = None
+        # the last :meth:`match`'s prompt (the object) and its choice, until the next change: the decision's
+        # match and the dispatch's take of one request ask the same question of the same state
+        self._chose: tuple[object, int, tuple] | None = None
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -143,7 +142,7 @@ class SlotMirror:
         """Leading blocks of ``hashes`` the replica would reuse if the prompt were sent now (0: no free slot).
         Similarity is judged on the prompt's whole blocks (its last partial block is not hashed)."""
         got = self._choose(hashes, len(hashes) * self.block_size)
-        self._chose = (hashes, len(hashes), self._version, got)
+        self._chose = (hashes, len(hashes), got)
         return got[1]
 
     def in_flight(self, hashes: Sequence[int]) -> list[PromptInFlight]:
@@ -163,8 +162,8 @@ class SlotMirror:
         give it (or waits for one).  Returns the blocks it reuses."""
         tokens = len(hashes) * self.block_size
         last = self._chose
-        if last is not None and last[0] is hashes and last[1] == len(hashes) and last[2] == self._version:
-            slot, blocks, save, load = last[3]  # what the decision's match chose: nothing changed since
+        if last is not None and last[0] is hashes and last[1] == len(hashes):
+            slot, blocks, save, load = last[2]  # what the decision's match chose: nothing changed since
         else:
             slot, blocks, save, load = self._choose(hashes, tokens)
         if slot is None:
@@ -289,7 +288,6 @@ class SlotMirror:
         self._changed()
 
     def _changed(self) -> None:
-        self._version += 1
-        self._chose = None
+        self._chose = None  # every change ends here: a later take chooses afresh
         if self.on_change is not None:
             self.on_change()

@@ -29,7 +29,6 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
-from steersman.config import DEFAULTS
 from steersman.fleet import snapshot as S
 from steersman.policy import framework
 from steersman.policy import kernels as K
@@ -38,7 +37,7 @@ from steersman.policy import unprofiled_kernels as U
 from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
 from steersman.policy.model_based import SloCheapest, _reason, corrections, hold, shed
-from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, _NO_POOL, REFERENCE_BATCH, _all_modelled, _pooled_all
+from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled_inputs
 from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation, affine_blocks
@@ -267,8 +266,6 @@ class _Fused:
         ttft, tpot, left = targets(req, snap.time)
         protected = req.priority == _CRITICAL or req.protection > 0
         margin = p.safety_margin if protected else 1.0
-        pooled = None if _all_modelled(st) else _pooled_all(snap)  # per snapshot (corrections() asks again)
-        sched = DEFAULTS.scheduler
         unprofiled, count, feasible, stay = prediction_pass(
             idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
             float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,
@@ -277,9 +274,7 @@ class _Fused:
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,
             float(ttft), float(tpot), float(left), float(margin), protected, float(p.cost_tie), float(p.latency_tie),
             float(p.late_latency_tie),
-            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool,
-            sched.unprofiled_prefill_s_per_token, sched.unprofiled_decode_step_s,
-            _NO_POOL if pooled is None else pooled[0], pooled is not None)
+            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool, *_unprofiled_inputs(snap))
         if not feasible and not stay and (p.shed or p.hold):
             late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
                 hold(req, protected, out[5], ttft, snap.time) if p.hold else None)

@@ -76,6 +76,7 @@ __all__ = ["Prediction", "prefix_blocks", "uncached_tokens", "predict", "REFEREN
 
 _NO_MATCH = np.zeros(0, dtype=np.int64)
 _NO_MATCH.flags.writeable = False
+_NO_POOL = np.zeros(0)  # no pooled TPOTs (_unprofiled_inputs)
 #: Context assumed for the other requests of a batch when pricing their KV reads.
 _CTX_FALLBACK = 1024.0
 #: Decode GPU time is priced as if shared by this many sequences: a typical busy
@@ -231,17 +232,22 @@ def pooling_factor(snap, i: int) -> float:
     return pooled / own if own > 0.0 and pooled > 0.0 and math.isfinite(pooled / own) else 1.0
 
 
+def _unprofiled_inputs(snap) -> tuple[float, float, np.ndarray, bool]:
+    """What :func:`~steersman.policy.unprofiled_kernels.unprofiled_pass` takes besides the candidates: the
+    priors (seconds per prompt token, per decode step), every replica's pooled TPOT and whether it applies
+    (nothing pools on a fleet where every replica has a roofline, or on fewer than two without one)."""
+    sched = DEFAULTS.scheduler
+    both = None if _all_modelled(snap.statics) else _pooled_all(snap)
+    return (sched.unprofiled_prefill_s_per_token, sched.unprofiled_decode_step_s,
+            _NO_POOL if both is None else both[0], both is not None)
+
+
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
                 out: np.ndarray) -> None:
     """Overwrite ``out`` for the candidates without a roofline (see the module doc; compiled:
     :mod:`steersman.policy.unprofiled_kernels`)."""
     st = snap.statics
-    sched = DEFAULTS.scheduler
-    both = _pooled_all(snap)
+    prefill, step, pooled, use_pooled = _unprofiled_inputs(snap)
     U.unprofiled_pass(idx, snap.live, st.modelled, st.price_per_hour, own, prompt_tokens, expected_output,
-                      float(snap.ttft_prior), float(snap.tpot_prior), sched.unprofiled_prefill_s_per_token,
-                      sched.unprofiled_decode_step_s, float(snap.time), REFERENCE_BATCH,
-                      _NO_POOL if both is None else both[0], both is not None, out)
-
-
-_NO_POOL = np.zeros(0)
+                      float(snap.ttft_prior), float(snap.tpot_prior), prefill, step, float(snap.time), REFERENCE_BATCH,
+                      pooled, use_pooled, out)
