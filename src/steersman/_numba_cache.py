@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numba
 
-_KERNEL_FILES = ("policy/kernels.py", "policy/plugin_kernels.py", "policy/fastpath.py", "fleet/_prefix_bits.py",
+_KERNEL_FILES = ("policy/kernels.py", "policy/plugin_kernels.py", "policy/fastpath.py", "fleet/_prefix_table.py",
                  "text/_fast_tokenize.py", "text/_fast_hash.py", "policy/unprofiled_kernels.py")
 _KEEP_OTHERS_S = 7 * 24 * 3600.0
 

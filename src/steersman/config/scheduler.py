@@ -49,7 +49,7 @@ class SchedulerSettings:
         60.0, "Preble weighs load over a recent window H; we decay routed work with a 60 s time constant"
     )
     prefix_index_max_mib: float = setting(
-        128.0, "bounded approximate prefix index (peers grow until OOM): 128 MiB ~ 750k block entries"
+        128.0, "bounded approximate prefix index (peers grow until OOM): 128 MiB ~ 2M block entries (a compiled table, ~32 bytes a block)"
     )
     decode_picker: str = setting(
         "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "

@@ -6,25 +6,17 @@ blocks now live where it was sent) and corrected by what engines report
 chained 16-token block hashes of :func:`steersman.text.block_hashes`, so a hash
 stands for its whole prefix.
 
-**Memory is bounded** (peer routers' trees grow until OOM).  The layout is a
-*generational* LRU: a few plain dicts ``block hash -> holders``, newest last.
-``record`` moves the blocks it touches into the newest generation; when that one
-is full a new one starts and the oldest is dropped whole.  That is LRU at the
-granularity of a generation, at ~80 bytes per block instead of ~270 for an
-``OrderedDict`` with per-entry LRU under churn (both measured with tracemalloc),
-so ~3x more blocks fit in the same budget.  Capacity comes from measured costs
-(bytes per slot of a large dict, bytes per hash object): each generation is a
-dict filled exactly to the usable size of its power-of-two table, so it never
-over-allocates, and the budget reserves the newest generation's growth and its
-last resize.  Holder sets of several replicas are Python-int bitmasks whose
-bytes are counted as they are stored; if they push the total over the budget
-the oldest generation goes early.  A block held by a single replica (the common
-case) stores a per-replica shared object: it costs nothing beyond its key.
+**Memory is bounded** (peer routers' trees grow until OOM).  The blocks live in one compiled
+open-addressing table (:mod:`steersman.fleet._prefix_table`: 16 bytes a slot, at most half full, so
+~32 bytes a block where a dict per generation took ~80) that grows by doubling up to the size the
+budget allows.  Eviction is a *generational* LRU: every block carries the generation that last touched
+it; ``record`` moves the blocks it touches into the newest one (in place: a byte of the slot), and when
+the newest has taken ``gen_cap`` blocks a new one starts; with eight generations in use the oldest is
+dropped whole.  That is LRU at the granularity of an eighth of the capacity.
 
-A shared filter says which generations may hold a block: one byte per slot,
-bit *j* for the generation in slot *j* (a one-hash Bloom filter per generation,
-12 bits per block, ~8% false positives each), so a block absent everywhere costs
-one byte lookup instead of a cache-missing probe of every generation's dict.
+Holder sets of several replicas are interned: each distinct set is a row of bits shared by every
+block it holds (and a Python int for the interning), counted in the budget; if the sets push the
+total over it, the oldest generation goes early and the sets no block uses any more are freed.
 
 **Matching is O(log n) lookups, not O(n).**  Because hashes are chained, a
 replica holding block *i* almost always holds blocks ``< i`` (blocks of one
@@ -35,11 +27,8 @@ one contiguous run of the prompt; a block dropped alone in the middle of a run
 (e.g. by :meth:`correct` on a shorter prompt) can be jumped over, crediting a
 replica with blocks past its hole.
 
-Forgetting a replica is O(generations): existing generations remember it as
-*stale* (masked out on read, stripped when an entry moves) and a fresh
-generation starts for what is recorded afterwards.  There are at most eight
-generations, so when all are in use a forget drops the oldest (least recently
-used) one early; forgets with nothing recorded in between cost no generation.
+Forgetting a replica rewrites its holder sets and frees the blocks it held alone: one compiled pass
+over the table (a few ms at the default budget; engines restart rarely).
 """
 
 from __future__ import annotations
@@ -49,32 +38,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from steersman.fleet._prefix_reads import PrefixReads, _mask
-from steersman.fleet._prefix_sizing import _MAX_GENS, layout, measured_costs
+from steersman.fleet import _prefix_table as T
+from steersman.fleet._prefix_reads import PrefixReads
 from steersman.fleet.slots import SlotMirror
 
-__all__ = ["PrefixIndex", "measured_costs"]
+__all__ = ["PrefixIndex"]
 
-#: Share of the budget the index's own structures may use.  The rest is left to the allocators:
-#: pymalloc arenas and the C heap keep freed memory around, and over 20M inserted blocks the
-#: process RSS settled ~8% above the bytes :meth:`PrefixIndex.nbytes_estimate` counts.
+#: Share of the budget the index's own structures may use.  The rest is left to the allocators.
 _STRUCTURES = 0.9
-
-
-class _Gen:
-    __slots__ = ("d", "bit", "stale", "inserts", "vbytes", "counts")
-
-    def __init__(self, n: int, slot: int) -> None:
-        self.d: dict[int, int] = {}
-        self.bit = 1 << slot  # this generation's bit in the shared filter
-        self.stale = 0  # replicas forgotten after this generation closed (their bits are ignored)
-        self.inserts = 0  # keys ever inserted (a dict never reuses the slots of deleted keys)
-        self.vbytes = 0  # bytes of multi-replica bitmasks stored here (each counted, shared or not)
-        self.counts = np.zeros(n, dtype=np.int64)  # live blocks per replica held in this generation
-
-
-def _vcost(v: int) -> int:
-    return 0 if v <= 256 else sys.getsizeof(v)  # negatives are shared single-replica objects, <=256 cached
+#: Share of the structures' budget the table may take at its largest; the holder sets have the rest.
+_TABLE_SHARE = 0.75
+_GENS = 8  # generations (slot byte values 0..7)
+_SLOT_BYTES = 16  # key + packed value
+_MIN_SLOTS, _START_SLOTS = 1024, 1 << 14
+_MEMO = 32  # old holder value -> new, per write
+_SET_OVERHEAD = 120  # per interned set beyond its bit row and its Python int: dict slot, list slot, key share
 
 
 class PrefixIndex(PrefixReads):
@@ -86,25 +64,42 @@ class PrefixIndex(PrefixReads):
         self.n = n_replicas
         self.max_bytes = float(max_bytes)
         self._budget = _STRUCTURES * self.max_bytes
-        fixed = 8 * n_replicas * (_MAX_GENS + 2) + 4096
-        k, self.gen_cap, self.gens_target = layout(self._budget, fixed)
-        self._table_full = measured_costs()[0] * (1 << k)
-        self._key_bytes = measured_costs()[1]
-        self._filter = bytearray(8 << k)  # slot h mod 8*2**k: bit j set if generation j got such a key
-        self._fview = np.frombuffer(self._filter, dtype=np.uint8)
-        self._fmask = (8 << k) - 1
-        self._free = list(range(_MAX_GENS - 1, 0, -1))  # filter bits not used by a generation
-        self._one = [~r for r in range(n_replicas)]  # canonical "held by r only" values, shared by entries
+        self._words = (n_replicas + 63) // 64
+        self._fixed = 8 * n_replicas * (_GENS + 2) + 4096
+        room = _TABLE_SHARE * self._budget - self._fixed
+        if room < _SLOT_BYTES * _MIN_SLOTS:
+            raise ValueError(f"prefix index budget of {self.max_bytes:.0f} bytes is too small")
+        self._max_slots = 1 << int(np.log2(room / _SLOT_BYTES))
+        self.gen_cap = self._max_slots // (2 * _GENS)  # eight full generations fill half the largest table
+        self._counts = np.zeros((_GENS, n_replicas), dtype=np.int64)
         self._total = np.zeros(n_replicas, dtype=np.int64)  # changed in place only (see blocks_view)
         self._total_view = self._total.view()
         self._total_view.flags.writeable = False
-        self._nbytes_mask = (n_replicas + 7) // 8
+        self._order = [0]  # generation slots in use, oldest first
+        self._free = list(range(_GENS - 1, 0, -1))
+        self._inserts = 0  # blocks that entered the newest generation
+        self._entries = 0
+        self._alloc(min(self._max_slots, _START_SLOTS))
+        # interned holder sets: mask (Python int) <-> id; row id of _setbits
+        self._set_id: dict[int, int] = {}
+        self._set_mask: list[int | None] = []
+        self._set_free: list[int] = []
+        self._set_bytes = 0
+        self._setbits = np.zeros((16, self._words), dtype=np.uint64)
+        self._alive = np.empty(self._words, dtype=np.uint64)
+        self._state = np.zeros(3, dtype=np.int64)
+        self._memo_k = np.empty(_MEMO, dtype=np.int64)
+        self._memo_v = np.empty(_MEMO, dtype=np.int64)
+        self._arr_memo: tuple | None = None
         self._later: list[tuple[int, Sequence[int]]] = []  # records to apply before the next access (record_later)
-        self._gens = [_Gen(n_replicas, 0)]
-        self._trim()
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
         #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): their match is the mirror's
         self.slots: dict[int, SlotMirror] = {}
+
+    def _alloc(self, slots: int) -> None:
+        self._tab = np.full((slots, 2), T.EMPTY, dtype=np.int64)
+        self._shift = np.uint64(64 - (slots.bit_length() - 1))
+        self._mask = slots - 1
 
     def mirror_slots(self, replica: int, mirror: SlotMirror) -> None:
         """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
@@ -119,88 +114,132 @@ class PrefixIndex(PrefixReads):
     @property
     def capacity(self) -> int:
         """Blocks held when every generation is full."""
-        return self.gen_cap * self.gens_target
+        return self.gen_cap * _GENS
 
     def __len__(self) -> int:
         self.flush()
-        return sum(len(g.d) for g in self._gens)
+        return self._entries
 
     def nbytes_estimate(self) -> int:
-        """Bytes held now: dict tables, filters, hash objects, multi-replica bitmasks, count arrays."""
+        """Bytes held now: the table, the holder sets (bit rows, ints, interning), the count arrays."""
         self.flush()
-        gens = self._gens
-        per_gen = sum(sys.getsizeof(g.d) + g.vbytes + g.counts.nbytes for g in gens)
-        keys = self._key_bytes * sum(len(g.d) for g in gens)
-        return int(per_gen + keys + len(self._filter) + self._total.nbytes + 1024)
+        return int(self._bytes())
 
-    def _projected(self) -> float:
-        """Bytes once the newest generation is full, including its last table resize."""
-        new = self._gens[-1]
-        room = self.gen_cap - new.inserts
-        return self.nbytes_estimate() - sys.getsizeof(new.d) + 1.5 * self._table_full + self._key_bytes * room
+    def _bytes(self) -> float:
+        return self._fixed + self._tab.nbytes + self._setbits.nbytes + self._set_bytes
 
-    def _over_budget(self) -> bool:
-        """``_projected() > budget``, computed exactly only when a cheap upper bound says it may be.
-
-        Between two exact computations the projection can only grow by the newest generation's
-        bitmask bytes: older dicts never grow (pops and replacements do not resize a dict) and only
-        lose keys and bitmask bytes, and every key inserted into the newest one was already counted
-        in its reserved room.  So the last exact value plus the growth of ``vbytes`` since bounds it."""
-        vb = self._gens[-1].vbytes
-        if self._proj_at + (vb - self._proj_vbytes) <= self._budget:
-            return False
-        self._proj_at, self._proj_vbytes = self._projected(), vb
-        return self._proj_at > self._budget
+    def _grow(self, need: int) -> None:
+        """Double the table until ``need`` more keys keep it at most half full (up to the largest size)."""
+        slots = self._tab.shape[0]
+        want = slots
+        while 2 * (self._entries + need) > want and want < self._max_slots:
+            want *= 2
+        if want == slots:
+            return
+        old = self._tab[self._tab[:, 0] != T.EMPTY]
+        self._alloc(want)
+        T.insert_all(self._tab, old, self._shift, self._mask)
 
     def _rotate(self) -> None:
         if not self._free:
             self._drop()
-        self._gens.append(_Gen(self.n, self._free.pop()))
-        self._trim()
+        self._order.append(self._free.pop())
+        self._inserts = 0
 
     def _drop(self) -> None:
-        g = self._gens.pop(0)
-        self._total -= g.counts
-        self._fview &= 0xFF ^ g.bit
-        self._free.append(g.bit.bit_length() - 1)
+        g = self._order.pop(0)
+        self._entries -= T.drop_generation(self._tab, g, self._shift, self._mask)
+        self._total -= self._counts[g]
+        self._counts[g] = 0
+        self._free.append(g)
+        self._collect_sets()
 
     def _trim(self) -> None:
-        gens = self._gens
-        while len(gens) > 1 and self._projected() > self._budget:
-            self._drop()
-        if self._projected() > self._budget:  # the newest alone overflows (its bitmasks): start over
-            self._drop()
-            self._gens.append(_Gen(self.n, self._free.pop()))
-        self._proj_at, self._proj_vbytes = self._projected(), self._gens[-1].vbytes
-        self._newest_first = tuple(reversed(gens))
-        self._probe = tuple((g.bit, g.d, g.stale) for g in self._newest_first)
+        """Drop the oldest generations while the holder sets push the bytes over the budget."""
+        while self._bytes() > self._budget and self._entries:
+            if len(self._order) == 1:  # the newest alone overflows: start over
+                self._drop()
+                self._order.append(self._free.pop())
+                self._inserts = 0
+            else:
+                self._drop()
 
-    # ---- values -------------------------------------------------------------
-    def _canon(self, m: int) -> int | None:
-        if m == 0:
-            return None
-        return self._one[m.bit_length() - 1] if m & (m - 1) == 0 else m
+    # ---- holder sets --------------------------------------------------------
+    def _mask_of(self, v: int) -> int:
+        return 1 << v if v >= 0 else self._set_mask[~v]  # type: ignore[return-value]
 
-    def _live(self, v: int, stale: int) -> int | None:
-        return self._canon(_mask(v) & ~stale) if stale else v
+    def _intern(self, m: int) -> int:
+        """The value of holder mask ``m`` (non-zero): a replica, or ``~id`` of its interned set."""
+        if m & (m - 1) == 0:
+            return m.bit_length() - 1
+        s = self._set_id.get(m)
+        if s is not None:
+            return ~s
+        if self._set_free:
+            s = self._set_free.pop()
+            self._set_mask[s] = m
+        else:
+            s = len(self._set_mask)
+            self._set_mask.append(m)
+            if s >= self._setbits.shape[0]:
+                grown = np.zeros((2 * self._setbits.shape[0], self._words), dtype=np.uint64)
+                grown[:s] = self._setbits
+                self._setbits = grown
+        self._setbits[s] = np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
+        self._set_id[m] = s
+        self._set_bytes += sys.getsizeof(m) + _SET_OVERHEAD
+        return ~s
 
-    def _get(self, h: int) -> int | None:
-        c = self._filter[h & self._fmask]
-        if not c:
-            return None
-        for bit, d, stale in self._probe:
-            if c & bit:
-                v = d.get(h)
-                if v is not None:
-                    return self._live(v, stale) if stale else v
-        return None
+    def _collect_sets(self) -> None:
+        """Free the interned sets no block uses any more; renumber them when most rows are free."""
+        if not self._set_id:
+            return
+        used = np.zeros(len(self._set_mask), dtype=np.bool_)
+        T.mark_sets(self._tab, used)
+        for s in np.flatnonzero(~used).tolist():
+            m = self._set_mask[s]
+            if m is not None:
+                del self._set_id[m]
+                self._set_mask[s] = None
+                self._set_free.append(s)
+                self._set_bytes -= sys.getsizeof(m) + _SET_OVERHEAD
+        live = len(self._set_id)
+        if self._setbits.shape[0] > 64 and 4 * live < self._setbits.shape[0]:
+            self._compact_sets()
+
+    def _compact_sets(self) -> None:
+        """Renumber the live sets 0..k-1 and shrink the bit rows to fit (the byte budget counts them)."""
+        remap = ~np.arange(len(self._set_mask), dtype=np.int64)
+        masks = [m for m in self._set_mask if m is not None]
+        for new, m in enumerate(masks):
+            remap[self._set_id[m]] = ~new
+        T.remap_holders(self._tab, remap, -1, self._shift, self._mask)
+        rows = np.zeros((max(16, 2 * len(masks)), self._words), dtype=np.uint64)
+        for new, m in enumerate(masks):
+            rows[new] = np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
+        self._setbits = rows
+        self._set_mask = list(masks)
+        self._set_id = {m: s for s, m in enumerate(masks)}
+        self._set_free = []
+
+    def _arr(self, hashes: Sequence[int]) -> np.ndarray:
+        """``hashes`` as int64 (a tuple's conversion is kept for the next call with the same tuple)."""
+        if isinstance(hashes, np.ndarray):
+            return hashes.astype(np.int64, copy=False)
+        m = self._arr_memo
+        if m is not None and m[0] is hashes:
+            return m[1]
+        a = np.array(hashes, dtype=np.int64) if len(hashes) else np.empty(0, dtype=np.int64)
+        if isinstance(hashes, tuple):
+            self._arr_memo = (hashes, a)
+        return a
 
     # ---- writes (the IO edge) ----------------------------------------------
     def record_later(self, replica: int, hashes: Sequence[int]) -> None:
         """:meth:`record`, applied at :meth:`flush` or before the index is next read or written, whichever
         comes first: every reader sees the index as if it had been recorded now, and the caller chooses when
         the work is done (the gateway: once the request's bytes are on their way to the engine, off its time
-        to first token; a long unique prompt's record took 250 us there)."""
+        to first token)."""
         self._later.append((replica, hashes))
 
     def flush(self) -> None:
@@ -215,114 +254,36 @@ class PrefixIndex(PrefixReads):
         self.flush()
         self._record_now(replica, hashes)
 
-    def _record_now(self, replica: int, hashes: Sequence[int]) -> None:
+    def _record_now(self, r: int, hashes: Sequence[int]) -> None:
         self._memo = None
-        hashes = hashes[self._recent_prefix(replica, hashes):]
-        i, n = 0, len(hashes)
-        while i < n:
-            room = self.gen_cap - self._gens[-1].inserts
+        a = self._arr(hashes)
+        n = a.size
+        if not n:
+            return
+        pos = T.recent_prefix(self._tab, self._setbits, a, r, self._order[-1], self._shift, self._mask)
+        st, memo_k, memo_v = self._state, self._memo_k, self._memo_v
+        nmemo = 0
+        while pos < n:
+            room = self.gen_cap - self._inserts
             if room <= 0:
                 self._rotate()
+                nmemo = 0  # a dropped generation may have freed the sets the memo names
                 continue
-            self._record(replica, hashes[i : i + room])  # each hash inserts at most one key: no resize
-            i += room
-        if self._gens[-1].inserts >= self.gen_cap:
+            self._grow(min(n - pos, room))
+            pos, status = T.record_pass(self._tab, self._setbits, self._counts, self._total, a, pos, r,
+                                        self._order[-1], room, memo_k, memo_v, nmemo, self._shift, self._mask, st)
+            self._inserts += int(st[0])
+            self._entries += int(st[1])
+            if status == T.NEED:
+                v = int(st[2])
+                if nmemo == _MEMO:
+                    nmemo = 0
+                memo_k[nmemo], memo_v[nmemo] = v, self._intern(self._mask_of(v) | 1 << r)
+                nmemo += 1
+        if self._inserts >= self.gen_cap:
             self._rotate()
-        elif self._over_budget():
+        if self._bytes() > self._budget:
             self._trim()
-
-    def _recent_prefix(self, r: int, hashes: Sequence[int]) -> int:
-        """How many leading blocks the newest generation already credits to replica ``r``.
-
-        Blocks are chained, so that is a prefix: a binary search (~log2 n lookups) lets
-        a request that repeats or extends a recent prompt record only its new tail.
-        """
-        nd, bit, one = self._gens[-1].d, 1 << r, self._one[r]
-        lo, hi = 0, len(hashes)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            v = nd.get(hashes[mid])
-            if v is not None and (v == one or (v > 0 and v & bit)):
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
-
-    def _record(self, r: int, hashes: Sequence[int]) -> None:
-        """One pass over the blocks, O(1) work each: a block the filter has never seen (the common
-        case for a new tail) costs one byte lookup; only blocks a generation may hold are probed."""
-        bit, one = 1 << r, self._one[r]
-        new = self._gens[-1]
-        nd, nbit = new.d, new.bit
-        filt, fmask = self._filter, self._fmask
-        older = self._newest_first[1:]
-        added = vbytes = inserts = 0
-        memo: dict[int, int] = {}
-        moved: dict[tuple[_Gen, int], int] = {}
-        fresh: dict[int, int] = {}
-        for h in hashes:
-            slot = h & fmask
-            c = filt[slot]
-            if c:
-                if c & nbit:
-                    v = nd.get(h)
-                    if v is not None:  # already recent
-                        if v == one or (v > 0 and v & bit):
-                            continue
-                        nv = memo.get(v)  # another replica's block: add our bit in place
-                        if nv is None:
-                            nv = memo[v] = _mask(v) | bit
-                        nd[h] = nv
-                        vbytes += _vcost(nv) - _vcost(v)
-                        added += 1
-                        continue
-                entered = False
-                for g in older:  # newest first
-                    if not c & g.bit:
-                        continue
-                    v = g.d.pop(h, None)
-                    if v is None:
-                        continue
-                    g.vbytes -= _vcost(v)
-                    if g.stale and (v := self._live(v, g.stale)) is None:
-                        continue  # only forgotten replicas held it: new unless an older generation has it
-                    moved[g, v] = moved.get((g, v), 0) + 1
-                    if v == one or (v > 0 and v & bit):
-                        nd[h] = v
-                    else:
-                        nv = memo.get(v)
-                        if nv is None:
-                            nv = memo[v] = _mask(v) | bit
-                        nd[h] = v = nv
-                        added += 1
-                    vbytes += _vcost(v)
-                    entered = True
-                    break
-                if entered:
-                    filt[slot] = c | nbit
-                    inserts += 1
-                    continue
-                filt[slot] = c | nbit
-            else:
-                filt[slot] = nbit
-            fresh[h] = one  # nowhere: a new block held by this replica alone
-        if fresh:  # one update, after the moved blocks (sizes the table as it always did)
-            nd.update(fresh)
-            inserts += len(fresh)
-            added += len(fresh)
-        new.inserts += inserts
-        new.vbytes += vbytes
-        if moved:
-            by_gen: dict[_Gen, list[tuple[int, int]]] = {}
-            for (g, v), k in moved.items():
-                by_gen.setdefault(g, []).append((v, k))
-            for g, items in by_gen.items():
-                delta = self._weighted_bits(items)
-                g.counts -= delta
-                new.counts += delta
-        if added:
-            new.counts[r] += added
-            self._total[r] += added
 
     def correct(self, replica: int, hashes: Sequence[int], cached_blocks: int) -> None:
         """The engine reported that only the first ``cached_blocks`` blocks of ``hashes`` were cached on
@@ -333,41 +294,34 @@ class PrefixIndex(PrefixReads):
         k = max(0, min(int(cached_blocks), len(hashes)))
         if k:
             self.record(replica, hashes[:k])
-        bit, one = 1 << replica, self._one[replica]
-        for h in hashes[k:]:
-            for g in self._newest_first:
-                v = g.d.get(h)
-                if v is not None:
-                    break
-            else:
-                continue
-            live = self._live(v, g.stale)
-            if live is None or not (live == one or (live > 0 and live & bit)):
-                continue
-            nv = self._canon(_mask(live) & ~bit)
-            if nv is None:
-                del g.d[h]
-            else:
-                g.d[h] = nv
-            g.vbytes += _vcost(nv or 0) - _vcost(v)
-            g.counts[replica] -= 1
-            self._total[replica] -= 1
+        a = self._arr(hashes)
+        st, memo_k, memo_v = self._state, self._memo_k, self._memo_v
+        pos, nmemo, bit = k, 0, 1 << replica
+        while pos < a.size:
+            pos, status = T.remove_pass(self._tab, self._setbits, self._counts, self._total, a, pos, replica,
+                                        memo_k, memo_v, nmemo, self._shift, self._mask, st)
+            self._entries -= int(st[1])
+            if status == T.NEED:
+                v = int(st[2])
+                if nmemo == _MEMO:
+                    nmemo = 0
+                memo_k[nmemo], memo_v[nmemo] = v, self._intern(self._mask_of(v) & ~bit)
+                nmemo += 1
+        self._collect_sets()
 
     def forget_replica(self, replica: int) -> None:
-        """The replica's KV cache is gone (restart, weights reload).  O(generations): existing
-        generations mask the replica out from now on; what is recorded later starts a new one."""
+        """The replica's KV cache is gone (restart, weights reload): it holds nothing from now on."""
         self.flush()
         self._memo = None
         mirror = self.slots.get(replica)
         if mirror is not None:
             mirror.clear()
         bit = 1 << replica
-        for g in self._gens:
-            g.stale |= bit
-            g.counts[replica] = 0
+        remap = ~np.arange(len(self._set_mask), dtype=np.int64)  # unchanged unless the set holds the replica
+        for s, m in enumerate(self._set_mask):
+            if m is not None and m & bit:
+                remap[s] = self._intern(m & ~bit)
+        self._entries -= T.remap_holders(self._tab, remap, replica, self._shift, self._mask)
+        self._counts[:, replica] = 0
         self._total[replica] = 0
-        if self._gens[-1].d:
-            self._rotate()
-        else:
-            self._gens[-1].stale = 0
-            self._trim()
+        self._collect_sets()

@@ -17,7 +17,7 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
-from steersman.fleet import _prefix_bits as prefix_bits
+from steersman.fleet import _prefix_table as prefix_table
 from steersman.fleet import snapshot as S
 from steersman.policy import plugin_kernels, unprofiled_kernels
 
@@ -368,4 +368,4 @@ def warm_up() -> None:
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()
     unprofiled_kernels.warm_up()
-    prefix_bits.warm_up()
+    prefix_table.warm_up()

@@ -1,0 +1,349 @@
+"""The prefix index's table, compiled: an open-addressing hash table of block hash -> (holders, generation).
+
+:class:`~steersman.fleet.prefix_index.PrefixIndex` keeps its blocks here (numba, compiled once, cached
+on disk).  One ``(capacity, 2)`` int64 array: column 0 the block hash (``EMPTY`` for a free slot),
+column 1 the packed value ``holders << 8 | generation``, so a lookup that hits reads one cache line.
+Linear probing from a Fibonacci hash of the key; the table is never more than half full (the index
+drops its oldest generation first), and deletion shifts the rest of the cluster back (no tombstones).
+
+*Holders*: ``r >= 0`` is replica ``r`` alone; ``~s`` (negative) is the interned holder set ``s``, whose
+bits are row ``s`` of ``setbits`` (uint64 words, replica ``r`` is bit ``r % 64`` of word ``r // 64``).
+The index interns the sets in Python, so equal sets have equal values and a run of blocks with the same
+holders is a run of equal values.  A kernel that needs a set it has not been given (replica ``r`` added
+to, or removed from, a set) stops with status ``NEED`` and the value in ``state[2]``; the caller
+interns the new set, adds ``old -> new`` to the memo and calls again from the same block.
+
+*Counts*: ``counts[g, r]`` is the blocks of generation ``g`` replica ``r`` holds, ``total[r]`` their sum
+over the generations, both kept in place by every write.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
+
+__all__ = ["EMPTY", "NONE", "DONE", "ROOM", "NEED", "find_value", "recent_prefix", "record_pass", "remove_pass",
+           "drop_generation", "insert_all", "remap_holders", "mark_sets", "match_pass", "warm_up"]
+
+EMPTY = np.iinfo(np.int64).min  # the key of a free slot (a block hash equal to it is stored as EMPTY + 1)
+NONE = np.iinfo(np.int64).min  # find_value: no such block
+DONE, ROOM, NEED = 0, 1, 2  # record_pass / remove_pass statuses
+_GOLD = np.uint64(0x9E3779B97F4A7C15)
+_ONE = np.uint64(1)
+
+
+@njit(inline="always")
+def _key(h):
+    return h + 1 if h == EMPTY else h
+
+
+@njit(inline="always")
+def _home(h, shift):
+    return np.int64((np.uint64(h) * _GOLD) >> shift)
+
+
+@njit(inline="always")
+def _find(tab, h, shift, mask):
+    """Slot of key ``h``, or ``-1 - slot`` of the free slot where it would go."""
+    i = _home(h, shift)
+    while True:
+        k = tab[i, 0]
+        if k == h:
+            return i
+        if k == EMPTY:
+            return -1 - i
+        i = (i + 1) & mask
+
+
+@njit(inline="always")
+def _holds(v, r, setbits):
+    if v >= 0:
+        return v == r
+    return (setbits[~v, r >> 6] >> np.uint64(r & 63)) & _ONE != 0
+
+
+@njit(inline="always")
+def _word(v, w, setbits):
+    """Word ``w`` of the holder mask of value ``v`` (``NONE``: nobody)."""
+    if v == NONE:
+        return np.uint64(0)
+    if v >= 0:
+        return _ONE << np.uint64(v & 63) if v >> 6 == w else np.uint64(0)
+    return setbits[~v, w]
+
+
+@njit(inline="always")
+def _memo(v, memo_k, memo_v, nmemo):
+    for q in range(nmemo):
+        if memo_k[q] == v:
+            return memo_v[q]
+    return NONE
+
+
+@njit
+def _delete_at(tab, i, shift, mask):
+    """Free slot ``i``, shifting later entries of its cluster back so every key stays reachable."""
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = tab[j, 0]
+        if k == EMPTY:
+            break
+        if ((j - _home(k, shift)) & mask) >= ((j - i) & mask):  # its home is not in (i, j]: it may move to i
+            tab[i, 0] = k
+            tab[i, 1] = tab[j, 1]
+            i = j
+    tab[i, 0] = EMPTY
+
+
+@njit
+def _shift_counts(counts, setbits, s, g, new, k):
+    """``k`` blocks held by set ``s`` moved from generation ``g`` to ``new``."""
+    for w in range(setbits.shape[1]):
+        x = setbits[s, w]
+        t = 0
+        while x:
+            if x & _ONE:
+                r = w * 64 + t
+                counts[g, r] -= k
+                counts[new, r] += k
+            x >>= _ONE
+            t += 1
+
+
+@njit(cache=True, nogil=True)
+def find_value(tab, h, shift, mask):
+    """The holders of block ``h`` (``NONE``: not held)."""
+    i = _find(tab, _key(h), shift, mask)
+    return tab[i, 1] >> 8 if i >= 0 else NONE
+
+
+@njit(cache=True, nogil=True)
+def recent_prefix(tab, setbits, hashes, r, new, shift, mask):
+    """How many leading blocks of ``hashes`` generation ``new`` already credits to replica ``r`` (blocks are
+    chained, so that is a prefix: a binary search)."""
+    lo, hi = 0, hashes.size
+    while lo < hi:
+        mid = (lo + hi) // 2
+        i = _find(tab, _key(hashes[mid]), shift, mask)
+        if i >= 0 and tab[i, 1] & 255 == new and _holds(tab[i, 1] >> 8, r, setbits):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def record_pass(tab, setbits, counts, total, hashes, pos, r, new, room, memo_k, memo_v, nmemo, shift, mask, state):
+    """Blocks ``hashes[pos:]`` now live on replica ``r`` and are the most recent: each moves to (or enters)
+    generation ``new``.  Stops after ``room`` blocks entered ``new``.  Returns ``(pos, status)``;
+    ``state[0]``: blocks that entered ``new``, ``state[1]``: new keys, ``state[2]``: the value to intern."""
+    entered = keys = 0
+    run_s, run_g, run_k = -1, -1, 0
+    status = DONE
+    n = hashes.size
+    while pos < n:
+        h = _key(hashes[pos])
+        i = _find(tab, h, shift, mask)
+        if i < 0:
+            i = -1 - i
+            tab[i, 0] = h
+            tab[i, 1] = (r << 8) | new
+            counts[new, r] += 1
+            total[r] += 1
+            keys += 1
+        else:
+            packed = tab[i, 1]
+            v, g = packed >> 8, packed & 255
+            held = _holds(v, r, setbits)
+            nv = v
+            if not held:
+                nv = _memo(v, memo_k, memo_v, nmemo)
+                if nv == NONE:
+                    state[2] = v
+                    status = NEED
+                    break
+            if g == new:
+                if not held:  # another replica's recent block: add ours in place
+                    tab[i, 1] = (nv << 8) | new
+                    counts[new, r] += 1
+                    total[r] += 1
+                pos += 1
+                continue
+            if v >= 0:
+                counts[g, v] -= 1
+                counts[new, v] += 1
+            else:
+                if ~v != run_s or g != run_g:
+                    if run_k:
+                        _shift_counts(counts, setbits, run_s, run_g, new, run_k)
+                    run_s, run_g, run_k = ~v, g, 0
+                run_k += 1
+            if not held:
+                counts[new, r] += 1
+                total[r] += 1
+            tab[i, 1] = (nv << 8) | new
+        entered += 1
+        pos += 1
+        if entered >= room:
+            status = ROOM
+            break
+    if run_k:
+        _shift_counts(counts, setbits, run_s, run_g, new, run_k)
+    state[0] = entered
+    state[1] = keys
+    return pos, status
+
+
+@njit(cache=True, nogil=True)
+def remove_pass(tab, setbits, counts, total, hashes, pos, r, memo_k, memo_v, nmemo, shift, mask, state):
+    """Replica ``r`` no longer holds blocks ``hashes[pos:]``.  Returns ``(pos, status)``; ``state[1]``: keys
+    freed (blocks nobody holds any more), ``state[2]``: the value to intern (``NEED``)."""
+    freed = 0
+    status = DONE
+    while pos < hashes.size:
+        i = _find(tab, _key(hashes[pos]), shift, mask)
+        if i >= 0:
+            packed = tab[i, 1]
+            v, g = packed >> 8, packed & 255
+            if _holds(v, r, setbits):
+                if v == r:
+                    _delete_at(tab, i, shift, mask)
+                    freed += 1
+                else:
+                    nv = _memo(v, memo_k, memo_v, nmemo)
+                    if nv == NONE:
+                        state[2] = v
+                        status = NEED
+                        break
+                    tab[i, 1] = (nv << 8) | g
+                counts[g, r] -= 1
+                total[r] -= 1
+        pos += 1
+    state[1] = freed
+    return pos, status
+
+
+@njit(cache=True, nogil=True)
+def drop_generation(tab, g, shift, mask):
+    """Free every slot of generation ``g``; returns how many."""
+    dropped = 0
+    for i in range(mask + 1):
+        while tab[i, 0] != EMPTY and tab[i, 1] & 255 == g:
+            _delete_at(tab, i, shift, mask)
+            dropped += 1
+    return dropped
+
+
+@njit(cache=True, nogil=True)
+def remap_holders(tab, remap, gone, shift, mask):
+    """Every set value ``~s`` becomes ``remap[s]``; then the entries held by replica ``gone`` alone are freed
+    (``gone`` < 0: none).  Returns the number freed.  (Two passes: a deletion may move an entry already
+    seen into the slot being scanned, and a remap applied twice would be wrong.)"""
+    for i in range(mask + 1):
+        if tab[i, 0] != EMPTY:
+            packed = tab[i, 1]
+            if packed < 0:
+                tab[i, 1] = (remap[~(packed >> 8)] << 8) | (packed & 255)
+    freed = 0
+    if gone >= 0:
+        for i in range(mask + 1):
+            while tab[i, 0] != EMPTY and tab[i, 1] >> 8 == gone:
+                _delete_at(tab, i, shift, mask)
+                freed += 1
+    return freed
+
+
+@njit(cache=True, nogil=True)
+def insert_all(tab, entries, shift, mask):
+    """Insert ``entries`` (rows of key, packed value; keys absent from ``tab``) into ``tab``."""
+    for e in range(entries.shape[0]):
+        h = entries[e, 0]
+        i = _home(h, shift)
+        while tab[i, 0] != EMPTY:
+            i = (i + 1) & mask
+        tab[i, 0] = h
+        tab[i, 1] = entries[e, 1]
+
+
+@njit(cache=True, nogil=True)
+def mark_sets(tab, used):
+    """``used[s]`` = some block is held by set ``s``."""
+    for i in range(tab.shape[0]):
+        if tab[i, 0] != EMPTY:
+            v = tab[i, 1] >> 8
+            if v < 0:
+                used[~v] = True
+
+
+@njit(cache=True, nogil=True)
+def match_pass(tab, setbits, hashes, out, alive, max_levels, shift, mask):
+    """``out[r]`` = leading blocks of ``hashes`` replica ``r`` probably holds (``out`` zeroed by the caller).
+
+    Walks the prompt over runs of blocks with the same holders, finding each run's end by binary search;
+    after ``max_levels`` runs it walks block by block.  ``alive``: a scratch row of ``setbits``' width."""
+    n = hashes.size
+    if n == 0:
+        return
+    v = find_value(tab, hashes[0], shift, mask)
+    if v == NONE:
+        return
+    words = setbits.shape[1]
+    for w in range(words):
+        alive[w] = _word(v, w, setbits)
+    last = find_value(tab, hashes[n - 1], shift, mask)
+    pos, levels = 0, 0
+    while True:
+        levels += 1
+        if levels > max_levels:
+            end = pos
+        elif last == v:
+            end = n - 1
+        else:
+            a, b = pos, n - 1
+            while b - a > 1:
+                mid = (a + b) // 2
+                if find_value(tab, hashes[mid], shift, mask) == v:
+                    a = mid
+                else:
+                    b = mid
+            end = a
+        nxt = find_value(tab, hashes[end + 1], shift, mask) if end + 1 < n else NONE
+        left = False
+        for w in range(words):
+            m = _word(nxt, w, setbits)
+            gone = alive[w] & ~m
+            t = 0
+            while gone:
+                if gone & _ONE:
+                    out[w * 64 + t] = end + 1
+                gone >>= _ONE
+                t += 1
+            alive[w] &= m
+            if alive[w]:
+                left = True
+        if not left:
+            return
+        pos, v = end + 1, nxt
+
+
+def warm_up() -> None:
+    """Compile (or load) every kernel now, with the argument types the index passes."""
+    tab = np.full((16, 2), EMPTY, dtype=np.int64)
+    setbits = np.zeros((1, 1), dtype=np.uint64)
+    counts = np.zeros((8, 1), dtype=np.int64)
+    total = np.zeros(1, dtype=np.int64)
+    hashes = np.array([5, 6], dtype=np.int64)
+    memo = np.zeros(4, dtype=np.int64)
+    state = np.zeros(3, dtype=np.int64)
+    shift, mask = np.uint64(60), 15
+    record_pass(tab, setbits, counts, total, hashes, 0, 0, 0, 8, memo, memo, 0, shift, mask, state)
+    recent_prefix(tab, setbits, hashes, 0, 0, shift, mask)
+    match_pass(tab, setbits, hashes, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), 32, shift, mask)
+    remove_pass(tab, setbits, counts, total, hashes, 0, 0, memo, memo, 0, shift, mask, state)
+    remap_holders(tab, np.zeros(1, dtype=np.int64), -1, shift, mask)
+    mark_sets(tab, np.zeros(1, dtype=np.bool_))
+    insert_all(tab, np.empty((0, 2), dtype=np.int64), shift, mask)
+    drop_generation(tab, 0, shift, mask)
