@@ -237,3 +237,21 @@ def test_the_budget_check_drops_generations_when_holder_sets_outgrow_it():
             assert used == set(idx._set_id)  # no set kept that no block uses
     assert dropped_for_bytes  # the byte budget, not only rotation, dropped generations
     assert idx.nbytes_estimate() <= idx.max_bytes
+
+
+def test_block_hashes_carry_their_array_to_the_index():
+    """A prompt's :class:`BlockHashes` (the gateway's ``prompt_shape``, the twin's agents) is read by the index
+    without converting the tuple; a plain tuple or list of the same hashes matches and records alike."""
+    from steersman.api.prompt import prompt_shape
+    from steersman.api.schema import decode_chat
+    from steersman.text import BlockHashes
+
+    body = b'{"model":"m","messages":[{"role":"system","content":"' + b"word " * 400 + b'"}]}'
+    _, hs = prompt_shape(decode_chat(body, 4096), 16)
+    assert isinstance(hs, BlockHashes) and len(hs) > 20 and hs.array.tolist() == list(hs)
+    assert not hs.array.flags.writeable and hs.head(5).array.tolist() == list(hs[:5]) == list(hs.head(5))
+    idx = PrefixIndex(3, 4 * MiB)
+    assert idx._arr(hs) is hs.array
+    idx.record(1, hs)
+    idx.record(2, list(hs[:7]))
+    assert idx.match(tuple(hs)).tolist() == idx.match(hs).tolist() == [0, len(hs), 7]

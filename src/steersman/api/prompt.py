@@ -11,9 +11,8 @@ from __future__ import annotations
 import zlib
 
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
-from steersman.text import block_hashes
 from steersman.text.chat_tokens import tokenize_chat_array
-from steersman.text.tokenizer import ROOT_HASH, tokenize_array
+from steersman.text.tokenizer import ROOT_HASH, BlockHashes, block_hash_tuple, tokenize_array
 
 __all__ = ["prompt_shape", "cache_root", "with_cache_salt"]
 
@@ -35,7 +34,7 @@ def with_cache_salt(body: bytes, salt: str) -> bytes:
     return inner + (field if inner.endswith(b"{") else b"," + field)
 
 
-def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, tuple[int, ...]]:
+def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, BlockHashes]:
     """(prompt tokens, chained hashes of its full blocks)."""
     if isinstance(req, ChatCompletionRequest):
         ids = tokenize_chat_array(req.messages, continue_final=req.continue_final_message)
@@ -51,4 +50,4 @@ def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int
                 ids = tokenize_array("".join(x for x in p if isinstance(x, str)))
         else:
             ids = tokenize_array(p)
-    return len(ids), tuple(block_hashes(ids, block_size, cache_root(req.cache_salt)))
+    return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt))

@@ -139,7 +139,10 @@ def recent_prefix(tab, setbits, hashes, r, new, shift, mask):
 def record_pass(tab, setbits, counts, total, hashes, pos, r, new, room, memo_k, memo_v, nmemo, shift, mask, state):
     """Blocks ``hashes[pos:]`` now live on replica ``r`` and are the most recent: each moves to (or enters)
     generation ``new``.  Stops after ``room`` blocks entered ``new``.  Returns ``(pos, status)``;
-    ``state[0]``: blocks that entered ``new``, ``state[1]``: new keys, ``state[2]``: the value to intern."""
+    ``state[0]``: blocks that entered ``new``, ``state[1]``: new keys, ``state[2]``: the value to intern.
+    ``pos`` < 0: start after the leading blocks ``new`` already credits to ``r`` (:func:`recent_prefix`)."""
+    if pos < 0:
+        pos = recent_prefix(tab, setbits, hashes, r, new, shift, mask)
     entered = keys = 0
     run_s, run_g, run_k = -1, -1, 0
     status = DONE

@@ -85,6 +85,7 @@ class PrefixIndex(PrefixReads):
         self._set_mask: list[int | None] = []
         self._set_free: list[int] = []
         self._set_bytes = 0
+        self._sets_grew = False  # a set was interned since the last budget check
         self._setbits = np.zeros((16, self._words), dtype=np.uint64)
         self._alive = np.empty(self._words, dtype=np.uint64)
         self._state = np.zeros(3, dtype=np.int64)
@@ -188,6 +189,7 @@ class PrefixIndex(PrefixReads):
         self._setbits[s] = np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
         self._set_id[m] = s
         self._set_bytes += sys.getsizeof(m) + _SET_OVERHEAD
+        self._sets_grew = True
         return ~s
 
     def _collect_sets(self) -> None:
@@ -224,6 +226,9 @@ class PrefixIndex(PrefixReads):
 
     def _arr(self, hashes: Sequence[int]) -> np.ndarray:
         """``hashes`` as int64 (a tuple's conversion is kept for the next call with the same tuple)."""
+        a = getattr(hashes, "array", None)  # steersman.text.BlockHashes
+        if a is not None:
+            return a
         if isinstance(hashes, np.ndarray):
             return hashes.astype(np.int64, copy=False)
         m = self._arr_memo
@@ -260,16 +265,16 @@ class PrefixIndex(PrefixReads):
         n = a.size
         if not n:
             return
-        pos = T.recent_prefix(self._tab, self._setbits, a, r, self._order[-1], self._shift, self._mask)
         st, memo_k, memo_v = self._state, self._memo_k, self._memo_v
-        nmemo = 0
+        pos, nmemo = -1, 0  # -1: the pass starts after what the newest generation already credits to r
         while pos < n:
             room = self.gen_cap - self._inserts
             if room <= 0:
                 self._rotate()
                 nmemo = 0  # a dropped generation may have freed the sets the memo names
                 continue
-            self._grow(min(n - pos, room))
+            if 2 * (self._entries + min(n - max(pos, 0), room)) > self._tab.shape[0]:
+                self._grow(min(n - max(pos, 0), room))
             pos, status = T.record_pass(self._tab, self._setbits, self._counts, self._total, a, pos, r,
                                         self._order[-1], room, memo_k, memo_v, nmemo, self._shift, self._mask, st)
             self._inserts += int(st[0])
@@ -282,6 +287,11 @@ class PrefixIndex(PrefixReads):
                 nmemo += 1
         if self._inserts >= self.gen_cap:
             self._rotate()
+        if self._sets_grew:
+            self._check_budget()
+
+    def _check_budget(self) -> None:
+        self._sets_grew = False
         if self._bytes() > self._budget:
             self._trim()
 
@@ -308,6 +318,7 @@ class PrefixIndex(PrefixReads):
                 memo_k[nmemo], memo_v[nmemo] = v, self._intern(self._mask_of(v) & ~bit)
                 nmemo += 1
         self._collect_sets()
+        self._check_budget()
 
     def forget_replica(self, replica: int) -> None:
         """The replica's KV cache is gone (restart, weights reload): it holds nothing from now on."""
@@ -325,3 +336,4 @@ class PrefixIndex(PrefixReads):
         self._counts[:, replica] = 0
         self._total[replica] = 0
         self._collect_sets()
+        self._check_budget()

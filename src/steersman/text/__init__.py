@@ -7,6 +7,6 @@ pure and deterministic across processes.
 
 from steersman.text.chat import render_chat
 from steersman.text.chat_tokens import tokenize_chat
-from steersman.text.tokenizer import Tokenizer, block_hashes, count_tokens, tokenize
+from steersman.text.tokenizer import BlockHashes, Tokenizer, block_hashes, count_tokens, tokenize
 
-__all__ = ["Tokenizer", "block_hashes", "count_tokens", "render_chat", "tokenize", "tokenize_chat"]
+__all__ = ["BlockHashes", "Tokenizer", "block_hashes", "count_tokens", "render_chat", "tokenize", "tokenize_chat"]

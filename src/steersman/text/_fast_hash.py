@@ -69,10 +69,15 @@ def _chain(ids, n_blocks, block_size, parent, out):
 
 def fast_block_hashes(ids: np.ndarray, block_size: int, parent: int) -> list[int]:
     """``block_hashes(ids.tolist(), block_size, parent)`` for an int64 array and an int64 ``parent``."""
+    return fast_block_hash_array(ids, block_size, parent).tolist()
+
+
+def fast_block_hash_array(ids: np.ndarray, block_size: int, parent: int) -> np.ndarray:
+    """:func:`fast_block_hashes` as an int64 array."""
     n = ids.size // block_size
     out = np.empty(n, dtype=np.int64)
     _chain(ids, n, block_size, np.int64(parent), out)  # returns nothing: boxing a returned array unpickles its type
-    return out.tolist()
+    return out
 
 
 def warm_up() -> None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from steersman.text._fast_hash import AVAILABLE as _FAST_HASH
-from steersman.text._fast_hash import fast_block_hashes
+from steersman.text._fast_hash import fast_block_hash_array, fast_block_hashes
 from steersman.text._fast_tokenize import fast_ids, fast_ids_array
 
 __all__ = ["Tokenizer", "tokenize", "tokenize_array", "count_tokens", "block_hashes", "ROOT_HASH"]
@@ -100,6 +100,36 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int = 16, pa
         h = hash((h, *token_ids[i : i + block_size]))
         out.append(h)
     return out
+
+
+class BlockHashes(tuple):
+    """A prompt's chained block hashes: a tuple of ints that also carries them as an int64 ``array``, so the
+    prefix index's compiled table reads them without converting the tuple (slices are plain tuples)."""
+
+    array: np.ndarray
+
+    @classmethod
+    def of(cls, array: np.ndarray) -> BlockHashes:
+        """From an int64 array of hashes (kept as the ``array``, read-only)."""
+        out = cls(array.tolist())
+        array.flags.writeable = False
+        out.array = array
+        return out
+
+    def head(self, k: int) -> BlockHashes:
+        """The first ``k`` hashes (the array a view of this one's)."""
+        out = BlockHashes(self[:k])
+        out.array = self.array[:k]
+        return out
+
+
+def block_hash_tuple(token_ids: Sequence[int] | np.ndarray, block_size: int = 16,
+                     parent: int = ROOT_HASH) -> BlockHashes:
+    """:func:`block_hashes` as a :class:`BlockHashes`."""
+    if (_FAST_HASH and isinstance(token_ids, np.ndarray) and token_ids.dtype == np.int64
+            and _I64_MIN <= parent <= _I64_MAX):
+        return BlockHashes.of(fast_block_hash_array(token_ids, block_size, parent))
+    return BlockHashes.of(np.array(block_hashes(token_ids, block_size, parent), dtype=np.int64).reshape(-1))
 
 
 class Tokenizer:

@@ -47,7 +47,9 @@ from steersman.twin.workload.apps import PRESETS, AgentApp, preset
 from steersman.twin.workload.base import OfferedLoad, Source, SourceInfo, _Draft
 from steersman.twin.workload.curve import DailyCurve
 from steersman.twin.workload.dists import Dist, as_ints, parse_dist, stream
-from steersman.twin.workload.hashing import MAX_KEYS, MAX_SEGMENTS, block_hashes, mask, name_namespace, source_namespace
+from steersman.text.tokenizer import BlockHashes
+from steersman.twin.workload.hashing import (MAX_KEYS, MAX_SEGMENTS, block_hashes_np, mask, name_namespace,
+                                             source_namespace)
 
 __all__ = ["AgentApp", "AgentSource", "PRESETS", "preset"]
 
@@ -164,7 +166,7 @@ class AgentSource(Source):
         S = app.system_prompt_tokens
         self._nS = S // bs
         ns = name_namespace(app.system_prompt_id) if app.system_prompt_id else source_namespace(self.index, 0)
-        self._sys = tuple(block_hashes(mask(ns), 0, self._nS))
+        self._sys = block_hashes_np(mask(ns), 0, self._nS)
         self._steps_known = app.announce_steps
         if self.tasks_per_s is not None:
             self._starts = self._start_times(_rng(seed, 0))
@@ -240,9 +242,9 @@ class AgentSource(Source):
             top = nxt
         top += outs[last]  # ... and its output (see continuation_hashes)
         m = mask(source_namespace(self.index, task.idx + 1, task.seg))
-        task.hashes = self._sys + tuple(block_hashes(m, self._nS, top // self.block_size))
+        task.hashes = BlockHashes.of(np.concatenate((self._sys, block_hashes_np(m, self._nS, top // self.block_size))))
         task.ctx = ctx
-        task.prompt = task.hashes[: ctx // self.block_size]
+        task.prompt = task.hashes.head(ctx // self.block_size)
 
     def _call(self, task: _Task, t: float) -> _Draft:
         plan = task.plan
@@ -320,7 +322,7 @@ class AgentSource(Source):
             self._reset_context(task, self.app.system_prompt_tokens + self.app.compact_to_tokens)
         else:
             task.ctx = ctx
-            task.prompt = task.hashes[: ctx // self.block_size]
+            task.prompt = task.hashes.head(ctx // self.block_size)
         return [self._call(task, finished_at + plan.gaps[k - 1])]
 
     def _idle(self) -> bool:
