@@ -255,3 +255,19 @@ def test_block_hashes_carry_their_array_to_the_index():
     idx.record(1, hs)
     idx.record(2, list(hs[:7]))
     assert idx.match(tuple(hs)).tolist() == idx.match(hs).tolist() == [0, len(hs), 7]
+
+
+def test_the_table_grows_and_keeps_every_block():
+    """The table starts small and doubles as blocks arrive (up to what the budget allows): every block
+    recorded before a growth is still found after it."""
+    idx = PrefixIndex(5, 64 * MiB)
+    start = idx._tab.shape[0]
+    prompts = [chain(("g", k), 40) for k in range(2500)]  # 100,000 blocks: several doublings
+    for k, p in enumerate(prompts):
+        idx.record(k % 5, p)
+    assert idx._tab.shape[0] >= 8 * start and len(idx) == 100_000
+    for k in range(0, 2500, 7):
+        want = [0] * 5
+        want[k % 5] = 40
+        assert idx.match(prompts[k]).tolist() == want
+    assert idx.blocks_per_replica().tolist() == [20_000] * 5 == _recount(idx)

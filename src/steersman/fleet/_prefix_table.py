@@ -260,15 +260,18 @@ def remap_holders(tab, remap, gone, shift, mask):
 
 
 @njit(cache=True, nogil=True)
-def insert_all(tab, entries, shift, mask):
-    """Insert ``entries`` (rows of key, packed value; keys absent from ``tab``) into ``tab``."""
-    for e in range(entries.shape[0]):
-        h = entries[e, 0]
+def insert_all(tab, old, shift, mask):
+    """Insert every entry of table ``old`` (rows of key, packed value; ``EMPTY`` rows skipped; keys absent
+    from ``tab``) into ``tab``."""
+    for e in range(old.shape[0]):
+        h = old[e, 0]
+        if h == EMPTY:
+            continue
         i = _home(h, shift)
         while tab[i, 0] != EMPTY:
             i = (i + 1) & mask
         tab[i, 0] = h
-        tab[i, 1] = entries[e, 1]
+        tab[i, 1] = old[e, 1]
 
 
 @njit(cache=True, nogil=True)

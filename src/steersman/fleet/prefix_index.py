@@ -137,7 +137,7 @@ class PrefixIndex(PrefixReads):
             want *= 2
         if want == slots:
             return
-        old = self._tab[self._tab[:, 0] != T.EMPTY]
+        old = self._tab
         self._alloc(want)
         T.insert_all(self._tab, old, self._shift, self._mask)
 
