@@ -91,3 +91,38 @@ def test_a_hash_equal_to_the_empty_marker_is_still_stored():
                   SHIFT, MASK, state)
     assert T.find_value(tab, T.EMPTY, SHIFT, MASK) == 0 and T.find_value(tab, 7, SHIFT, MASK) == 0
     assert total[0] == 2
+
+
+_LIFE = """
+import numpy as np
+from steersman.fleet import _prefix_table as T
+from steersman.fleet.prefix_index import PrefixIndex
+from steersman.text import BlockHashes
+
+T.warm_up()
+kernels = [getattr(T, name) for name in T.__all__ if hasattr(getattr(T, name), "signatures")]
+before = [len(k.signatures) for k in kernels]
+idx = PrefixIndex(4, 1 << 20)
+h = BlockHashes.of(np.arange(40, dtype=np.int64))
+idx.record(1, h)
+idx.match(h)
+idx.correct(2, h, 3)
+idx.forget_replica(1)
+idx.match(tuple(range(5)))
+idx.record(0, list(range(9)))
+idx.correct(0, (1, 2, 3), 1)
+for k in range(3000):  # growth, rotations, drops
+    idx.record(k % 4, [hash((k, i)) for i in range(20)])
+print(before == [len(k.signatures) for k in kernels], len(kernels))
+"""
+
+
+def test_warm_up_covers_every_specialization_the_index_uses():
+    """A specialization first met on a live request costs it a compile or a cache load (read-only hashes from
+    :class:`BlockHashes` are one): after ``warm_up`` the index's whole life adds none.  In a fresh process, so
+    that no earlier test has loaded them."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _LIFE], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split() == ["True", "9"], out.stdout + out.stderr

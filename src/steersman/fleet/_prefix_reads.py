@@ -32,6 +32,7 @@ class PrefixReads:
     _alive: np.ndarray
     _shift: np.uint64
     _mask: int
+    _entries: int
     slots: dict  # replica -> steersman.fleet.slots.SlotMirror (llama.cpp replicas: the match is the mirror's)
 
     def flush(self) -> None:  # pragma: no cover - the index defines it
@@ -67,7 +68,7 @@ class PrefixReads:
         if memo is not None and memo[0] is hashes and memo[1] == len(hashes):
             return memo[2]
         out = np.zeros(self.n, dtype=np.int64)
-        if len(hashes):
+        if len(hashes) and self._entries and len(self.slots) < self.n:  # (every replica mirrored: theirs alone)
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask)
         for r, mirror in self.slots.items():

@@ -336,20 +336,24 @@ def match_pass(tab, setbits, hashes, out, alive, max_levels, shift, mask):
 
 
 def warm_up() -> None:
-    """Compile (or load) every kernel now, with the argument types the index passes."""
+    """Compile (or load) every kernel now, with the argument types the index passes: hashes both writeable
+    (converted from a tuple or list) and read-only (a :class:`~steersman.text.tokenizer.BlockHashes` array),
+    each a separate specialization that would otherwise load on a live request."""
     tab = np.full((16, 2), EMPTY, dtype=np.int64)
     setbits = np.zeros((1, 1), dtype=np.uint64)
     counts = np.zeros((8, 1), dtype=np.int64)
     total = np.zeros(1, dtype=np.int64)
-    hashes = np.array([5, 6], dtype=np.int64)
     memo = np.zeros(4, dtype=np.int64)
     state = np.zeros(3, dtype=np.int64)
     shift, mask = np.uint64(60), 15
-    record_pass(tab, setbits, counts, total, hashes, 0, 0, 0, 8, memo, memo, 0, shift, mask, state)
-    recent_prefix(tab, setbits, hashes, 0, 0, shift, mask)
-    match_pass(tab, setbits, hashes, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), 32, shift, mask)
-    remove_pass(tab, setbits, counts, total, hashes, 0, 0, memo, memo, 0, shift, mask, state)
+    readonly = np.array([5, 6], dtype=np.int64)
+    readonly.setflags(write=False)
+    for hashes in (np.array([5, 6], dtype=np.int64), readonly):
+        record_pass(tab, setbits, counts, total, hashes, -1, 0, 0, 8, memo, memo, 0, shift, mask, state)
+        recent_prefix(tab, setbits, hashes, 0, 0, shift, mask)
+        match_pass(tab, setbits, hashes, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), 32, shift, mask)
+        remove_pass(tab, setbits, counts, total, hashes, 0, 0, memo, memo, 0, shift, mask, state)
     remap_holders(tab, np.zeros(1, dtype=np.int64), -1, shift, mask)
     mark_sets(tab, np.zeros(1, dtype=np.bool_))
-    insert_all(tab, np.empty((0, 2), dtype=np.int64), shift, mask)
+    insert_all(tab, np.full((1, 2), EMPTY, dtype=np.int64), shift, mask)
     drop_generation(tab, 0, shift, mask)

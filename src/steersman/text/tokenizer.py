@@ -112,7 +112,7 @@ class BlockHashes(tuple):
     def of(cls, array: np.ndarray) -> BlockHashes:
         """From an int64 array of hashes (kept as the ``array``, read-only)."""
         out = cls(array.tolist())
-        array.flags.writeable = False
+        array.setflags(write=False)
         out.array = array
         return out
 
