@@ -186,11 +186,15 @@ class PrefixIndex(PrefixReads):
                 grown = np.zeros((2 * self._setbits.shape[0], self._words), dtype=np.uint64)
                 grown[:s] = self._setbits
                 self._setbits = grown
-        self._setbits[s] = np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
+        self._setbits[s] = self._row(m)
         self._set_id[m] = s
         self._set_bytes += sys.getsizeof(m) + _SET_OVERHEAD
         self._sets_grew = True
         return ~s
+
+    def _row(self, m: int) -> np.ndarray:
+        """Holder mask ``m`` as a row of ``_setbits`` (uint64 words, replica ``r`` = bit ``r % 64`` of word ``r // 64``)."""
+        return np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
 
     def _collect_sets(self) -> None:
         """Free the interned sets no block uses any more; renumber them when most rows are free."""
@@ -218,7 +222,7 @@ class PrefixIndex(PrefixReads):
         T.remap_holders(self._tab, remap, -1, self._shift, self._mask)
         rows = np.zeros((max(16, 2 * len(masks)), self._words), dtype=np.uint64)
         for new, m in enumerate(masks):
-            rows[new] = np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
+            rows[new] = self._row(m)
         self._setbits = rows
         self._set_mask = list(masks)
         self._set_id = {m: s for s, m in enumerate(masks)}
@@ -280,11 +284,7 @@ class PrefixIndex(PrefixReads):
             self._inserts += int(st[0])
             self._entries += int(st[1])
             if status == T.NEED:
-                v = int(st[2])
-                if nmemo == _MEMO:
-                    nmemo = 0
-                memo_k[nmemo], memo_v[nmemo] = v, self._intern(self._mask_of(v) | 1 << r)
-                nmemo += 1
+                nmemo = self._learn(nmemo, self._mask_of(int(st[2])) | 1 << r)
         if self._inserts >= self.gen_cap:
             self._rotate()
         if self._sets_grew:
@@ -294,6 +294,14 @@ class PrefixIndex(PrefixReads):
         self._sets_grew = False
         if self._bytes() > self._budget:
             self._trim()
+
+    def _learn(self, nmemo: int, mask: int) -> int:
+        """A pass stopped (``NEED``) at a block whose holders (``_state[2]``) must become ``mask``: intern it
+        and add old -> new to the memo the pass is called with again.  Returns the memo's new length."""
+        if nmemo == _MEMO:
+            nmemo = 0
+        self._memo_k[nmemo], self._memo_v[nmemo] = self._state[2], self._intern(mask)
+        return nmemo + 1
 
     def correct(self, replica: int, hashes: Sequence[int], cached_blocks: int) -> None:
         """The engine reported that only the first ``cached_blocks`` blocks of ``hashes`` were cached on
@@ -312,11 +320,7 @@ class PrefixIndex(PrefixReads):
                                         memo_k, memo_v, nmemo, self._shift, self._mask, st)
             self._entries -= int(st[1])
             if status == T.NEED:
-                v = int(st[2])
-                if nmemo == _MEMO:
-                    nmemo = 0
-                memo_k[nmemo], memo_v[nmemo] = v, self._intern(self._mask_of(v) & ~bit)
-                nmemo += 1
+                nmemo = self._learn(nmemo, self._mask_of(int(st[2])) & ~bit)
         self._collect_sets()
         self._check_budget()
 
