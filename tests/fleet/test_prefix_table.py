@@ -50,10 +50,12 @@ def test_dropping_generations_keeps_every_other_key_reachable():
             model[h], gen[h] = r, g
         _check(tab, model)
         g = rnd.randrange(3)
-        dropped = T.drop_generation(tab, g, SHIFT, MASK)
+        used = np.zeros(1, dtype=np.bool_)
+        dropped = T.drop_generation(tab, g, used, SHIFT, MASK)
         assert dropped == sum(1 for h in model if gen[h] == g), trial
         model = {h: v for h, v in model.items() if gen[h] != g}
         _check(tab, model)
+        assert not used.any()  # single replicas only here: no set marked
         assert counts.sum() == total.sum() == len(keys)
 
 
@@ -126,3 +128,19 @@ def test_warm_up_covers_every_specialization_the_index_uses():
 
     out = subprocess.run([sys.executable, "-c", _LIFE], capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.split() == ["True", "9"], out.stdout + out.stderr
+
+
+def test_a_generation_drop_marks_the_sets_the_blocks_left_use():
+    rnd = random.Random(3)
+    for trial in range(200):
+        tab = np.full((SLOTS, 2), T.EMPTY, dtype=np.int64)
+        left: dict[int, tuple[int, int]] = {}
+        for h in _keys_near_the_end(rnd, 24):  # clusters wrap, so deletions move entries across the end
+            v, g = rnd.choice([-1, -2, -3, -4, 0, 1]), rnd.randrange(3)
+            T.insert_all(tab, np.array([[h, (v << 8) | g]], dtype=np.int64), SHIFT, MASK)
+            left[h] = (v, g)
+        used = np.zeros(4, dtype=np.bool_)
+        T.drop_generation(tab, 1, used, SHIFT, MASK)
+        want = {~v for v, g in left.values() if g != 1 and v < 0}
+        assert set(np.flatnonzero(used).tolist()) == want, trial
+        _check(tab, {h: v for h, (v, g) in left.items() if g != 1})

@@ -230,13 +230,16 @@ def remove_pass(tab, setbits, counts, total, hashes, pos, r, memo_k, memo_v, nme
 
 
 @njit(cache=True, nogil=True)
-def drop_generation(tab, g, shift, mask):
-    """Free every slot of generation ``g``; returns how many."""
+def drop_generation(tab, g, used, shift, mask):
+    """Free every slot of generation ``g``; returns how many.  In the same pass ``used[s]`` = a block left is held
+    by set ``s`` (an entry a deletion moves back into a slot already passed was marked where it stood)."""
     dropped = 0
     for i in range(mask + 1):
         while tab[i, 0] != EMPTY and tab[i, 1] & 255 == g:
             _delete_at(tab, i, shift, mask)
             dropped += 1
+        if tab[i, 0] != EMPTY and tab[i, 1] < 0:
+            used[~(tab[i, 1] >> 8)] = True
     return dropped
 
 
@@ -356,4 +359,4 @@ def warm_up() -> None:
     remap_holders(tab, np.zeros(1, dtype=np.int64), -1, shift, mask)
     mark_sets(tab, np.zeros(1, dtype=np.bool_))
     insert_all(tab, np.full((1, 2), EMPTY, dtype=np.int64), shift, mask)
-    drop_generation(tab, 0, shift, mask)
+    drop_generation(tab, 0, np.zeros(1, dtype=np.bool_), shift, mask)

@@ -149,11 +149,12 @@ class PrefixIndex(PrefixReads):
 
     def _drop(self) -> None:
         g = self._order.pop(0)
-        self._entries -= T.drop_generation(self._tab, g, self._shift, self._mask)
+        used = np.zeros(len(self._set_mask), dtype=np.bool_)
+        self._entries -= T.drop_generation(self._tab, g, used, self._shift, self._mask)
         self._total -= self._counts[g]
         self._counts[g] = 0
         self._free.append(g)
-        self._collect_sets()
+        self._collect_sets(used)
 
     def _trim(self) -> None:
         """Drop the oldest generations while the holder sets push the bytes over the budget."""
@@ -196,12 +197,14 @@ class PrefixIndex(PrefixReads):
         """Holder mask ``m`` as a row of ``_setbits`` (uint64 words, replica ``r`` = bit ``r % 64`` of word ``r // 64``)."""
         return np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
 
-    def _collect_sets(self) -> None:
-        """Free the interned sets no block uses any more; renumber them when most rows are free."""
+    def _collect_sets(self, used: np.ndarray | None = None) -> None:
+        """Free the interned sets no block uses any more (``used``: already marked by a pass over the table);
+        renumber them when most rows are free."""
         if not self._set_id:
             return
-        used = np.zeros(len(self._set_mask), dtype=np.bool_)
-        T.mark_sets(self._tab, used)
+        if used is None:
+            used = np.zeros(len(self._set_mask), dtype=np.bool_)
+            T.mark_sets(self._tab, used)
         for s in np.flatnonzero(~used).tolist():
             m = self._set_mask[s]
             if m is not None:
