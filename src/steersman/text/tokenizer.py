@@ -85,11 +85,16 @@ def count_tokens(text: str) -> int:
     return len(_PIECE.findall(text))
 
 
+def _compiled(token_ids: Sequence[int] | np.ndarray, parent: int) -> bool:
+    """Can :mod:`steersman.text._fast_hash` hash these ids (an int64 array, an int64 parent)?"""
+    return (_FAST_HASH and isinstance(token_ids, np.ndarray) and token_ids.dtype == np.int64
+            and _I64_MIN <= parent <= _I64_MAX)
+
+
 def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int = 16, parent: int = ROOT_HASH) -> list[int]:
     """Chained hashes of every *full* block of ``token_ids`` (an int64 array: in one compiled pass,
     :mod:`steersman.text._fast_hash`, the same values)."""
-    if (_FAST_HASH and isinstance(token_ids, np.ndarray) and token_ids.dtype == np.int64
-            and _I64_MIN <= parent <= _I64_MAX):
+    if _compiled(token_ids, parent):
         return fast_block_hashes(token_ids, block_size, parent)
     if isinstance(token_ids, np.ndarray):
         token_ids = token_ids.tolist()
@@ -126,10 +131,9 @@ class BlockHashes(tuple):
 def block_hash_tuple(token_ids: Sequence[int] | np.ndarray, block_size: int = 16,
                      parent: int = ROOT_HASH) -> BlockHashes:
     """:func:`block_hashes` as a :class:`BlockHashes`."""
-    if (_FAST_HASH and isinstance(token_ids, np.ndarray) and token_ids.dtype == np.int64
-            and _I64_MIN <= parent <= _I64_MAX):
+    if _compiled(token_ids, parent):
         return BlockHashes.of(fast_block_hash_array(token_ids, block_size, parent))
-    return BlockHashes.of(np.array(block_hashes(token_ids, block_size, parent), dtype=np.int64).reshape(-1))
+    return BlockHashes.of(np.array(block_hashes(token_ids, block_size, parent), dtype=np.int64))
 
 
 class Tokenizer:
