@@ -69,6 +69,8 @@ PINNED = {
     "scheduler.cost_tie": 1.05,
     "scheduler.latency_tie": 1.10,
     "scheduler.late_latency_tie": 2.0,
+    "scheduler.balance_tie": 0.15,
+    "scheduler.kv_headroom_tie": 0.01,
     "reliability.probation_limit": 1.0,
     "scheduler.exploit_share": 0.5,
     "scheduler.exploit_slowdown": 4.0,

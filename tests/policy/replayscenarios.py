@@ -19,7 +19,11 @@ least predicted latency, the scores choosing among them (359 changed, all of the
 115 went to another replica, the rest changed only the reason's wording; the plugin-by-plugin
 path gives every recorded decision), and when the prefix index became a compiled table holding ~2.3x
 the blocks in the same budget (282 changed, by what the old index had evicted within the scenario's budget:
-with a 512 MiB budget, where neither evicts, the old and the new index give all 20,880 decisions alike)::
+with a 512 MiB budget, where neither evicts, the old and the new index give all 20,880 decisions alike), and
+when the load-balance and KV-headroom scores came to count near-equal values as equal
+(``scheduler.balance_tie``, ``scheduler.kv_headroom_tie``: 2 changed, both late routes of the steersman
+profile that had been decided by one request more in flight or a KV reading within 1% of the other's; the
+random scenarios' loads seldom come within 15% of each other)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

@@ -159,17 +159,24 @@ def affinity_add(blocks, block_size, prompt_tokens, weight, total):
 
 
 @njit(cache=True, nogil=True)
-def headroom_add(idx, kv_blocks_total, kv_blocks, kv_usage, need, weight, total):
+def headroom_add(idx, kv_blocks_total, kv_blocks, kv_usage, need, tie, weight, total):
+    """:func:`~steersman.policy.plugin_kernels.kv_headroom_kernel`'s scores, added as they come."""
+    best = -np.inf
     for j in range(idx.size):
         i = idx[j]
         v = P.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        if v > best:
+            best = v
+    for j in range(idx.size):
+        i = idx[j]
+        v = P.kv_best_within(P.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need), best, tie)
         if v > 0.0:
             total[j] += _clamped(v, weight)
 
 
 @njit(cache=True, nogil=True)
-def balance_add(idx, in_flight, waiting, weight, total):
-    """:func:`~steersman.policy.kernels.load_balance_kernel`'s scores, added as they come."""
+def balance_add(idx, in_flight, waiting, tie, weight, total):
+    """:func:`~steersman.policy.plugin_kernels.load_balance_kernel`'s scores, added as they come."""
     lo, hi = np.inf, -np.inf
     for j in range(idx.size):
         v = in_flight[idx[j]] + waiting[idx[j]]
@@ -177,8 +184,9 @@ def balance_add(idx, in_flight, waiting, weight, total):
             return  # numpy's min/max propagate the NaN: every score is NaN, and NaN adds nothing
         lo = min(lo, v)
         hi = max(hi, v)
+    band = P.balance_band(lo, tie)
     for j in range(idx.size):
-        v = 1.0 if hi <= lo else (hi - (in_flight[idx[j]] + waiting[idx[j]])) / (hi - lo)
+        v = P.balance_score(in_flight[idx[j]] + waiting[idx[j]], lo, hi, band)
         if v > 0.0:
             total[j] += _clamped(v, weight)
 
@@ -205,7 +213,8 @@ class _Fused:
         self.sat = None if sat is None else (h["saturation"], sat.settings, sat.settings.saturation_staleness_s,
                                              float(sat.settings.saturation_queue_depth), sat.settings.saturation_kv_usage)
         self.filters = tuple((f, h[f.name]) for f in profile.filters)
-        self.scorers = tuple((type(ws.scorer), ws.weight, h[ws.scorer.name]) for ws in profile.scorers)
+        self.scorers = tuple((type(ws.scorer), ws.weight, h[ws.scorer.name], getattr(ws.scorer, "tie", 0.0))
+                             for ws in profile.scorers)
         self.picker = profile.picker
         self.picker_hist = h[profile.picker.name]
 
@@ -303,16 +312,16 @@ class _Fused:
     def _scores(self, snap, req, idx, blocks, need, clock) -> np.ndarray:
         total = np.zeros(idx.size)
         live = snap.live
-        for kind, weight, hist in self.scorers:
+        for kind, weight, hist, tie in self.scorers:
             t0 = clock()
             if kind is PrefixAffinity:
                 if req.prompt_tokens > 0:
                     affinity_add(blocks, float(snap.statics.block_size), float(req.prompt_tokens), weight, total)
             elif kind is KvHeadroom:
-                headroom_add(idx, live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, live[S.KV_USAGE], need, weight,
-                             total)
+                headroom_add(idx, live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, live[S.KV_USAGE], need, tie,
+                             weight, total)
             else:
-                balance_add(idx, live[S.IN_FLIGHT], live[S.WAITING], weight, total)
+                balance_add(idx, live[S.IN_FLIGHT], live[S.WAITING], tie, weight, total)
             hist.observe(clock() - t0)
         return total
 

@@ -167,8 +167,8 @@ def steersman_profile(settings: SchedulerSettings) -> Profile:
         # only rank replicas it finds equally good
         scorers=[
             WeightedScorer(PrefixAffinity(), 2.0),
-            WeightedScorer(KvHeadroom(), 1.0),
-            WeightedScorer(LoadBalance(), 1.0),
+            WeightedScorer(KvHeadroom(settings.kv_headroom_tie), 1.0),
+            WeightedScorer(LoadBalance(settings.balance_tie), 1.0),
         ],
         picker=SloCheapest(settings),
         saturation=Saturation(settings),

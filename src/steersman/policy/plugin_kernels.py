@@ -16,8 +16,8 @@ from numba import njit
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
 __all__ = ["is_available", "is_excluded", "reliability_kernel", "fits_kv", "kv_headroom", "fits_kv_kernel",
-           "kv_headroom_kernel", "load_balance_kernel", "uncached", "uncached_kernel", "share_kernel", "pick_top",
-           "warm_up"]
+           "kv_headroom_kernel", "kv_best_within", "load_balance_kernel", "balance_band", "balance_score", "uncached",
+           "uncached_kernel", "share_kernel", "pick_top", "warm_up"]
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -89,18 +89,32 @@ def fits_kv_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, out):
 
 
 @njit(cache=True, nogil=True)
-def kv_headroom_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, out):
-    """``out[j]`` = 1 - (KV usage + ``need`` / capacity) of replica ``idx[j]`` (unknown capacity: + 0)."""
+def kv_headroom_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, tie, out):
+    """``out[j]`` = 1 - (KV usage + ``need`` / capacity) of replica ``idx[j]`` (unknown capacity: + 0); a score
+    within ``tie`` of the best is the best (:func:`kv_best_within`)."""
+    best = -np.inf
     for j in range(idx.size):
         i = idx[j]
-        out[j] = kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        v = kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        out[j] = v
+        if v > best:
+            best = v
+    for j in range(idx.size):
+        out[j] = kv_best_within(out[j], best, tie)
     return out
 
 
+@njit(cache=True, nogil=True, inline="always")
+def kv_best_within(v, best, tie):
+    """A KV headroom score within ``tie`` of the candidates' best counts as the best (usage is scraped: between
+    two scrapes a strict ranking sends every near-tie to the replica whose last reading was lowest).  NaN stays."""
+    return best if v >= best - tie else v
+
+
 @njit(cache=True, nogil=True)
-def load_balance_kernel(idx, in_flight, waiting, out):
-    """``out[j]`` = (max load - load) / (max - min) over the candidates, load = in flight + waiting; all 1
-    when every load is equal; all NaN when a load is NaN (numpy's min/max propagate it)."""
+def load_balance_kernel(idx, in_flight, waiting, tie, out):
+    """``out[j]`` = :func:`balance_score` of load = in flight + waiting over the candidates; all 1 when every
+    load is equal; all NaN when a load is NaN (numpy's min/max propagate it)."""
     n = idx.size
     lo, hi = np.inf, -np.inf
     nan = False
@@ -114,14 +128,28 @@ def load_balance_kernel(idx, in_flight, waiting, out):
             lo = min(lo, v)
             hi = max(hi, v)
     if nan:
-        lo = hi = np.nan
-    if hi <= lo:
-        out[:] = 1.0
-    else:
-        span = hi - lo
-        for j in range(n):
-            out[j] = (hi - out[j]) / span
+        out[:] = np.nan
+        return out
+    band = balance_band(lo, tie)
+    for j in range(n):
+        out[j] = balance_score(out[j], lo, hi, band)
     return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def balance_band(lo, tie):
+    """Loads up to this count as the least ``lo``: load + 1 within ``tie`` (a share) of lo + 1."""
+    return (lo + 1.0) * (1.0 + tie) - 1.0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def balance_score(load, lo, hi, band):
+    """1 for a load within the band of the least (``hi <= lo``: every load is equal), else min-max
+    ``(hi - load) / (hi - lo)``: near-equal loads tie (the request's sequence number rotates among them) instead
+    of sending each finished request's successor back to the replica it just left."""
+    if hi <= lo or load <= band:
+        return 1.0
+    return (hi - load) / (hi - lo)
 
 
 @njit(cache=True, nogil=True)
@@ -184,8 +212,8 @@ def warm_up() -> None:
         reliability_kernel(idx, np.ones(1, dtype=np.bool_), blocked, 0.0, one, limits, np.zeros(0, dtype=np.intp),
                            np.empty(1, dtype=np.bool_))
     fits_kv_kernel(idx, one, one, one, 1.0, np.empty(1, dtype=np.bool_))
-    kv_headroom_kernel(idx, one, one, one, 1.0, np.empty(1))
-    load_balance_kernel(idx, one, one, np.empty(1))
+    kv_headroom_kernel(idx, one, one, one, 1.0, 0.01, np.empty(1))
+    load_balance_kernel(idx, one, one, 0.15, np.empty(1))
     uncached_kernel(one, 16.0, 1.0, np.empty(1))
     share_kernel(one, 16.0, 1.0, np.empty(1))
     pick_top(np.ones(1, dtype=np.bool_), one, 0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from steersman.config import DEFAULTS
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
 from steersman.policy.kernels import shortlist_kernel
 from steersman.policy.plugin_kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel
@@ -59,14 +60,21 @@ class FitsKv:
 
 @SCORERS.register("kv-headroom")
 class KvHeadroom:
-    """1 − KV usage after adding this request: prefer replicas with memory to spare."""
+    """1 − KV usage after adding this request: prefer replicas with memory to spare.  Scores within ``tie``
+    (default ``SchedulerSettings.kv_headroom_tie``) of the best count as the best: usage is scraped, and a
+    strict ranking sent every near-tie between two scrapes to the replica whose last reading was lowest."""
 
     name = "kv-headroom"
+
+    def __init__(self, tie: float | None = None) -> None:
+        self.tie = DEFAULTS.scheduler.kv_headroom_tie if tie is None else float(tie)
+        if not 0.0 <= self.tie < 1.0:
+            raise ValueError(f"kv-headroom tie must be in [0, 1), got {self.tie}")
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
         snap, idx = ctx.snapshot, ctx.candidates
         return kv_headroom_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, _need_blocks(ctx),
-                                  np.empty(idx.size))
+                                  self.tie, np.empty(idx.size))
 
 
 @SCORERS.register("prefix-affinity")
@@ -112,13 +120,20 @@ class CostEfficiency:
 
 @SCORERS.register("load-balance")
 class LoadBalance:
-    """Fewer requests in flight from this gateway scores higher (min-max normalised)."""
+    """Fewer requests in flight from this gateway (plus the engine's waiting ones) scores higher: min-max
+    normalised, except that a load within ``tie`` (a share; default ``SchedulerSettings.balance_tie``) of the
+    least counts as the least (:func:`~steersman.policy.plugin_kernels.balance_score`)."""
 
     name = "load-balance"
 
+    def __init__(self, tie: float | None = None) -> None:
+        self.tie = DEFAULTS.scheduler.balance_tie if tie is None else float(tie)
+        if not self.tie >= 0.0:
+            raise ValueError(f"load-balance tie must be >= 0, got {self.tie}")
+
     def score(self, ctx: DecisionContext) -> np.ndarray:
         snap, idx = ctx.snapshot, ctx.candidates
-        return load_balance_kernel(idx, snap.in_flight, snap.waiting, np.empty(idx.size))
+        return load_balance_kernel(idx, snap.in_flight, snap.waiting, self.tie, np.empty(idx.size))
 
 
 @FILTERS.register("shortlist")
