@@ -174,7 +174,8 @@ class SchedulerSettings:
     kv_headroom_tie: float = setting(
         0.01, "the same run: KV headroom scores within 0.01 (1% of the KV cache) of the best count as the best.  "
         "Usage is scraped (every metrics interval), so between two scrapes every near-tie went to the replica "
-        "whose last reading was lowest; with balance_tie alone the added TTFT did not move (+0.42 vs +0.37 ms).  "
+        "whose last reading was lowest; a band on loads alone (then a ratio outside it) left the added TTFT where it "
+        "was (+0.42 vs +0.37 ms).  "
         "0.05 tied real differences too: Azure code 0.944 -> 0.889x dynamo-kv.  0: strict, as before"
     )
     late_latency_tie: float = setting(

@@ -212,8 +212,8 @@ def warm_up() -> None:
         reliability_kernel(idx, np.ones(1, dtype=np.bool_), blocked, 0.0, one, limits, np.zeros(0, dtype=np.intp),
                            np.empty(1, dtype=np.bool_))
     fits_kv_kernel(idx, one, one, one, 1.0, np.empty(1, dtype=np.bool_))
-    kv_headroom_kernel(idx, one, one, one, 1.0, 0.01, np.empty(1))
-    load_balance_kernel(idx, one, one, 0.15, np.empty(1))
+    kv_headroom_kernel(idx, one, one, one, 1.0, 0.0, np.empty(1))  # any float tie: one specialization
+    load_balance_kernel(idx, one, one, 0.0, np.empty(1))
     uncached_kernel(one, 16.0, 1.0, np.empty(1))
     share_kernel(one, 16.0, 1.0, np.empty(1))
     pick_top(np.ones(1, dtype=np.bool_), one, 0)
