@@ -87,3 +87,13 @@ def test_a_negative_tie_is_refused(bad):
         KvHeadroom(bad)
     with pytest.raises(ValueError, match="tie"):
         KvHeadroom(1.0)
+
+
+def test_fleet_settings_refuse_bad_ties():
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="balance_tie"):
+        replace(S, balance_tie=-0.5)
+    with pytest.raises(ValueError, match="kv_headroom_tie"):
+        replace(S, kv_headroom_tie=1.0)
+    assert replace(S, balance_tie=0.0, kv_headroom_tie=0.0).balance_tie == 0.0
