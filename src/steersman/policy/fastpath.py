@@ -160,34 +160,21 @@ def affinity_add(blocks, block_size, prompt_tokens, weight, total):
 
 @njit(cache=True, nogil=True)
 def headroom_add(idx, kv_blocks_total, kv_blocks, kv_usage, need, tie, weight, total):
-    """:func:`~steersman.policy.plugin_kernels.kv_headroom_kernel`'s scores, added as they come."""
-    best = -np.inf
-    for j in range(idx.size):
-        i = idx[j]
-        v = P.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
-        if v > best:
-            best = v
-    for j in range(idx.size):
-        i = idx[j]
-        v = P.kv_best_within(P.kv_headroom(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need), best, tie)
-        if v > 0.0:
-            total[j] += _clamped(v, weight)
+    """:func:`~steersman.policy.plugin_kernels.kv_headroom_kernel`'s scores, clamped, weighted and added."""
+    _add(P.kv_headroom_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, tie, np.empty(idx.size)), weight, total)
 
 
 @njit(cache=True, nogil=True)
 def balance_add(idx, in_flight, waiting, tie, weight, total):
-    """:func:`~steersman.policy.plugin_kernels.load_balance_kernel`'s scores, added as they come."""
-    lo, hi = np.inf, -np.inf
-    for j in range(idx.size):
-        v = in_flight[idx[j]] + waiting[idx[j]]
-        if v != v:
-            return  # numpy's min/max propagate the NaN: every score is NaN, and NaN adds nothing
-        lo = min(lo, v)
-        hi = max(hi, v)
-    band = P.balance_band(lo, tie)
-    for j in range(idx.size):
-        v = P.balance_score(in_flight[idx[j]] + waiting[idx[j]], lo, hi, band)
-        if v > 0.0:
+    """:func:`~steersman.policy.plugin_kernels.load_balance_kernel`'s scores, clamped, weighted and added."""
+    _add(P.load_balance_kernel(idx, in_flight, waiting, tie, np.empty(idx.size)), weight, total)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add(scores, weight, total):
+    for j in range(scores.size):
+        v = scores[j]
+        if v > 0.0:  # NaN, negative: nothing (as the framework's add_clamped)
             total[j] += _clamped(v, weight)
 
 

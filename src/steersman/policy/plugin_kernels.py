@@ -16,7 +16,7 @@ from numba import njit
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
 __all__ = ["is_available", "is_excluded", "reliability_kernel", "fits_kv", "kv_headroom", "fits_kv_kernel",
-           "kv_headroom_kernel", "kv_best_within", "load_balance_kernel", "balance_band", "balance_score", "uncached",
+           "kv_headroom_kernel", "load_balance_kernel", "balance_score", "uncached",
            "uncached_kernel", "share_kernel", "pick_top", "warm_up"]
 
 
