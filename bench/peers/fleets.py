@@ -19,6 +19,7 @@ from steersman.engines.openai_http import parse_metrics
 from steersman.fleet.processes import LlamaServerFleet
 
 BIN = Path(sys.executable).parent
+STACK_PROXIES = Path(__file__).resolve().parent.parent / "overhead" / "stack_proxies.py"
 
 
 class SkipSetup(Exception):
@@ -69,6 +70,13 @@ def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str],
             raise SkipSetup("steersman@base needs --baseline-bin")
         p = pg.start("steersman", [steersman_bin or BIN / "steersman", "serve", "--config", cfg], role="router")
         wait_http(p, base + "/health", timeout=120)
+        return base
+    if setup == "http-floor":
+        # a reference, not a router: steersman's own HTTP server and upstream pool relaying round-robin, with no
+        # pipeline (no parsing, policy, accounting): what steersman's added latency would be with a free pipeline
+        p = pg.start("http-floor", [sys.executable, STACK_PROXIES, "steersman-http", "--port", port, "--upstream", *urls],
+                     role="router")
+        wait_http(p, base + "/health", timeout=60)
         return base
     router, _, policy = setup.partition(":")
     exe = peers / "bin" / router

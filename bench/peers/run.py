@@ -21,6 +21,10 @@ a second table counts in how many rounds steersman beat each peer on each column
 two llama-server replicas give a TTFT p50 that moves 2x between runs; the medians and the counts are
 what to read there.  ``steersman@base`` runs the ``--baseline-bin`` executable (e.g. a script running
 ``python -m steersman`` with ``PYTHONPATH`` set to a worktree of an older commit) in the same run.
+``http-floor`` (opt-in, a reference, not a router) is steersman's own HTTP server and upstream pool
+relaying round-robin with no pipeline (bench/overhead/stack_proxies.py ``steersman-http``): steersman's
+added latency less this row's is what its request path (parsing, admission, prompt shape, decision,
+accounting) costs.
 """
 
 from __future__ import annotations
