@@ -57,6 +57,23 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     priority: int = 0
     cache_salt: str | None = None  # vLLM: requests share prefix-cache blocks only with the same salt
+    # what makes a stream's tokens depend on more than its text (no token-exact continuation): read in this one
+    # decode, not checked (any JSON value; forwarded untouched like every field), None when absent
+    logprobs: Any = None
+    top_logprobs: Any = None
+    guided_json: Any = None  # vLLM's guided decoding
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None  # vLLM's newer name for it
+    grammar: Any = None  # llama.cpp
+    json_schema: Any = None  # llama.cpp
+
+    @property
+    def guided(self) -> bool:
+        """Constrained output was asked for (a grammar, a schema, a regular expression or a choice)."""
+        return bool(self.guided_json or self.guided_regex or self.guided_choice or self.guided_grammar
+                    or self.structured_outputs or self.grammar or self.json_schema)
 
 
 class ChatCompletionRequest(_Common, kw_only=True):

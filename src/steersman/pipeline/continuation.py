@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-import orjson
 
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
 from steersman.engines.sse import DONE
@@ -34,10 +33,6 @@ from steersman.pipeline.continuation_legs import Legs
 
 __all__ = ["Continuation", "BadEvent", "refusal_reason"]
 
-_GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "grammar", "json_schema")
-
-
-_RAW_KEYS = (b'logprobs"', b"guided_", b'structured_outputs"', b'grammar"', b'json_schema"')
 
 
 class BadEvent(ValueError):
@@ -76,15 +71,14 @@ _decode = msgspec.json.Decoder(_Chunk).decode
 _decode_str = msgspec.json.Decoder(str).decode
 
 
-def refusal_reason(req: ChatCompletionRequest | CompletionRequest, raw: dict[str, Any] | None = None) -> str | None:
+def refusal_reason(req: ChatCompletionRequest | CompletionRequest) -> str | None:
     """Why a stream of ``req`` could not be continued token-exactly (None: it can be)."""
     if req.n != 1:
         return "n > 1"
-    if raw:
-        if raw.get("logprobs") or raw.get("top_logprobs"):
-            return "logprobs"
-        if any(raw.get(k) for k in _GUIDED):
-            return "guided output"
+    if req.logprobs or req.top_logprobs:
+        return "logprobs"
+    if req.guided:
+        return "guided output"
     if isinstance(req, ChatCompletionRequest):
         rf = req.response_format or {}
         if rf.get("type") not in (None, "text"):
@@ -107,7 +101,7 @@ class Continuation(Legs):
     def __init__(self, req: ChatCompletionRequest | CompletionRequest, body: bytes, prompt_tokens: int | None) -> None:
         self.chat = isinstance(req, ChatCompletionRequest)
         self._body = body  # the client's request: every continuation is built from it
-        self.reason = refusal_reason(req, _raw_fields(body))
+        self.reason = refusal_reason(req)
         self.allowed = self.reason is None
         self.id = self.created = self.model = None
         self.texts: list[str] = []
@@ -242,15 +236,3 @@ class Continuation(Legs):
         if self.allowed:
             self.allowed, self.reason = False, reason
 
-def _raw_fields(body: bytes) -> dict[str, Any]:
-    """The request's fields outside the typed schema that matter here (parsed only when present)."""
-    for k in _RAW_KEYS:
-        if body.find(k) >= 0:  # not ``k in body``: bytes' ``in`` first tries k as an int and raises inside
-            break
-    else:
-        return {}
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
