@@ -1,8 +1,9 @@
 """bench/relay: CPU the gateway's stream relay spends per request, before and after SSE parsing.
 
 Side by side in one run, in one process, on the same bytes: engine-sim's SSE
-stream of a chat request (role chunk + N token chunks + [DONE], one read per
-token like a paced engine, or all in one read), relayed by
+stream of a chat request (role chunk + N token chunks + [DONE]: one read per
+token like a paced engine, four token events a read like an engine ahead of a
+busy gateway, or all in one read), relayed by
 
 * ``raw``: the previous relay (bytes to the client as-is, events counted with
   ``bytes.count``), copied here verbatim as the baseline;
@@ -76,13 +77,21 @@ class _RawRelay:
         return (self.prev[-16:] + self.chunk).rstrip().endswith(b"[DONE]")
 
 
-def reads(tokens: int, coalesced: bool) -> list[bytes]:
+def reads(tokens: int, per_read: int | None) -> list[bytes]:
+    """The stream as the relay receives it: ``per_read`` token events a read (the role event and the first token
+    together, the last token and ``[DONE]`` together when grouped), or the whole stream in one read (None)."""
     w = ChunkWriter(True, "chatcmpl-bench0001", 1700000000, "llama-3.1-8b")
     words = [" model", " token", " cache", " batch", ",", " prefix", " stream", " replica"]
     out = [w.role() + w.token(words[0])]
     out += [w.token(words[i % len(words)], "length" if i == tokens - 1 else None) for i in range(1, tokens)]
     out.append(w.done())
-    return [b"".join(out)] if coalesced else out
+    if per_read is None:
+        return [b"".join(out)]
+    if per_read == 1:
+        return out
+    middle = out[1:-2]
+    return ([out[0]] + [b"".join(middle[i : i + per_read]) for i in range(0, len(middle), per_read)]
+            + [out[-2] + out[-1]])
 
 
 def run(kind: str, chunks: list[bytes], requests: int, metrics: GatewayMetrics) -> float:
@@ -116,8 +125,8 @@ def main() -> None:
     metrics = GatewayMetrics()
     print(f"relay CPU per request, {a.tokens} tokens, {a.requests} requests each (process time)")
     print(f"{'reads':<26}{'raw us/req':>12}{'parsed us/req':>15}{'added us':>10}{'ratio':>8}")
-    for label, coalesced in (("one read per token", False), ("whole stream in one read", True)):
-        chunks = reads(a.tokens, coalesced)
+    for label, per_read in (("one read per token", 1), ("4 tokens a read", 4), ("whole stream in one read", None)):
+        chunks = reads(a.tokens, per_read)
         run("raw", chunks, a.requests // 10, metrics)  # warm-up
         run("parsed", chunks, a.requests // 10, metrics)
         raw = min(run("raw", chunks, a.requests, metrics) for _ in range(3))

@@ -201,3 +201,49 @@ def test_the_relay_sends_and_records_the_same_whatever_the_reads(data):
     assert got == want and got[-1] == DONE
     assert (c.text, c.tokens, c.finish_reason, c.done) == (ref.text, ref.tokens, ref.finish_reason, True)
     assert c.text == "".join(words) + " end" and c.tokens == len(words) + 1
+
+
+def test_reads_of_several_plain_token_events_skip_the_event_parser():
+    # an engine ahead of the gateway: one read carries several token events; when every one of them is a plain
+    # token event (the learnt template around one JSON string) they are recorded without the SSE parser
+    from steersman.engines.sse import SseParser
+
+    feeds = []
+
+    class Spy(SseParser):
+        def feed(self, data):
+            feeds.append(data)
+            return super().feed(data)
+
+    w = ChunkWriter(True, "chatcmpl-1", 5, "m")
+    words = [" a", ' "q"', " é", ",", " b\\\\", "", " c\\nd"]
+    events = [w.role()] + [w.token(x) for x in words] + [w.token(" end", "length"), w.done()]
+    groups = [events[0:1], events[1:2], events[2:5], events[5:8], events[8:10]]  # role | 1 | 3 | 3 | end + [DONE]
+    import steersman.pipeline.forward as fwd
+
+    real = fwd.SseParser
+    fwd.SseParser = Spy
+    try:
+        got, c = _relay_run([b"".join(g) for g in groups])
+    finally:
+        fwd.SseParser = real
+    want, ref = _relay_run([b"".join(events)])
+    assert got == want and (c.text, c.tokens, c.finish_reason, c.done) == (ref.text, ref.tokens, ref.finish_reason, True)
+    assert c.tokens == len(words) + 1
+    # parsed: the role event, the first token (the template is learnt from it), the finishing event with [DONE];
+    # both 3-event reads took the template, the first of them as soon as it was learnt
+    assert feeds == [events[0], events[1], b"".join(events[8:10])]
+
+
+def test_a_group_with_one_different_event_takes_the_event_parser():
+    # the same head and tail around the group, but one event inside it differs (a finish reason, another
+    # `created`): the split leaves a piece that is not one JSON string, and the parser handles the read
+    w = ChunkWriter(True, "chatcmpl-1", 5, "m")
+    first = [w.role(), w.token(" a")]
+    odd = w.token(" x", "stop")
+    other = ChunkWriter(True, "chatcmpl-1", 6, "m").token(" y")  # a different `created`
+    for middle in (odd, other):
+        group = w.token(" b") + middle + w.token(" c")
+        got, c = _relay_run(first + [group, w.done()])
+        want, ref = _relay_run([b"".join(first) + group + w.done()])
+        assert got == want and (c.text, c.tokens, c.finish_reason) == (ref.text, ref.tokens, ref.finish_reason)

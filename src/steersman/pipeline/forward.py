@@ -45,7 +45,7 @@ class _Relay:
     """Body sink: parses engine events, records them, writes them to the client and times the stream."""
 
     __slots__ = ("ctx", "fleet", "ticket", "now", "ttft", "itl", "last", "parser", "cont", "resumed", "error", "ex",
-                 "_fp", "_fs")
+                 "_fp", "_fs", "_mid")
 
     def __init__(self, ctx: RequestContext, fleet: Fleet, clock: Clock, metrics: GatewayMetrics,
                  cont: Continuation, resumed: bool, max_event_bytes: int, ex: Exchange) -> None:
@@ -63,27 +63,44 @@ class _Relay:
         self.error: str | None = None
         self.ex = ex
         self._fp = self._fs = b""  # a whole plain token event's bytes around its text, once the stream showed one
+        self._mid = b""  # the bytes between two plain token events' texts (``_fs + _fp``)
 
     def __call__(self, data: bytes) -> None:
         cont = self.cont
         if self.error is not None or cont.done:
             return
         fp = self._fp
+        if not fp and cont._fh and not self.resumed:  # the stream just showed its first plain token event
+            fp = self._fp = b"data: " + cont._fh
+            self._fs = cont._ft + b"\n\n"
+            self._mid = self._fs + fp
         if fp and data.startswith(fp) and data.endswith(self._fs) and not self.parser.pending:
-            # the common read: exactly one plain token event, the same bytes as a validated one around
-            # one JSON string (which cannot hold a raw newline, so this is one whole event)
+            # the common read: one plain token event, the same bytes as a validated one around one JSON string
+            # (which cannot hold a raw newline, so this is one whole event); or several such events back to back
+            # (an engine ahead of a busy gateway): split at the bytes between two of them, and each piece is one
+            # event's string exactly when every piece decodes as one
+            inner = data[len(fp) : len(data) - len(self._fs)]
             try:
-                text = _decode_str(data[len(fp) : len(data) - len(self._fs)])
+                text = _decode_str(inner)
             except msgspec.DecodeError:
-                pass  # the general path below says what is wrong
+                try:
+                    texts = [_decode_str(p) for p in inner.split(self._mid)]
+                except msgspec.DecodeError:
+                    texts = None  # not all plain token events: the general path below (it says what is wrong)
+                if texts is not None:
+                    kept = cont.texts
+                    for text in texts:
+                        if text:
+                            kept.append(text)
+                    cont.tokens += len(texts)
+                    self.write(data)
+                    return
             else:
                 if text:
                     cont.texts.append(text)
                 cont.tokens += 1
                 self.write(data)
                 return
-        elif not fp and cont._fh and not self.resumed:
-            self._fp, self._fs = b"data: " + cont._fh, cont._ft + b"\n\n"
         if data == _DONE_EVENT and not self.resumed and not self.parser.pending:
             cont.done = True  # the end of a first leg, alone in its read: nothing to parse (observe_many's [DONE])
             self.write(data)
