@@ -34,7 +34,6 @@ from steersman.pipeline.continuation_legs import Legs
 __all__ = ["Continuation", "BadEvent", "refusal_reason"]
 
 
-
 class BadEvent(ValueError):
     """An engine event that is not an OpenAI stream chunk (``good``: the valid events before it)."""
 
@@ -235,4 +234,3 @@ class Continuation(Legs):
     def _refuse(self, reason: str) -> None:
         if self.allowed:
             self.allowed, self.reason = False, reason
-

@@ -34,6 +34,24 @@ _decode_str = msgspec.json.Decoder(str).decode
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
+def _plain_texts(inner: bytes, mid: bytes) -> tuple[str, ...] | list[str] | None:
+    """The texts of a read of plain token events (a validated one's bytes around one JSON string each), given
+    the read less the first event's head and the last one's tail; None if it is anything else.
+
+    One event (a paced engine's read) is one JSON string.  Several back to back (an engine ahead of a busy
+    gateway) are split at ``mid``, the bytes between two events' strings: a JSON string cannot hold a raw
+    newline, which ``mid`` has, so the read is such events exactly when every piece decodes as one string.
+    """
+    try:
+        return (_decode_str(inner),)
+    except msgspec.DecodeError:
+        pass
+    try:
+        return [_decode_str(p) for p in inner.split(mid)]
+    except msgspec.DecodeError:
+        return None  # not plain token events only: the SSE parser takes the read (and says what is wrong)
+
+
 def _frame(payloads: list[bytes]) -> bytes:
     """SSE events carrying ``payloads`` (a multi-line payload becomes several ``data:`` lines)."""
     if any(10 in p for p in payloads):  # a "\n"
@@ -75,30 +93,13 @@ class _Relay:
             self._fs = cont._ft + b"\n\n"
             self._mid = self._fs + fp
         if fp and data.startswith(fp) and data.endswith(self._fs) and not self.parser.pending:
-            # the common read: one plain token event, the same bytes as a validated one around one JSON string
-            # (which cannot hold a raw newline, so this is one whole event); or several such events back to back
-            # (an engine ahead of a busy gateway): split at the bytes between two of them, and each piece is one
-            # event's string exactly when every piece decodes as one
-            inner = data[len(fp) : len(data) - len(self._fs)]
-            try:
-                text = _decode_str(inner)
-            except msgspec.DecodeError:
-                try:
-                    texts = [_decode_str(p) for p in inner.split(self._mid)]
-                except msgspec.DecodeError:
-                    texts = None  # not all plain token events: the general path below (it says what is wrong)
-                if texts is not None:
-                    kept = cont.texts
-                    for text in texts:
-                        if text:
-                            kept.append(text)
-                    cont.tokens += len(texts)
-                    self.write(data)
-                    return
-            else:
-                if text:
-                    cont.texts.append(text)
-                cont.tokens += 1
+            texts = _plain_texts(data[len(fp) : len(data) - len(self._fs)], self._mid)
+            if texts is not None:  # the common read: plain token events only
+                kept = cont.texts
+                for text in texts:
+                    if text:
+                        kept.append(text)
+                cont.tokens += len(texts)
                 self.write(data)
                 return
         if data == _DONE_EVENT and not self.resumed and not self.parser.pending:
