@@ -34,18 +34,13 @@ _decode_str = msgspec.json.Decoder(str).decode
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
-def _plain_texts(inner: bytes, mid: bytes) -> tuple[str, ...] | list[str] | None:
-    """The texts of a read of plain token events (a validated one's bytes around one JSON string each), given
-    the read less the first event's head and the last one's tail; None if it is anything else.
+def _several_texts(inner: bytes, mid: bytes) -> list[str] | None:
+    """The texts of a read of several plain token events back to back (an engine ahead of a busy gateway),
+    given the read less the first event's head and the last one's tail; None if it is anything else.
 
-    One event (a paced engine's read) is one JSON string.  Several back to back (an engine ahead of a busy
-    gateway) are split at ``mid``, the bytes between two events' strings: a JSON string cannot hold a raw
-    newline, which ``mid`` has, so the read is such events exactly when every piece decodes as one string.
+    Split at ``mid``, the bytes between two such events' strings: a JSON string cannot hold a raw newline,
+    which ``mid`` has, so the read is such events exactly when every piece decodes as one string.
     """
-    try:
-        return (_decode_str(inner),)
-    except msgspec.DecodeError:
-        pass
     try:
         return [_decode_str(p) for p in inner.split(mid)]
     except msgspec.DecodeError:
@@ -93,13 +88,22 @@ class _Relay:
             self._fs = cont._ft + b"\n\n"
             self._mid = self._fs + fp
         if fp and data.startswith(fp) and data.endswith(self._fs) and not self.parser.pending:
-            texts = _plain_texts(data[len(fp) : len(data) - len(self._fs)], self._mid)
-            if texts is not None:  # the common read: plain token events only
-                kept = cont.texts
-                for text in texts:
-                    if text:
-                        kept.append(text)
-                cont.tokens += len(texts)
+            inner = data[len(fp) : len(data) - len(self._fs)]
+            try:
+                text = _decode_str(inner)
+            except msgspec.DecodeError:
+                texts = _several_texts(inner, self._mid)
+                if texts is not None:
+                    cont.texts.extend(filter(None, texts))
+                    cont.tokens += len(texts)
+                    self.write(data)
+                    return
+            else:
+                # the common read: exactly one plain token event, the same bytes as a validated one around
+                # one JSON string (which cannot hold a raw newline, so this is one whole event)
+                if text:
+                    cont.texts.append(text)
+                cont.tokens += 1
                 self.write(data)
                 return
         if data == _DONE_EVENT and not self.resumed and not self.parser.pending:
