@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -157,15 +157,22 @@ class Gateway(RequestLifecycle):
         """One decision per model on the live fleet's snapshot (nothing dispatched, nothing recorded): the
         routing kernels get compiled (or loaded) for the snapshot's read-only array types now, not on the
         first requests (a cold numba cache cost the first requests ~2 s).  Each plugin's latency histogram
-        gets one sample from it."""
+        gets one sample from each.  Retries and stream continuations route again avoiding the replicas that
+        failed, and with every replica avoided no candidate is left: those decisions are made here too, so the
+        first failure after start does not compile on the event loop while streams are in flight
+        (``tests/reliability/test_no_compile_on_request_path.py``)."""
         assert self.fleet is not None
         snap = self.fleet.snapshot()
+        everyone = frozenset(range(len(snap.names)))
         for model in self.fleet.models():
             for n in (0, 8):  # without and with prompt blocks (the prefix match path)
                 req = SchedRequest(seq=0, model=model, kind="chat", stream=True, tenant="warm-up",
                                    priority=PriorityClass.STANDARD, arrival=snap.time, prompt_tokens=16 * n + 1,
                                    block_hashes=tuple(range(1, n + 1)), max_tokens=16, expected_output=16)
                 self.policy.pick(snap, req)
+                for excluded in (frozenset({0}), everyone):  # a reroute; one with no replica left
+                    for resumed in (False, True):  # a retry; a continued stream
+                        self.policy.pick(snap, replace(req, excluded=excluded, resumed=resumed))
 
     async def _discover_models(self) -> None:
         assert self.fleet is not None

@@ -38,7 +38,7 @@ from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
 from steersman.policy.model_based import SloCheapest, _reason, corrections, hold, shed
 from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled_inputs
-from steersman.policy.reliability import _NO_EXCLUDED, _NONE, ReliabilityFilter
+from steersman.policy.reliability import _NONE, ReliabilityFilter, excluded_array
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation, affine_blocks
 from steersman.policy.slot_wait import wait_for_slot
@@ -212,11 +212,10 @@ class _Fused:
             return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
         t0 = clock()
         idx = np.empty(mask.size, dtype=np.intp)
-        ex = req.excluded
         candidates, n = gate_pass(mask, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until,
                                   snap.time, snap.live[S.IN_FLIGHT],
                                   _NONE if snap.limits is None or req.resumed else snap.limits,
-                                  np.fromiter(ex, dtype=np.intp, count=len(ex)) if ex else _NO_EXCLUDED, idx)
+                                  excluded_array(req.excluded), idx)
         if not candidates:
             return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
         self.gate_hist.observe(clock() - t0)
