@@ -117,7 +117,9 @@ class Gateway(RequestLifecycle):
             endpoints += await self.sim_fleet.start()
         replicas = [self._replica(i, ep) for i, ep in enumerate(endpoints)]
         self.fleet = Fleet(replicas, self.clock, self.scheduler_settings)
-        self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20)
+        # its full-table passes (a generation's drop, a growth) on a worker thread, not on the loop
+        self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20,
+                                        background=True)
         self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
@@ -195,6 +197,8 @@ class Gateway(RequestLifecycle):
             await self.scraper.stop()
         for a in self.adapters.values():
             await a.close()
+        if self.fleet is not None and self.fleet.prefix is not None:
+            self.fleet.prefix.close()  # its worker thread (a pass still running finishes first)
         if self.sim_fleet is not None:
             await self.sim_fleet.stop()
 

@@ -33,6 +33,8 @@ class PrefixReads:
     _shift: np.uint64
     _mask: int
     _entries: int
+    _job: object  # a background pass running (see the index's module doc)
+    _readable: bool  # False while a background pass rewrites the table (see the index's module doc)
     slots: dict  # replica -> steersman.fleet.slots.SlotMirror (llama.cpp replicas: the match is the mirror's)
 
     def flush(self) -> None:  # pragma: no cover - the index defines it
@@ -49,7 +51,7 @@ class PrefixReads:
     def blocks_view(self) -> np.ndarray:
         """Indexed blocks per replica, read-only and without a copy: it follows the index's later writes, so
         read it within one decision (policies run between writes)."""
-        if self._later:
+        if self._later or self._job is not None:
             self.flush()
         return self._total_view
 
@@ -62,13 +64,14 @@ class PrefixReads:
 
         The result is read-only and memoised until the next write: asking again for the same
         ``hashes`` object (the policy's match, then the accounting's on dispatch) costs nothing."""
-        if self._later:
+        if self._later or self._job is not None:
             self.flush()
         memo = self._memo
         if memo is not None and memo[0] is hashes and memo[1] == len(hashes):
             return memo[2]
         out = np.zeros(self.n, dtype=np.int64)
-        if len(hashes) and self._entries and len(self.slots) < self.n:  # (every replica mirrored: theirs alone)
+        # (every replica mirrored: theirs alone; a generation being dropped in the background: nothing)
+        if len(hashes) and self._entries and self._readable and len(self.slots) < self.n:
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask)
         for r, mirror in self.slots.items():

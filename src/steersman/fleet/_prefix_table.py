@@ -25,7 +25,7 @@ from numba import njit
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
 __all__ = ["EMPTY", "NONE", "DONE", "ROOM", "NEED", "find_value", "recent_prefix", "record_pass", "remove_pass",
-           "drop_generation", "insert_all", "remap_holders", "mark_sets", "match_pass", "warm_up"]
+           "drop_generation", "rehash", "drop_generation_flagged", "rehash_flagged", "insert_all", "remap_holders", "mark_sets", "match_pass", "warm_up"]
 
 EMPTY = np.iinfo(np.int64).min  # the key of a free slot (a block hash equal to it is stored as EMPTY + 1)
 NONE = np.iinfo(np.int64).min  # find_value: no such block
@@ -263,6 +263,35 @@ def remap_holders(tab, remap, gone, shift, mask):
 
 
 @njit(cache=True, nogil=True)
+def rehash(tab, old, shift, mask):
+    """Every slot of the new table ``tab`` freed, then every entry of ``old`` inserted: a growth in one call
+    (the index's worker thread then waits for the GIL once, not once a step, under a busy event loop)."""
+    for i in range(tab.shape[0]):
+        tab[i, 0] = EMPTY
+        tab[i, 1] = EMPTY
+    insert_all(tab, old, shift, mask)
+
+
+@njit(cache=True, nogil=True)
+def drop_generation_flagged(tab, g, used, shift, mask, flags):
+    """:func:`drop_generation` on a worker thread: ``flags[0]`` = 1 once it runs (the GIL released), then
+    ``flags[2]`` = the slots freed and ``flags[1]`` = 1 when done, all written without the GIL.  The caller
+    polls them rather than the thread's future: a thread waiting for the GIL starves while a busy event loop
+    releases and retakes it more often than the switch interval (each release restarts the waiter's timer)."""
+    flags[0] = 1
+    flags[2] = drop_generation(tab, g, used, shift, mask)
+    flags[1] = 1
+
+
+@njit(cache=True, nogil=True)
+def rehash_flagged(tab, old, shift, mask, flags):
+    """:func:`rehash` on a worker thread, with the flags of :func:`drop_generation_flagged`."""
+    flags[0] = 1
+    rehash(tab, old, shift, mask)
+    flags[1] = 1
+
+
+@njit(cache=True, nogil=True)
 def insert_all(tab, old, shift, mask):
     """Insert every entry of table ``old`` (rows of key, packed value; ``EMPTY`` rows skipped; keys absent
     from ``tab``) into ``tab``."""
@@ -358,5 +387,11 @@ def warm_up() -> None:
         remove_pass(tab, setbits, counts, total, hashes, 0, 0, memo, memo, 0, shift, mask, state)
     remap_holders(tab, np.zeros(1, dtype=np.int64), -1, shift, mask)
     mark_sets(tab, np.zeros(1, dtype=np.bool_))
+    grown = np.empty((32, 2), dtype=np.int64)
+    rehash(grown, tab, np.uint64(59), 31)
+    flags = np.zeros(3, dtype=np.int64)
+    rehash_flagged(grown, tab, np.uint64(59), 31, flags)
+    drop_generation_flagged(grown, 0, np.zeros(1, dtype=np.bool_), np.uint64(59), 31, flags)
+    drop_generation(grown, 0, np.zeros(1, dtype=np.bool_), np.uint64(59), 31)
     insert_all(tab, np.full((1, 2), EMPTY, dtype=np.int64), shift, mask)
     drop_generation(tab, 0, np.zeros(1, dtype=np.bool_), shift, mask)

@@ -29,17 +29,29 @@ replica with blocks past its hole.
 
 Forgetting a replica rewrites its holder sets and frees the blocks it held alone: one compiled pass
 over the table (a few ms at the default budget; engines restart rarely).
+
+**Off the event loop** (``background=True``, the gateway's index).  Dropping a generation scans the whole
+table (~30 ms at the default budget's 4M slots on a 2-core VM, once per ``gen_cap`` recorded blocks) and
+growing it rehashes every block (13-105 ms for the last doublings): run on the gateway's loop, each froze
+every stream in flight that long.  In the background a worker thread runs those compiled passes (they
+release the GIL) while the loop goes on: records wait in order (``record_later``'s list, applied when the
+pass is done; a record cut by it is applied again whole, which moves its first blocks to the newest
+generation too), reads during a drop match nothing (the table is being rewritten; routing falls back on
+load for those few milliseconds) and reads during a growth read the old table (the pass only reads it).
+The twin keeps the passes inline (``background=False``): same results, on its virtual clock.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
 from steersman.fleet import _prefix_table as T
+from steersman.fleet._prefix_jobs import BackgroundPasses
 from steersman.fleet._prefix_reads import PrefixReads
+from steersman.fleet._prefix_sets import _MEMO, HolderSets
 from steersman.fleet.slots import SlotMirror
 
 __all__ = ["PrefixIndex"]
@@ -51,14 +63,20 @@ _TABLE_SHARE = 0.75
 _GENS = 8  # generations (slot byte values 0..7)
 _SLOT_BYTES = 16  # key + packed value
 _MIN_SLOTS, _START_SLOTS = 1024, 1 << 14
-_MEMO = 32  # old holder value -> new, per write
-_SET_OVERHEAD = 120  # per interned set beyond its bit row and its Python int: dict slot, list slot, key share
+#: Tables this big or bigger have their full passes on the worker (``background=True``); a pass over a smaller
+#: one takes ~2 ms or less, less than handing it to another thread and back costs under a busy loop (each GIL
+#: hand-over waits up to the 5 ms switch interval; the growths from 16K slots come every few records).
+_BACKGROUND_FROM = 1 << 18
+#: Records applied per access after a background pass (the rest on the next accesses): a pass of ~0.1-0.4 s on
+#: a loaded gateway keeps hundreds waiting, and applying them all at once would be the very stall it avoids.
+_REPLAY = 16
 
 
-class PrefixIndex(PrefixReads):
+class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
     """Bounded approximate map of block hash -> replicas holding it (see the module doc)."""
 
-    def __init__(self, n_replicas: int, max_bytes: float) -> None:
+    def __init__(self, n_replicas: int, max_bytes: float, background: bool = False,
+                 background_from_slots: int = _BACKGROUND_FROM) -> None:
         if n_replicas < 1:
             raise ValueError("n_replicas must be >= 1")
         self.n = n_replicas
@@ -96,6 +114,13 @@ class PrefixIndex(PrefixReads):
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
         #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): their match is the mirror's
         self.slots: dict[int, SlotMirror] = {}
+        # background passes (see the module doc): the worker, the pass running, what finishes it on the caller's thread
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefix-index") if background else None
+        self._background_from = background_from_slots  # smaller tables: passes inline
+        self._job: Future | None = None
+        self._job_done: Callable[[np.ndarray], None] | None = None
+        self._readable = True  # False while a background pass rewrites the table: reads match nothing
+        self._flags = np.zeros(3, dtype=np.int64)
 
     def _alloc(self, slots: int) -> None:
         self._tab = np.full((slots, 2), T.EMPTY, dtype=np.int64)
@@ -129,107 +154,81 @@ class PrefixIndex(PrefixReads):
     def _bytes(self) -> float:
         return self._fixed + self._tab.nbytes + self._setbits.nbytes + self._set_bytes
 
-    def _grow(self, need: int) -> None:
-        """Double the table until ``need`` more keys keep it at most half full (up to the largest size)."""
+    def _grow(self, need: int) -> bool:
+        """Double the table until ``need`` more keys keep it at most half full (up to the largest size).
+        True: the rehash runs in the background (the caller stops; the new table comes when it is done)."""
         slots = self._tab.shape[0]
         want = slots
         while 2 * (self._entries + need) > want and want < self._max_slots:
             want *= 2
         if want == slots:
-            return
+            return False
         old = self._tab
-        self._alloc(want)
-        T.insert_all(self._tab, old, self._shift, self._mask)
+        if self._pool is None or slots < self._background_from:
+            self._alloc(want)
+            T.insert_all(self._tab, old, self._shift, self._mask)
+            return False
+        shift, mask = np.uint64(64 - (want.bit_length() - 1)), want - 1
+        tab = np.empty((want, 2), dtype=np.int64)  # untouched memory: the pass fills it
 
-    def _rotate(self) -> None:
-        if not self._free:
-            self._drop()
+        def done(_) -> None:
+            self._tab, self._shift, self._mask = tab, shift, mask
+
+        # the pass reads the old table only: the loop may read it meanwhile
+        self._start(lambda flags: T.rehash_flagged(tab, old, shift, mask, flags), done, readable=True)
+        return True
+
+    def _rotate(self) -> bool:
+        """Start a new generation, dropping the oldest first when all are in use.  True: that drop runs in
+        the background (the new generation starts when it is done)."""
+        if not self._free and self._drop(then=self._new_generation):
+            return True
+        self._new_generation()
+        return False
+
+    def _new_generation(self) -> None:
         self._order.append(self._free.pop())
         self._inserts = 0
 
-    def _drop(self) -> None:
+    def _drop(self, then: Callable[[], None] | None = None) -> bool:
+        """Drop the oldest generation (then ``then()``).  True: in the background (``then`` runs when done)."""
         g = self._order.pop(0)
-        used = np.zeros(len(self._set_mask), dtype=np.bool_)
-        self._entries -= T.drop_generation(self._tab, g, used, self._shift, self._mask)
-        self._total -= self._counts[g]
+        self._total -= self._counts[g]  # the blocks leave the counts now; the table when the pass is done
         self._counts[g] = 0
-        self._free.append(g)
-        self._collect_sets(used)
+        used = np.zeros(len(self._set_mask), dtype=np.bool_)
+
+        def done(dropped) -> None:
+            self._entries -= int(dropped)
+            self._free.append(g)
+            self._collect_sets(used)
+
+        if self._pool is None or self._tab.shape[0] < self._background_from:  # inline: the caller goes on itself
+            done(T.drop_generation(self._tab, g, used, self._shift, self._mask))
+            return False
+
+        def done_then(flags) -> None:
+            done(flags[2])
+            if then is not None:
+                then()
+
+        tab, shift, mask = self._tab, self._shift, self._mask
+        self._start(lambda flags: T.drop_generation_flagged(tab, g, used, shift, mask, flags), done_then, readable=False)
+        return True
 
     def _trim(self) -> None:
-        """Drop the oldest generations while the holder sets push the bytes over the budget."""
-        while self._bytes() > self._budget and self._entries:
+        """Drop the oldest generations while the holder sets push the bytes over the budget (in the
+        background: one at a time, the next check when it is done)."""
+        while self._bytes() > self._budget and self._entries and self._job is None:
             if len(self._order) == 1:  # the newest alone overflows: start over
-                self._drop()
-                self._order.append(self._free.pop())
-                self._inserts = 0
-            else:
-                self._drop()
+                if self._drop(then=self._restart):
+                    return
+                self._new_generation()
+            elif self._drop(then=self._trim):
+                return
 
-    # ---- holder sets --------------------------------------------------------
-    def _mask_of(self, v: int) -> int:
-        return 1 << v if v >= 0 else self._set_mask[~v]  # type: ignore[return-value]
-
-    def _intern(self, m: int) -> int:
-        """The value of holder mask ``m`` (non-zero): a replica, or ``~id`` of its interned set."""
-        if m & (m - 1) == 0:
-            return m.bit_length() - 1
-        s = self._set_id.get(m)
-        if s is not None:
-            return ~s
-        if self._set_free:
-            s = self._set_free.pop()
-            self._set_mask[s] = m
-        else:
-            s = len(self._set_mask)
-            self._set_mask.append(m)
-            if s >= self._setbits.shape[0]:
-                grown = np.zeros((2 * self._setbits.shape[0], self._words), dtype=np.uint64)
-                grown[:s] = self._setbits
-                self._setbits = grown
-        self._setbits[s] = self._row(m)
-        self._set_id[m] = s
-        self._set_bytes += sys.getsizeof(m) + _SET_OVERHEAD
-        self._sets_grew = True
-        return ~s
-
-    def _row(self, m: int) -> np.ndarray:
-        """Holder mask ``m`` as a row of ``_setbits`` (uint64 words, replica ``r`` = bit ``r % 64`` of word ``r // 64``)."""
-        return np.frombuffer(m.to_bytes(8 * self._words, "little"), dtype="<u8")
-
-    def _collect_sets(self, used: np.ndarray | None = None) -> None:
-        """Free the interned sets no block uses any more (``used``: already marked by a pass over the table);
-        renumber them when most rows are free."""
-        if not self._set_id:
-            return
-        if used is None:
-            used = np.zeros(len(self._set_mask), dtype=np.bool_)
-            T.mark_sets(self._tab, used)
-        for s in np.flatnonzero(~used).tolist():
-            m = self._set_mask[s]
-            if m is not None:
-                del self._set_id[m]
-                self._set_mask[s] = None
-                self._set_free.append(s)
-                self._set_bytes -= sys.getsizeof(m) + _SET_OVERHEAD
-        live = len(self._set_id)
-        if self._setbits.shape[0] > 64 and 4 * live < self._setbits.shape[0]:
-            self._compact_sets()
-
-    def _compact_sets(self) -> None:
-        """Renumber the live sets 0..k-1 and shrink the bit rows to fit (the byte budget counts them)."""
-        remap = ~np.arange(len(self._set_mask), dtype=np.int64)
-        masks = [m for m in self._set_mask if m is not None]
-        for new, m in enumerate(masks):
-            remap[self._set_id[m]] = ~new
-        T.remap_holders(self._tab, remap, -1, self._shift, self._mask)
-        rows = np.zeros((max(16, 2 * len(masks)), self._words), dtype=np.uint64)
-        for new, m in enumerate(masks):
-            rows[new] = self._row(m)
-        self._setbits = rows
-        self._set_mask = list(masks)
-        self._set_id = {m: s for s, m in enumerate(masks)}
-        self._set_free = []
+    def _restart(self) -> None:
+        self._new_generation()
+        self._trim()
 
     def _arr(self, hashes: Sequence[int]) -> np.ndarray:
         """``hashes`` as int64 (a tuple's conversion is kept for the next call with the same tuple)."""
@@ -255,7 +254,11 @@ class PrefixIndex(PrefixReads):
         self._later.append((replica, hashes))
 
     def flush(self) -> None:
-        """Apply the records :meth:`record_later` kept, in their order."""
+        """Apply the records :meth:`record_later` kept, in their order.  With background passes: none while a
+        pass runs, and at most ``_REPLAY`` a call after one (see the module doc)."""
+        if self._pool is not None:
+            self._replay(_REPLAY)
+            return
         while self._later:
             later, self._later = self._later, []
             for replica, hashes in later:
@@ -263,58 +266,61 @@ class PrefixIndex(PrefixReads):
 
     def record(self, replica: int, hashes: Sequence[int]) -> None:
         """The request was routed to ``replica``: its blocks now live there (and are the most recent)."""
+        if self._pool is not None:
+            self._later.append((replica, hashes))
+            self.flush()
+            return
         self.flush()
         self._record_now(replica, hashes)
 
-    def _record_now(self, r: int, hashes: Sequence[int]) -> None:
+    def _record_now(self, r: int, hashes: Sequence[int]) -> bool:
+        """True: a background pass had to start before the record could finish (apply it again after)."""
         self._memo = None
         a = self._arr(hashes)
         n = a.size
         if not n:
-            return
+            return False
         st, memo_k, memo_v = self._state, self._memo_k, self._memo_v
         pos, nmemo = -1, 0  # -1: the pass starts after what the newest generation already credits to r
         while pos < n:
             room = self.gen_cap - self._inserts
             if room <= 0:
-                self._rotate()
+                if self._rotate():
+                    return True
                 nmemo = 0  # a dropped generation may have freed the sets the memo names
                 continue
             if 2 * (self._entries + min(n - max(pos, 0), room)) > self._tab.shape[0]:
-                self._grow(min(n - max(pos, 0), room))
+                if self._grow(min(n - max(pos, 0), room)):
+                    return True
             pos, status = T.record_pass(self._tab, self._setbits, self._counts, self._total, a, pos, r,
                                         self._order[-1], room, memo_k, memo_v, nmemo, self._shift, self._mask, st)
             self._inserts += int(st[0])
             self._entries += int(st[1])
             if status == T.NEED:
                 nmemo = self._learn(nmemo, self._mask_of(int(st[2])) | 1 << r)
-        if self._inserts >= self.gen_cap:
-            self._rotate()
+        if self._inserts >= self.gen_cap and self._rotate():
+            return False  # recorded; the next generation starts when the drop is done
         if self._sets_grew:
             self._check_budget()
+        return False
 
     def _check_budget(self) -> None:
+        if self._job is not None:
+            return  # checked again when the pass is done (its own trim, or the next record's)
         self._sets_grew = False
         if self._bytes() > self._budget:
             self._trim()
-
-    def _learn(self, nmemo: int, mask: int) -> int:
-        """A pass stopped (``NEED``) at a block whose holders (``_state[2]``) must become ``mask``: intern it
-        and add old -> new to the memo the pass is called with again.  Returns the memo's new length."""
-        if nmemo == _MEMO:
-            nmemo = 0
-        self._memo_k[nmemo], self._memo_v[nmemo] = self._state[2], self._intern(mask)
-        return nmemo + 1
 
     def correct(self, replica: int, hashes: Sequence[int], cached_blocks: int) -> None:
         """The engine reported that only the first ``cached_blocks`` blocks of ``hashes`` were cached on
         ``replica`` (e.g. ``usage.prompt_tokens_details.cached_tokens // block_size``): add the replica
         to those blocks and drop it from the later ones the index had predicted."""
-        self.flush()
+        self.settle()
         self._memo = None
         k = max(0, min(int(cached_blocks), len(hashes)))
         if k:
             self.record(replica, hashes[:k])
+            self.settle()  # the record may have started a background pass: the passes below write the table
         a = self._arr(hashes)
         st, memo_k, memo_v = self._state, self._memo_k, self._memo_v
         pos, nmemo, bit = k, 0, 1 << replica
@@ -329,7 +335,7 @@ class PrefixIndex(PrefixReads):
 
     def forget_replica(self, replica: int) -> None:
         """The replica's KV cache is gone (restart, weights reload): it holds nothing from now on."""
-        self.flush()
+        self.settle()
         self._memo = None
         mirror = self.slots.get(replica)
         if mirror is not None:
