@@ -140,7 +140,7 @@ def test_the_background_index_agrees_with_the_inline_one(monkeypatch):
         bg.close()
 
 
-def test_forgetting_a_replica_waits_for_the_running_pass(monkeypatch, index):
+def test_forgetting_a_replica_waits_for_the_running_pass_then_runs_on_the_worker(monkeypatch, index):
     drops = _Gate(monkeypatch, "drop_generation_flagged")
     drops.hold = True
     rnd = random.Random(5)
@@ -149,10 +149,19 @@ def test_forgetting_a_replica_waits_for_the_running_pass(monkeypatch, index):
         if index._job is not None and index._readable:
             index.settle()  # a growth
     assert drops.entered.wait(30)
-    remaps = _Gate(monkeypatch, "remap_holders")
-    remaps.inner = lambda *a, inner=remaps.inner: (drops.inside == 0 or pytest.fail("remap beside a drop"), inner(*a))[1]
+    forgets = _Gate(monkeypatch, "forget_flagged")
+    forgets.hold = True
+    inner = forgets.inner
+    forgets.inner = lambda *a: (drops.inside == 0 or pytest.fail("a remap beside a drop"), inner(*a))[1]
     drops.go.set()
-    index.forget_replica(1)  # settles first: the remap pass never runs beside the drop
-    assert remaps.threads == ["MainThread"] and index._job is None
-    assert index.blocks_per_replica()[1] == 0
+    kept = _prompt(rnd, 8)
+    index.record(1, kept)  # waits behind the drop, then the forget
+    index.forget_replica(1)  # waits for the drop first: the two passes never run together
+    assert forgets.entered.wait(30) and forgets.threads[0].startswith("prefix-index")
+    assert not index.match(kept).any() and index.blocks_view()[1] == 0  # forgotten at once for the policies
+    forgets.go.set()
+    index.settle()
+    assert index._job is None and index.blocks_per_replica()[1] == 0
+    assert index.match(kept)[1] == 0  # the record made before the forget did not outlive it
     assert (index._total == index._counts.sum(axis=0)).all()
+    assert index._entries == int((index._tab[:, 0] != T.EMPTY).sum())

@@ -25,7 +25,7 @@ from numba import njit
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
 __all__ = ["EMPTY", "NONE", "DONE", "ROOM", "NEED", "find_value", "recent_prefix", "record_pass", "remove_pass",
-           "drop_generation", "rehash", "drop_generation_flagged", "rehash_flagged", "insert_all", "remap_holders", "mark_sets", "match_pass", "warm_up"]
+           "drop_generation", "rehash", "drop_generation_flagged", "rehash_flagged", "forget_flagged", "insert_all", "remap_holders", "mark_sets", "match_pass", "warm_up"]
 
 EMPTY = np.iinfo(np.int64).min  # the key of a free slot (a block hash equal to it is stored as EMPTY + 1)
 NONE = np.iinfo(np.int64).min  # find_value: no such block
@@ -292,6 +292,16 @@ def rehash_flagged(tab, old, shift, mask, flags):
 
 
 @njit(cache=True, nogil=True)
+def forget_flagged(tab, remap, gone, shift, mask, used, flags):
+    """A replica forgotten on a worker thread: :func:`remap_holders` (``flags[2]`` = the entries freed), then
+    :func:`mark_sets` into ``used``, with the flags of :func:`drop_generation_flagged`."""
+    flags[0] = 1
+    flags[2] = remap_holders(tab, remap, gone, shift, mask)
+    mark_sets(tab, used)
+    flags[1] = 1
+
+
+@njit(cache=True, nogil=True)
 def insert_all(tab, old, shift, mask):
     """Insert every entry of table ``old`` (rows of key, packed value; ``EMPTY`` rows skipped; keys absent
     from ``tab``) into ``tab``."""
@@ -392,6 +402,7 @@ def warm_up() -> None:
     flags = np.zeros(3, dtype=np.int64)
     rehash_flagged(grown, tab, np.uint64(59), 31, flags)
     drop_generation_flagged(grown, 0, np.zeros(1, dtype=np.bool_), np.uint64(59), 31, flags)
+    forget_flagged(grown, np.zeros(1, dtype=np.int64), 0, np.uint64(59), 31, np.zeros(1, dtype=np.bool_), flags)
     drop_generation(grown, 0, np.zeros(1, dtype=np.bool_), np.uint64(59), 31)
     insert_all(tab, np.full((1, 2), EMPTY, dtype=np.int64), shift, mask)
     drop_generation(tab, 0, np.zeros(1, dtype=np.bool_), shift, mask)

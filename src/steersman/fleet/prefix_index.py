@@ -334,7 +334,8 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
         self._check_budget()
 
     def forget_replica(self, replica: int) -> None:
-        """The replica's KV cache is gone (restart, weights reload): it holds nothing from now on."""
+        """The replica's KV cache is gone (restart, weights reload): it holds nothing from now on (with
+        background passes: once the pass is done; reads match nothing meanwhile)."""
         self.settle()
         self._memo = None
         mirror = self.slots.get(replica)
@@ -345,8 +346,19 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
         for s, m in enumerate(self._set_mask):
             if m is not None and m & bit:
                 remap[s] = self._intern(m & ~bit)
-        self._entries -= T.remap_holders(self._tab, remap, replica, self._shift, self._mask)
         self._counts[:, replica] = 0
         self._total[replica] = 0
-        self._collect_sets()
-        self._check_budget()
+        if self._pool is None or self._tab.shape[0] < self._background_from:
+            self._entries -= T.remap_holders(self._tab, remap, replica, self._shift, self._mask)
+            self._collect_sets()
+            self._check_budget()
+            return
+        used = np.zeros(len(self._set_mask), dtype=np.bool_)  # (no set is interned while the pass runs)
+
+        def done(flags) -> None:
+            self._entries -= int(flags[2])
+            self._collect_sets(used)
+            self._check_budget()
+
+        tab, shift, mask = self._tab, self._shift, self._mask  # two passes over the table: ~70 ms at the default budget
+        self._start(lambda flags: T.forget_flagged(tab, remap, replica, shift, mask, used, flags), done, readable=False)
