@@ -30,7 +30,7 @@ from steersman.testing import LiveFleet
 from steersman.testing.scripted import Script
 
 FAILOVER = "llama-3.1-8b"  # two replicas: a stream continues on the other, then on none
-RETRY = "qwen2.5-7b"  # three replicas: connections refused by two, retried on the third
+RETRY = "qwen2.5-7b"  # three replicas: connections refused by all three, the request retried on each
 UNPROFILED = "scripted"  # two OpenAI-compatible engines without a GPU profile (no roofline: the fallback model)
 
 
@@ -86,15 +86,15 @@ def main(policy: str) -> dict:
             scenarios[name] = {k: n - before.get(k, 0) for k, n in after.items() if n != before.get(k, 0)}
 
         def refused_then_back() -> None:
-            for i in (2, 3):
+            for i in (2, 3, 4):  # every replica of the model: the request is retried on each, then fails
                 fault(i, refuse_for_s=1.0)
-            for k in range(8):
-                chat(RETRY, f"retry {k}: hello")
-
-            async def back() -> None:
-                for i in (2, 3):
-                    await lf.sims[i].http.start(lf.sims[i].cfg.host, lf.sims[i].port)
-            lf.call(back)
+            try:
+                chat(RETRY, "retry: hello")
+            finally:
+                async def back() -> None:
+                    for i in (2, 3, 4):
+                        await lf.sims[i].http.start(lf.sims[i].cfg.host, lf.sims[i].port)
+                lf.call(back)
 
         scenario("short chat", lambda: chat(FAILOVER, "hello there"))
         scenario("long chat (compiled tokenizer)", lambda: chat(FAILOVER, "a long question about fleets " * 20))
