@@ -117,7 +117,7 @@ class Gateway(RequestLifecycle):
             endpoints += await self.sim_fleet.start()
         replicas = [self._replica(i, ep) for i, ep in enumerate(endpoints)]
         self.fleet = Fleet(replicas, self.clock, self.scheduler_settings)
-        # its full-table passes (a generation's drop, a growth) on a worker thread, not on the loop
+        # its full-table passes (a generation dropped, a growth, a replica forgotten) on a worker thread, not on the loop
         self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20,
                                         background=True)
         self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)

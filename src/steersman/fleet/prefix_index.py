@@ -33,12 +33,15 @@ over the table (a few ms at the default budget; engines restart rarely).
 **Off the event loop** (``background=True``, the gateway's index).  Dropping a generation scans the whole
 table (~30 ms at the default budget's 4M slots on a 2-core VM, once per ``gen_cap`` recorded blocks) and
 growing it rehashes every block (13-105 ms for the last doublings): run on the gateway's loop, each froze
-every stream in flight that long.  In the background a worker thread runs those compiled passes (they
-release the GIL) while the loop goes on: records wait in order (``record_later``'s list, applied when the
-pass is done; a record cut by it is applied again whole, which moves its first blocks to the newest
-generation too), reads during a drop match nothing (the table is being rewritten; routing falls back on
-load for those few milliseconds) and reads during a growth read the old table (the pass only reads it).
-The twin keeps the passes inline (``background=False``): same results, on its virtual clock.
+every stream in flight that long; forgetting a replica (its engine restarted) took two passes, ~70 ms.  In
+the background a worker thread runs those compiled passes (they release the GIL; see
+:mod:`steersman.fleet._prefix_jobs` for why it never waits for the GIL) while the loop goes on: records
+wait in order (``record_later``'s list, applied ``_REPLAY`` an access once the pass is done; a record cut
+by it is applied again whole, which moves its first blocks to the newest generation too), reads during a
+drop or a forget match nothing (the table is being rewritten; routing falls back on load for those few
+milliseconds) and reads during a growth read the old table (the pass only reads it).  Tables under
+``_BACKGROUND_FROM`` slots keep their passes inline.  The twin keeps every pass inline
+(``background=False``): the same results, on its virtual clock.
 """
 
 from __future__ import annotations
@@ -63,12 +66,11 @@ _TABLE_SHARE = 0.75
 _GENS = 8  # generations (slot byte values 0..7)
 _SLOT_BYTES = 16  # key + packed value
 _MIN_SLOTS, _START_SLOTS = 1024, 1 << 14
-#: Tables this big or bigger have their full passes on the worker (``background=True``); a pass over a smaller
-#: one takes ~2 ms or less, less than handing it to another thread and back costs under a busy loop (each GIL
-#: hand-over waits up to the 5 ms switch interval; the growths from 16K slots come every few records).
+#: Tables this big or bigger have their full passes on the worker (``background=True``): a pass over a smaller
+#: one takes ~2 ms or less, not worth holding records back for (the growths from 16K slots come every few).
 _BACKGROUND_FROM = 1 << 18
-#: Records applied per access after a background pass (the rest on the next accesses): a pass of ~0.1-0.4 s on
-#: a loaded gateway keeps hundreds waiting, and applying them all at once would be the very stall it avoids.
+#: Records applied per access after a background pass (the rest on the next accesses): a pass of 30-100 ms on a
+#: loaded gateway keeps tens to hundreds waiting, and applying them all at once would be a stall of its own.
 _REPLAY = 16
 
 
