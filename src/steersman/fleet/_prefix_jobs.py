@@ -9,9 +9,10 @@ caller's thread.
 by the holder restarts the slice: an event loop that releases it every few µs (each syscall, each compiled
 kernel) starves the waiter indefinitely (measured: a 100 ms pass took 3.1 s beside such a loop).  So the
 worker never waits for the GIL while the loop runs: the pass says through its ``flags`` (written by the
-compiled code, without the GIL) that it has started and that it is done, and the caller's thread blocks
-briefly at those two points (releasing the GIL, so the worker gets it at once) instead of polling the
-thread's future: once to see the pass start, once to let its thread return.
+compiled code, without the GIL) that it has started and that it is done, and at those two points the
+caller's thread waits for it with the GIL released (sleeping, or in the thread's future) -- for at most
+``_HANDSHAKE_S`` an access: on a machine whose cores are busy the worker may wait for one too, and the
+loop must not wait with it (it tries again at its next access).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 __all__ = ["BackgroundPasses"]
 
 _POLL_S = 50e-6  # the caller's sleep (the GIL released) while the worker enters the pass
+_HANDSHAKE_S = 0.001  # the most one access waits for the worker to enter its pass, or to return from it
 
 
 class BackgroundPasses:
@@ -46,13 +48,20 @@ class BackgroundPasses:
 
     def _start(self, work: Callable[[np.ndarray], None], done: Callable[[np.ndarray], None], readable: bool) -> None:
         """Run ``work(flags)`` (a compiled pass that writes the flags) on the worker; ``done(flags)`` on this
-        thread once it is through.  Returns when the pass is running."""
+        thread once it is through."""
         assert self._pool is not None and self._job is None
         flags = np.zeros(3, dtype=np.int64)
         job = self._pool.submit(work, flags)
         self._job, self._job_done, self._flags, self._readable = job, done, flags, readable
         self._memo = None
-        while not flags[0] and not job.done():  # sleeping releases the GIL: the worker takes it and starts
+        self._let_start()
+
+    def _let_start(self) -> None:
+        """Sleep (the GIL released, so the worker can take it) until the pass runs, ``_HANDSHAKE_S`` at most."""
+        flags, job = self._flags, self._job
+        assert job is not None
+        end = time.perf_counter() + _HANDSHAKE_S
+        while not flags[0] and not job.done() and time.perf_counter() < end:
             time.sleep(_POLL_S)
 
     def _busy(self) -> bool:
@@ -60,7 +69,15 @@ class BackgroundPasses:
         job = self._job
         if job is None:
             return False
-        if not self._flags[1] and not job.done():
+        flags = self._flags
+        if not flags[0] and not job.done():
+            self._let_start()
+            return True
+        if not flags[1] and not job.done():
+            return True
+        try:  # the pass is over: waiting here (the GIL released) lets its thread return
+            job.result(timeout=_HANDSHAKE_S)
+        except TimeoutError:
             return True
         self._finish()
         return self._job is not None  # finishing may start the next pass (a trim, a drop)
@@ -68,7 +85,7 @@ class BackgroundPasses:
     def _finish(self) -> None:
         job, done, flags = self._job, self._job_done, self._flags
         assert job is not None and done is not None
-        job.result()  # the pass is done: blocking here (the GIL released) lets its thread return at once
+        job.result()  # done already (settle waits for it): raises what the pass raised
         self._job = self._job_done = None
         self._readable = True
         self._memo = None
@@ -81,6 +98,7 @@ class BackgroundPasses:
             return
         while self._job is not None or self._later:
             if self._job is not None:
+                self._job.result()
                 self._finish()
             self._replay(len(self._later))
 
