@@ -74,6 +74,11 @@ _BACKGROUND_FROM = 1 << 18
 _REPLAY = 16
 
 
+def _geometry(slots: int) -> tuple[np.uint64, int]:
+    """(shift, mask) of a table of ``slots`` (a power of two): its Fibonacci hash keeps the top bits."""
+    return np.uint64(64 - (slots.bit_length() - 1)), slots - 1
+
+
 class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
     """Bounded approximate map of block hash -> replicas holding it (see the module doc)."""
 
@@ -122,12 +127,10 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
         self._job: Future | None = None
         self._job_done: Callable[[np.ndarray], None] | None = None
         self._readable = True  # False while a background pass rewrites the table: reads match nothing
-        self._flags = np.zeros(3, dtype=np.int64)
 
     def _alloc(self, slots: int) -> None:
         self._tab = np.full((slots, 2), T.EMPTY, dtype=np.int64)
-        self._shift = np.uint64(64 - (slots.bit_length() - 1))
-        self._mask = slots - 1
+        self._shift, self._mask = _geometry(slots)
 
     def mirror_slots(self, replica: int, mirror: SlotMirror) -> None:
         """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
@@ -166,16 +169,16 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
         if want == slots:
             return False
         old = self._tab
-        if self._pool is None or slots < self._background_from:
-            self._alloc(want)
-            T.insert_all(self._tab, old, self._shift, self._mask)
-            return False
-        shift, mask = np.uint64(64 - (want.bit_length() - 1)), want - 1
         tab = np.empty((want, 2), dtype=np.int64)  # untouched memory: the pass fills it
+        shift, mask = _geometry(want)
 
         def done(_) -> None:
             self._tab, self._shift, self._mask = tab, shift, mask
 
+        if self._pool is None or slots < self._background_from:
+            T.rehash(tab, old, shift, mask)
+            done(None)
+            return False
         # the pass reads the old table only: the loop may read it meanwhile
         self._start(lambda flags: T.rehash_flagged(tab, old, shift, mask, flags), done, readable=True)
         return True
