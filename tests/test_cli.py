@@ -121,3 +121,10 @@ def test_the_gateway_refuses_a_young_collection_threshold_below_one(tmp_path):
     cfg.write_text("gateway: {gc_threshold0: 0}\nendpoints:\n  - {url: 'http://127.0.0.1:9', models: [m]}\n")
     r = subprocess.run(STEERSMAN + ["serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "gc_threshold0" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_gateway_refuses_a_negative_busy_poll_window(tmp_path):
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text("gateway: {busy_poll_s: -0.5}\nendpoints:\n  - {url: 'http://127.0.0.1:9', models: [m]}\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "busy_poll_s" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -33,6 +33,7 @@ PINNED = {
     "gateway.gc_freeze": True,
     "gateway.gc_threshold0": 10_000,
     "gateway.loop_lag_interval_s": 0.1,
+    "gateway.busy_poll_s": 0.0,
     "gateway.isolate_tenant_caches": False,
     "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,

@@ -61,7 +61,9 @@ def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str],
     base = f"http://127.0.0.1:{port}"
     if setup.startswith("steersman"):
         cfg = pg.log_dir / f"fleet-{spec.name}.yaml"
-        lines = [f"gateway: {{host: 127.0.0.1, port: {port}}}", "endpoints:"]
+        # steersman+busy-poll: the same gateway with HAProxy-style busy polling (gateway.busy_poll_s, off by default)
+        poll = ", busy_poll_s: 0.05" if setup == "steersman+busy-poll" else ""
+        lines = [f"gateway: {{host: 127.0.0.1, port: {port}{poll}}}", "endpoints:"]
         for i, u in enumerate(urls):
             gpu = f", gpu: {spec.sim_gpu}" if spec.name == "sim" else ""
             lines.append(f'  - {{name: e{i}, url: "{u}", engine: {spec.engine_kind}, models: [{spec.model}]{gpu}}}')

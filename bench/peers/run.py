@@ -24,7 +24,8 @@ what to read there.  ``steersman@base`` runs the ``--baseline-bin`` executable (
 ``http-floor`` (opt-in, a reference, not a router) is steersman's own HTTP server and upstream pool
 relaying round-robin with no pipeline (bench/overhead/stack_proxies.py ``steersman-http``): steersman's
 added latency less this row's is what its request path (parsing, admission, prompt shape, decision,
-accounting) costs.
+accounting) costs.  ``steersman+busy-poll`` (opt-in) is the default steersman with ``gateway.busy_poll_s: 0.05``
+(HAProxy-style busy polling, off by default: it spends a core while traffic flows; steersman/http/busypoll.py).
 """
 
 from __future__ import annotations

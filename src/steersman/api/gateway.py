@@ -33,6 +33,7 @@ from steersman.fleet.embedded import SimulatedFleet
 from steersman.fleet.prefix_index import PrefixIndex
 from steersman.fleet.scraper import Scraper
 from steersman.fleet.state import Fleet, Replica
+from steersman.http.busypoll import BusyPoll
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
@@ -97,6 +98,8 @@ class Gateway(RequestLifecycle):
         self.http.route("GET", "/openapi.json", self.openapi)
         self.http.route("GET", "/admin/fleet", self.admin_fleet)
         self.admin = AdminGuard(self.settings.admin_key_sha256)
+        self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
+        self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None
 
     # ---- lifecycle ---------------------------------------------------------
     def _replica(self, i: int, ep: EndpointConfig) -> Replica:
@@ -154,6 +157,10 @@ class Gateway(RequestLifecycle):
         for fam in self.pipeline.retrier.families:
             self.metrics.registry.register(fam)
         self.port = await self.http.start(self.settings.host, self.settings.port)
+        if self.busy_poll is not None:
+            self.busy_poll.start()
+            bp = self.busy_poll
+            self.metrics.track_busy_poll(bp.total_s, lambda: float(bp.preempted))
 
     def _warm_decisions(self) -> None:
         """One decision per model on the live fleet's snapshot (nothing dispatched, nothing recorded): the
@@ -189,6 +196,8 @@ class Gateway(RequestLifecycle):
             self.fleet.set_models(rep.index, models)
 
     async def stop(self) -> None:
+        if self.busy_poll is not None:
+            self.busy_poll.stop()
         self.metrics.gc.uninstall()
         self.metrics.loop_lag.stop()
         await self.http.stop()
@@ -222,6 +231,9 @@ class Gateway(RequestLifecycle):
             self._salt(request)
         if self.settings.log_prompts:
             log.debug("request %d %s body: %s", ctx.seq, ep.path, request.body[:65536].decode("utf-8", "replace"))
+        self._serving += 1
+        if self.busy_poll is not None:
+            self.busy_poll.kick()
         try:
             bad_type = content_type_error(request.headers.get("content-type"))
             if bad_type is not None:
@@ -236,10 +248,14 @@ class Gateway(RequestLifecycle):
             send_error(ctx, ApiError(500, "Internal gateway error.", "server_error", None, "internal_error"))
             ctx.status = 500
         finally:
+            self._serving -= 1
             self.end_request(ctx)
             label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
             m.count(label, ctx.status)
             m.model(label).e2e.observe(self.clock.now() - ctx.started)
+
+    def _busy(self) -> int:
+        return self._serving
 
     def _salt(self, request: HttpRequest) -> None:
         """Each tenant's prompts share the engines' prefix caches only with its own (vLLM ``cache_salt``)."""

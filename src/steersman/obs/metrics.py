@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from steersman.config import DEFAULTS
 from steersman.obs.gcwatch import GC_BUCKETS, GcPauses
@@ -31,6 +32,19 @@ class _PerModel:
 
     def __init__(self, ttft: FastHistogram, itl: FastHistogram, e2e: FastHistogram) -> None:
         self.ttft, self.itl, self.e2e = ttft, itl, e2e
+
+
+class _CallbackCounter:
+    """A counter whose total is read at scrape time (a custom collector: prometheus_client's Counter has no
+    ``set_function``)."""
+
+    def __init__(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        self._name, self._doc, self._read = name, doc, read
+
+    def collect(self):
+        fam = CounterMetricFamily(self._name, self._doc)
+        fam.add_metric([], self._read())
+        yield fam
 
 
 class GatewayMetrics:
@@ -66,6 +80,14 @@ class GatewayMetrics:
 
     def track_queue(self, read: Callable[[], float]) -> None:
         self._queued.set_function(read)
+
+    def track_busy_poll(self, spent: Callable[[], float], preempted: Callable[[], float]) -> None:
+        """Busy polling (``gateway.busy_poll_s``): the core time it spent, and how often it backed off."""
+        self.registry.register(_CallbackCounter("steersman:busy_poll_seconds", "Seconds the event loop polled "
+                                                "instead of sleeping (gateway.busy_poll_s): a core's time each.", spent))
+        self.registry.register(_CallbackCounter("steersman:busy_poll_preemptions", "Spins ended because the "
+                                                "gateway's thread was kept off its core (then no spin for a second): "
+                                                "its core is contended.", preempted))
 
     def model(self, model: str) -> _PerModel:
         pm = self._models.get(model)
