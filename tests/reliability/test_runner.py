@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from steersman.api.errors import ApiError
 from steersman.config import DEFAULTS
+from steersman.fleet.state import Fleet, Replica
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import CONTINUE, RESPONDED, Fail, Retry
 from steersman.pipeline.runner import Pipeline, Retrier
@@ -73,11 +74,26 @@ def _ctx(budget=LatencyBudget()):
     return ctx
 
 
-def _run(script, n=3, settings=DEFAULTS.reliability, ctx=None, clock=None):
+class _RefusingForward(_Forward):
+    """As the real forward stage on a refused connection: the replica is marked unhealthy, the failure is safe."""
+
+    def __init__(self, script, fleet):
+        super().__init__(script)
+        self.fleet = fleet
+
+    async def run(self, ctx):
+        if self.script[0] == "refused":
+            self.script.pop(0)
+            self.fleet.set_healthy(ctx.replica, False)
+            return Fail(ApiError(502, f"cannot connect to engine {ctx.replica}", "server_error"), Retry.SAFE)
+        return await super().run(ctx)
+
+
+def _run(script, n=3, settings=DEFAULTS.reliability, ctx=None, clock=None, fleet=None):
     clock = clock or FakeClock()
-    fwd = _Forward(script)
+    fwd = _Forward(script) if fleet is None else _RefusingForward(script, fleet)
     sched = _Schedule(n)
-    p = Pipeline([sched, fwd], Retrier(settings, clock, random.Random(0)))
+    p = Pipeline([sched, fwd], Retrier(settings, clock, random.Random(0)), fleet)
     for _ in range(100):  # a history of served attempts: the adaptive throttle lets everything through
         p.retrier.throttle.result(0.0, True)
     ctx = ctx or _ctx()
@@ -114,6 +130,24 @@ def test_no_other_replica_answers_the_upstream_error():
 def test_an_exhausted_budget_stops_retries():
     s = replace(DEFAULTS.reliability, retry_min_concurrency=0)  # 20 % of one active request < 1
     ctx, _, p = _run(["safe", "ok"], settings=s)
+    assert ctx.attempts == 1 and ctx.http.answer[0] == 502 and p.retrier.counts.get("budget_exhausted") == 1
+
+
+def test_a_retry_away_from_a_replica_its_failure_took_out_of_rotation_needs_no_budget():
+    # a refused connection marks the replica unhealthy: the retry re-routes that replica's share, as one away from
+    # an ejected replica does, so it is not refused for want of a token (the chaos soak of 2026-12-01 lost requests
+    # this way: several in flight to a replica that stopped listening, 3 tokens for them all)
+    s = replace(DEFAULTS.reliability, retry_min_concurrency=0)  # no token for a lone request
+    clock = FakeClock()
+    reps = [Replica(i, f"r{i}", f"http://127.0.0.1:{9000 + i}", "openai", "H100", ("m",), "p", 1.0, 1, None) for i in range(3)]
+    fleet = Fleet(reps, clock)
+    ctx, sched, p = _run(["refused", "ok"], settings=s, clock=clock, fleet=fleet)
+    assert ctx.attempts == 2 and ctx.http.answer is None and sched.calls == [set(), {0}]
+    assert p.retrier.counts.get("rerouted") == 1 and p.retrier.counts.get("budget_exhausted") == 0
+    assert p.retrier.budget.retries == 0
+    # a failure that leaves its replica in rotation still needs a token
+    fleet = Fleet(reps, clock)
+    ctx, _, p = _run(["safe", "ok"], settings=s, clock=clock, fleet=fleet)
     assert ctx.attempts == 1 and ctx.http.answer[0] == 502 and p.retrier.counts.get("budget_exhausted") == 1
 
 

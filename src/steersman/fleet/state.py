@@ -283,11 +283,16 @@ class Fleet:
                 self.guard.failed(t.replica, t.key, self.clock.now())
 
     def blocked(self, index: int) -> bool:
-        """Is the replica out of rotation now (ejected, breaker open)?"""
+        """Has the reliability guard taken the replica out of rotation (ejected, breaker open)?"""
         if self.guard is None:
             return False
         now = self.clock.now()
         return bool(self.guard.blocked_until(now, self.live[S.STALLED_SINCE])[index] > now)
+
+    def out_of_rotation(self, index: int) -> bool:
+        """Does the replica get no new requests now: unhealthy (a failed connect, failed scrapes), not warm,
+        ejected or its breaker open?  A retry away from it re-routes its share (no retry-budget token)."""
+        return not self.routable[index] or self.blocked(index)
 
     def observe_prefix(self, index: int, predicted_blocks: int, reported_blocks: int) -> None:
         """The engine reported how much of a prompt it had cached; learn how far to trust the index there."""

@@ -150,12 +150,13 @@ class Pipeline:
                 self._evicted.discard(ctx)
                 cont = ctx.continuation
                 continue_only = out.retry is Retry.CONTINUE_ONLY
-                # a retry away from a replica that is now out of rotation (ejected, breaker open) or that the
-                # gateway abandoned re-routes that replica's share: no token (asked only when it matters)
+                # a retry away from a replica that is now out of rotation (a failed connect marked it unhealthy,
+                # ejected, breaker open) or that the gateway abandoned re-routes that replica's share: no token
+                # (asked only when it matters)
                 replica = ctx.replica
                 d = r.after_failure(continue_only, ctx.attempts, cont is not None and cont.allowed, r.remaining(ctx.sched),
                                     lambda: evicted or (self.fleet is not None and replica is not None
-                                                        and self.fleet.blocked(replica)),
+                                                        and self.fleet.out_of_rotation(replica)),
                                     evicted, holding[0], r.share(ctx.sched))
                 holding[0] = d.holding
                 if not d.again:

@@ -85,7 +85,7 @@ class TwinRetries:
         i = r.started.replica
         r.excluded.add(i)
         fleet = self.tw.fleet
-        d = rt.after_failure(continue_only, r.attempts, True, rt.remaining(r.sched), lambda: fleet.blocked(i), False,
+        d = rt.after_failure(continue_only, r.attempts, True, rt.remaining(r.sched), lambda: fleet.out_of_rotation(i), False,
                              r.holding, rt.share(r.sched))
         r.holding = d.holding
         return d.delay_s if d.again else None
