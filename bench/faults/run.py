@@ -14,6 +14,8 @@ each prints its rows side by side with the issue's targets, measured in this one
 * ``cascade`` — one replica degrades 5x under 0.7x-capacity load with retrying clients, then recovers:
   failures, goodput before / during, recovery time after the fault clears.
 * ``kill`` — ``bench/faults/kill.py``: a replica dies mid-stream; lost / duplicated tokens, migrations.
+* ``chaos`` — ``steersman.testing.chaos``: 60 s of mixed load while every fault kind (5xx, slow, hang, refused
+  connections, a crash and restart) hits a random replica in turn; every answer checked against a reference engine.
 """
 
 from __future__ import annotations
@@ -82,6 +84,25 @@ def _kill(a: argparse.Namespace) -> list[Row]:
         ("usage mismatches", r["usage_mismatches"], "0"),
         ("migrations", r["migrations"], ""),
         ("worst failover gap / normal p99 inter-token gap", max(r["failover_gap_ms"], default=0.0) / itl99, ""),
+    ]
+
+
+@scenario("chaos")
+def _chaos(a: argparse.Namespace) -> list[Row]:
+    from steersman.testing.chaos import run as chaos  # needs the openai client (the test extra)
+
+    r = chaos(seconds=60.0, concurrency=24, seed=1)
+    print(r.summary())
+    failed = sum(r.failures.values())
+    return [
+        ("requests under random faults (60 s, 24 clients, 4 replicas)", r.requests, ""),
+        ("faults injected (errors, slow, hang, refuse, die+restart)", sum(r.faults.values()), ""),
+        ("answers that differ from the reference engine's", len(r.mismatches), "0"),
+        ("failed / requests", failed / max(1, r.requests), "<= 0.01"),
+        ("failed after part of the stream was sent", sum(n for (_, partial), n in r.failures.items() if partial), "0"),
+        ("slowest request (s)", r.slowest_s, "< 30"),
+        ("recovery requests that succeeded / sent", r.recovery_ok / max(1, r.recovery), "1.0"),
+        ("requests left in flight at the gateway", r.in_flight_after, "0"),
     ]
 
 
