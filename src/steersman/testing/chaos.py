@@ -14,13 +14,19 @@ hits a random replica through its ``/admin/faults`` (each kind in turn, so every
 * ``die``: it crashes after 1-60 more streamed tokens (connections reset); the process is
   killed and started again on the same port 2 s later (empty caches, as a restarted engine).
 
+The clients belong to three tenants (critical, standard, sheddable API keys), ask for an SLO class
+each time, and one request in ten carries a whole-response deadline (50 ms, 0.5 s or 5 s); one
+stream in twenty is abandoned by its client part-way.  With ``max_num_seqs`` small the fleet is
+overloaded as well: requests queue in the gateway, and late or sheddable ones are refused.
+
 Then the faults are cleared, and once the gateway reports every replica healthy, ``recovery``
 more requests must all succeed.  The checks (:class:`Report`): engine-sim's text is a function of
 the request, so every answer that succeeded is compared with the reference engine's answer to the
 same request (text, finish reason, completion tokens): a stream continued on another replica
 after its engine died must read as one uninterrupted answer.  Failures must be answers in the
 OpenAI error format (a status, or an error event in the stream), none after part of a stream was
-sent; the gateway's request count must equal the clients', and nothing may remain in flight.
+sent unless its deadline passed; the gateway's request count must equal the clients', and nothing
+may remain in flight, at the gateway or on the engines (an abandoned stream is cancelled there).
 
     .venv/bin/python -m steersman.testing.chaos [--seconds 60] [--concurrency 24] [--seed 1]
 
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import random
 import socket
 import subprocess
@@ -47,6 +54,9 @@ import httpx
 __all__ = ["Report", "run", "FAULTS"]
 
 MODEL = "llama-3.1-8b"
+#: the tenants of the soak's clients (each client worker one of them, in turn): (name, priority, API key)
+TENANTS = (("acme", "critical", "chaos-key-acme"), ("web", "standard", "chaos-key-web"),
+           ("free", "sheddable", "chaos-key-free"))
 FAULTS = ("errors", "slow", "hang", "refuse", "die")
 _SYSTEMS = tuple(" ".join(f"rule{k}-{j}" for j in range(200)) for k in range(5))
 _WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
@@ -59,9 +69,11 @@ class Report:
     checked: int = 0  # successes compared with the reference engine
     mismatches: list[str] = field(default_factory=list)
     failures: Counter = field(default_factory=Counter)  # (status or error kind, after partial output) -> count
-    failure_messages: list[str] = field(default_factory=list)
+    failure_messages: list[str] = field(default_factory=list)  # the first message of each kind of failure
     slowest_s: float = 0.0
     faults: Counter = field(default_factory=Counter)
+    abandoned: int = 0  # streams the client closed part-way (on purpose)
+    engines_busy_after: float = -1.0  # requests running or waiting on the engines once all is done (leaks: > 0)
     recovery_ok: int = 0
     recovery: int = 0
     gateway_requests: float = 0.0  # steersman:requests_total summed
@@ -69,14 +81,15 @@ class Report:
     retries: dict[str, float] = field(default_factory=dict)  # steersman_retries_total by outcome
 
     def summary(self) -> str:
-        lines = [f"{self.requests} requests ({self.succeeded} succeeded), faults {dict(self.faults)}",
+        lines = [f"{self.requests} requests ({self.succeeded} succeeded, {self.abandoned} abandoned by their client "
+                 f"part-way), faults {dict(self.faults)}",
                  f"checked {self.checked} answers against the reference engine: {len(self.mismatches)} differ",
                  f"failures (status, after partial output): {dict(self.failures)}",
                  f"slowest request {self.slowest_s:.1f} s; recovery {self.recovery_ok}/{self.recovery}",
                  f"gateway counted {self.gateway_requests:.0f} requests (clients sent {self.requests + self.recovery}); "
-                 f"in flight after: {self.in_flight_after:g}",
+                 f"in flight after: {self.in_flight_after:g}; on the engines: {self.engines_busy_after:g}",
                  f"retry decisions: {self.retries}"]
-        lines += [f"  differs: {m}" for m in self.mismatches[:5]] + [f"  failed: {m}" for m in self.failure_messages[:5]]
+        lines += [f"  differs: {m}" for m in self.mismatches[:5]] + [f"  failed: {m}" for m in self.failure_messages[:12]]
         return "\n".join(lines)
 
 
@@ -101,6 +114,12 @@ def _wait(url: str, timeout: float, ready=lambda r: r.status_code == 200) -> Non
 def _request(rng: random.Random, i: int) -> dict:
     user = f"question {i} " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 30)))
     req = {"stream": rng.random() < 0.85, "max_tokens": rng.randint(1, 48)}
+    if req["stream"] and req["max_tokens"] > 2 and rng.random() < 0.05:  # the client walks away mid-stream
+        req["abandon_after"] = rng.randint(1, req["max_tokens"] // 2)
+    headers = {"x-steersman-slo": rng.choice(("interactive", "standard", "batch"))}
+    if rng.random() < 0.1:  # a whole-response deadline, some of them too short to meet
+        headers["x-steersman-deadline-ms"] = str(rng.choice((50, 500, 5000)))
+    req["headers"] = headers
     if rng.random() < 0.8:
         req["messages"] = [{"role": "system", "content": rng.choice(_SYSTEMS)}, {"role": "user", "content": user}]
     else:
@@ -114,13 +133,18 @@ async def _ask(client, req: dict) -> dict:
 
     chat = "messages" in req
     api = client.chat.completions if chat else client.completions
-    kw = {"model": MODEL, "max_tokens": req["max_tokens"], **({"messages": req["messages"]} if chat else {"prompt": req["prompt"]})}
+    kw = {"model": MODEL, "max_tokens": req["max_tokens"], "extra_headers": req.get("headers"),
+          **({"messages": req["messages"]} if chat else {"prompt": req["prompt"]})}
     text: list[str] = []
     finish = usage = None
     t0 = time.monotonic()
     try:
         if req["stream"]:
-            async for ch in await api.create(stream=True, stream_options={"include_usage": True}, **kw):
+            stream = await api.create(stream=True, stream_options={"include_usage": True}, **kw)
+            async for ch in stream:
+                if len(text) >= req.get("abandon_after", 1 << 30):
+                    await stream.close()  # the connection drops: the gateway must cancel the engine's request
+                    return {"ok": None, "kind": "abandoned", "s": time.monotonic() - t0}
                 if ch.usage is not None:
                     usage = ch.usage.completion_tokens
                 for c in ch.choices:
@@ -135,16 +159,17 @@ async def _ask(client, req: dict) -> dict:
             finish, usage = c.finish_reason, r.usage.completion_tokens
     except openai.APIStatusError as e:
         return {"ok": False, "kind": e.status_code, "partial": bool(text), "msg": str(e)[:200], "s": time.monotonic() - t0}
-    except openai.APIError as e:  # an error event in the stream, or the connection failed
-        return {"ok": False, "kind": type(e).__name__, "partial": bool(text), "msg": str(e)[:200], "s": time.monotonic() - t0}
+    except openai.APIError as e:  # an error event in the stream (its deadline passed, ...), or the connection failed
+        kind = "deadline" if "deadline" in str(e) else type(e).__name__
+        return {"ok": False, "kind": kind, "partial": bool(text), "msg": str(e)[:200], "s": time.monotonic() - t0}
     return {"ok": True, "text": "".join(text), "finish": finish, "usage": usage, "s": time.monotonic() - t0}
 
 
 class _Engines:
     """engine-sim processes on fixed ports, started again on the same port after a crash."""
 
-    def __init__(self, n: int, speedup: float, log_dir: Path) -> None:
-        self.speedup, self.log_dir = speedup, log_dir
+    def __init__(self, n: int, speedup: float, log_dir: Path, max_num_seqs: int | None = None) -> None:
+        self.speedup, self.log_dir, self.max_num_seqs = speedup, log_dir, max_num_seqs
         self.ports = [_port() for _ in range(n)]
         self.procs: dict[int, subprocess.Popen] = {}
 
@@ -152,7 +177,9 @@ class _Engines:
         log = open(self.log_dir / f"engine-{port}.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.procs[port] = subprocess.Popen(
             [sys.executable, "-m", "steersman", "engine-sim", "--gpu", "H100", "--model", MODEL, "--port", str(port),
-             "--speedup", str(self.speedup)], stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+             "--speedup", str(self.speedup),
+             *(["--max-num-seqs", str(self.max_num_seqs)] if self.max_num_seqs else [])],
+            stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
 
     def restart(self, port: int) -> None:
         p = self.procs[port]
@@ -209,6 +236,17 @@ async def _inject(ac: httpx.AsyncClient, engines: _Engines, port: int, act: str,
     await ac.delete(url)
 
 
+def _engines_busy(engines: _Engines, timeout: float = 10.0) -> float:
+    """Requests still running or waiting on the engines, once they had ``timeout`` s to see cancellations."""
+    end = time.monotonic() + timeout
+    while True:
+        busy = sum(v for port in engines.ports for k, v in _metrics(f"http://127.0.0.1:{port}").items()
+                   if k.split("{")[0] in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+        if not busy or time.monotonic() > end:
+            return busy
+        time.sleep(0.1)
+
+
 def _metrics(base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
@@ -223,7 +261,8 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
     import openai
 
     report, rng = Report(), random.Random(seed)
-    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=40)
+    clients = [openai.AsyncOpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=40) for _, _, key in TENANTS]
+    client = clients[0]
     refc = openai.AsyncOpenAI(base_url=ref + "/v1", api_key="unused", max_retries=0, timeout=40)
     done: list[tuple[dict, dict]] = []
     until = time.monotonic() + seconds
@@ -233,7 +272,7 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
         r = random.Random(seed * 1000 + w)
         while time.monotonic() < until:
             req = _request(r, next(count))
-            done.append((req, await _ask(client, req)))
+            done.append((req, await _ask(clients[w % len(clients)], req)))
 
     try:
         await asyncio.gather(_chaos(engines, rng, until, report), *(worker(w) for w in range(concurrency)))
@@ -244,11 +283,13 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
                 await ac.delete(f"http://127.0.0.1:{port}/admin/faults")
         n = len(engines.ports)
         await asyncio.to_thread(_wait, base + "/health", 60, lambda r: r.json().get("replicas_healthy") == n)
-        after = [await _ask(client, _request(rng, 10**9 + k)) for k in range(recovery)]
-        report.recovery, report.recovery_ok = recovery, sum(a["ok"] for a in after)
+        after = [await _ask(client, {**_request(rng, 10**9 + k), "abandon_after": 1 << 30, "headers": None})
+                 for k in range(recovery)]
+        report.recovery, report.recovery_ok = recovery, sum(a["ok"] is True for a in after)
         report.requests = len(done)
         oks = [(q, a) for q, a in done if a["ok"]]
         report.succeeded = len(oks)
+        report.abandoned = sum(a["ok"] is None for _, a in done)
         for q, a in random.Random(seed).sample(oks, min(check, len(oks))):
             want = await _ask(refc, q)
             got, exp = (a["text"], a["finish"], a["usage"]), (want.get("text"), want.get("finish"), want.get("usage"))
@@ -256,14 +297,20 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
                 report.mismatches.append(f"{'stream' if q['stream'] else 'whole'} max_tokens={q['max_tokens']}: "
                                          f"got {got[0][-40:]!r} {got[1:]} want {str(exp[0])[-40:]!r} {exp[1:]}")
         report.checked = min(check, len(oks))
-        for _, a in done:
+        for q, a in done:
             report.slowest_s = max(report.slowest_s, a["s"])
-            if not a["ok"]:
-                report.failures[(a["kind"], a["partial"])] += 1
-                report.failure_messages.append(f"{a['kind']}: {a['msg']}")
+            if a["ok"] is False:
+                kind = a["kind"]
+                if kind in (503, 504) and "x-steersman-deadline-ms" in (q.get("headers") or {}):
+                    kind = "deadline"  # refused as predicted late, or cut at its deadline: what the header asked for
+                key = (kind, a["partial"])
+                if not report.failures[key]:
+                    report.failure_messages.append(f"{kind}{' (after output)' if a['partial'] else ''}: {a['msg']}")
+                report.failures[key] += 1
     finally:
-        await client.close()
-        await refc.close()
+        for c in (*clients, refc):
+            await c.close()
+    report.engines_busy_after = await asyncio.to_thread(_engines_busy, engines)
     m = await asyncio.to_thread(_metrics, base)
     report.gateway_requests = sum(v for k, v in m.items() if k.startswith("steersman:requests_total"))
     report.in_flight_after = m.get("steersman:requests_in_flight", -1.0)
@@ -272,11 +319,12 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
 
 
 def run(seconds: float = 60.0, concurrency: int = 24, seed: int = 1, replicas: int = 4, speedup: float = 20.0,
-        recovery: int = 20, check: int = 600) -> Report:
-    """Run the soak (about ``seconds`` + 10-20 s) and return what it found."""
+        recovery: int = 20, check: int = 600, max_num_seqs: int | None = None) -> Report:
+    """Run the soak (about ``seconds`` + 10-20 s) and return what it found.  ``max_num_seqs``: the engines' batch
+    limit (a small one overloads the fleet: requests queue in the gateway, late and sheddable ones are refused)."""
     with tempfile.TemporaryDirectory(prefix="steersman-chaos-") as tmp:
         logs = Path(tmp)
-        engines = _Engines(replicas, speedup, logs)
+        engines = _Engines(replicas, speedup, logs, max_num_seqs)
         ref = _Engines(1, speedup, logs)
         gw = None
         try:
@@ -286,7 +334,10 @@ def run(seconds: float = 60.0, concurrency: int = 24, seed: int = 1, replicas: i
                 _wait(f"http://127.0.0.1:{port}/health", 120)
             gport = _port()
             cfg = logs / "fleet.yaml"
-            cfg.write_text("\n".join([f"gateway: {{host: 127.0.0.1, port: {gport}}}", "endpoints:"] + [
+            cfg.write_text("\n".join([f"gateway: {{host: 127.0.0.1, port: {gport}}}", "tenants:"] + [
+                f"  {name}: {{priority: {prio}}}" for name, prio, _ in TENANTS] + ["api_keys:"] + [
+                f"  - {{sha256: {hashlib.sha256(key.encode()).hexdigest()}, tenant: {name}}}" for name, _, key in TENANTS]
+                + ["endpoints:"] + [
                 f'  - {{name: e{i}, url: "http://127.0.0.1:{p}", engine: engine-sim, models: [{MODEL}], gpu: H100}}'
                 for i, p in enumerate(engines.ports)]) + "\n")
             gw = subprocess.Popen([sys.executable, "-m", "steersman", "serve", "--config", str(cfg)],
@@ -315,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--speedup", type=float, default=20.0)
+    ap.add_argument("--max-num-seqs", type=int, default=None, help="the engines' batch limit (small: an overload)")
     a = ap.parse_args(argv)
-    r = run(a.seconds, a.concurrency, a.seed, a.replicas, a.speedup)
+    r = run(a.seconds, a.concurrency, a.seed, a.replicas, a.speedup, max_num_seqs=a.max_num_seqs)
     print(r.summary())
     return 0
 
