@@ -31,6 +31,9 @@ class _Http:
     def end_stream(self):
         pass
 
+    def withdraw(self):
+        return False
+
 
 class _Schedule:
     name = "schedule"

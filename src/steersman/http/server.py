@@ -99,6 +99,14 @@ class HttpRequest:
         else:
             self.conn.write(head)
 
+    def withdraw(self) -> bool:
+        """Take back a stream whose held head has not been written (no byte reached the client): a whole
+        response may follow, with its own status.  False when the stream is on the wire (or not started)."""
+        if self._state == 1 and self._held:
+            self._state, self._held = 0, b""
+            return True
+        return False
+
     def send(self, data: bytes, last: bool = False) -> None:
         """One piece of a streamed body, written now (no buffering, no await); ``last``: it also ends the stream.
 

@@ -57,8 +57,12 @@ class Stage(Protocol):
 
 
 def send_error(ctx: RequestContext, err: ApiError) -> None:
-    """Answer with ``err``; if a stream already started, end it with an error event instead."""
+    """Answer with ``err``; if a stream already reached the client, end it with an error event instead.  A stream
+    whose head is still held (its engine failed before the first event) is taken back: the client gets the error's
+    own status (a 502 it may retry), not a 200 stream holding an error event."""
     req = ctx.http
+    if req.started and req.withdraw():
+        ctx.status = 0  # the 200 the stream had set never went out
     ctx.status = ctx.status or err.status
     if not req.started:
         req.respond(err.status, err.body(), extra=err.header_lines())
