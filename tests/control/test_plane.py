@@ -1,5 +1,7 @@
 """The control plane's decision core, pure: admission + scheduling + queue, driven with plain floats."""
 
+from dataclasses import replace
+
 from steersman.config import DEFAULTS
 from steersman.config.admission import AdmissionSettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig
@@ -85,3 +87,46 @@ def test_a_queued_request_the_policy_now_refuses_leaves_the_queue_refused_not_st
     # released: the sheddable tenant's one request per minute is free again
     assert isinstance(p.arrive("again", sched_request(seq=2, priority=PriorityClass.SHEDDABLE, tenant="s"), spare,
                                FREE, 0.2)[0], Dispatch)
+
+
+def test_a_retry_no_replica_can_take_now_waits_in_the_queue_already_admitted():
+    """A request whose attempt failed, re-routed while every replica is saturated, waits again (requeue) instead of
+    failing: capacity that frees dispatches it with its first admission, avoiding the replica that failed it; a
+    refusal from the queue (expiry, shedding, its client gone) does not give its admission back: it ran, and the
+    request's end settles it."""
+    p, t = plane(requests_per_minute=1)
+    out, _ = p.arrive("a", sched_request(), t, FREE, 0.0)
+    assert isinstance(out, Dispatch)
+    admit = out.admit
+    failed = out.route.replica
+    retry = replace(sched_request(), excluded=frozenset({failed}))
+    out, shed = p.requeue("a", retry, admit, t.weight, 0.1)
+    assert isinstance(out, Wait) and not shed and p.waiting == 1
+    got = p.dispatch(lambda: FREE, 0.2)
+    assert [item for item, _ in got] == ["a"] and got[0][1].admit is admit and got[0][1].route.replica != failed
+    # given up while waiting again: the tenant's one request a minute stays spent (its end settles it)
+    p.requeue("a", retry, admit, t.weight, 0.3)
+    p.abandon("a", 0.4)
+    assert isinstance(p.arrive("b", sched_request(seq=1), t, FREE, 0.5)[0], Refuse)
+    # expired while waiting again: the same
+    p2, t2 = plane(requests_per_minute=1)
+    out, _ = p2.arrive("c", sched_request(), t2, FREE, 0.0)
+    late = sched_request(budget=LatencyBudget(deadline=1.0))
+    assert isinstance(p2.requeue("c", late, out.admit, t2.weight, 0.1)[0], Wait)
+    assert [item for item, _ in p2.expire(FULL, 1.0)] == ["c"] and p2.waiting == 0
+    assert isinstance(p2.arrive("d", sched_request(seq=1), t2, FREE, 1.1)[0], Refuse)
+
+
+def test_a_requeued_retry_can_be_shed_and_can_shed_like_an_arrival():
+    p, t = plane(max_entries=1)
+    crit = TenantConfig("c", PriorityClass.CRITICAL)
+    batch = TenantConfig("b", PriorityClass.BATCH)
+    out, _ = p.arrive("run", sched_request(priority=PriorityClass.BATCH, tenant="b"), batch, FREE, 0.0)
+    assert isinstance(p.requeue("run", sched_request(priority=PriorityClass.BATCH, tenant="b"), out.admit, 1.0, 0.1)[0],
+                      Wait)
+    out, shed = p.arrive("high", sched_request(seq=1, priority=PriorityClass.CRITICAL, tenant="c"), crit, FULL, 0.2)
+    assert isinstance(out, Wait) and [v for v, _ in shed] == ["run"] and shed[0][1].code == "shed"
+    # a batch retry meeting a full queue of more important work is refused itself
+    x = sched_request(seq=2, priority=PriorityClass.BATCH, tenant="b")
+    out, shed = p.requeue("x", x, p.admitter.admit(x, batch, 0.3), 1.0, 0.4)
+    assert isinstance(out, Refuse) and out.code == "shed" and not shed and p.waiting == 1

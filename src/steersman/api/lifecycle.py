@@ -53,6 +53,8 @@ class RequestLifecycle:
             w = ctx.waiter
             if w is not None and not w.done():
                 if isinstance(out, Dispatch):
+                    if ctx.started_at is not None:  # a retry that waited again: its failed attempt's accounting ends
+                        self.fleet.end(ctx.started_at.ticket, 0)
                     self.start_dispatch(ctx, out)
                 w.set_result(out)
 

@@ -9,6 +9,8 @@ outcomes saying what to do with which item:
   let it :class:`Wait` in the queue, or :class:`Refuse` it (429 rate limit or
   budget, 503 no capacity / infeasible deadline / shed).  Queueing may shed an
   older, less important request: it comes back as a ``(victim, Refuse)`` pair.
+* :meth:`ControlPlane.requeue` — a retry that no replica can take now waits in the
+  queue again, already admitted.
 * :meth:`ControlPlane.dispatch` — capacity may have freed: queued requests that
   can now run, in queue order.
 * :meth:`ControlPlane.expire` — queued requests whose deadline can no longer be met.
@@ -78,6 +80,7 @@ class Refuse:
 class _Queued:
     req: SchedRequest
     admit: Admit
+    ran: bool = False  # a retry waiting again (requeue): its admission is settled when the request ends, not here
 
 
 def _earliest_finish(snapshot: FleetSnapshot, req: SchedRequest) -> float:
@@ -136,11 +139,34 @@ class ControlPlane:
             self.admitter.release(a, now)
             return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
         self._waiting[item] = _Queued(req, a)
-        victim = self._waiting.pop(pushed.item)
-        self._kept.discard(id(pushed.item))
-        self.admitter.release(victim.admit, now)
-        shed = Refuse(503, "shed", "shed from the gateway queue for more important requests", 1.0)
-        return Wait(len(self.queue)), [(pushed.item, shed)]
+        return Wait(len(self.queue)), [self._shed(pushed.item, now)]
+
+    def requeue(self, item: Any, req: SchedRequest, admit: Admit, weight: float,
+                now: float) -> tuple[Wait | Refuse, list[tuple[Any, Refuse]]]:
+        """An admitted request whose attempt failed, re-routed (``req.excluded``: the replicas that failed it) when
+        no replica can take it now (the policy said :class:`Queue`): it waits in the queue as a new arrival would,
+        under its first arrival time, and leaves through :meth:`dispatch` or :meth:`expire` like the others.  It is
+        not admitted again, and a refusal from the queue does not release its admission: it ran, and its end
+        settles it.  Like :meth:`arrive`, queueing it may shed a less important request."""
+        pushed = self.queue.push(item, req, now, weight=weight)
+        if isinstance(pushed, Enqueued):
+            self._waiting[item] = _Queued(req, admit, ran=True)
+            return Wait(pushed.depth), []
+        if pushed.newcomer:
+            return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
+        self._waiting[item] = _Queued(req, admit, ran=True)
+        return Wait(len(self.queue)), [self._shed(pushed.item, now)]
+
+    def _shed(self, victim: Any, now: float) -> tuple[Any, Refuse]:
+        q = self._waiting.pop(victim)
+        self._kept.discard(id(victim))
+        self._release(q, now)
+        return victim, Refuse(503, "shed", "shed from the gateway queue for more important requests", 1.0)
+
+    def _release(self, q: _Queued, now: float) -> None:
+        """A queued request leaves without being dispatched: its admission goes back, unless it ran before."""
+        if not q.ran:
+            self.admitter.release(q.admit, now)
 
     # ---- capacity freed ----------------------------------------------------------------
     def servable_models(self, snapshot: FleetSnapshot) -> set[str]:
@@ -188,7 +214,7 @@ class ControlPlane:
             if isinstance(decision, Route):
                 out.append((item, Dispatch(decision, q.admit)))
             else:
-                self.admitter.release(q.admit, now)
+                self._release(q, now)
                 out.append((item, Refuse(503, decision.code, decision.reason, decision.retry_after)))
         return out
 
@@ -252,7 +278,7 @@ class ControlPlane:
             q = self._waiting.pop(item, None)
             self._kept.discard(id(item))
             if q is not None:
-                self.admitter.release(q.admit, now)
+                self._release(q, now)
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
                 out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
         return out
@@ -264,7 +290,7 @@ class ControlPlane:
         self._kept.discard(id(item))
         if q is not None:
             self.queue.remove(item)
-            self.admitter.release(q.admit, now)
+            self._release(q, now)
 
     def finish(self, admit: Admit, used_tokens: int, cost_usd: float, now: float) -> None:
         self.admitter.settle(admit, used_tokens=used_tokens, cost_usd=cost_usd, now=now)

@@ -89,45 +89,58 @@ class Schedule:
         gw = self.gw
         assert ctx.sched is not None and ctx.tenant is not None
         if ctx.started_at is not None:
-            return self._reroute(ctx)
+            return await self._reroute(ctx)
         out, shed = gw.plane.arrive(ctx, ctx.sched, ctx.tenant, gw.fleet.snapshot(), gw.clock.now())
         gw.notify(shed)
         if isinstance(out, Refuse):
             return Fail(refusal_error(out), Retry.NEVER)
         if isinstance(out, Wait):
-            ctx.waiter = gw.running_loop().create_future()
-            gw.kick()
-            try:
-                out = await ctx.waiter
-            except asyncio.CancelledError:
-                gw.plane.abandon(ctx, gw.clock.now())  # the client left while queued
-                raise
-            finally:
-                ctx.waiter = None
-            if isinstance(out, Refuse):
-                return Fail(refusal_error(out), Retry.NEVER)
-            assert isinstance(out, Dispatch) and ctx.started_at is not None
-            return CONTINUE  # notify() started the dispatch as it woke us: starting it again leaked a ticket
+            return await self._wait(ctx)
         assert isinstance(out, Dispatch)
         gw.start_dispatch(ctx, out)
         return CONTINUE
 
-    def _reroute(self, ctx: RequestContext) -> Outcome:
+    async def _wait(self, ctx: RequestContext) -> Outcome:
+        """Wait in the gateway queue until the control plane dispatches the request (or refuses it)."""
+        gw = self.gw
+        ctx.waiter = gw.running_loop().create_future()
+        gw.kick()
+        try:
+            out = await ctx.waiter
+        except asyncio.CancelledError:
+            gw.plane.abandon(ctx, gw.clock.now())  # the client left while queued
+            raise
+        finally:
+            ctx.waiter = None
+        if isinstance(out, Refuse):
+            return Fail(refusal_error(out), Retry.NEVER)
+        assert isinstance(out, Dispatch) and ctx.started_at is not None
+        return CONTINUE  # notify() started the dispatch as it woke us: starting it again leaked a ticket
+
+    async def _reroute(self, ctx: RequestContext) -> Outcome:
         """A retry or stream continuation: route again, already admitted, avoiding ``ctx.excluded``.
 
         The failed attempt's replica accounting ends only once a new replica is chosen
-        (otherwise the request ends as it is and is settled once, as always).  No
-        replica free right now is ``Fail(..., Retry.SAFE)``: the runner may wait and ask again.
+        (otherwise the request ends as it is and is settled once, as always).  When no
+        replica can take it now, it waits in the gateway queue as a new arrival would
+        (:meth:`ControlPlane.requeue`), not admitted again.
         """
         gw = self.gw
         old = ctx.started_at
-        # a stream already under way (bytes reached the client) moves its admitted load: not new work
-        req = replace(ctx.sched, excluded=frozenset(ctx.excluded), resumed=bool(ctx.http.started))
+        # a stream already under way (bytes reached the client) moves its admitted load: not new work; a retry before
+        # any byte went out is new work to the gates (concurrency limit, saturation) and may have to wait
+        req = replace(ctx.sched, excluded=frozenset(ctx.excluded), resumed=bool(ctx.bytes_sent))
         decision = gw.policy.pick(gw.fleet.snapshot(), req)
-        if not isinstance(decision, Route):
+        if isinstance(decision, Route):
+            gw.fleet.end(old.ticket, 0)
+            gw.start_dispatch(ctx, Dispatch(decision, old.admit))
+            return CONTINUE
+        if not isinstance(decision, Queue):
             err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,
                            decision.code if isinstance(decision, Reject) else "no_capacity", 1.0)
-            return Fail(err, Retry.SAFE if isinstance(decision, Queue) else Retry.NEVER)
-        gw.fleet.end(old.ticket, 0)
-        gw.start_dispatch(ctx, Dispatch(decision, old.admit))
-        return CONTINUE
+            return Fail(err, Retry.NEVER)
+        out, shed = gw.plane.requeue(ctx, req, old.admit, ctx.tenant.weight, gw.clock.now())
+        gw.notify(shed)
+        if isinstance(out, Refuse):
+            return Fail(refusal_error(out), Retry.NEVER)
+        return await self._wait(ctx)  # notify() ends the failed attempt's ticket as it dispatches

@@ -126,7 +126,8 @@ class Pipeline:
                 if isinstance(out, Fail):
                     if last is None or out.retry is not Retry.SAFE:
                         return last or out
-                    # a retry found no replica free right now: wait (bounded) and route again
+                    # a retry's route stage found no replica free right now: wait (bounded) and route again (the
+                    # gateway's Schedule stage itself waits in the gateway queue then: ControlPlane.requeue)
                     reschedules += 1
                     if reschedules >= r.s.retry_max_attempts or not await self._backoff(ctx, reschedules):
                         return last

@@ -87,12 +87,11 @@ class _Req:
     transfer: Ticket | None = None  # its ticket at the decode replica while its KV moves there
     cached: int = -1  # prompt tokens found in the prefill replica's prefix cache
     # retries (steersman.twin.retries): upstream attempts, replicas that failed it, budget token held,
-    # begun in the retrier, re-routes that found no replica, tokens sent before its stream moved
+    # begun in the retrier, tokens sent before its stream moved
     attempts: int = 0
     excluded: set = field(default_factory=set)
     holding: bool = False
     began: bool = False
-    reschedules: int = 0
     delivered: int = 0
 
 
@@ -241,6 +240,10 @@ class Twin(DrillActions):
             self._push(now + _EXPIRE_EVERY_S, _EXPIRE, None)
 
     def _refused(self, r: _Req, refusal: Refuse) -> None:
+        if r.started is not None:  # a retry refused from the queue: its failed attempt is settled now
+            self.accounting.ended(r.started, 0, False)
+            if self.retries is not None:
+                self.retries.ended(r, None)
         self.rec.refused(r.idx, self.clock.t, refusal.status)
         self._follow_up(r, ok=False)
 
@@ -408,14 +411,17 @@ class Twin(DrillActions):
         self._follow_up(r, ok=False)
 
     def _retry(self, r: _Req) -> None:
-        """Route a failed request again (:meth:`TwinRetries.reroute`) and send it."""
+        """Route a failed request again (:meth:`TwinRetries.reroute`) and send it, or let it wait in the queue."""
         got = self.retries.reroute(r)
         if got is None:
             self._fail(r)
-        elif isinstance(got, float):
-            self._push(self.clock.t + got, _RETRY, r)
-        else:
+        elif isinstance(got, Dispatch):
             self._dispatch(r, got)
+        elif isinstance(got, Refuse):
+            self._refused(r, got)
+        elif not self._expiring:  # waits in the queue: its expiry is checked, capacity that frees dispatches it
+            self._expiring = True
+            self._push(self.clock.t + _EXPIRE_EVERY_S, _EXPIRE, None)
 
     def _follow_up(self, r: _Req, ok: bool) -> None:
         for a in self.workload.on_complete(r.arrival, self.clock.t, ok):
@@ -433,6 +439,8 @@ class Twin(DrillActions):
                 if isinstance(d, Refuse):
                     self._refused(r, d)
                 else:
+                    if r.started is not None:  # a retry that waited again: its failed attempt's accounting ends
+                        self.fleet.end(r.started.ticket, 0)
                     self._dispatch(r, d)
 
     def _expire(self) -> None:

@@ -14,9 +14,10 @@ request whose attempt fails is handled as the live request path handles it
   at once: the new replica prefills the prompt plus the tokens already sent (the
   prompt's blocks may be cached there; the sent tokens are not) and generates the
   rest, so the client sees one stream with a gap, and the TTFT it saw stands;
-* a re-route that finds no replica free waits and asks again (bounded), as live; a
-  resumed stream is not held back by the gates on new work (concurrency limit,
-  saturation queue: :attr:`~steersman.policy.request.SchedRequest.resumed`).
+* a re-route that finds no replica free waits in the gateway queue, already admitted,
+  as live (:meth:`~steersman.control.plane.ControlPlane.requeue`); a resumed stream is
+  not held back by the gates on new work (concurrency limit, saturation queue:
+  :attr:`~steersman.policy.request.SchedRequest.resumed`).
 
 The failed attempt's replica accounting ends when the next replica is chosen, as
 live.  Not modelled: retries in prefill/decode-disaggregated mode (a failure there
@@ -30,7 +31,7 @@ import random
 from dataclasses import replace
 
 from steersman.config import ReliabilitySettings
-from steersman.control.plane import Dispatch
+from steersman.control.plane import Dispatch, Refuse, Wait
 from steersman.policy.base import Queue, Route
 from steersman.reliability.retrier import Retrier
 
@@ -91,9 +92,12 @@ class TwinRetries:
         return d.delay_s if d.again else None
 
     # ---- routing again ------------------------------------------------------------------------
-    def reroute(self, r) -> Dispatch | float | None:
+    def reroute(self, r) -> Dispatch | Wait | Refuse | None:
         """Route ``r`` again, avoiding the replicas that failed it: a dispatch (the failed attempt's accounting
-        ended), seconds to wait before asking again (no replica free now), or None (the request fails)."""
+        ended); a wait in the gateway queue when no replica can take it now (:meth:`ControlPlane.requeue`, as live:
+        the twin dispatches it from there, its failed attempt's accounting ending then); a refusal (the queue shed
+        it); or None (no replica at all: the request fails).  Queueing may shed another request: the twin is
+        told through ``shed``."""
         tw = self.tw
         req = replace(r.sched, excluded=frozenset(r.excluded), resumed=r.delivered > 0)
         decision = tw.plane.policy.pick(tw.fleet.snapshot(), req)
@@ -104,8 +108,8 @@ class TwinRetries:
             return Dispatch(decision, old.admit)
         if not isinstance(decision, Queue):
             return None
-        rt = self.retrier
-        r.reschedules += 1
-        if r.reschedules >= rt.s.retry_max_attempts:
-            return None
-        return rt.backoff(r.reschedules, rt.remaining(r.sched))
+        r.sched = req
+        out, shed = tw.plane.requeue(r, req, r.started.admit, r.tenant.weight, tw.clock.t)
+        for victim, refusal in shed:
+            tw._refused(victim, refusal)
+        return out
