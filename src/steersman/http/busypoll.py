@@ -31,6 +31,7 @@ scheduler has to preempt has used up its share: the engines beside it wait for i
 then waits behind them when its own work arrives.  Measured on the 2-core VM without this
 back-off, 4 engine-sims beside the gateway under 16 streams: TTFT p50 7.6 -> 12.0 ms; two
 llama-servers: output tokens/s -23%.
+
 Process mechanics at the IO edge, on the process's own timer (as :mod:`steersman.obs.looplag`):
 no policy reads it.
 """

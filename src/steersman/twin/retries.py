@@ -96,8 +96,8 @@ class TwinRetries:
         """Route ``r`` again, avoiding the replicas that failed it: a dispatch (the failed attempt's accounting
         ended); a wait in the gateway queue when no replica can take it now (:meth:`ControlPlane.requeue`, as live:
         the twin dispatches it from there, its failed attempt's accounting ending then); a refusal (the queue shed
-        it); or None (no replica at all: the request fails).  Queueing may shed another request: the twin is
-        told through ``shed``."""
+        it); or None (no replica at all: the request fails).  A request its queueing sheds is refused through the
+        twin (``Twin._refused``)."""
         tw = self.tw
         req = replace(r.sched, excluded=frozenset(r.excluded), resumed=r.delivered > 0)
         decision = tw.plane.policy.pick(tw.fleet.snapshot(), req)
