@@ -38,8 +38,8 @@ sources:
   - {kind: research, tenant: lab, slo: batch, tasks_per_s: 3, system_prompt_tokens: 3000}
 """
 
-_OWN_GC = ("import steersman.twin.core as C; C._gc_tuned.__enter__ = lambda self: None; "
-           "C._gc_tuned.__exit__ = lambda self, *exc: None; ")
+_OWN_GC = ("import steersman.twin.core as C; C.GcTuned.__enter__ = lambda self: None; "
+           "C.GcTuned.__exit__ = lambda self, *exc: None; ")
 GC_SETTINGS = {  # Twin.run's own tuning; the process's settings kept (Twin.run's tuning off): disabled, very eager
     "default": "",
     "disabled": _OWN_GC + "gc.disable()",

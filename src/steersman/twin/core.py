@@ -16,7 +16,6 @@ workflows, queue expiry checks, and failure-drill steps.
 
 from __future__ import annotations
 
-import gc
 import heapq
 import itertools
 import math
@@ -38,6 +37,7 @@ from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
+from steersman.twin._gctune import GcTuned
 from steersman.twin.drill_actions import DrillActions
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.pd import Disaggregation
@@ -95,26 +95,6 @@ class _Req:
     delivered: int = 0
 
 
-class _gc_tuned:
-    """Fewer collections while the event loop runs: the heap that exists at the start (fleet, workload,
-    index) is frozen out of collection and the thresholds raised (``DEFAULTS.twin``); both restored after.
-    Results do not depend on it (``tests/twin/test_determinism.py``); only speed does."""
-
-    def __enter__(self) -> None:
-        self._thresholds = gc.get_threshold()
-        self._froze = gc.get_freeze_count() == 0  # someone else's frozen heap stays theirs to unfreeze
-        if self._froze:
-            gc.collect()
-            gc.freeze()
-        t = DEFAULTS.twin
-        gc.set_threshold(t.gc_threshold0, t.gc_threshold1, t.gc_threshold2)
-
-    def __exit__(self, *exc) -> None:
-        gc.set_threshold(*self._thresholds)
-        if self._froze:
-            gc.unfreeze()
-
-
 class Twin(DrillActions):
     def __init__(self, fleet: TwinFleet, workload, policy, tenants: dict[str, TenantConfig] | None = None,
                  cfg: TwinConfig = TwinConfig(), progress: Callable[[float, int], None] | None = None) -> None:
@@ -159,7 +139,7 @@ class Twin(DrillActions):
     def run(self) -> Recorder:
         if not self.cfg.tune_gc:
             return self._run()
-        with _gc_tuned():
+        with GcTuned():
             return self._run()
 
     def _run(self) -> Recorder:
