@@ -9,7 +9,7 @@ hits a random replica through its ``/admin/faults`` (each kind in turn, so every
 
 * ``errors``: 40% of its new requests answer 5xx, for 2 s;
 * ``slow``: every step 5x slower, for 2 s;
-* ``hang``: no progress, connections open, for 1-4 s;
+* ``hang``: no progress, connections open, for 3 s (the gateway ejects it after 2 s without a first token);
 * ``refuse``: the listener closed for 2 s;
 * ``die``: it crashes after 1-60 more streamed tokens (connections reset); the process is
   killed and started again on the same port 2 s later (empty caches, as a restarted engine).
@@ -223,7 +223,7 @@ async def _inject(ac: httpx.AsyncClient, engines: _Engines, port: int, act: str,
         await asyncio.sleep(2)
     elif act == "hang":
         await ac.post(url, json={"hang": True})
-        await asyncio.sleep(rng.uniform(1, 4))
+        await asyncio.sleep(3.0)  # past the 2 s stall floor (latency_floor_ttft_s): ejected, what waited there moves
     elif act == "refuse":  # the listener (its admin endpoint too) opens again by itself
         await ac.post(url, json={"refuse_for_s": 2.0})
         await asyncio.sleep(2.5)
