@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import hashlib
 import random
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,9 @@ from pathlib import Path
 
 import httpx
 
+from steersman.engines.promtext import read_labelled, read_samples
+from steersman.fleet.processes import free_port
+
 __all__ = ["Report", "run", "FAULTS"]
 
 MODEL = "llama-3.1-8b"
@@ -60,6 +62,7 @@ TENANTS = (("acme", "critical", "chaos-key-acme"), ("web", "standard", "chaos-ke
 FAULTS = ("errors", "slow", "hang", "refuse", "die")
 _SYSTEMS = tuple(" ".join(f"rule{k}-{j}" for j in range(200)) for k in range(5))
 _WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
+_ENGINE_BUSY = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
 
 
 @dataclass
@@ -93,12 +96,6 @@ class Report:
         return "\n".join(lines)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait(url: str, timeout: float, ready=lambda r: r.status_code == 200) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -111,15 +108,17 @@ def _wait(url: str, timeout: float, ready=lambda r: r.status_code == 200) -> Non
     raise TimeoutError(f"{url} not ready within {timeout:g} s")
 
 
-def _request(rng: random.Random, i: int) -> dict:
+def _request(rng: random.Random, i: int, plain: bool = False) -> dict:
+    """One request of the mix; ``plain``: never abandoned, no SLO class or deadline (the recovery requests)."""
     user = f"question {i} " + " ".join(rng.choice(_WORDS) for _ in range(rng.randint(1, 30)))
     req = {"stream": rng.random() < 0.85, "max_tokens": rng.randint(1, 48)}
-    if req["stream"] and req["max_tokens"] > 2 and rng.random() < 0.05:  # the client walks away mid-stream
-        req["abandon_after"] = rng.randint(1, req["max_tokens"] // 2)
-    headers = {"x-steersman-slo": rng.choice(("interactive", "standard", "batch"))}
-    if rng.random() < 0.1:  # a whole-response deadline, some of them too short to meet
-        headers["x-steersman-deadline-ms"] = str(rng.choice((50, 500, 5000)))
-    req["headers"] = headers
+    if not plain:
+        if req["stream"] and req["max_tokens"] > 2 and rng.random() < 0.05:  # the client walks away mid-stream
+            req["abandon_after"] = rng.randint(1, req["max_tokens"] // 2)
+        headers = {"x-steersman-slo": rng.choice(("interactive", "standard", "batch"))}
+        if rng.random() < 0.1:  # a whole-response deadline, some of them too short to meet
+            headers["x-steersman-deadline-ms"] = str(rng.choice((50, 500, 5000)))
+        req["headers"] = headers
     if rng.random() < 0.8:
         req["messages"] = [{"role": "system", "content": rng.choice(_SYSTEMS)}, {"role": "user", "content": user}]
     else:
@@ -170,11 +169,13 @@ class _Engines:
 
     def __init__(self, n: int, speedup: float, log_dir: Path, max_num_seqs: int | None = None) -> None:
         self.speedup, self.log_dir, self.max_num_seqs = speedup, log_dir, max_num_seqs
-        self.ports = [_port() for _ in range(n)]
+        self.ports = [free_port() for _ in range(n)]
         self.procs: dict[int, subprocess.Popen] = {}
+        self._logs: list = []
 
     def start(self, port: int) -> None:
-        log = open(self.log_dir / f"engine-{port}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        log = open(self.log_dir / f"engine-{port}.log", "ab")  # noqa: SIM115 (closed in stop())
+        self._logs.append(log)
         self.procs[port] = subprocess.Popen(
             [sys.executable, "-m", "steersman", "engine-sim", "--gpu", "H100", "--model", MODEL, "--port", str(port),
              "--speedup", str(self.speedup),
@@ -194,6 +195,8 @@ class _Engines:
             if p.poll() is None:
                 p.kill()
             p.wait()
+        for log in self._logs:
+            log.close()
 
 
 async def _chaos(engines: _Engines, rng: random.Random, until: float, report: Report) -> None:
@@ -240,20 +243,15 @@ def _engines_busy(engines: _Engines, timeout: float = 10.0) -> float:
     """Requests still running or waiting on the engines, once they had ``timeout`` s to see cancellations."""
     end = time.monotonic() + timeout
     while True:
-        busy = sum(v for port in engines.ports for k, v in _metrics(f"http://127.0.0.1:{port}").items()
-                   if k.split("{")[0] in ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+        busy = sum(sum(read_samples(_metrics(f"http://127.0.0.1:{port}"), _ENGINE_BUSY).values())
+                   for port in engines.ports)
         if not busy or time.monotonic() > end:
             return busy
         time.sleep(0.1)
 
 
-def _metrics(base: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+def _metrics(base: str) -> str:
+    return httpx.get(base + "/metrics", timeout=10).text
 
 
 async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurrency: int, seed: int, recovery: int,
@@ -283,8 +281,7 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
                 await ac.delete(f"http://127.0.0.1:{port}/admin/faults")
         n = len(engines.ports)
         await asyncio.to_thread(_wait, base + "/health", 60, lambda r: r.json().get("replicas_healthy") == n)
-        after = [await _ask(client, {**_request(rng, 10**9 + k), "abandon_after": 1 << 30, "headers": None})
-                 for k in range(recovery)]
+        after = [await _ask(client, _request(rng, 10**9 + k, plain=True)) for k in range(recovery)]
         report.recovery, report.recovery_ok = recovery, sum(a["ok"] is True for a in after)
         report.requests = len(done)
         oks = [(q, a) for q, a in done if a["ok"]]
@@ -311,10 +308,11 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
         for c in (*clients, refc):
             await c.close()
     report.engines_busy_after = await asyncio.to_thread(_engines_busy, engines)
-    m = await asyncio.to_thread(_metrics, base)
-    report.gateway_requests = sum(v for k, v in m.items() if k.startswith("steersman:requests_total"))
-    report.in_flight_after = m.get("steersman:requests_in_flight", -1.0)
-    report.retries = {k.split('"')[1]: v for k, v in m.items() if k.startswith("steersman_retries_total")}
+    text = await asyncio.to_thread(_metrics, base)
+    m = read_samples(text, {"steersman:requests_total": "requests", "steersman:requests_in_flight": "in_flight"})
+    report.gateway_requests = m.get("requests", 0.0)
+    report.in_flight_after = m.get("in_flight", -1.0)
+    report.retries = read_labelled(text, "steersman_retries_total", "outcome")
     return report
 
 
@@ -332,7 +330,7 @@ def run(seconds: float = 60.0, concurrency: int = 24, seed: int = 1, replicas: i
                 (engines if port in engines.ports else ref).start(port)
             for port in engines.ports + ref.ports:
                 _wait(f"http://127.0.0.1:{port}/health", 120)
-            gport = _port()
+            gport = free_port()
             cfg = logs / "fleet.yaml"
             cfg.write_text("\n".join([f"gateway: {{host: 127.0.0.1, port: {gport}}}", "tenants:"] + [
                 f"  {name}: {{priority: {prio}}}" for name, prio, _ in TENANTS] + ["api_keys:"] + [
