@@ -45,12 +45,10 @@ def test_a_cold_burst_computes_the_shared_prompt_once_per_replica(engines):
     from steersman.testing import LiveFleet
 
     urls = [e["url"] for e in engines.endpoints()]
-    # a waiter gives up once the copy's request runs 50% past its predicted end (scheduler.slot_wait_overrun); on a
-    # CI machine busy with other work the engines run slower than their calibration said and one waiter did
-    # (one reuse instead of two, once in a run beside a CPU-bound benchmark), so the test allows 3x here
-    with LiveFleet(endpoints=engines.endpoints(), policy="steersman", extra={"scheduler": {"slot_wait_overrun": 3.0}}) as lf, \
-            httpx.Client(timeout=120) as c:
-        assert lf.gateway.scheduler_settings.slot_wait_overrun == 3.0
+    # the defaults: on a CI machine busy with other work the engines ran ~4x slower than their calibration, and a
+    # waiter that gave up on a copy 50% past its predicted end computed a third copy (one reuse instead of two);
+    # a late copy is now predicted to run later still (scheduler.slot_wait_overrun), and going now was slower
+    with LiveFleet(endpoints=engines.endpoints(), policy="steersman") as lf, httpx.Client(timeout=120) as c:
         live = lf.gateway.fleet.live
         # calibrated before it served: the engines' own seconds per prompt token and per generated token
         for row in (S.PREFILL_S_TOKEN, S.DECODE_S_TOKEN):

@@ -144,8 +144,10 @@ class SchedulerSettings:
         "the best replica now (the prediction of a holder's end is a mean; a small gain is not worth the risk)"
     )
     slot_wait_overrun: float = setting(
-        0.5, "design: a request waits for a running one only until that one is 50% of its predicted time past "
-        "its predicted end (then the prediction was wrong: it routes as if nothing were running)"
+        0.5, "design: a running request past its predicted end is predicted to end after another half of the time "
+        "it has overrun (a late estimate is late by more: the wait for it grows with its lateness and ends once "
+        "another replica is predicted sooner; a fixed cut-off at 50% past the predicted end sent the waiters of a "
+        "uniformly slow fleet to compute extra copies of the prompt: tests/real/test_llamacpp_slot_wait.py)"
     )
     demote_late: bool = setting(
         True, "vLLM --scheduling-policy priority serves lower 'priority' first, then by arrival: to an engine that "

@@ -6,7 +6,13 @@ once per request; a request can instead wait for the running request that comput
 then reuse its slot.  :func:`wait_for_slot` compares, for one request, the best predicted time to its first
 token now with the best one after waiting (the running request's predicted end, then the prefill of what
 its slot will not hold), and asks it to wait in the gateway queue when waiting is predicted to be at least
-``1 - slot_wait_gain`` sooner (:class:`~steersman.config.SchedulerSettings`).  Each running copy frees one
+``1 - slot_wait_gain`` sooner (:class:`~steersman.config.SchedulerSettings`).  A running request already
+past its predicted end is predicted to end after another ``slot_wait_overrun`` x the time it has overrun, so
+the wait for a copy that runs late (a slow or stalled engine) is weighed again at every pass and ends once
+another replica is predicted sooner; a fixed cut-off (give up at 50% past the predicted end) used to send
+the waiters of a fleet that ran uniformly slower than its calibration to compute more copies of the prompt,
+while the prediction for going now (at least the replicas' stall: :mod:`steersman.policy.predict`) was
+the slower one by far.  Each running copy frees one
 slot: a request with ``slot_waiters_ahead`` = k others waiting for the same prompt ahead of it in the queue
 counts on the (k+1)-th soonest copy, and on none when there are no more copies than waiters (the control
 plane counts them as it walks the queue).  The queue re-decides it at
@@ -51,9 +57,11 @@ def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray
         s_tok, step, r_ttft = (float(x[0]) for x in unprofiled_speeds(snap, np.array([i])))
         for f in running:
             gained = min(f.blocks * bs, max(pt - 1, 0)) - have
-            if gained <= 0 or not now < f.due + overrun * (f.due - f.since):
+            if gained <= 0:
                 continue
-            ways.append((max(f.due - now, 0.0) + (step + (pt - have - gained) * s_tok) * r_ttft, i))
+            late = now - f.due  # past its predicted end: predicted to run late by another ``overrun`` x as long
+            left = overrun * late if late > 0.0 else -late
+            ways.append((left + (step + (pt - have - gained) * s_tok) * r_ttft, i))
     k = req.slot_waiters_ahead  # each running copy frees one slot: the requests waiting ahead take the first k
     if k >= len(ways):
         return None
