@@ -81,7 +81,11 @@ def test_a_retry_that_finds_every_replica_saturated_waits_in_the_queue_instead_o
     twin = Twin(fleet, poisson(40.0, 800, output_tokens=300, max_tokens=300), make_policy("steersman"),
                 cfg=TwinConfig(reliability=REL))
     twin.schedule_drill(8.0, lambda tw: tw.kill(0))
+    seen = []  # while they wait, the retries do not count as in flight on the replica that failed them (5 did)
+    for t in (8.5, 10.0, 12.0):
+        twin.schedule_drill(t, lambda tw: seen.append((float(tw.fleet.in_flight[0]), tw.plane.waiting)))
     s = summarize(twin.run())
+    assert all(w > 0 for _, w in seen) and [n for n, _ in seen] == [0.0] * 3, seen
     counts = twin.retries.counts
     assert counts.get("rerouted", 0) >= 1 and counts.get("continued", 0) >= 1  # both kinds of request moved
     assert s["failed"] == 0 and s["refused"] == 0 and s["completed"] == 800

@@ -11,10 +11,13 @@ deadline became infeasible, and settles every request exactly once at the end
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steersman.control.plane import DISPATCH_BURST, Dispatch, Refuse
 from steersman.pipeline.context import RequestContext
+
+if TYPE_CHECKING:
+    from steersman.control.accounting import Started
 
 __all__ = ["RequestLifecycle"]
 
@@ -38,11 +41,12 @@ class RequestLifecycle:
         return loop
 
     # ---- dispatch -------------------------------------------------------------------
-    def start_dispatch(self, ctx: RequestContext, d: Dispatch) -> None:
+    def start_dispatch(self, ctx: RequestContext, d: Dispatch, earlier: Started | None = None) -> None:
         """The request goes to ``d.route.replica``: account it there now (before the next decision).  Its
         prompt's blocks reach the prefix index once its bytes are written to the engine (the forward stage
-        flushes the index then), or at the next decision if that comes first."""
-        started = self.accounting.dispatched(ctx.sched, d, defer_record=True)
+        flushes the index then), or at the next decision if that comes first.  ``earlier``: a retry's failed
+        attempt (:meth:`Accounting.left`), whose cost the request carries."""
+        started = self.accounting.dispatched(ctx.sched, d, defer_record=True, earlier=earlier)
         self.metrics.routed(ctx.model, d.route.slo_prediction)  # type: ignore[attr-defined]
         ctx.started_at = started
         ctx.replica = started.replica
@@ -52,10 +56,8 @@ class RequestLifecycle:
         for ctx, out in outcomes:
             w = ctx.waiter
             if w is not None and not w.done():
-                if isinstance(out, Dispatch):
-                    if ctx.started_at is not None:  # a retry that waited again: its failed attempt's accounting ends
-                        self.fleet.end(ctx.started_at.ticket, 0)
-                    self.start_dispatch(ctx, out)
+                if isinstance(out, Dispatch):  # a retry that waited again carries its failed attempt (Schedule)
+                    self.start_dispatch(ctx, out, ctx.started_at)
                 w.set_result(out)
 
     def kick(self) -> None:

@@ -10,7 +10,7 @@ what the engine reported about its cache.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from steersman.config import SchedulerSettings
 from steersman.control.admission import Admit
@@ -30,12 +30,12 @@ class Started:
 
     req: SchedRequest
     replica: int
-    ticket: Ticket
+    ticket: Ticket | None  # None once it left its replica (:meth:`Accounting.left`) and waits for the next one
     admit: Admit
     uncached: int  # prompt tokens the replica is predicted to prefill
     predicted_hit_blocks: int  # prompt blocks the prefix index expected cached there
     engine_priority: int = 0  # for engines with priority scheduling (lower first): see engine_priority()
-    earlier_cost: float = 0.0  # $ of the replicas it left (a prefill replica, after the hand-off to decode)
+    earlier_cost: float = 0.0  # $ of the replicas it left (a prefill replica after the hand-off, failed attempts)
 
 
 class Accounting:
@@ -52,11 +52,13 @@ class Accounting:
         """Output tokens to expect: the running mean per (model, tenant), capped by ``max_tokens``."""
         return self.outputs.expected(model, tenant, max_tokens)
 
-    def dispatched(self, req: SchedRequest, d: Dispatch, defer_record: bool = False) -> Started:
+    def dispatched(self, req: SchedRequest, d: Dispatch, defer_record: bool = False,
+                   earlier: Started | None = None) -> Started:
         """The request goes to ``d.route.replica``: account it there now (before the next decision).
 
         ``defer_record``: the prefix index learns the prompt's blocks at its next access or ``flush()``
-        (:meth:`PrefixIndex.record_later`), whichever is first; every later decision sees them either way."""
+        (:meth:`PrefixIndex.record_later`), whichever is first; every later decision sees them either way.
+        ``earlier``: the record of the attempt it left (:meth:`left`), whose cost it carries."""
         route = d.route
         i = route.replica
         fleet = self.fleet
@@ -78,7 +80,22 @@ class Accounting:
                 fleet.prefix.record_later(i, hashes)
             else:
                 fleet.prefix.record(i, hashes)
-        return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings))
+        return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings),
+                       earlier.earlier_cost if earlier is not None else 0.0)
+
+    def left(self, s: Started) -> Started:
+        """The request leaves the attempt's replica before its end (a failed attempt retried or continued
+        elsewhere): its accounting there ends now, and the $ of the replica time it used is carried
+        (``earlier_cost``), so the request's cost (its tenant's budget, its workflow's spend) counts the failed work
+        too (issue #4: retries and failed work count as cost).  The record returned holds no ticket:
+        :meth:`dispatched` (``earlier``) carries it into the next attempt, :meth:`ended` settles it if none
+        comes.  Ending it at once, not when the next attempt starts, also keeps a retry that waits in the gateway
+        queue from counting as in flight on the replica that failed it."""
+        t = s.ticket
+        if t is None:
+            return s
+        self.fleet.end(t, 0)
+        return replace(s, ticket=None, earlier_cost=s.earlier_cost + self._share(t, self.fleet.clock.now()))
 
     def first_token(self, s: Started) -> None:
         self.fleet.first_token(s.ticket)
@@ -116,8 +133,10 @@ class Accounting:
         """Settle the request once; returns the $ it cost (its share of the replica's GPU time)."""
         now = self.fleet.clock.now()
         t = s.ticket
-        self.fleet.end(t, output_tokens)
-        cost = self._share(t, now) + s.earlier_cost
+        cost = s.earlier_cost
+        if t is not None:
+            self.fleet.end(t, output_tokens)
+            cost += self._share(t, now)
         req = s.req
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:
@@ -125,7 +144,7 @@ class Accounting:
                                   cost_usd=cost, now=now)
         if ok and output_tokens:
             self.outputs.observe(req.model, req.tenant, output_tokens)
-        if cached_tokens is not None:
+        if cached_tokens is not None and t is not None:
             self.fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         return cost
 

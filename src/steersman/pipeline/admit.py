@@ -120,10 +120,11 @@ class Schedule:
     async def _reroute(self, ctx: RequestContext) -> Outcome:
         """A retry or stream continuation: route again, already admitted, avoiding ``ctx.excluded``.
 
-        The failed attempt's replica accounting ends only once a new replica is chosen
-        (otherwise the request ends as it is and is settled once, as always).  When no
-        replica can take it now, it waits in the gateway queue as a new arrival would
-        (:meth:`ControlPlane.requeue`), not admitted again.
+        The failed attempt's replica accounting ends once a new replica is chosen or the request
+        waits in the gateway queue (:meth:`Accounting.left`: its cost is carried, and it is settled
+        once at its end, as always); otherwise the request ends as it is.  When no replica can take
+        it now, it waits in the gateway queue as a new arrival would (:meth:`ControlPlane.requeue`),
+        not admitted again.
         """
         gw = self.gw
         old = ctx.started_at
@@ -132,15 +133,15 @@ class Schedule:
         req = replace(ctx.sched, excluded=frozenset(ctx.excluded), resumed=bool(ctx.bytes_sent))
         decision = gw.policy.pick(gw.fleet.snapshot(), req)
         if isinstance(decision, Route):
-            gw.fleet.end(old.ticket, 0)
-            gw.start_dispatch(ctx, Dispatch(decision, old.admit))
+            gw.start_dispatch(ctx, Dispatch(decision, old.admit), gw.accounting.left(old))
             return CONTINUE
         if not isinstance(decision, Queue):
             err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,
                            decision.code if isinstance(decision, Reject) else "no_capacity", 1.0)
             return Fail(err, Retry.NEVER)
+        ctx.started_at, ctx.ticket = gw.accounting.left(old), None  # not in flight there while it waits
         out, shed = gw.plane.requeue(ctx, req, old.admit, ctx.tenant.weight, gw.clock.now())
         gw.notify(shed)
         if isinstance(out, Refuse):
             return Fail(refusal_error(out), Retry.NEVER)
-        return await self._wait(ctx)  # notify() ends the failed attempt's ticket as it dispatches
+        return await self._wait(ctx)  # notify() dispatches it carrying the failed attempt's cost

@@ -229,7 +229,7 @@ class Twin(DrillActions):
 
     def _dispatch(self, r: _Req, d: Dispatch) -> None:
         now = self.clock.t
-        r.started = self.accounting.dispatched(r.sched, d)
+        r.started = self.accounting.dispatched(r.sched, d, earlier=r.started)  # a retry carries its failed attempt
         i = r.started.replica
         rep = self.tf.replicas[i]
         self.rec.dispatched(r.idx, now, i, d.route.slo_prediction)
@@ -419,8 +419,6 @@ class Twin(DrillActions):
                 if isinstance(d, Refuse):
                     self._refused(r, d)
                 else:
-                    if r.started is not None:  # a retry that waited again: its failed attempt's accounting ends
-                        self.fleet.end(r.started.ticket, 0)
                     self._dispatch(r, d)
 
     def _expire(self) -> None:

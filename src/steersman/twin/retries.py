@@ -94,20 +94,21 @@ class TwinRetries:
     # ---- routing again ------------------------------------------------------------------------
     def reroute(self, r) -> Dispatch | Wait | Refuse | None:
         """Route ``r`` again, avoiding the replicas that failed it: a dispatch (the failed attempt's accounting
-        ended); a wait in the gateway queue when no replica can take it now (:meth:`ControlPlane.requeue`, as live:
-        the twin dispatches it from there, its failed attempt's accounting ending then); a refusal (the queue shed
+        ended, its cost carried: :meth:`Accounting.left`); a wait in the gateway queue when no replica can take it
+        now (:meth:`ControlPlane.requeue`, as live: its failed attempt's accounting ended, the twin dispatches it
+        from there); a refusal (the queue shed
         it); or None (no replica at all: the request fails).  A request its queueing sheds is refused through the
         twin (``Twin._refused``)."""
         tw = self.tw
         req = replace(r.sched, excluded=frozenset(r.excluded), resumed=r.delivered > 0)
         decision = tw.plane.policy.pick(tw.fleet.snapshot(), req)
         if isinstance(decision, Route):
-            old = r.started
-            tw.fleet.end(old.ticket, 0)
+            r.started = tw.accounting.left(r.started)  # Twin._dispatch carries its cost into the next attempt
             r.sched = req
-            return Dispatch(decision, old.admit)
+            return Dispatch(decision, r.started.admit)
         if not isinstance(decision, Queue):
             return None
+        r.started = tw.accounting.left(r.started)  # not in flight there while it waits
         r.sched = req
         out, shed = tw.plane.requeue(r, req, r.started.admit, r.tenant.weight, tw.clock.t)
         for victim, refusal in shed:
