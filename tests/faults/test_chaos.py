@@ -34,3 +34,9 @@ def test_an_overloaded_fleet_under_faults_sheds_and_queues_but_never_answers_wro
                for kind, partial in r.failures), r.failures
     assert r.recovery_ok == r.recovery and r.gateway_requests == r.requests + r.recovery
     assert r.in_flight_after == 0 and r.engines_busy_after == 0
+
+
+@pytest.mark.parametrize("faults", [(), ("bogus",), ("errors", "flood")])
+def test_unknown_fault_kinds_are_refused_before_anything_starts(faults):
+    with pytest.raises(ValueError, match="faults must be some of errors, slow, hang, refuse, die"):
+        run(seconds=1, faults=faults)

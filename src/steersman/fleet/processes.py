@@ -16,6 +16,7 @@ fills (``$STEERSMAN_CACHE``, else ``$XDG_CACHE_HOME/steersman``, else
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
 import os
@@ -25,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,10 +69,23 @@ def find_gguf(settings: LlamaCppSettings = DEFAULTS.llamacpp) -> Path | None:
     return p if p.is_file() and p.stat().st_size > 0 else None
 
 
+_HANDED_OUT: collections.deque[int] = collections.deque(maxlen=4096)  # ports free_port() gave, newest last
+_HANDED_LOCK = threading.Lock()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, and one this process has not been given by an earlier call (among the last
+    4,096): a port is given before its server binds it, and the kernel can give one closed port again at once.  Seen
+    in the chaos soak: two of four engine-sims were handed the same port, so "replicas" e0 and e2 were one process."""
+    with _HANDED_LOCK:
+        for _ in range(256):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.append(port)
+                return port
+    raise OSError(f"no free port on {host} that was not handed out already")
 
 
 try:  # loaded here, not in the child: no dlopen between fork and exec

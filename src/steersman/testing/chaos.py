@@ -199,13 +199,14 @@ class _Engines:
             log.close()
 
 
-async def _chaos(engines: _Engines, rng: random.Random, until: float, report: Report) -> None:
-    """One fault at a time on a random replica, each kind in turn, until 3 s before the load stops."""
+async def _chaos(engines: _Engines, rng: random.Random, until: float, report: Report,
+                 faults: tuple[str, ...] = FAULTS) -> None:
+    """One fault at a time on a random replica, each kind of ``faults`` in turn, until 3 s before the load stops."""
     async with httpx.AsyncClient(timeout=5) as ac:
         k = 0
         while time.monotonic() < until - 3:
             await asyncio.sleep(rng.uniform(0.5, 1.5))
-            act = FAULTS[k % len(FAULTS)]
+            act = faults[k % len(faults)]
             k += 1
             port = rng.choice(engines.ports)
             report.faults[act] += 1
@@ -255,7 +256,7 @@ def _metrics(base: str) -> str:
 
 
 async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurrency: int, seed: int, recovery: int,
-                check: int) -> Report:
+                check: int, faults: tuple[str, ...] = FAULTS) -> Report:
     import openai
 
     report, rng = Report(), random.Random(seed)
@@ -273,7 +274,7 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
             done.append((req, await _ask(clients[w % len(clients)], req)))
 
     try:
-        await asyncio.gather(_chaos(engines, rng, until, report), *(worker(w) for w in range(concurrency)))
+        await asyncio.gather(_chaos(engines, rng, until, report, faults), *(worker(w) for w in range(concurrency)))
         async with httpx.AsyncClient(timeout=5) as ac:  # every fault cleared, every replica healthy again
             for port in engines.ports:
                 if engines.procs[port].poll() is not None:
@@ -317,9 +318,13 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
 
 
 def run(seconds: float = 60.0, concurrency: int = 24, seed: int = 1, replicas: int = 4, speedup: float = 20.0,
-        recovery: int = 20, check: int = 600, max_num_seqs: int | None = None) -> Report:
+        recovery: int = 20, check: int = 600, max_num_seqs: int | None = None,
+        faults: tuple[str, ...] = FAULTS) -> Report:
     """Run the soak (about ``seconds`` + 10-20 s) and return what it found.  ``max_num_seqs``: the engines' batch
-    limit (a small one overloads the fleet: requests queue in the gateway, late and sheddable ones are refused)."""
+    limit (a small one overloads the fleet: requests queue in the gateway, late and sheddable ones are refused).
+    ``faults``: the kinds injected, in turn (a subset of :data:`FAULTS`)."""
+    if not faults or set(faults) - set(FAULTS):
+        raise ValueError(f"faults must be some of {', '.join(FAULTS)}, got {faults!r}")
     with tempfile.TemporaryDirectory(prefix="steersman-chaos-") as tmp:
         logs = Path(tmp)
         engines = _Engines(replicas, speedup, logs, max_num_seqs)
@@ -344,7 +349,7 @@ def run(seconds: float = 60.0, concurrency: int = 24, seed: int = 1, replicas: i
             base = f"http://127.0.0.1:{gport}"
             _wait(base + "/health", 120)
             return asyncio.run(_soak(base, f"http://127.0.0.1:{ref.ports[0]}", engines, seconds, concurrency, seed,
-                                     recovery, check))
+                                     recovery, check, faults))
         finally:
             if gw is not None:
                 gw.terminate()
@@ -365,8 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--speedup", type=float, default=20.0)
     ap.add_argument("--max-num-seqs", type=int, default=None, help="the engines' batch limit (small: an overload)")
+    ap.add_argument("--faults", default=",".join(FAULTS), help=f"the kinds injected in turn (default: {','.join(FAULTS)})")
     a = ap.parse_args(argv)
-    r = run(a.seconds, a.concurrency, a.seed, a.replicas, a.speedup, max_num_seqs=a.max_num_seqs)
+    try:
+        faults = tuple(f for f in a.faults.split(",") if f)
+        r = run(a.seconds, a.concurrency, a.seed, a.replicas, a.speedup, max_num_seqs=a.max_num_seqs, faults=faults)
+    except ValueError as e:
+        ap.error(str(e))
     print(r.summary())
     return 0
 
