@@ -37,8 +37,8 @@ class ReliabilitySettings:
         "and judges none with fewer; as for latency, the reference here is the peers' median: a replica whose "
         "server-side failure share over the breaker window (at least breaker_min_requests results) is 20 points "
         "above its peers' median is an outlier (design: 4 failures of 20 against healthy peers, never a 1% "
-        "background; a fleet-wide error rate is nobody's outlier).  The chaos soak's 40%-5xx replica stayed in "
-        "rotation under the breaker's 50% and its retries ran out of budget (13 failures in 35,170 requests)",
+        "background; a fleet-wide error rate is nobody's outlier).  Twin, one of 3 replicas erroring at 20%: "
+        "228 -> 30 retries in 3,000 requests (bench/faults/README.md, fifteenth session)",
     )
     latency_outlier_ratio: float = setting(
         3.0,

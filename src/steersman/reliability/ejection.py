@@ -10,8 +10,8 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   replicas in rotation with as many results).  Envoy's success-rate detector does the
   same against the mean - 1.9 stdev, needing 5 hosts; the median works from 2 replicas on,
   and a fleet-wide error rate (a bad model version, an upstream dependency) is nobody's
-  outlier.  A replica failing 40% of its requests never meets 5 failures in a row often,
-  nor the breaker's 50%.
+  outlier.  A replica failing 20% of its requests rarely fails 5 times in a row, and
+  never reaches the breaker's 50%.
 * **Latency outliers** — a replica is an outlier when, against the *median of its
   peers* (the other replicas with ``latency_min_samples`` samples):
   its TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or it has
