@@ -94,7 +94,6 @@ PINNED = {
     "reliability.ejection_decay_s": 10.0,
     "reliability.max_ejection_percent": 10.0,
     "reliability.always_eject_one": True,
-    "reliability.error_outlier_points": 20.0,
     "reliability.latency_outlier_ratio": 3.0,
     "reliability.latency_floor_ttft_s": 2.0,
     "reliability.latency_floor_tpot_s": 0.2,

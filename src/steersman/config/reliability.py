@@ -30,16 +30,6 @@ class ReliabilitySettings:
         "Envoy (v1.8-v1.27 docs: 'will eject at least one host regardless of the value'; later opt-in as "
         "always_eject_one_host) and gRPC-java PR 9489: with 2-4 replicas 10% would otherwise mean none",
     )
-    error_outlier_points: float = setting(
-        20.0,
-        "Envoy's success-rate detector (outlier_detection.success_rate_*: eject a host below the mean - 1.9 "
-        "stdev of the hosts' success rates) ejects a host that fails alone, at any rate, once 5 hosts are judged, "
-        "and judges none with fewer; as for latency, the reference here is the peers' median: a replica whose "
-        "server-side failure share over the breaker window (at least breaker_min_requests results) is 20 points "
-        "above its peers' median is an outlier (design: 4 failures of 20 against healthy peers, never a 1% "
-        "background; a fleet-wide error rate is nobody's outlier).  Twin, one of 3 replicas erroring at 20%: "
-        "228 -> 30 retries in 3,000 requests (bench/faults/README.md, fifteenth session)",
-    )
     latency_outlier_ratio: float = setting(
         3.0,
         "design: a replica whose TTFT / TPOT / stalled first token is >= 3x its peers' median is an outlier; "

@@ -4,14 +4,6 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
 
 * **Consecutive failures** — ``consecutive_failures`` (Envoy ``consecutive_5xx``, 5)
   server-side failures in a row (5xx, connect failure, broken stream) eject it.
-* **Failure-rate outliers** — a replica whose share of server-side failures over the
-  breaker's rolling window (``breaker_window_s``, at least ``breaker_min_requests``
-  results) is ``error_outlier_points`` or more above its peers' median share (the other
-  replicas in rotation with as many results).  Envoy's success-rate detector does the
-  same against the mean - 1.9 stdev, needing 5 hosts; the median works from 2 replicas on,
-  and a fleet-wide error rate (a bad model version, an upstream dependency) is nobody's
-  outlier.  A replica failing 20% of its requests rarely fails 5 times in a row, and
-  never reaches the breaker's 50%.
 * **Latency outliers** — a replica is an outlier when, against the *median of its
   peers* (the other replicas with ``latency_min_samples`` samples):
   its TPOT EWMA is at least ``latency_outlier_ratio`` x theirs, or it has
@@ -51,7 +43,6 @@ import math
 import numpy as np
 
 from steersman.config.reliability import ReliabilitySettings
-from steersman.reliability.window import RollingCounts
 
 __all__ = ["OutlierDetector"]
 
@@ -74,33 +65,17 @@ class OutlierDetector:
         self.stall_allowance = None
         self.samples = np.zeros(n, dtype=np.int64)
         self.reasons: list[str] = [""] * n
-        #: each replica's results (ok, failed) over the breaker's window, and the replicas whose failure share
-        #: has reached ``error_outlier_points`` (the sweep judges only those against their peers)
-        self.results = [RollingCounts(settings.breaker_window_s, settings.breaker_buckets) for _ in range(n)]
-        self._suspects: set[int] = set()
 
     # ---- observations -------------------------------------------------------------
-    def success(self, i: int, now: float) -> None:
+    def success(self, i: int) -> None:
         self.consecutive[i] = 0
-        self.results[i].add(now, 0)
 
     def failure(self, i: int, now: float) -> bool:
         """A server-side failure; True when it ejected the replica."""
         self.consecutive[i] += 1
         if self.consecutive[i] >= self.s.consecutive_failures and not self.is_ejected(i, now):
             return self.eject(i, now, f"{int(self.consecutive[i])} consecutive failures")
-        w = self.results[i]
-        w.add(now, 1)
-        good, bad = w.totals(now)
-        if bad * 100.0 >= self.s.error_outlier_points * (good + bad):  # judged once it has enough results
-            self._suspects.add(i)
         return False
-
-    def _share(self, i: int, now: float) -> float:
-        """Replica ``i``'s failed results in the window, in percent; NaN under ``breaker_min_requests``."""
-        good, bad = self.results[i].totals(now)
-        total = good + bad
-        return 100.0 * bad / total if total >= self.s.breaker_min_requests and total else math.nan
 
     def latency(self, i: int, ttft: float | None = None, tpot: float | None = None) -> None:
         a = self.alpha
@@ -132,8 +107,6 @@ class OutlierDetector:
         self.consecutive[i] = 0
         self.ttft[i] = self.tpot[i] = np.nan  # it comes back with fresh statistics
         self.samples[i] = 0
-        self.results[i].clear()
-        self._suspects.discard(i)
         return True
 
     def uneject(self, i: int, now: float) -> None:
@@ -151,29 +124,8 @@ class OutlierDetector:
             self.count[i] = max(0, self.count[i] - steps)
             self._back_at[i] = back + steps * self.s.ejection_decay_s
 
-    def _failure_outliers(self, now: float, active: np.ndarray) -> list[int]:
-        """Eject the suspects whose failure share is ``error_outlier_points`` above their peers' median."""
-        out = []
-        points = self.s.error_outlier_points
-        for i in sorted(self._suspects):
-            good, bad = self.results[i].totals(now)
-            if not active[i] or not bad or bad * 100.0 < points * (good + bad):  # ejected, or its share fell
-                self._suspects.discard(i)
-                continue
-            mine = self._share(i, now)
-            if mine != mine:
-                continue  # too few results yet
-            peers = [x for j in np.flatnonzero(active) if j != i and (x := self._share(int(j), now)) == x]
-            if not peers:
-                continue  # nobody to compare with yet: judged again at the next sweep
-            ref = float(np.median(peers))
-            if mine - ref >= points:
-                if self.eject(i, now, f"{bad} of {good + bad} requests failed ({mine:.0f}%) vs peers' {ref:.0f}%"):
-                    out.append(i)
-        return out
-
     def sweep(self, now: float, stalled_since: np.ndarray) -> list[int]:
-        """Judge failure-rate and latency outliers; returns the replicas ejected by this sweep.
+        """Judge latency outliers; returns the replicas ejected by this sweep.
 
         ``stalled_since``: per replica, since when it has held requests awaiting a first token without
         progress, NaN when none awaits (the fleet's row, read now and not kept)."""
@@ -182,16 +134,13 @@ class OutlierDetector:
         if n < 2:
             return []
         active = self.until <= now
-        ejected = self._failure_outliers(now, active) if self._suspects else []
-        if ejected:
-            active = self.until <= now
         judged = active & (self.samples >= s.latency_min_samples)
         stalls = np.nan_to_num(np.maximum(now - np.asarray(stalled_since, dtype=float), 0.0))
         # only a replica past a floor can be an outlier (each rule below is at least its floor): judging
         # just those gives the same ejections, and a healthy fleet's sweep (10 a second) skips the
         # per-replica medians, which cost ~0.2-0.9 ms a sweep over 4 replicas and grow as n^2
         maybe = active & ((judged & (self.tpot >= s.latency_floor_tpot_s)) | (stalls >= s.latency_floor_ttft_s))
-        out = ejected
+        out = []
         for i in np.flatnonzero(maybe):
             peers = judged.copy()
             peers[i] = False

@@ -109,7 +109,7 @@ class ReplicaGuard:
     def succeeded(self, i: int, key: int, now: float, e2e: float, output_tokens: int, in_flight: float,
                   tpot: float | None = None) -> None:
         """The replica served the request (its answer reached the end; 4xx answers count: not its fault)."""
-        self.outliers.success(i, now)
+        self.outliers.success(i)
         if tpot is not None:
             self.outliers.latency(i, tpot=tpot)
         self.breakers[i].on_result(True, now, self._probes.pop(key, None) is not None)
