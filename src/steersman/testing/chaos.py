@@ -317,14 +317,18 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
     return report
 
 
+def _check_faults(faults: tuple[str, ...]) -> None:
+    if not faults or set(faults) - set(FAULTS):
+        raise ValueError(f"faults must be some of {', '.join(FAULTS)}, got {faults!r}")
+
+
 def run(seconds: float = 60.0, concurrency: int = 24, seed: int = 1, replicas: int = 4, speedup: float = 20.0,
         recovery: int = 20, check: int = 600, max_num_seqs: int | None = None,
         faults: tuple[str, ...] = FAULTS) -> Report:
     """Run the soak (about ``seconds`` + 10-20 s) and return what it found.  ``max_num_seqs``: the engines' batch
     limit (a small one overloads the fleet: requests queue in the gateway, late and sheddable ones are refused).
     ``faults``: the kinds injected, in turn (a subset of :data:`FAULTS`)."""
-    if not faults or set(faults) - set(FAULTS):
-        raise ValueError(f"faults must be some of {', '.join(FAULTS)}, got {faults!r}")
+    _check_faults(faults)
     with tempfile.TemporaryDirectory(prefix="steersman-chaos-") as tmp:
         logs = Path(tmp)
         engines = _Engines(replicas, speedup, logs, max_num_seqs)
@@ -372,11 +376,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=None, help="the engines' batch limit (small: an overload)")
     ap.add_argument("--faults", default=",".join(FAULTS), help=f"the kinds injected in turn (default: {','.join(FAULTS)})")
     a = ap.parse_args(argv)
-    try:
-        faults = tuple(f for f in a.faults.split(",") if f)
-        r = run(a.seconds, a.concurrency, a.seed, a.replicas, a.speedup, max_num_seqs=a.max_num_seqs, faults=faults)
+    faults = tuple(f for f in a.faults.split(",") if f)
+    try:  # refused before the soak starts; an error inside the soak stays a traceback
+        _check_faults(faults)
     except ValueError as e:
         ap.error(str(e))
+    r = run(a.seconds, a.concurrency, a.seed, a.replicas, a.speedup, max_num_seqs=a.max_num_seqs, faults=faults)
     print(r.summary())
     return 0
 
