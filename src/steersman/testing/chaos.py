@@ -5,7 +5,8 @@ that no fault touches (the reference), and ``steersman serve`` in front of the f
 ``seconds``, ``concurrency`` clients with the official ``openai`` client send a seeded mix: chat
 and text completions, streamed (with ``stream_options.include_usage``) or not, a few long shared
 system prompts and short unique questions, 1-48 output tokens.  Meanwhile one fault at a time
-hits a random replica through its ``/admin/faults`` (each kind in turn, so every kind appears):
+hits a random replica through its ``/admin/faults`` (each kind in turn, so every kind appears; a hang
+or a crash hits a replica that is generating, as it only tests something where there is work):
 
 * ``errors``: 40% of its new requests answer 5xx, for 2 s;
 * ``slow``: every step 5x slower, for 2 s;
@@ -63,6 +64,9 @@ FAULTS = ("errors", "slow", "hang", "refuse", "die")
 _SYSTEMS = tuple(" ".join(f"rule{k}-{j}" for j in range(200)) for k in range(5))
 _WORDS = ("alpha", "beta", "gamma", "delta", "epsilon")
 _ENGINE_BUSY = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
+_GENERATED = {"vllm:generation_tokens_total": "tokens"}
+#: faults that test nothing on a replica without work (one the gateway ejected for 30 s after a hang gets none)
+_NEED_WORK = ("hang", "die")
 
 
 @dataclass
@@ -208,12 +212,30 @@ async def _chaos(engines: _Engines, rng: random.Random, until: float, report: Re
             await asyncio.sleep(rng.uniform(0.5, 1.5))
             act = faults[k % len(faults)]
             k += 1
-            port = rng.choice(engines.ports)
+            port = rng.choice(await _generating(ac, engines) if act in _NEED_WORK else engines.ports)
             report.faults[act] += 1
             try:
                 await _inject(ac, engines, port, act, rng)
             except httpx.HTTPError as e:  # its admin endpoint went with the process: the fault is there anyway
                 report.failure_messages.append(f"(fault {act} on {port}: {e!r})")
+
+
+async def _generating(ac: httpx.AsyncClient, engines: _Engines, window: float = 0.2) -> list[int]:
+    """The replicas whose engines generated tokens over ``window`` seconds (all of them if none did)."""
+    async def tokens() -> dict[int, float]:
+        out = {}
+        for port in engines.ports:
+            try:
+                out[port] = read_samples((await ac.get(f"http://127.0.0.1:{port}/metrics")).text, _GENERATED)["tokens"]
+            except (httpx.HTTPError, KeyError):  # down or restarting: not a candidate
+                pass
+        return out
+
+    before = await tokens()
+    await asyncio.sleep(window)
+    after = await tokens()
+    busy = [port for port, n in after.items() if n > before.get(port, n)]
+    return busy or list(engines.ports)
 
 
 async def _inject(ac: httpx.AsyncClient, engines: _Engines, port: int, act: str, rng: random.Random) -> None:
