@@ -100,6 +100,7 @@ PINNED = {
     "reliability.latency_min_samples": 5,
     "reliability.outlier_sweep_s": 0.1,
     "reliability.uneject_on_active_health": False,
+    "reliability.failure_routing": True,
     "reliability.stream_idle_timeout_s": 30.0,
     "reliability.breaker_window_s": 10.0,
     "reliability.breaker_buckets": 10,

@@ -69,12 +69,12 @@ def test_late_work_spreads_by_the_scores_among_the_least_late():
     for late_tie, want in ((4.0, [True, True, False]), (1.10, [True, False, False])):
         pool = np.empty(3, dtype=np.bool_)
         count, feasible, stay = slo_pool_kernel(e2e, one, e2e, one, np.zeros(3), np.zeros(3), one, 1.0, 4.0,
-                                                0.5, 0.5, 0.5, 1.0, False, 1.05, 1.10, late_tie, pool)
+                                                0.5, 0.5, 0.5, 1.0, False, 1.05, 1.10, late_tie, pool, np.empty(0))
         assert not feasible and not stay and pool.tolist() == want and count == sum(want)
     # the feasible case keeps latency_tie: 3x slower is not "equally fast" there
     pool = np.empty(3, dtype=np.bool_)
     count, feasible, _ = slo_pool_kernel(e2e, one, e2e, one, np.zeros(3), np.zeros(3), one, 1.0, 4.0,
-                                         100.0, 100.0, 100.0, 1.0, False, 1.05, 1.10, 4.0, pool)
+                                         100.0, 100.0, 100.0, 1.0, False, 1.05, 1.10, 4.0, pool, np.empty(0))
     assert feasible and pool.tolist() == [True, False, False] and count == 1
     # through the profile, both paths: a fast busy H100 and an idle A100, a budget neither meets
     snap = fleet_snapshot(["H100", "A100"], in_flight=[40, 0], running=[40, 0], decoding=[40, 0])

@@ -15,10 +15,10 @@ from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 from steersman.twin.results import OK
 
 
-def _twin(reliability, drills, n=600, rate=20.0, replicas=3):
+def _twin(reliability, drills, n=600, rate=20.0, replicas=3, policy="least-request"):
     fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(replicas)])
     workload = poisson(rate, n, output_tokens=300, max_tokens=300)
-    twin = Twin(fleet, workload, make_policy("least-request"), cfg=TwinConfig(reliability=reliability))
+    twin = Twin(fleet, workload, make_policy(policy), cfg=TwinConfig(reliability=reliability))
     for at, action in drills:
         twin.schedule_drill(at, action)
     rec = twin.run()
@@ -90,3 +90,18 @@ def test_a_retry_that_finds_every_replica_saturated_waits_in_the_queue_instead_o
     assert counts.get("rerouted", 0) >= 1 and counts.get("continued", 0) >= 1  # both kinds of request moved
     assert s["failed"] == 0 and s["refused"] == 0 and s["completed"] == 800
     assert twin.plane.waiting == 0 and twin.fleet.in_flight.sum() == 0  # nothing left queued or accounted
+
+
+def test_a_replica_failing_fast_draws_less_traffic_than_its_load_would_give_it():
+    """One replica answers 40% of its requests 5xx at once: it holds fewer requests than its peers, so by load
+    alone it looks the least busy.  The picker prices its failure share (``failure_routing``): it gets less
+    traffic and the run needs fewer retries, with every request served either way."""
+    errors = [(5.0, lambda tw: tw.errors(1, 0.4))]
+    runs = {}
+    for on in (True, False):
+        s, rec, twin = _twin(replace(REL, failure_routing=on), errors, n=1500, rate=30.0, policy="steersman")
+        counts = twin.retries.counts
+        runs[on] = (s["failed"], counts.get("retried", 0) + counts.get("rerouted", 0), int((rec.arrays()["replica"] == 1).sum()))
+    (failed_on, retried_on, there_on), (failed_off, retried_off, there_off) = runs[True], runs[False]
+    assert failed_on == failed_off == 0
+    assert retried_on < 0.6 * retried_off and there_on < 0.8 * there_off, runs  # seeded: 50 vs 104, 142 vs 219

@@ -68,6 +68,13 @@ class ReliabilitySettings:
     breaker_half_open_probes: int = setting(
         1, "Hystrix lets a single test request through a half-open breaker; its success closes it"
     )
+    failure_routing: bool = setting(
+        True, "design (Envoy's success-rate outlier detection and Finagle's failure accrual act on the same "
+        "signal, all or nothing): the picker prices a replica's recent server-side failure share p over the "
+        "breaker's window (at least breaker_min_requests results) as 1 / (1 - p) attempts a success, on its "
+        "predicted TTFT, end-to-end latency and cost.  A replica that fails fast holds few requests, so by load "
+        "alone it looked the least busy and drew traffic; the penalty ends as its failures leave the window"
+    )
     # ---- retries ------------------------------------------------------------------------------
     retry_budget_percent: float = setting(20.0, "Envoy retry_budget budget_percent default 20%")
     retry_min_concurrency: int = setting(3, "Envoy retry_budget min_retry_concurrency default 3")

@@ -248,6 +248,8 @@ class Fleet:
                 self.guard.released(i, t.key, now)
             elif t.verdict:
                 self.guard.succeeded(i, t.key, now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
+                if live[S.FAIL_SHARE, i] > 0.0:  # a success only lowers it (a zero share rises at a failure or scrape)
+                    live[S.FAIL_SHARE, i] = self.guard.failure_share(i, now)
 
     def _progress(self, t: Ticket, now: float | None) -> None:
         """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica).
@@ -280,7 +282,9 @@ class Fleet:
             self._own()
             self._progress(t, None)  # a failed attempt awaits nothing more (its ticket may end later, at a reroute)
             if self.guard is not None:
-                self.guard.failed(t.replica, t.key, self.clock.now())
+                now = self.clock.now()
+                self.guard.failed(t.replica, t.key, now)
+                self.live[S.FAIL_SHARE, t.replica] = self.guard.failure_share(t.replica, now)
 
     def blocked(self, index: int) -> bool:
         """Has the reliability guard taken the replica out of rotation (ejected, breaker open)?"""
@@ -353,6 +357,8 @@ class Fleet:
         col[S.SINCE_SCRAPE] = 0
         if self.guard is not None:  # sweeps must run with no traffic too (a hung replica's last requests)
             self.guard.maybe_sweep(col[S.SCRAPED_AT], self.live[S.STALLED_SINCE])
+            # failures leave the window with time, also while the picker keeps traffic away from the replica
+            col[S.FAIL_SHARE] = self.guard.failure_share(index, col[S.SCRAPED_AT])
 
     def _timing(self, i: int, row: int, k: int, seconds: float, tokens: float) -> None:
         """Learn seconds per token from an engine's cumulative timing counters (the work done since the

@@ -140,7 +140,7 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
                           default_prefill, default_step, now, reference_batch, pooled, use_pooled, out)
     count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
                                         exploit_slowdown, t_ttft, t_tpot, t_left, margin, protected, cost_tie,
-                                        latency_tie, late_tie, pool)
+                                        latency_tie, late_tie, pool, K.failure_shares(idx, live))
     return unprofiled, count, feasible, stay
 
 

@@ -27,7 +27,7 @@ __all__ = ["predict_kernel", "saturation_kernel", "is_saturated", "prefix_kernel
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
 _TTFT_R, _TPOT_R = S.TTFT_RATIO, S.TPOT_RATIO
-_RECENT, _STALLED = S.RECENT_TOKENS, S.STALLED_SINCE
+_RECENT, _STALLED, _FAIL = S.RECENT_TOKENS, S.STALLED_SINCE, S.FAIL_SHARE
 
 
 @njit(cache=True, nogil=True)
@@ -258,8 +258,24 @@ def _keeps(resident, tpot_res):
 
 
 @njit(cache=True, nogil=True)
+def failure_shares(idx, live):
+    """The candidates' ``fail_share`` (see :func:`slo_pool_kernel`), or an empty array when every one is 0."""
+    for j in range(idx.size):
+        if live[_FAIL, idx[j]] > 0.0:
+            out = np.empty(idx.size)
+            for k in range(idx.size):
+                out[k] = live[_FAIL, idx[k]]
+            return out
+    return np.empty(0)
+
+
+#: The most a replica's failure share counts for (:func:`slo_pool_kernel`): 10 attempts a success.
+FAIL_SHARE_CAP = 0.9
+
+
+@njit(cache=True, nogil=True)
 def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, exploit_slowdown, t_ttft, t_tpot,
-                    t_left, margin, protected, cost_tie, latency_tie, late_tie, pool):
+                    t_left, margin, protected, cost_tie, latency_tie, late_tie, pool, fail):
     """Mark in ``pool`` the candidates the SLO-cheapest rule finds equally good; returns (count, feasible, stayed:
     an unprotected request kept with its prompt's holders although another replica meets its budget).
 
@@ -280,8 +296,18 @@ def slo_pool_kernel(ttft, tpot, e2e, cost, cached, resident, tpot_res, exploit, 
     ones within ``late_tie`` of the least predicted end-to-end latency (a late request is late on
     any of them: the scores spread late work by load and prefix instead of crowding the fastest
     replicas, which on-time requests need; one far further behind is still avoided).
+
+    ``fail``: each candidate's recent server-side failure share ``p`` (the snapshot's ``fail_share``, an empty
+    array when every one is 0): its predicted TTFT, end-to-end latency and cost count ``1 / (1 - p)`` times,
+    the attempts a success takes there (``p`` at most :data:`FAIL_SHARE_CAP`), so a replica that fails fast
+    does not win on its low load.
     """
     n = ttft.size
+    if fail.size:
+        tries = np.empty(n)
+        for j in range(n):
+            tries[j] = 1.0 / (1.0 - min(max(fail[j], 0.0), FAIL_SHARE_CAP))
+        ttft, e2e, cost = ttft * tries, e2e * tries, cost * tries
     best_cached = 0.0
     for j in range(n):
         if cached[j] > best_cached:
@@ -363,8 +389,12 @@ def warm_up() -> None:
     saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
-    slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1, 2.0,
-                    np.empty(1, dtype=np.bool_))
+    frozen = live.copy()
+    frozen.flags.writeable = False  # as every snapshot's
+    failure_shares(idx, frozen)
+    for fail in (np.empty(0), np.zeros(1)):
+        slo_pool_kernel(one, one, one, one, one, one, one, 1.0, 2.0, 1.0, 1.0, 1.0, 1.0, False, 1.05, 1.1, 2.0,
+                        np.empty(1, dtype=np.bool_), fail)
     add_clamped(np.zeros(1), one, 1.0)
     plugin_kernels.warm_up()
     unprofiled_kernels.warm_up()

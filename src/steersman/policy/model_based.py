@@ -25,7 +25,7 @@ from steersman.policy.base import POLICIES, Decision, Queue, Reject, Route
 import numpy as np
 
 from steersman.policy.framework import PICKERS, DecisionContext, Profile, Scores, WeightedScorer
-from steersman.policy.kernels import slo_pool_kernel
+from steersman.policy.kernels import failure_shares, slo_pool_kernel
 from steersman.policy.plugin_kernels import pick_top, uncached_kernel
 from steersman.policy.predict import pooling_factor
 from steersman.policy.request import PriorityClass
@@ -67,7 +67,7 @@ class SloCheapest:
         count, feasible, stay = slo_pool_kernel(p.ttft, p.tpot, p.e2e, p.cost, cached, resident, p.tpot_res,
                                                 self.exploit_share * req.prompt_tokens, self.exploit_slowdown, ttft,
                                                 tpot, left, margin, protected, self.cost_tie, self.latency_tie,
-                                                self.late_latency_tie, pool)
+                                                self.late_latency_tie, pool, failure_shares(ctx.candidates, snap.live))
         if not feasible and not stay:
             late = shed(self.shed, req, protected, p.ttft, ttft) or (
                 hold(req, protected, p.ttft_alone, ttft, ctx.snapshot.time) if self.hold else None)

@@ -84,6 +84,12 @@ class CircuitBreaker:
         if total >= self.s.breaker_min_requests and bad * 100.0 >= self.s.breaker_error_percent * total:
             self._open(now)
 
+    def failure_share(self, now: float) -> float:
+        """Failed share of the results in the window, 0 while it holds fewer than ``breaker_min_requests``."""
+        good, bad = self._window.totals(now)
+        total = good + bad
+        return bad / total if bad and total >= self.s.breaker_min_requests else 0.0
+
     def _open(self, now: float) -> None:
         self._state = BreakerState.OPEN
         self._opened_at = now

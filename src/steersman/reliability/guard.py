@@ -7,7 +7,8 @@ which the policies read too), and hands that row to every sweep, where a replica
 stalled far longer than its peers' TTFT is ejected.  Policies see only its
 read-only view in the fleet snapshot: ``blocked_until`` (a replica is out of
 rotation until then: ejected, or its breaker open / out of half-open probes)
-and ``limits`` (adaptive concurrency).  The ``reliability`` filter of every
+and ``limits`` (adaptive concurrency); the fleet also keeps each replica's
+:meth:`failure_share` in the snapshot's ``fail_share`` row, which the picker prices.  The ``reliability`` filter of every
 scheduling profile applies them (see :mod:`steersman.policy.reliability`).
 
 Requests are identified by an opaque ``key`` (the fleet's ticket); pure: the
@@ -91,6 +92,11 @@ class ReplicaGuard:
             self._breaker_until[i] = until
             self._blocked = None
 
+    def failure_share(self, i: int, now: float) -> float:
+        """Replica ``i``'s recent server-side failure share (the breaker's window; 0 below its minimum volume, or
+        with ``failure_routing`` off): the fleet keeps it in its ``fail_share`` row for the picker."""
+        return self.breakers[i].failure_share(now) if self.s.failure_routing else 0.0
+
     # ---- request events ---------------------------------------------------------------------
     def dispatched(self, i: int, key: int, now: float) -> None:
         if self.breakers[i].on_call(now):
@@ -143,4 +149,5 @@ class ReplicaGuard:
             "ejected": o.is_ejected(i, now), "ejections": int(o.total[i]), "reason": o.reasons[i],
             "breaker": self.breakers[i].state(now).value, "breaker_opens": self.breakers[i].opens,
             "limit": float(self.limits[i]), "probation": bool(self._probation[i]),
+            "failure_share": self.failure_share(i, now),
         }
