@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from collections.abc import Mapping
 
@@ -29,6 +29,14 @@ class MetricNames:
     cache_info_family: str | None = None  # info gauge with a num_gpu_blocks label
     kv_usage_is_percent: bool = False
     kv_capacity_tokens: str | None = None  # gauge: KV capacity in tokens (converted to blocks)
+    #: the engine serves ``/metrics`` through prometheus_client, which restricts the page to the samples named
+    #: in ``name[]`` query parameters (``exposition._bake_output``): the gateway asks for :meth:`scraped` only
+    filterable: bool = False
+
+    def scraped(self) -> tuple[str, ...]:
+        """Every sample name the gateway reads."""
+        extra = (self.weights_family, self.cache_info_family, self.kv_capacity_tokens)
+        return (*self.samples, *(n for n in extra if n))
 
 
 _VLLM = MetricNames(
@@ -43,6 +51,7 @@ _VLLM = MetricNames(
     ),
     weights_family="steersman_sim:weights_state",
     cache_info_family="vllm:cache_config_info",
+    filterable=True,  # vllm/v1/metrics: prometheus_client's make_asgi_app on /metrics; engine-sim does the same
 )
 
 _SGLANG = MetricNames(
@@ -56,6 +65,7 @@ _SGLANG = MetricNames(
         }
     ),
     kv_capacity_tokens="sglang:max_total_num_tokens",
+    filterable=True,  # prometheus_client's make_asgi_app too (multiprocess mode: an empty page, see the adapter)
 )
 
 _LLAMACPP = MetricNames(
@@ -80,6 +90,8 @@ METRIC_NAMES: Mapping[str, MetricNames] = MappingProxyType(
         "engine-sim": _VLLM,
         "sglang": _SGLANG,
         "llamacpp": _LLAMACPP,
-        "openai": _VLLM,  # unknown OpenAI-compatible servers: try vLLM's names, absent ones read as 0
+        # unknown OpenAI-compatible servers: try vLLM's names, absent ones read as 0; the whole page (a server
+        # may not serve a query string)
+        "openai": replace(_VLLM, filterable=False),
     }
 )

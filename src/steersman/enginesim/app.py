@@ -21,7 +21,7 @@ from steersman.clock import Clock, ScaledClock
 from steersman.config import DEFAULTS, EngineSettings
 from steersman.enginesim.faults import Faults, FaultSpec
 from steersman.enginesim.generate import Generator
-from steersman.enginesim.metrics import SimMetrics
+from steersman.enginesim.metrics import SimMetrics, wanted
 from steersman.enginesim.runner import EngineRunner
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.sim import EngineModel, gpu_profile, model_profile
@@ -161,7 +161,7 @@ class SimServer:
         request.respond(200, b"", b"text/plain")
 
     async def metrics_handler(self, request: HttpRequest) -> None:
-        request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
+        request.respond(200, self.metrics.render(wanted(request.query) if request.query else None), b"text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self, request: HttpRequest) -> None:
         data = {"object": "list", "data": [{

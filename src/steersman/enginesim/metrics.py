@@ -7,17 +7,21 @@ state are produced at scrape time from :meth:`EngineModel.state`.
 
 The gateway scrapes every 50 ms, so the exposition is rendered directly from
 lock-free histograms (~0.1 ms) rather than through prometheus_client's generic
-collector path (~3 ms a scrape, 5% of a core per replica at 20 Hz).
+collector path (~3 ms a scrape, 5% of a core per replica at 20 Hz).  Like vLLM's page
+(prometheus_client's ``make_asgi_app``), ``/metrics?name[]=S&name[]=T`` holds only the families with a
+sample named S or T (:func:`wanted`): the gateway asks for the few it reads.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from urllib.parse import parse_qs
 
 from steersman.obs.histogram import FastHistogram
 from steersman.sim import EngineState
 
-__all__ = ["SimMetrics"]
+__all__ = ["SimMetrics", "wanted"]
 
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -39,6 +43,14 @@ def _buckets_125(max_value: int) -> tuple[int, ...]:
 
 def _esc(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+@functools.lru_cache(maxsize=64)
+def wanted(query: str) -> frozenset[str] | None:
+    """The sample names a ``/metrics`` query string restricts the page to (prometheus_client's ``name[]``), or
+    None for the whole page."""
+    names = parse_qs(query).get("name[]")
+    return frozenset(names) if names else None
 
 
 class _Hist:
@@ -102,13 +114,18 @@ class SimMetrics:
         self.generation_tokens = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", b)
         self.success = {k: _Counter() for k in ("stop", "length", "abort")}
 
-    def render(self) -> bytes:
+    def render(self, only: frozenset[str] | None = None) -> bytes:
+        """The page; ``only``: just the families with a sample of these names (:func:`wanted`)."""
         s = self._state()
         lab = self._labels
         out: list[str] = []
 
+        def want(*samples: str) -> bool:
+            return only is None or not only.isdisjoint(samples)
+
         def one(kind: str, name: str, doc: str, value: float) -> None:
-            out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n{name}{{{lab}}} {float(value)!r}\n")
+            if want(name):
+                out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n{name}{{{lab}}} {float(value)!r}\n")
 
         one("gauge", "vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
         one("gauge", "vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
@@ -121,18 +138,23 @@ class SimMetrics:
             ("vllm:prompt_tokens", "Number of prefill tokens processed.", s.prompt_tokens_total),
             ("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens_total),
         ):
-            out.append(f"# HELP {name}_total {doc}\n# TYPE {name}_total counter\n{name}_total{{{lab}}} {float(v)!r}\n")
-        out.append("# HELP vllm:request_success_total Count of successfully processed requests.\n"
-                   "# TYPE vllm:request_success_total counter\n")
-        for reason, c in self.success.items():
-            out.append(f'vllm:request_success_total{{{lab},finished_reason="{reason}"}} {float(c.value)!r}\n')
-        out.append(f"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
-                   f"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{self._info}}} 1.0\n")
-        out.append("# HELP steersman_sim:weights_state Weights state of the replica (1 for the current state).\n"
-                   "# TYPE steersman_sim:weights_state gauge\n")
-        for w in _WEIGHTS:
-            out.append(f'steersman_sim:weights_state{{{lab},state="{w}"}} {1.0 if s.weights.value == w else 0.0}\n')
+            if want(f"{name}_total"):
+                out.append(f"# HELP {name}_total {doc}\n# TYPE {name}_total counter\n{name}_total{{{lab}}} {float(v)!r}\n")
+        if want("vllm:request_success_total"):
+            out.append("# HELP vllm:request_success_total Count of successfully processed requests.\n"
+                       "# TYPE vllm:request_success_total counter\n")
+            for reason, c in self.success.items():
+                out.append(f'vllm:request_success_total{{{lab},finished_reason="{reason}"}} {float(c.value)!r}\n')
+        if want("vllm:cache_config_info"):
+            out.append(f"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+                       f"# TYPE vllm:cache_config_info gauge\nvllm:cache_config_info{{{self._info}}} 1.0\n")
+        if want("steersman_sim:weights_state"):
+            out.append("# HELP steersman_sim:weights_state Weights state of the replica (1 for the current state).\n"
+                       "# TYPE steersman_sim:weights_state gauge\n")
+            for w in _WEIGHTS:
+                out.append(f'steersman_sim:weights_state{{{lab},state="{w}"}} {1.0 if s.weights.value == w else 0.0}\n')
         one("gauge", "steersman_sim:kv_blocks_total", "KV-cache blocks of the replica.", s.kv_blocks_total)
         for h in self._hists:
-            h.render(out)
+            if want(f"{h.name}_bucket", f"{h.name}_sum", f"{h.name}_count"):
+                h.render(out)
         return "".join(out).encode()
