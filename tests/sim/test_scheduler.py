@@ -249,3 +249,19 @@ def test_priority_preempts_an_already_scheduled_request():
     b = eng.request("b")
     assert b.status == "waiting" and b.num_computed == 0 and b.num_output == 1 and b.blocks == []
     assert eng.state().kv_blocks_used == 4 + 3
+
+
+def test_waiting_gauge_holds_what_the_running_steps_schedule_left_waiting():
+    """vLLM makes its stats once per step: ``num_requests_waiting`` is what that step's schedule could not take.
+    A request that arrives while the step runs is not in it (the next step schedules it); before any step, or
+    once the engine stops stepping (idle, hung, loading), the gauge is the queue as it is."""
+    eng = engine(max_num_batched_tokens=100)
+    for rid, n in (("a", 60), ("b", 60), ("c", 10)):
+        eng.add(req(rid, n, out=3))
+    assert eng.state(0.0).num_waiting == 3  # nothing scheduled yet
+    r1 = eng.step(0.0)
+    mid = (r1.start + r1.end) / 2
+    assert eng.state(mid).num_waiting == 1  # c: the budget was spent on a and b
+    eng.add(req("d", 10, out=3))  # arrives while the step runs
+    assert eng.state(mid).num_waiting == 1 and eng.state().num_waiting == 2  # as of the schedule; without a time: now
+    assert eng.state(r1.end).num_waiting == 2  # the step is over: the queue as it is

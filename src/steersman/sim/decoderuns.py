@@ -120,6 +120,7 @@ class DecodeRunsMixin:
         self.generation_tokens_total += n * k
         self.num_steps += k
         self._busy_until = end
+        self._logged_waiting = self._s.num_waiting
         tri = k * (k - 1) / 2
         return MacroStep(
             k, plan.start, end, n, plan.first_duration, plan.slope, outs, finished,

@@ -109,6 +109,9 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         self._weights = WeightsState.WARM if warm else WeightsState.COLD
         self._ready_at: float | None = now if warm else None
         self._busy_until = now
+        #: requests left waiting by the latest step's schedule: what vLLM's num_requests_waiting says while
+        #: that step runs (its stats are made per step; a request that arrives meanwhile is not in them)
+        self._logged_waiting = 0
         self._slowdown = 1.0
         self.num_steps = 0
         self.prompt_tokens_total = 0
@@ -256,6 +259,7 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         if not n and not sched and not preempted:
             self._settle_tail(tail)
             return None
+        self._logged_waiting = s.num_waiting
 
         # cost: decode set in closed form, the others one by one
         tokens = sampled = n_dec = n
@@ -330,8 +334,13 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         kv = s.kv
         nb = kv.num_blocks
         free = kv.num_free
+        waiting = s.num_waiting
+        if now is not None and now < self._busy_until and self._logged_waiting < waiting:
+            # a step is running: vLLM's gauge holds what its schedule left waiting; requests that arrived
+            # since are scheduled by the next step (counting them made a lightly loaded engine look queued)
+            waiting = self._logged_waiting
         return EngineState(
-            len(self._dec) + len(self._tail), s.num_waiting, nb - free, nb, 1.0 - free / nb if nb else 0.0,
+            len(self._dec) + len(self._tail), waiting, nb - free, nb, 1.0 - free / nb if nb else 0.0,
             s.prefix_queries, s.prefix_hits, s.num_preemptions, self.prompt_tokens_total,
             self.generation_tokens_total, self._weights, self._ready_at, self._busy_until, self.num_steps,
         )

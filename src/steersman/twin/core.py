@@ -308,7 +308,7 @@ class Twin(DrillActions):
         if now - self._scraped[i] < self.cfg.metrics_interval_s:
             return
         self._scraped[i] = now
-        s = self.tf.replicas[i].engine.state()
+        s = self.tf.replicas[i].engine.state(now)  # as live: waiting as of the running step's schedule
         self.fleet.update_metrics(i, EngineMetrics(s.num_running, s.num_waiting, s.kv_usage, s.prefix_queries,
                                                    s.prefix_hits, s.weights.value, s.kv_blocks_total))
 
