@@ -161,7 +161,8 @@ class SimServer:
         request.respond(200, b"", b"text/plain")
 
     async def metrics_handler(self, request: HttpRequest) -> None:
-        request.respond(200, self.metrics.render(wanted(request.query) if request.query else None), b"text/plain; version=0.0.4; charset=utf-8")
+        page = self.metrics.render(wanted(request.query) if request.query else None)
+        request.respond(200, page, b"text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self, request: HttpRequest) -> None:
         data = {"object": "list", "data": [{

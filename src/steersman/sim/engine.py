@@ -337,7 +337,7 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         waiting = s.num_waiting
         if now is not None and now < self._busy_until and self._logged_waiting < waiting:
             # a step is running: vLLM's gauge holds what its schedule left waiting; requests that arrived
-            # since are scheduled by the next step (counting them made a lightly loaded engine look queued)
+            # since are the next step's to schedule
             waiting = self._logged_waiting
         return EngineState(
             len(self._dec) + len(self._tail), waiting, nb - free, nb, 1.0 - free / nb if nb else 0.0,
