@@ -253,8 +253,9 @@ def test_priority_preempts_an_already_scheduled_request():
 
 def test_waiting_gauge_holds_what_the_running_steps_schedule_left_waiting():
     """vLLM makes its stats once per step: ``num_requests_waiting`` is what that step's schedule could not take.
-    A request that arrives while the step runs is not in it (the next step schedules it); before any step, or
-    once the engine stops stepping (idle, hung, loading), the gauge is the queue as it is."""
+    A request that arrives while the step runs is not in it (the next step schedules it), nor once the step is over
+    while requests run (the next step is due: a server's step loop resumes a little after the step's end); before
+    any step, or with nothing running and no step (idle, loading), the gauge is the queue as it is."""
     eng = engine(max_num_batched_tokens=100)
     for rid, n in (("a", 60), ("b", 60), ("c", 10)):
         eng.add(req(rid, n, out=3))
@@ -264,4 +265,15 @@ def test_waiting_gauge_holds_what_the_running_steps_schedule_left_waiting():
     assert eng.state(mid).num_waiting == 1  # c: the budget was spent on a and b
     eng.add(req("d", 10, out=3))  # arrives while the step runs
     assert eng.state(mid).num_waiting == 1 and eng.state().num_waiting == 2  # as of the schedule; without a time: now
-    assert eng.state(r1.end).num_waiting == 2  # the step is over: the queue as it is
+    assert eng.state(r1.end + 1.0).num_waiting == 1  # over, a and b run: the next step is due, the gauge unchanged
+    r2 = eng.step(r1.end)
+    assert r2 is not None and eng.state(r2.start).num_waiting == 0  # it took c and d
+
+
+def test_waiting_gauge_is_the_queue_when_nothing_runs():
+    eng = engine(max_num_batched_tokens=100)
+    eng.add(req("a", 10, out=1))
+    r1 = eng.step(0.0)
+    assert r1.finished == ["a"] and eng.state(r1.end).num_waiting == 0
+    eng.add(req("b", 10, out=1))  # an idle engine: the request waits for the step it wakes
+    assert eng.state(r1.end + 1.0).num_waiting == 1

@@ -335,9 +335,11 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         nb = kv.num_blocks
         free = kv.num_free
         waiting = s.num_waiting
-        if now is not None and now < self._busy_until and self._logged_waiting < waiting:
-            # a step is running: vLLM's gauge holds what its schedule left waiting; requests that arrived
-            # since are the next step's to schedule
+        if now is not None and self._logged_waiting < waiting and (now < self._busy_until or self._dec or self._tail):
+            # a step is running, or requests run and the next step is due (an engine steps back to back while
+            # anything runs; a server's step loop resumes a little after the step's end): vLLM's gauge holds what
+            # the latest schedule left waiting; requests that arrived since are the next step's to schedule.
+            # Nothing running and no step: the queue as it is (an idle engine about to step, or one that cannot)
             waiting = self._logged_waiting
         return EngineState(
             len(self._dec) + len(self._tail), waiting, nb - free, nb, 1.0 - free / nb if nb else 0.0,
