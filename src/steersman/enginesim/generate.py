@@ -72,10 +72,10 @@ class Generator:
             if len(p) != 1 and not isinstance(p[0], int):
                 raise bad_request("engine-sim supports one prompt per request.", "prompt")
             if isinstance(p[0], int):
-                return list(p), list(p), "x"  # token ids
+                return _token_ids(p), list(p), "x"
             p = p[0]
             if isinstance(p, list):
-                return list(p), list(p), "x"
+                return _token_ids(p), list(p), "x"
         return tokenize_array(p), p, p[-1:]
 
     def _job(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Job:
@@ -83,6 +83,8 @@ class Generator:
         room = self.max_model_len - len(ids)
         want = req.output_limit
         field = "messages" if chat else "prompt"
+        if not len(ids):  # vLLM: "The decoder prompt cannot be empty"
+            raise bad_request(f"`{field}` must not be empty: it has no tokens.", field)
         if room < 1 or (want is not None and want > room):
             raise bad_request(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
@@ -157,3 +159,11 @@ class Generator:
             tail += w.usage(usage_of(job.sim.prompt_len, sent, job.sim.num_cached_tokens))
         request.send(tail + w.done())
         request.end_stream()
+
+
+def _token_ids(ids: list) -> list[int]:
+    """A prompt given as token ids; a negative id is no token (vLLM: out of vocabulary, 400)."""
+    bad = next((i for i in ids if i < 0), None)
+    if bad is not None:
+        raise bad_request(f"`prompt` token ids must be >= 0, got {bad}.", "prompt")
+    return list(ids)
