@@ -20,6 +20,7 @@ PINNED = {
     "gateway.port": 8080,
     "gateway.max_body_bytes": 10 * 1024 * 1024,
     "gateway.max_tokens_limit": 131072,
+    "gateway.max_logprobs": 20,
     "gateway.metrics_interval_s": 0.05,
     "gateway.metrics_timeout_s": 1.0,
     "gateway.calibrate_unprofiled": True,

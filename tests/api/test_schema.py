@@ -32,6 +32,12 @@ def err(body: bytes, chat: bool = True) -> ApiError:
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}', "stream_options"),
         (b'{"model": "m", "messages": []}', "messages"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}', "n"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}', "logprobs"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": 3}', "logprobs"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}', "top_logprobs"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}', "top_logprobs"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": -1}', "top_logprobs"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1.5}', "top_logprobs"),
     ],
 )
 def test_field_errors_name_the_field(body, param):
@@ -53,3 +59,19 @@ def test_valid_requests_decode_and_keep_extensions():
     c = decode_completion(b'{"model": "m", "prompt": "hello", "max_tokens": 3, "stream": true, "stream_options": {"include_usage": true}}', LIMIT)
     assert c.max_tokens == 3 and c.stream_options.include_usage
     assert err(b'{"model": "m", "prompt": []}', chat=False).param == "prompt"
+
+
+def test_logprobs_fields_are_checked_by_kind():
+    """Chat: ``logprobs`` a boolean, ``top_logprobs`` 0-20 alternatives with it; completions: ``logprobs`` the number of
+    alternatives, 0-20 (``GatewaySettings.max_logprobs``: OpenAI's bound, vLLM's default ``--max-logprobs``)."""
+    r = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 20}', LIMIT)
+    assert r.wants_logprobs and r.top_logprobs == 20
+    r = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": false, "top_logprobs": 0}', LIMIT)
+    assert not r.wants_logprobs
+    assert decode_completion(b'{"model": "m", "prompt": "x", "logprobs": 0}', LIMIT).wants_logprobs
+    assert not decode_completion(b'{"model": "m", "prompt": "x"}', LIMIT).wants_logprobs
+    for v in (b"21", b"-1", b"true", b'"2"'):
+        e = err(b'{"model": "m", "prompt": "x", "logprobs": ' + v + b"}", chat=False)
+        assert e.status == 400 and e.param == "logprobs", v
+    with pytest.raises(ApiError):  # a gateway configured for fewer
+        decode_completion(b'{"model": "m", "prompt": "x", "logprobs": 5}', LIMIT, max_logprobs=4)

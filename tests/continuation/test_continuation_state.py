@@ -76,14 +76,13 @@ def test_completion_continuation_appends_to_the_prompt():
     ({"logprobs": True}, "logprobs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
     ({"guided_json": {"type": "object"}}, "guided"),
-    ({"top_logprobs": 2}, "logprobs"),
+    ({"logprobs": True, "top_logprobs": 2}, "logprobs"),
     ({"guided_regex": "a+"}, "guided"),
     ({"guided_choice": ["a", "b"]}, "guided"),
     ({"guided_grammar": "root ::= x"}, "guided"),
     ({"structured_outputs": {"json": {}}}, "guided"),
     ({"grammar": "root ::= x"}, "guided"),
     ({"json_schema": {"type": "object"}}, "guided"),
-    ({"logprobs": "yes"}, "logprobs"),  # not checked, forwarded: a truthy value counts
 ])
 def test_unsafe_requests_are_not_continued(extra, reason):
     c = chat_cont(**extra)
@@ -99,9 +98,10 @@ def test_absent_or_empty_constraints_leave_continuation_allowed(extra):
 
 
 def test_completion_logprobs_forbid_continuation():
-    body = orjson.dumps({"model": "m", "prompt": "Once", "stream": True, "logprobs": 3})
-    c = Continuation(decode_completion(body, LIMIT), body, None)
-    assert not c.allowed and "logprobs" in c.reason
+    for k in (3, 0):  # 0: the chosen token's log probability alone, still one per token
+        body = orjson.dumps({"model": "m", "prompt": "Once", "stream": True, "logprobs": k})
+        c = Continuation(decode_completion(body, LIMIT), body, None)
+        assert not c.allowed and "logprobs" in c.reason
 
 
 def test_a_tool_call_in_progress_forbids_continuation():

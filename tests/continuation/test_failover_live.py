@@ -111,6 +111,22 @@ def test_structured_output_is_not_continued_the_stream_ends_with_an_error_event(
         assert migrations(lf.url) == 0
 
 
+def test_a_logprobs_stream_is_not_continued_the_stream_ends_with_an_error_event(openai_client):
+    """The engine now sends log probabilities (engine-sim, vLLM's shapes); another replica's would differ for the
+    tokens after the cut, so the stream is not continued: the tokens already sent stay, an error event ends it."""
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        _die(lf, 0, after=4)
+        _die(lf, 1, after=4)
+        got = []
+        with pytest.raises(openai.APIError) as e:
+            for c in client.chat.completions.create(model=MODEL, max_tokens=40, stream=True, logprobs=True,
+                                                    messages=[{"role": "user", "content": "Tell me about replicas."}]):
+                got += [x.token for ch in c.choices if ch.logprobs for x in ch.logprobs.content]
+        assert "cannot be continued" in str(e.value) and "logprobs" in str(e.value)
+        assert len(got) == 4 and migrations(lf.url) == 0
+
+
 def test_engine_dying_after_its_last_token_is_finished_locally(openai_client):
     with LiveFleet(sims=sims(2), policy="round-robin") as lf:
         client = openai_client(lf.url)

@@ -74,3 +74,43 @@ def _routes(metrics: str, model: str) -> dict[str, float]:
             kind = line.split('slo_prediction="')[1].split('"')[0]
             out[kind] = out.get(kind, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
+
+
+def test_logprobs_come_through_for_each_token_both_ways(client):
+    """engine-sim answers logprobs in vLLM's shapes (greedy: the chosen token first and most likely) and the gateway
+    relays them: streamed, one entry per token event, the same as the whole response's."""
+    kw = dict(model="llama-3.1-8b", messages=MSGS, max_tokens=8, logprobs=True, top_logprobs=3,
+              extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw).choices[0]
+    entries = whole.logprobs.content
+    assert "".join(e.token for e in entries) == whole.message.content and len(entries) == 8
+    for e in entries:
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+        assert e.logprob <= 0 and bytes(e.bytes).decode() == e.token
+    streamed = [c.choices[0] for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+    got = [e for ch in streamed if ch.logprobs for e in ch.logprobs.content]
+    assert [(e.token, e.logprob) for e in got] == [(e.token, e.logprob) for e in entries]
+    assert all(ch.logprobs.content[0].token == ch.delta.content for ch in streamed if ch.logprobs)
+
+    c = client.completions.create(model="qwen2.5-7b", prompt="The fleet", max_tokens=5, logprobs=0,
+                                  extra_body={"ignore_eos": True}).choices[0]
+    lp = c.logprobs
+    assert "".join(lp.tokens) == c.text and len(lp.token_logprobs) == 5
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    assert all(list(d) == [t] for d, t in zip(lp.top_logprobs, lp.tokens))  # logprobs 0: the chosen token alone
+    streamed = [ch.choices[0].logprobs for ch in client.completions.create(
+        model="qwen2.5-7b", prompt="The fleet", max_tokens=5, logprobs=0, stream=True, extra_body={"ignore_eos": True})]
+    assert [o for s in streamed for o in s.text_offset] == lp.text_offset
+    assert [t for s in streamed for t in s.token_logprobs] == lp.token_logprobs
+
+
+def test_logprob_field_errors_name_the_field(client, fleet):
+    for path, body, param in (
+        ("/v1/chat/completions", {"messages": MSGS, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": MSGS, "logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 10**6}, "logprobs"),
+    ):
+        r = httpx.post(fleet.url + path, json={"model": "llama-3.1-8b", "max_tokens": 2, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

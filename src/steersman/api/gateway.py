@@ -277,7 +277,8 @@ class Gateway(RequestLifecycle):
     async def openapi(self, request: HttpRequest) -> None:
         assert self.fleet is not None
         models = sorted({m for r in self.fleet.replicas for m in r.models})
-        request.respond(200, orjson.dumps(openapi_document(models, self.settings.max_tokens_limit)))
+        doc = openapi_document(models, self.settings.max_tokens_limit, self.settings.max_logprobs)
+        request.respond(200, orjson.dumps(doc))
 
     async def health(self, request: HttpRequest) -> None:
         fleet = self.fleet

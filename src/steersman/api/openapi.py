@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from steersman.config import DEFAULTS
+
 __all__ = ["openapi_document"]
 
 _ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
@@ -64,9 +66,12 @@ def _generation(summary: str, request: str, response: str) -> dict[str, Any]:
     }}
 
 
-def openapi_document(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
-    """The description of a gateway serving ``models`` with ``max_tokens`` as the output bound."""
+def openapi_document(models: Sequence[str], max_tokens: int,
+                     max_logprobs: int = DEFAULTS.gateway.max_logprobs) -> dict[str, Any]:
+    """The description of a gateway serving ``models`` with ``max_tokens`` as the output bound and ``max_logprobs``
+    log-probability alternatives per token at most."""
     common = _common(models, max_tokens)
+    alternatives = _nullable({"type": "integer", "minimum": 0, "maximum": max_logprobs})
     message = {
         "type": "object", "required": ["role"],
         "properties": {
@@ -80,10 +85,12 @@ def openapi_document(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
         "messages": {"type": "array", "minItems": 1, "items": _ref("ChatMessage")},
         "max_completion_tokens": common["max_tokens"],
         "response_format": _nullable({"type": "object"}),
+        "logprobs": _nullable({"type": "boolean"}),
+        "top_logprobs": {**alternatives, "description": "Alternatives per token; more than 0 needs `logprobs: true`."},
     }}
     prompt = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]}
     completion = {"type": "object", "required": ["model", "prompt"], "properties": {
-        **common, "prompt": prompt, "echo": {"type": "boolean"}}}
+        **common, "prompt": prompt, "echo": {"type": "boolean"}, "logprobs": alternatives}}
     answer = {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"type": "string"}, "created": {"type": "integer"},
         "model": {"type": "string"}, "choices": {"type": "array", "items": {"type": "object"}},

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from steersman.api.errors import ApiError, bad_request
+from steersman.config import DEFAULTS
 
 __all__ = [
     "ChatMessage",
@@ -59,8 +60,6 @@ class _Common(msgspec.Struct, kw_only=True):
     cache_salt: str | None = None  # vLLM: requests share prefix-cache blocks only with the same salt
     # what makes a stream's tokens depend on more than its text (no token-exact continuation): read in this one
     # decode, not checked (any JSON value; forwarded untouched like every field), None when absent
-    logprobs: Any = None
-    top_logprobs: Any = None
     guided_json: Any = None  # vLLM's guided decoding
     guided_regex: Any = None
     guided_choice: Any = None
@@ -84,19 +83,30 @@ class ChatCompletionRequest(_Common, kw_only=True):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None  # alternatives per token, up to GatewaySettings.max_logprobs; needs logprobs: true
 
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
+
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int | list[int]]
     echo: bool = False
+    logprobs: int | None = None  # alternatives per token (0: the chosen token's alone), up to max_logprobs
 
     @property
     def output_limit(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
 
 
 _chat_decoder = msgspec.json.Decoder(ChatCompletionRequest)
@@ -169,7 +179,8 @@ def content_type_error(content_type: str | None) -> ApiError | None:
                     "invalid_request_error", "Content-Type", "unsupported_media_type")
 
 
-def decode_chat(body: bytes, max_tokens_limit: int) -> ChatCompletionRequest:
+def decode_chat(body: bytes, max_tokens_limit: int,
+                max_logprobs: int = DEFAULTS.gateway.max_logprobs) -> ChatCompletionRequest:
     """Decode and validate a ``/v1/chat/completions`` body or raise :class:`ApiError`."""
     req: ChatCompletionRequest = _decode(_chat_decoder, body)
     if not req.messages:
@@ -180,10 +191,15 @@ def decode_chat(body: bytes, max_tokens_limit: int) -> ChatCompletionRequest:
                               f"messages[{i}].role")
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
+    if req.top_logprobs is not None:
+        _check_logprobs(req.top_logprobs, "top_logprobs", max_logprobs)
+        if req.top_logprobs and not req.logprobs:
+            raise bad_request("`top_logprobs` needs `logprobs: true`.", "top_logprobs")
     return req
 
 
-def decode_completion(body: bytes, max_tokens_limit: int) -> CompletionRequest:
+def decode_completion(body: bytes, max_tokens_limit: int,
+                      max_logprobs: int = DEFAULTS.gateway.max_logprobs) -> CompletionRequest:
     """Decode and validate a ``/v1/completions`` body or raise :class:`ApiError`."""
     req: CompletionRequest = _decode(_completion_decoder, body)
     p = req.prompt
@@ -194,4 +210,11 @@ def decode_completion(body: bytes, max_tokens_limit: int) -> CompletionRequest:
         if len(kinds) != 1:
             raise bad_request("`prompt` must be a string, a list of strings, a list of token ids or a list of such lists.", "prompt")
     _check_common(req, "max_tokens", req.max_tokens, max_tokens_limit)
+    if req.logprobs is not None:
+        _check_logprobs(req.logprobs, "logprobs", max_logprobs)
     return req
+
+
+def _check_logprobs(k: int, field: str, most: int) -> None:
+    if not 0 <= k <= most:
+        raise bad_request(f"`{field}` must be between 0 and {most}, got {k}.", field)

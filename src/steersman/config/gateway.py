@@ -17,6 +17,10 @@ class GatewaySettings:
     max_tokens_limit: int = setting(
         131072, "absurd max_tokens bound: 128k, the longest context of the Llama-3.1 family (max_position_embeddings)"
     )
+    max_logprobs: int = setting(
+        20, "most log-probability alternatives per token a request may ask for (chat top_logprobs, completions "
+        "logprobs): OpenAI's top_logprobs bound, and vLLM's --max-logprobs default"
+    )
     metrics_interval_s: float = setting(
         0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)"
     )

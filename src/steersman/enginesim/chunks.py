@@ -23,7 +23,7 @@ def usage_of(prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
 class ChunkWriter:
     """Byte templates of one request's SSE events (``chat`` or ``completion``)."""
 
-    __slots__ = ("chat", "_head", "_mid_open", "_tail", "_base")
+    __slots__ = ("chat", "_head", "_mid_open", "_mid_lp", "_tail", "_base")
 
     def __init__(self, chat: bool, rid: str, created: int, model: str) -> None:
         self.chat = chat
@@ -32,10 +32,11 @@ class ChunkWriter:
         head = orjson.dumps(self._base)[:-1]  # without the closing brace
         if chat:
             self._head = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
-            self._mid_open = b'},"logprobs":null,"finish_reason":'
+            self._mid_lp = b'},"logprobs":'
         else:
             self._head = b"data: " + head + b',"choices":[{"index":0,"text":'
-            self._mid_open = b',"logprobs":null,"finish_reason":'
+            self._mid_lp = b',"logprobs":'
+        self._mid_open = self._mid_lp + b'null,"finish_reason":'
         self._tail = b"}]}\n\n"
 
     def role(self) -> bytes:
@@ -43,8 +44,11 @@ class ChunkWriter:
         d = dict(self._base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
         return b"data: " + orjson.dumps(d) + b"\n\n"
 
-    def token(self, text: str, finish_reason: str | None = None) -> bytes:
+    def token(self, text: str, finish_reason: str | None = None, logprobs: dict | None = None) -> bytes:
         fr = b"null" if finish_reason is None else orjson.dumps(finish_reason)
+        if logprobs is not None:
+            return (self._head + orjson.dumps(text) + self._mid_lp + orjson.dumps(logprobs) + b',"finish_reason":'
+                    + fr + self._tail)
         return self._head + orjson.dumps(text) + self._mid_open + fr + self._tail
 
     def usage(self, usage: dict) -> bytes:
@@ -55,16 +59,17 @@ class ChunkWriter:
         return b"data: [DONE]\n\n"
 
 
-def full_response(chat: bool, rid: str, created: int, model: str, text: str, finish_reason: str, usage: dict) -> bytes:
+def full_response(chat: bool, rid: str, created: int, model: str, text: str, finish_reason: str, usage: dict,
+                  logprobs: dict | None = None) -> bytes:
     if chat:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text, "tool_calls": []},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     return orjson.dumps({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage})

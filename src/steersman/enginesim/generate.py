@@ -15,6 +15,7 @@ from steersman.clock import Clock
 from steersman.config import DEFAULTS
 from steersman.enginesim.chunks import ChunkWriter, full_response, usage_of
 from steersman.enginesim.faults import Faults
+from steersman.enginesim.logprobs import chat_entries, completion_logprobs
 from steersman.enginesim.runner import EngineRunner, Job
 from steersman.enginesim.textgen import generate
 from steersman.http.server import HttpRequest
@@ -115,22 +116,27 @@ class Generator:
                 raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
             job = self._job(req, chat)
             created = int(self.clock.wall())
+            top = _alternatives(req)
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                await self._stream(request, job, ChunkWriter(chat, job.req_id, created, self.model_name), include_usage)
+                await self._stream(request, job, ChunkWriter(chat, job.req_id, created, self.model_name), include_usage,
+                                   top)
                 return
             gen = job.gen
             await self.runner.wait(job, len(gen.pieces))
             text = "".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text
             usage = usage_of(job.sim.prompt_len, job.produced, job.sim.num_cached_tokens)
-            request.respond(200, full_response(chat, job.req_id, created, self.model_name, text, gen.finish_reason, usage))
+            lp = None if top is None else _logprobs(chat, gen.pieces[: job.produced], 0, top, 0)
+            request.respond(200, full_response(chat, job.req_id, created, self.model_name, text, gen.finish_reason, usage,
+                                               lp))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
         finally:
             if job is not None and not job.done:
                 self.runner.cancel(job)
 
-    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool) -> None:
+    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool,
+                      top: int | None = None) -> None:
         request.start_stream()
         # like vLLM, the assistant-role chunk goes out together with the first token
         head = w.role() if w.chat else b""
@@ -139,6 +145,7 @@ class Generator:
         last = total - 1
         reason = job.gen.finish_reason
         sent = 0
+        offset = 0  # characters of the output before the next piece (completions' text_offset)
         while sent < total:
             await self.runner.wait(job, sent)
             ready = min(job.produced, total)
@@ -147,7 +154,15 @@ class Generator:
                     break
                 continue
             n = self.faults.tokens_allowed(ready - sent)
-            request.send(head + b"".join(w.token(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
+            if top is None:
+                request.send(head + b"".join(w.token(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
+            else:
+                out = [head]
+                for i in range(sent, sent + n):
+                    offset += len(pieces[i - 1]) if i else 0
+                    lp = _logprobs(w.chat, pieces[i : i + 1], i, top, offset)
+                    out.append(w.token(pieces[i], reason if i == last else None, lp))
+                request.send(b"".join(out))
             head = b""
             sent += n
             if self.faults.streamed(n):
@@ -159,6 +174,19 @@ class Generator:
             tail += w.usage(usage_of(job.sim.prompt_len, sent, job.sim.num_cached_tokens))
         request.send(tail + w.done())
         request.end_stream()
+
+
+def _alternatives(req: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """Log-probability alternatives per token the request asks for; None: no logprobs."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+def _logprobs(chat: bool, pieces: list[str], start: int, top: int, offset: int) -> dict:
+    if chat:
+        return {"content": chat_entries(pieces, start, top)}
+    return completion_logprobs(pieces, start, top, offset)
 
 
 def _token_ids(ids: list) -> list[int]:

@@ -74,7 +74,7 @@ def refusal_reason(req: ChatCompletionRequest | CompletionRequest) -> str | None
     """Why a stream of ``req`` could not be continued token-exactly (None: it can be)."""
     if req.n != 1:
         return "n > 1"
-    if req.logprobs or req.top_logprobs:
+    if req.wants_logprobs:
         return "logprobs"
     if req.guided:
         return "guided output"

@@ -19,13 +19,14 @@ class ParseRequest:
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.max_tokens = settings.max_tokens_limit
+        self.max_logprobs = settings.max_logprobs
 
     async def run(self, ctx: RequestContext) -> Outcome:
         try:
             if ctx.kind == "chat":
-                ctx.request = decode_chat(ctx.body, self.max_tokens)
+                ctx.request = decode_chat(ctx.body, self.max_tokens, self.max_logprobs)
             else:
-                ctx.request = decode_completion(ctx.body, self.max_tokens)
+                ctx.request = decode_completion(ctx.body, self.max_tokens, self.max_logprobs)
         except ApiError as e:
             return Fail(e, Retry.NEVER)
         ctx.model = ctx.request.model
