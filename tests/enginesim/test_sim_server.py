@@ -53,6 +53,21 @@ def test_completions_and_models(sim):
     assert httpx.get(url + "/health").status_code == 200
 
 
+def test_completions_echo_the_prompt_first_like_vllm(sim):
+    url = sim.sims[0].url
+    body = {"model": "llama-3.1-8b", "prompt": "Once upon a time", "max_tokens": 5, "ignore_eos": True}
+    plain = httpx.post(url + "/v1/completions", json=body).json()["choices"][0]["text"]
+    r = httpx.post(url + "/v1/completions", json=dict(body, echo=True)).json()
+    assert r["choices"][0]["text"] == "Once upon a time" + plain and r["usage"]["completion_tokens"] == 5
+    events = sse_events(httpx.post(url + "/v1/completions", json=dict(body, prompt=["Once upon a time"], echo=True,
+                                                                      stream=True)).content)
+    texts = [e["choices"][0]["text"] for e in events if e != "[DONE]"]
+    assert texts[0] == "Once upon a time" and "".join(texts[1:]) == plain and len(texts) == 6
+    for extra, says in (({"prompt": [1, 2, 3]}, "token ids"), ({"logprobs": 1}, "logprobs")):
+        r = httpx.post(url + "/v1/completions", json=dict(body, echo=True, **extra))
+        assert r.status_code == 400 and r.json()["error"]["param"] == "echo" and says in r.json()["error"]["message"]
+
+
 def test_metrics_use_vllm_names(sim):
     url = sim.sims[0].url
     httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=4), timeout=30)

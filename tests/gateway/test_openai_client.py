@@ -114,3 +114,10 @@ def test_logprob_field_errors_name_the_field(client, fleet):
     ):
         r = httpx.post(fleet.url + path, json={"model": "llama-3.1-8b", "max_tokens": 2, **body})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_completions_echo_comes_through(client):
+    kw = dict(model="qwen2.5-7b", prompt="The fleet", max_tokens=4, extra_body={"ignore_eos": True})
+    plain = client.completions.create(**kw).choices[0].text
+    assert client.completions.create(echo=True, **kw).choices[0].text == "The fleet" + plain
+    assert "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw)) == "The fleet" + plain

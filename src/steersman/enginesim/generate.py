@@ -114,17 +114,18 @@ class Generator:
             req = decode_chat(request.body, limit) if chat else decode_completion(request.body, limit)
             if self.faults.should_error():
                 raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
+            top = _alternatives(req)
+            echo = "" if chat else _echo(req)
             job = self._job(req, chat)
             created = int(self.clock.wall())
-            top = _alternatives(req)
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 await self._stream(request, job, ChunkWriter(chat, job.req_id, created, self.model_name), include_usage,
-                                   top)
+                                   top, echo)
                 return
             gen = job.gen
             await self.runner.wait(job, len(gen.pieces))
-            text = "".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text
+            text = echo + ("".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text)
             usage = usage_of(job.sim.prompt_len, job.produced, job.sim.num_cached_tokens)
             lp = None if top is None else _logprobs(chat, gen.pieces[: job.produced], 0, top, 0)
             request.respond(200, full_response(chat, job.req_id, created, self.model_name, text, gen.finish_reason, usage,
@@ -136,10 +137,10 @@ class Generator:
                 self.runner.cancel(job)
 
     async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool,
-                      top: int | None = None) -> None:
+                      top: int | None = None, echo: str = "") -> None:
         request.start_stream()
-        # like vLLM, the assistant-role chunk goes out together with the first token
-        head = w.role() if w.chat else b""
+        # like vLLM, the assistant-role chunk goes out together with the first token; an echoed prompt comes first
+        head = w.role() if w.chat else (w.token(echo) if echo else b"")
         pieces = job.gen.pieces
         total = len(pieces)
         last = total - 1
@@ -181,6 +182,20 @@ def _alternatives(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     if isinstance(req, ChatCompletionRequest):
         return (req.top_logprobs or 0) if req.logprobs else None
     return req.logprobs
+
+
+def _echo(req: CompletionRequest) -> str:
+    """The prompt a completion echoes before its output (vLLM's ``echo``), "" when not asked."""
+    if not req.echo:
+        return ""
+    if req.logprobs is not None:
+        raise bad_request("engine-sim gives no prompt log probabilities: `echo` with `logprobs` is not supported.", "echo")
+    p = req.prompt
+    if isinstance(p, list):
+        p = p[0] if len(p) == 1 else None
+    if not isinstance(p, str):
+        raise bad_request("engine-sim echoes text prompts only: it has no detokenizer for token ids.", "echo")
+    return p
 
 
 def _logprobs(chat: bool, pieces: list[str], start: int, top: int, offset: int) -> dict:
