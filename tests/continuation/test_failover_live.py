@@ -127,6 +127,18 @@ def test_a_logprobs_stream_is_not_continued_the_stream_ends_with_an_error_event(
         assert len(got) == 4 and migrations(lf.url) == 0
 
 
+def test_a_stream_of_several_samples_is_not_continued(openai_client):
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        _die(lf, 0, after=6)
+        _die(lf, 1, after=6)
+        with pytest.raises(openai.APIError) as e:
+            for _ in client.chat.completions.create(model=MODEL, max_tokens=40, stream=True, n=2,
+                                                    messages=[{"role": "user", "content": "Tell me about replicas."}]):
+                pass
+        assert "cannot be continued" in str(e.value) and "n > 1" in str(e.value) and migrations(lf.url) == 0
+
+
 def test_engine_dying_after_its_last_token_is_finished_locally(openai_client):
     with LiveFleet(sims=sims(2), policy="round-robin") as lf:
         client = openai_client(lf.url)

@@ -121,3 +121,25 @@ def test_completions_echo_comes_through(client):
     plain = client.completions.create(**kw).choices[0].text
     assert client.completions.create(echo=True, **kw).choices[0].text == "The fleet" + plain
     assert "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw)) == "The fleet" + plain
+
+
+def test_several_samples_n_come_through_both_ways(client):
+    """``n`` > 1 as vLLM answers it: a sequence per sample sharing the prompt, each its own answer; streamed, every
+    event carries its choice's index and the samples interleave; usage counts every sample's tokens once."""
+    kw = dict(model="llama-3.1-8b", messages=MSGS, max_tokens=6, n=3, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kw)
+    texts = [c.message.content for c in whole.choices]
+    assert [c.index for c in whole.choices] == [0, 1, 2] and len(set(texts)) == 3
+    assert whole.usage.completion_tokens == 18
+    assert texts[0] == client.chat.completions.create(**dict(kw, n=1)).choices[0].message.content  # sample 0 = n=1's
+    got, order = {}, []
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        for c in chunk.choices:
+            got[c.index] = got.get(c.index, "") + (c.delta.content or "")
+            order.append(c.index)
+        if chunk.usage:
+            assert chunk.usage.completion_tokens == 18
+    assert [got[i] for i in range(3)] == texts and order != sorted(order)  # interleaved as the tokens came
+    c = client.completions.create(model="qwen2.5-7b", prompt="The fleet", max_tokens=4, n=2, logprobs=1,
+                                  extra_body={"ignore_eos": True})
+    assert [ch.index for ch in c.choices] == [0, 1] and all("".join(ch.logprobs.tokens) == ch.text for ch in c.choices)

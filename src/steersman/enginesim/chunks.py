@@ -39,17 +39,18 @@ class ChunkWriter:
         self._mid_open = self._mid_lp + b'null,"finish_reason":'
         self._tail = b"}]}\n\n"
 
-    def role(self) -> bytes:
-        """vLLM's first chat chunk: the assistant role with empty content."""
-        d = dict(self._base, choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+    def role(self, index: int = 0) -> bytes:
+        """vLLM's first chat chunk (of each choice): the assistant role with empty content."""
+        d = dict(self._base, choices=[{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                       "finish_reason": None}])
         return b"data: " + orjson.dumps(d) + b"\n\n"
 
-    def token(self, text: str, finish_reason: str | None = None, logprobs: dict | None = None) -> bytes:
+    def token(self, text: str, finish_reason: str | None = None, logprobs: dict | None = None, index: int = 0) -> bytes:
         fr = b"null" if finish_reason is None else orjson.dumps(finish_reason)
+        head = self._head if not index else self._head.replace(b'"index":0', b'"index":%d' % index, 1)
         if logprobs is not None:
-            return (self._head + orjson.dumps(text) + self._mid_lp + orjson.dumps(logprobs) + b',"finish_reason":'
-                    + fr + self._tail)
-        return self._head + orjson.dumps(text) + self._mid_open + fr + self._tail
+            return head + orjson.dumps(text) + self._mid_lp + orjson.dumps(logprobs) + b',"finish_reason":' + fr + self._tail
+        return head + orjson.dumps(text) + self._mid_open + fr + self._tail
 
     def usage(self, usage: dict) -> bytes:
         return b"data: " + orjson.dumps(dict(self._base, choices=[], usage=usage)) + b"\n\n"
@@ -59,17 +60,15 @@ class ChunkWriter:
         return b"data: [DONE]\n\n"
 
 
-def full_response(chat: bool, rid: str, created: int, model: str, text: str, finish_reason: str, usage: dict,
-                  logprobs: dict | None = None) -> bytes:
+def full_response(chat: bool, rid: str, created: int, model: str, choices: list[tuple[str, str, dict | None]],
+                  usage: dict) -> bytes:
+    """The whole answer; ``choices``: (text, finish reason, logprobs or None) of each sample, in index order."""
     if chat:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text, "tool_calls": []},
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
+        out = [{"index": i, "message": {"role": "assistant", "content": text, "tool_calls": []}, "logprobs": lp,
+                "finish_reason": reason} for i, (text, reason, lp) in enumerate(choices)]
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        out = [{"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
+               for i, (text, reason, lp) in enumerate(choices)]
         obj = "text_completion"
-    return orjson.dumps({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage})
+    return orjson.dumps({"id": rid, "object": obj, "created": created, "model": model, "choices": out, "usage": usage})

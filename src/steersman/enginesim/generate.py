@@ -54,8 +54,6 @@ class Generator:
         """(prompt token ids, the context generation is conditioned on, its last character)."""
         if req.model != self.model_name:
             raise not_found_model(req.model)
-        if req.n != 1:
-            raise bad_request("engine-sim supports only `n` = 1.", "n")
         if req.priority != 0 and not self.priority_scheduling:  # vLLM's processor refuses it the same way
             raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority")
         if chat:
@@ -79,7 +77,8 @@ class Generator:
                 return _token_ids(p), list(p), "x"
         return tokenize_array(p), p, p[-1:]
 
-    def _job(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> Job:
+    def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[str, list[Job]]:
+        """The response id and a job per sample (``n``), submitted to the engine."""
         ids, context, tail = self._prompt(req, chat)
         room = self.max_model_len - len(ids)
         want = req.output_limit
@@ -94,21 +93,26 @@ class Generator:
                 field,
             )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
-        gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{next(self._ids):x}"
         now = self.clock.now()
-        sim = SimRequest(req_id=rid, prompt_len=len(ids), max_output=len(gen.pieces),
-                         block_hashes=block_hashes(ids, self.block_size, cache_root(req.cache_salt)),
-                         priority=req.priority, arrival=now)
-        job = Job(sim=sim, gen=gen, arrival=now)
-        try:
-            self.runner.submit(job)
-        except ValueError as e:
-            raise bad_request(str(e), field) from None
-        return job
+        hashes = block_hashes(ids, self.block_size, cache_root(req.cache_salt))
+        jobs: list[Job] = []
+        for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
+            gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, variant=i)
+            sim = SimRequest(req_id=rid if req.n == 1 else f"{rid}-{i}", prompt_len=len(ids),
+                             max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
+            job = Job(sim=sim, gen=gen, arrival=now)
+            try:
+                self.runner.submit(job)
+            except ValueError as e:
+                for j in jobs:
+                    self.runner.cancel(j)
+                raise bad_request(str(e), field) from None
+            jobs.append(job)
+        return rid, jobs
 
     async def _generate(self, request: HttpRequest, chat: bool) -> None:
-        job = None
+        jobs: list[Job] = []
         try:
             limit = DEFAULTS.gateway.max_tokens_limit
             req = decode_chat(request.body, limit) if chat else decode_completion(request.body, limit)
@@ -116,25 +120,32 @@ class Generator:
                 raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
             top = _alternatives(req)
             echo = "" if chat else _echo(req)
-            job = self._job(req, chat)
+            rid, jobs = self._jobs(req, chat)
             created = int(self.clock.wall())
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
-                await self._stream(request, job, ChunkWriter(chat, job.req_id, created, self.model_name), include_usage,
-                                   top, echo)
+                w = ChunkWriter(chat, rid, created, self.model_name)
+                if len(jobs) == 1:
+                    await self._stream(request, jobs[0], w, include_usage, top, echo)
+                else:
+                    await self._stream_samples(request, jobs, w, include_usage, top, echo)
                 return
-            gen = job.gen
-            await self.runner.wait(job, len(gen.pieces))
-            text = echo + ("".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text)
-            usage = usage_of(job.sim.prompt_len, job.produced, job.sim.num_cached_tokens)
-            lp = None if top is None else _logprobs(chat, gen.pieces[: job.produced], 0, top, 0)
-            request.respond(200, full_response(chat, job.req_id, created, self.model_name, text, gen.finish_reason, usage,
-                                               lp))
+            choices = []
+            for job in jobs:
+                gen = job.gen
+                await self.runner.wait(job, len(gen.pieces))
+                text = echo + ("".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text)
+                lp = None if top is None else _logprobs(chat, gen.pieces[: job.produced], 0, top, 0)
+                choices.append((text, gen.finish_reason, lp))
+            first = jobs[0].sim
+            usage = usage_of(first.prompt_len, sum(j.produced for j in jobs), first.num_cached_tokens)
+            request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
         finally:
-            if job is not None and not job.done:
-                self.runner.cancel(job)
+            for job in jobs:
+                if not job.done:
+                    self.runner.cancel(job)
 
     async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool,
                       top: int | None = None, echo: str = "") -> None:
@@ -173,6 +184,48 @@ class Generator:
         tail = head
         if include_usage:
             tail += w.usage(usage_of(job.sim.prompt_len, sent, job.sim.num_cached_tokens))
+        request.send(tail + w.done())
+        request.end_stream()
+
+    async def _stream_samples(self, request: HttpRequest, jobs: list[Job], w: ChunkWriter, include_usage: bool,
+                              top: int | None, echo: str) -> None:
+        """``n`` > 1: each sample's events as its tokens come, with its choice index (vLLM interleaves them)."""
+        request.start_stream()
+        k = len(jobs)
+        head = b"".join(w.role(c) if w.chat else (w.token(echo, index=c) if echo else b"") for c in range(k))
+        sent, offset = [0] * k, [0] * k
+        while True:
+            out, count = [head], 0
+            for c, job in enumerate(jobs):
+                pieces, reason = job.gen.pieces, job.gen.finish_reason
+                last = len(pieces) - 1
+                n = self.faults.tokens_allowed(max(min(job.produced, len(pieces)) - sent[c], 0))
+                for i in range(sent[c], sent[c] + n):
+                    lp = None
+                    if top is not None:
+                        offset[c] += len(pieces[i - 1]) if i else 0
+                        lp = _logprobs(w.chat, pieces[i : i + 1], i, top, offset[c])
+                    out.append(w.token(pieces[i], reason if i == last else None, lp, index=c))
+                sent[c] += n
+                count += n
+            if count:
+                request.send(b"".join(out))
+                head = b""
+                if self.faults.streamed(count):
+                    await self.on_die()
+                    return
+                await request.drain()
+            waiting = [c for c, job in enumerate(jobs) if sent[c] < len(job.gen.pieces) and not job.done]
+            if not waiting:
+                if all(sent[c] >= min(j.produced, len(j.gen.pieces)) for c, j in enumerate(jobs)):
+                    break
+                continue  # the last tokens of a sample that just finished
+            if not count:
+                await self.runner.wait(jobs[waiting[0]], sent[waiting[0]])
+        tail = head
+        if include_usage:
+            first = jobs[0].sim
+            tail += w.usage(usage_of(first.prompt_len, sum(sent), first.num_cached_tokens))
         request.send(tail + w.done())
         request.end_stream()
 

@@ -77,6 +77,7 @@ def generate(
     mean_output_tokens: float,
     ignore_eos: bool = False,
     stop: Sequence[str] = (),
+    variant: int = 0,
 ) -> Generation:
     """Generate up to ``max_tokens`` pieces after ``context`` (the prompt text, or token ids).
 
@@ -84,8 +85,11 @@ def generate(
     first word has no leading space, after text it has one, and no punctuation
     follows punctuation or whitespace; deciding this from the context (not from
     the output position) keeps a continuation identical to the original.
+    ``variant`` > 0: the request's other samples (``n`` > 1), each its own answer.
     """
     h = context_hash(context)
+    if variant:  # another sample of the same request (``n`` > 1): another answer, as reproducible
+        h = (h + variant * 0x9E3779B97F4A7C15) % _P
     eos_mod = max(1, int(round(mean_output_tokens)))
     pieces: list[str] = []
     prev_punct = not prompt_tail or prompt_tail.isspace() or prompt_tail in _PUNCT
