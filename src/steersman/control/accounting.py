@@ -134,16 +134,18 @@ class Accounting:
         now = self.fleet.clock.now()
         t = s.ticket
         cost = s.earlier_cost
-        if t is not None:
-            self.fleet.end(t, output_tokens)
-            cost += self._share(t, now)
         req = s.req
+        # ``n`` samples decode side by side: one sample's tokens make the TPOT and the output length to learn
+        per_sample = output_tokens // req.samples if req.samples > 1 else output_tokens
+        if t is not None:
+            self.fleet.end(t, per_sample)
+            cost += self._share(t, now)
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:
             self.workflows.record(req.tenant, req.workflow.workflow_id, tokens=req.prompt_tokens + output_tokens,
                                   cost_usd=cost, now=now)
-        if ok and output_tokens:
-            self.outputs.observe(req.model, req.tenant, output_tokens)
+        if ok and per_sample:
+            self.outputs.observe(req.model, req.tenant, per_sample)
         if cached_tokens is not None and t is not None:
             self.fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         return cost

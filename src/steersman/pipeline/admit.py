@@ -72,7 +72,7 @@ class Describe:
             seq=ctx.seq, model=ctx.model, kind=ctx.kind, stream=req.stream, tenant=ctx.tenant.name,
             priority=ctx.tenant.priority, arrival=ctx.started, prompt_tokens=tokens, block_hashes=hashes,
             max_tokens=limit, expected_output=gw.expected_output(ctx.model, ctx.tenant.name, limit),
-            budget=budget, workflow=workflow,
+            budget=budget, workflow=workflow, samples=req.n,
         )
         return CONTINUE
 

@@ -75,6 +75,9 @@ class SchedRequest:
     #: requests ahead of it in the gateway queue that wait for a llama.cpp slot holding the same prompt (each
     #: running copy serves one of them: steersman.policy.slot_wait); the control plane sets it when it asks
     slot_waiters_ahead: int = 0
+    #: ``n``: the samples it runs as (the engine decodes each as a sequence of its own, side by side): its output
+    #: tokens are counted over all of them; the per-token timing and output length learnt from it are one sample's
+    samples: int = 1
 
     @property
     def protection(self) -> float:
