@@ -9,6 +9,7 @@ fault an engine).
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -23,6 +24,9 @@ from steersman.testing.scripted import Script, ScriptedEngine
 __all__ = ["LiveFleet"]
 
 T = TypeVar("T")
+
+_frozen = 0  # live fleets open that froze the heap (gc.freeze is process-wide: the last to close unfreezes)
+_frozen_lock = threading.Lock()
 
 
 class LiveFleet:
@@ -48,6 +52,7 @@ class LiveFleet:
         self.gateway: Gateway | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._froze = False
 
     # ---- thread plumbing ---------------------------------------------------
     def __enter__(self) -> LiveFleet:
@@ -68,11 +73,38 @@ class LiveFleet:
         except BaseException:
             self.__exit__(None, None, None)
             raise
+        self._freeze()
         return self
+
+    def _freeze(self) -> None:
+        """The gateway process's policy (``gateway.gc_freeze``, :func:`steersman.cli._run.run_service`): once
+        started, what is alive leaves the collector's full passes.  Here the process is the test run's, whose heap
+        (every module imported, earlier tests' objects) made a full collection stall every stream for ~130 ms on
+        a slow 2-core machine: a latency drill's p99 read that stall, not the gateway (tests/faults/test_hang.py)."""
+        global _frozen
+        settings = self.gateway.settings if self.gateway is not None else None
+        if settings is not None and not settings.gc_freeze:
+            return
+        with _frozen_lock:
+            gc.collect()  # garbage is freed, not frozen
+            gc.freeze()
+            _frozen += 1
+        self._froze = True
+
+    def _unfreeze(self) -> None:
+        global _frozen
+        if not self._froze:
+            return
+        self._froze = False
+        with _frozen_lock:
+            _frozen -= 1
+            if not _frozen:
+                gc.unfreeze()
 
     def __exit__(self, *exc: object) -> None:
         if self._loop is None:
             return
+        self._unfreeze()
         try:
             self.call(self._stop)
         finally:
