@@ -99,44 +99,25 @@ def test_one_stream_migrates_with_exact_tokens_and_usage(openai_client, kind, kw
             assert first.roles == 1
 
 
-def test_structured_output_is_not_continued_the_stream_ends_with_an_error_event(openai_client):
+@pytest.mark.parametrize("kw,reason,sent", [
+    ({"response_format": {"type": "json_object"}}, "response_format", 4),
+    # the engine sends log probabilities (engine-sim, vLLM's shapes): another replica's would differ after the cut
+    ({"logprobs": True}, "logprobs", 4),
+    ({"n": 2}, "n > 1", 6),  # two samples of 3 tokens each before the engine dies
+])
+def test_a_stream_that_cannot_be_continued_keeps_its_tokens_and_ends_with_an_error_event(openai_client, kw, reason,
+                                                                                          sent):
     with LiveFleet(sims=sims(2), policy="round-robin") as lf:
         client = openai_client(lf.url)
-        _die(lf, 0, after=4)
-        _die(lf, 1, after=4)
-        with pytest.raises(openai.APIError) as e:
-            chat(client, model=MODEL, max_tokens=40, messages=[{"role": "user", "content": "Tell me about replicas."}],
-                 response_format={"type": "json_object"})
-        assert "cannot be continued" in str(e.value) and "response_format" in str(e.value)
-        assert migrations(lf.url) == 0
-
-
-def test_a_logprobs_stream_is_not_continued_the_stream_ends_with_an_error_event(openai_client):
-    """The engine now sends log probabilities (engine-sim, vLLM's shapes); another replica's would differ for the
-    tokens after the cut, so the stream is not continued: the tokens already sent stay, an error event ends it."""
-    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
-        client = openai_client(lf.url)
-        _die(lf, 0, after=4)
-        _die(lf, 1, after=4)
+        _die(lf, 0, after=sent)
+        _die(lf, 1, after=sent)
         got = []
         with pytest.raises(openai.APIError) as e:
-            for c in client.chat.completions.create(model=MODEL, max_tokens=40, stream=True, logprobs=True,
-                                                    messages=[{"role": "user", "content": "Tell me about replicas."}]):
-                got += [x.token for ch in c.choices if ch.logprobs for x in ch.logprobs.content]
-        assert "cannot be continued" in str(e.value) and "logprobs" in str(e.value)
-        assert len(got) == 4 and migrations(lf.url) == 0
-
-
-def test_a_stream_of_several_samples_is_not_continued(openai_client):
-    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
-        client = openai_client(lf.url)
-        _die(lf, 0, after=6)
-        _die(lf, 1, after=6)
-        with pytest.raises(openai.APIError) as e:
-            for _ in client.chat.completions.create(model=MODEL, max_tokens=40, stream=True, n=2,
-                                                    messages=[{"role": "user", "content": "Tell me about replicas."}]):
-                pass
-        assert "cannot be continued" in str(e.value) and "n > 1" in str(e.value) and migrations(lf.url) == 0
+            for c in client.chat.completions.create(model=MODEL, max_tokens=40, stream=True,
+                                                    messages=[{"role": "user", "content": "Tell me about replicas."}], **kw):
+                got += [ch.delta.content for ch in c.choices if ch.delta.content]
+        assert "cannot be continued" in str(e.value) and reason in str(e.value)
+        assert len(got) == sent and migrations(lf.url) == 0
 
 
 def test_engine_dying_after_its_last_token_is_finished_locally(openai_client):

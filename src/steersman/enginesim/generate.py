@@ -125,8 +125,8 @@ class Generator:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 w = ChunkWriter(chat, rid, created, self.model_name)
-                if len(jobs) == 1:
-                    await self._stream(request, jobs[0], w, include_usage, top, echo)
+                if len(jobs) == 1 and top is None:  # the common case, on byte templates
+                    await self._stream(request, jobs[0], w, include_usage, echo)
                 else:
                     await self._stream_samples(request, jobs, w, include_usage, top, echo)
                 return
@@ -147,8 +147,7 @@ class Generator:
                 if not job.done:
                     self.runner.cancel(job)
 
-    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool,
-                      top: int | None = None, echo: str = "") -> None:
+    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool, echo: str = "") -> None:
         request.start_stream()
         # like vLLM, the assistant-role chunk goes out together with the first token; an echoed prompt comes first
         head = w.role() if w.chat else (w.token(echo) if echo else b"")
@@ -157,7 +156,6 @@ class Generator:
         last = total - 1
         reason = job.gen.finish_reason
         sent = 0
-        offset = 0  # characters of the output before the next piece (completions' text_offset)
         while sent < total:
             await self.runner.wait(job, sent)
             ready = min(job.produced, total)
@@ -166,15 +164,7 @@ class Generator:
                     break
                 continue
             n = self.faults.tokens_allowed(ready - sent)
-            if top is None:
-                request.send(head + b"".join(w.token(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
-            else:
-                out = [head]
-                for i in range(sent, sent + n):
-                    offset += len(pieces[i - 1]) if i else 0
-                    lp = _logprobs(w.chat, pieces[i : i + 1], i, top, offset)
-                    out.append(w.token(pieces[i], reason if i == last else None, lp))
-                request.send(b"".join(out))
+            request.send(head + b"".join(w.token(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
             head = b""
             sent += n
             if self.faults.streamed(n):
@@ -189,7 +179,8 @@ class Generator:
 
     async def _stream_samples(self, request: HttpRequest, jobs: list[Job], w: ChunkWriter, include_usage: bool,
                               top: int | None, echo: str) -> None:
-        """``n`` > 1: each sample's events as its tokens come, with its choice index (vLLM interleaves them)."""
+        """Several samples (``n`` > 1), or log probabilities: each sample's events as its tokens come, with its
+        choice index (vLLM interleaves the samples) and each token's log probabilities when asked for."""
         request.start_stream()
         k = len(jobs)
         head = b"".join(w.role(c) if w.chat else (w.token(echo, index=c) if echo else b"") for c in range(k))
