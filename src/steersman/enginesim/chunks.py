@@ -45,12 +45,16 @@ class ChunkWriter:
                                        "finish_reason": None}])
         return b"data: " + orjson.dumps(d) + b"\n\n"
 
-    def token(self, text: str, finish_reason: str | None = None, logprobs: dict | None = None, index: int = 0) -> bytes:
+    def token(self, text: str, finish_reason: str | None = None) -> bytes:
         fr = b"null" if finish_reason is None else orjson.dumps(finish_reason)
-        head = self._head if not index else self._head.replace(b'"index":0', b'"index":%d' % index, 1)
-        if logprobs is not None:
-            return head + orjson.dumps(text) + self._mid_lp + orjson.dumps(logprobs) + b',"finish_reason":' + fr + self._tail
-        return head + orjson.dumps(text) + self._mid_open + fr + self._tail
+        return self._head + orjson.dumps(text) + self._mid_open + fr + self._tail
+
+    def event(self, index: int, text: str, finish_reason: str | None, logprobs: dict | None) -> bytes:
+        """A token event of choice ``index`` (``n`` > 1), with its log probabilities when asked for."""
+        fr = b"null" if finish_reason is None else orjson.dumps(finish_reason)
+        head = self._head.replace(b'"index":0', b'"index":%d' % index, 1) if index else self._head
+        lp = b"null" if logprobs is None else orjson.dumps(logprobs)
+        return head + orjson.dumps(text) + self._mid_lp + lp + b',"finish_reason":' + fr + self._tail
 
     def usage(self, usage: dict) -> bytes:
         return b"data: " + orjson.dumps(dict(self._base, choices=[], usage=usage)) + b"\n\n"

@@ -183,20 +183,21 @@ class Generator:
         choice index (vLLM interleaves the samples) and each token's log probabilities when asked for."""
         request.start_stream()
         k = len(jobs)
-        head = b"".join(w.role(c) if w.chat else (w.token(echo, index=c) if echo else b"") for c in range(k))
+        head = b"".join(w.role(c) if w.chat else (w.event(c, echo, None, None) if echo else b"") for c in range(k))
         sent, offset = [0] * k, [0] * k
         while True:
             out, count = [head], 0
             for c, job in enumerate(jobs):
                 pieces, reason = job.gen.pieces, job.gen.finish_reason
                 last = len(pieces) - 1
-                n = self.faults.tokens_allowed(max(min(job.produced, len(pieces)) - sent[c], 0))
+                want = max(min(job.produced, len(pieces)) - sent[c], 0)
+                n = self.faults.tokens_allowed(count + want) - count  # a die-after fault counts every sample's tokens
                 for i in range(sent[c], sent[c] + n):
                     lp = None
                     if top is not None:
                         offset[c] += len(pieces[i - 1]) if i else 0
                         lp = _logprobs(w.chat, pieces[i : i + 1], i, top, offset[c])
-                    out.append(w.token(pieces[i], reason if i == last else None, lp, index=c))
+                    out.append(w.event(c, pieces[i], reason if i == last else None, lp))
                 sent[c] += n
                 count += n
             if count:
