@@ -128,3 +128,24 @@ def test_the_gateway_refuses_a_negative_busy_poll_window(tmp_path):
     cfg.write_text("gateway: {busy_poll_s: -0.5}\nendpoints:\n  - {url: 'http://127.0.0.1:9', models: [m]}\n")
     r = subprocess.run(STEERSMAN + ["serve", "--config", str(cfg)], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "busy_poll_s" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_taken_port_or_a_bad_flag_is_a_clear_error(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = str(s.getsockname()[1])
+        fleet = tmp_path / "fleet.yaml"
+        fleet.write_text("simulated: {replicas: [{gpu: H100, model: llama-3.1-8b}]}\n")
+        for argv, who in ((["serve", "--config", str(fleet), "--port", port], "steersman serve"),
+                          (["engine-sim", "--gpu", "H100", "--port", port], "engine-sim")):
+            r = subprocess.run(STEERSMAN + argv, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 2 and f"{who}: cannot listen" in r.stderr and "address already in use" in r.stderr
+            assert "Traceback" not in r.stderr
+    for argv, says in ((["up", "--speedup", "0"], "--speedup must be > 0"), (["up", "--port", "70000"], "0-65535"),
+                       (["engine-sim", "--gpu", "H100", "--port", "70000"], "0-65535")):
+        r = subprocess.run(STEERSMAN + argv, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "COLUMNS": "200"})
+        assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr

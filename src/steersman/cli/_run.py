@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import signal
 from collections.abc import Awaitable, Callable
 
 import uvloop
 
-__all__ = ["run_service"]
+__all__ = ["run_service", "exit_if_cannot_listen"]
 
 
 def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]], *, freeze: bool,
@@ -37,3 +38,16 @@ def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitab
             await stop()
 
     uvloop.run(main())
+
+
+_LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+
+
+def exit_if_cannot_listen(command: str, e: BaseException) -> None:
+    """A service that could not open its listening socket (port taken, address not local, no permission): say so
+    and exit with status 2, no traceback.  Anything else returns, for the caller to re-raise."""
+    if isinstance(e, OSError) and e.errno in _LISTEN_ERRNOS:
+        import typer
+
+        typer.echo(f"{command}: cannot listen: {e.strerror}", err=True)
+        raise typer.Exit(2) from None

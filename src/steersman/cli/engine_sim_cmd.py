@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
                                                     help="Require the key with this SHA-256 hex as bearer key on /admin."),
     ) -> None:
         """Serve one simulated GPU replica over an OpenAI-compatible HTTP API."""
-        from steersman.cli._run import run_service
+        from steersman.cli._run import exit_if_cannot_listen, run_service
         from steersman.enginesim.app import SimServer, SimServerConfig
         from steersman.enginesim.faults import FaultSpec
 
@@ -57,6 +57,8 @@ def register(app: typer.Typer) -> None:
             faults.validate()
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+        if not 0 <= port <= 65535:
+            raise typer.BadParameter(f"--port must be a TCP port, 0-65535 (0: any free port), got {port}")
         if scheduling_policy not in ("fcfs", "priority"):
             raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
         engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
@@ -80,5 +82,9 @@ def register(app: typer.Typer) -> None:
                 asyncio.get_running_loop().create_task(server.refuse(refuse_for))
             print(f"engine-sim ready {server.url} model={server.model_name} gpu={gpu} speedup={speedup}", flush=True)
 
-        run_service(start, server.stop, freeze=DEFAULTS.gateway.gc_freeze)  # the gateway's process policy
+        try:
+            run_service(start, server.stop, freeze=DEFAULTS.gateway.gc_freeze)  # the gateway's process policy
+        except OSError as e:
+            exit_if_cannot_listen("engine-sim", e)
+            raise
         sys.exit(0)

@@ -58,9 +58,9 @@ def _parse_engines(spec: str) -> tuple[str, int]:
     return kind, int(n)
 
 
-def _run(cfg, engines: tuple[str, int] | None = None) -> None:
+def _run(cfg, command: str, engines: tuple[str, int] | None = None) -> None:
     from steersman.api.gateway import Gateway
-    from steersman.cli._run import run_service
+    from steersman.cli._run import exit_if_cannot_listen, run_service
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     holder: dict = {}
@@ -101,8 +101,9 @@ def _run(cfg, engines: tuple[str, int] | None = None) -> None:
         from steersman.fleet.processes import EngineStartError
 
         if isinstance(e, EngineStartError):
-            typer.echo(f"steersman up: {e}", err=True)
+            typer.echo(f"{command}: {e}", err=True)
             raise typer.Exit(2) from None
+        exit_if_cannot_listen(command, e)
         raise
 
 
@@ -119,13 +120,18 @@ def register(app: typer.Typer) -> None:
         """Start the gateway and an embedded simulated fleet (2x H100 + 2x A100 Llama-3.1-8B, 1x L40S Qwen2.5-7B)."""
         import msgspec
 
-        from steersman.fleet.config import with_gateway
+        from steersman.fleet.config import FleetConfigError, with_gateway
 
         spec = _parse_engines(engines) if engines is not None else None
-        cfg = with_gateway(_default_fleet(), port=port, host=host)
+        if speedup is not None and not speedup > 0:
+            raise typer.BadParameter(f"--speedup must be > 0, got {speedup:g}")
+        try:
+            cfg = with_gateway(_default_fleet(), port=port, host=host)
+        except FleetConfigError as e:
+            raise typer.BadParameter(str(e)) from None
         if speedup is not None and cfg.simulated is not None:
             cfg = msgspec.structs.replace(cfg, simulated=msgspec.structs.replace(cfg.simulated, speedup=speedup))
-        _run(cfg, spec)
+        _run(cfg, "steersman up", spec)
 
     @app.command("serve")
     def serve(
@@ -141,4 +147,4 @@ def register(app: typer.Typer) -> None:
         except FleetConfigError as e:
             typer.echo(f"steersman serve: {e}", err=True)
             raise typer.Exit(2) from None
-        _run(cfg)
+        _run(cfg, "steersman serve")

@@ -46,13 +46,13 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--workers must be >= 1, got {workers}")
         try:
             spec, base = workload_spec(workload, trace, speed, limit, model)
-            base_fleet = yaml.safe_load(fleet.read_text()) if fleet else None
+            base_fleet = _fleet_file(fleet) if fleet else None
             p = plan_capacity(spec, [g.strip() for g in gpus.split(",") if g.strip()], target=slo, headroom=headroom,
                               policy=policy, tp=tp, seed=seed, base_dir=base, duration_s=duration, base_fleet=base_fleet,
                               workers=workers,
                               progress=lambda msg: con.print(f"  [dim]{msg}[/]"))
         except (WorkloadSpecError, OSError, KeyError, ValueError) as e:
-            con.print(f"[red]steersman plan:[/] {e}")
+            con.print(f"[red]steersman plan:[/] {e.args[0] if isinstance(e, KeyError) and e.args else e}")
             raise typer.Exit(2) from None
         t = Table(title=f"plan for {p.model}: {p.offered_rps:.2f} req/s offered, SLO {100 * slo:g}% at +{100 * headroom:g}% load")
         for col in ("fleet", "replicas", "$ / hour", "SLO met", "$ / successful task", "req/s per replica"):
@@ -67,6 +67,9 @@ def register(app: typer.Typer) -> None:
         short = [f"{label(f)} ({100 * a:.1f}%)" for f, a in p.mixed_tried if not any(o.fleet == f for o in p.options)]
         if short:
             con.print(f"[dim]cheaper mixes simulated that fell short: {', '.join(short)}[/]")
+        if p.best is None:
+            con.print(f"[red]steersman plan:[/] no fleet of {gpus} meets the SLO (the reasons per GPU type are above)")
+            raise typer.Exit(1)
         if p.best is not None:
             b = p.best
             con.print(f"cheapest: [bold]{label(b.fleet)}[/] at ${b.cost_per_hour:.2f}/h"
@@ -81,3 +84,17 @@ def register(app: typer.Typer) -> None:
             con.print(h)
             day = sum(cost for *_, cost in p.hourly)
             con.print(f"a day elastic: ${day:.2f}  vs  static peak fleet: ${24 * b.cost_per_hour:.2f}")
+
+
+def _fleet_file(path: Path) -> dict:
+    """The ``--fleet`` file's mapping (its scheduler, admission and tenants apply to every fleet tried; plan_capacity
+    checks them); ValueError naming the file if it is not YAML of a mapping."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: invalid YAML: {e}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"{path}: a fleet file is a mapping (scheduler, admission, tenants, ...)")
+    return data or {}

@@ -42,10 +42,11 @@ def register(app: typer.Typer) -> None:
             cfg = load_fleet(fleet)
             spec, base = workload_spec(workload, trace, speed, limit, model)
             loads = [float(x) for x in load.split(",") if x.strip()]
-        except (FleetConfigError, WorkloadSpecError, OSError, ValueError) as e:
-            con.print(f"[red]steersman simulate:[/] {e}")
+            exp = Experiment(cfg, spec, base, seed, duration)
+            exp.check(policy)  # before the progress bars: what would fail a run fails now, naming its field
+        except (FleetConfigError, WorkloadSpecError, OSError, KeyError, ValueError) as e:
+            con.print(f"[red]steersman simulate:[/] {_message(e)}")
             raise typer.Exit(2) from None
-        exp = Experiment(cfg, spec, base, seed, duration)
         horizon = duration or spec.get("duration_s") or 0.0
         t0 = time.perf_counter()
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.fields[info]}"),
@@ -61,7 +62,7 @@ def register(app: typer.Typer) -> None:
             try:
                 exp.sweep(policy, loads, factory)
             except (WorkloadSpecError, FleetConfigError, KeyError, ValueError) as e:
-                con.print(f"[red]steersman simulate:[/] {e}")
+                con.print(f"[red]steersman simulate:[/] {_message(e)}")
                 raise typer.Exit(2) from None
         con.print(report.table(exp.runs))
         if spec.get("drills"):
@@ -73,3 +74,8 @@ def register(app: typer.Typer) -> None:
         if plots:
             for p in report.plot(out, exp.runs, exp.samples):
                 con.print(f"wrote {p}")
+
+
+def _message(e: Exception) -> str:
+    """The error's text (a KeyError's str() is its message in quotes)."""
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)

@@ -32,6 +32,7 @@ Upstream URLs come from this file only; requests cannot name them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from types import MappingProxyType
 from pathlib import Path
@@ -43,6 +44,7 @@ import yaml
 from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, ReliabilitySettings, SchedulerSettings, SloClass
 from steersman.config._base import override
 from steersman.control.tenants import TenantConfigError, TenantDirectory
+from steersman.sim import gpu_profile, model_profile, replica_capacity
 
 __all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError"]
 
@@ -119,6 +121,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         if unknown:
             raise FleetConfigError(f"{where}: unknown gateway setting(s) {unknown}; known: {sorted(fields)}")
         gateway = msgspec.convert({**_asdict(DEFAULTS.gateway), **gw}, GatewaySettings)
+        _check_port(gateway.port, f"{where}: gateway.port")
         sched_raw = dict(raw.scheduler)
         slo = sched_raw.pop("slo_classes", None)
         profiles = _profiles(sched_raw.pop("profiles", None), f"{where}: scheduler.profiles")
@@ -145,29 +148,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         raise FleetConfigError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     if not raw.endpoints and raw.simulated is None:
         raise FleetConfigError(f"{where}: no `endpoints` and no `simulated` fleet: nothing to route to")
-    for i, ep in enumerate(raw.endpoints):
-        if not ep.url.startswith(("http://", "https://")):
-            raise FleetConfigError(f"{where}: endpoints[{i}].url must be an http(s) URL, got {ep.url!r}")
-        if ep.scheduling not in _SCHEDULING:
-            raise FleetConfigError(f"{where}: endpoints[{i}].scheduling must be fcfs or priority, got {ep.scheduling!r}")
-    if raw.simulated is not None:
-        for i, r in enumerate(raw.simulated.replicas):
-            if r.count < 1:
-                raise FleetConfigError(f"{where}: simulated.replicas[{i}].count must be >= 1")
-            if r.scheduling not in _SCHEDULING:
-                raise FleetConfigError(f"{where}: simulated.replicas[{i}].scheduling must be fcfs or priority, "
-                                       f"got {r.scheduling!r}")
-            if r.role not in ("both", "prefill", "decode"):
-                raise FleetConfigError(f"{where}: simulated.replicas[{i}].role must be both, prefill or decode, "
-                                       f"got {r.role!r}")
-        roles = {(r.model, r.role) for r in raw.simulated.replicas}
-        for model, role in sorted(roles):
-            other = "decode" if role == "prefill" else "prefill"
-            if role != "both" and (model, other) not in roles:
-                raise FleetConfigError(f"{where}: simulated.replicas: {model} has {role} replicas but no {other} ones")
-        link = raw.simulated.kv_link_gbit_s
-        if link is not None and not link > 0:
-            raise FleetConfigError(f"{where}: simulated.kv_link_gbit_s must be > 0, got {link}")
+    _check_replicas(raw, where)
     from steersman.policy import POLICIES
     from steersman.policy.decode import DECODE_PICKERS
 
@@ -184,6 +165,58 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
             raise FleetConfigError(f"{where}: scheduler.profiles.{name}: {e}") from None
     return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants,
                        MappingProxyType(profiles), reliability)
+
+
+def _check_replicas(raw: _FleetFile, where: str) -> None:
+    """Every endpoint and simulated replica is one the gateway (and the twin) can run: checked before anything starts,
+    so a typo is a FleetConfigError naming its field, not a traceback (or an engine-sim that exits) at startup."""
+    for i, ep in enumerate(raw.endpoints):
+        at = f"{where}: endpoints[{i}]"
+        if not ep.url.startswith(("http://", "https://")):
+            raise FleetConfigError(f"{at}.url must be an http(s) URL, got {ep.url!r}")
+        if ep.scheduling not in _SCHEDULING:
+            raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {ep.scheduling!r}")
+        if ep.tp < 1:
+            raise FleetConfigError(f"{at}.tp must be >= 1, got {ep.tp}")
+        price = ep.price_per_hour
+        if price is not None and not (math.isfinite(price) and price >= 0):
+            raise FleetConfigError(f"{at}.price_per_hour must be a number >= 0, got {price!r}")
+        if ep.gpu and price is None:
+            try:
+                gpu_profile(ep.gpu)
+            except KeyError as e:  # its price comes from the GPU's profile
+                raise FleetConfigError(f"{at}.gpu: {e.args[0]} (or give price_per_hour for a GPU without a profile)") from None
+    sim = raw.simulated
+    if sim is None:
+        return
+    if not (math.isfinite(sim.speedup) and sim.speedup > 0):
+        raise FleetConfigError(f"{where}: simulated.speedup must be > 0, got {sim.speedup!r}")
+    for i, r in enumerate(sim.replicas):
+        at = f"{where}: simulated.replicas[{i}]"
+        if r.count < 1:
+            raise FleetConfigError(f"{at}.count must be >= 1")
+        if r.scheduling not in _SCHEDULING:
+            raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {r.scheduling!r}")
+        if r.role not in ("both", "prefill", "decode"):
+            raise FleetConfigError(f"{at}.role must be both, prefill or decode, got {r.role!r}")
+        for key, profile in (("gpu", gpu_profile), ("model", model_profile)):
+            try:
+                profile(getattr(r, key))
+            except KeyError as e:
+                raise FleetConfigError(f"{at}.{key}: {e.args[0]}") from None
+        engine = replace(DEFAULTS.engine, tensor_parallel=r.tp, scheduling_policy=r.scheduling)
+        try:  # what engine-sim (and the twin's replica) would refuse to start with
+            replica_capacity(gpu_profile(r.gpu), model_profile(r.model), engine)
+        except ValueError as e:
+            raise FleetConfigError(f"{at} ({r.model} on {r.tp} x {r.gpu}): {e}") from None
+    roles = {(r.model, r.role) for r in sim.replicas}
+    for model, role in sorted(roles):
+        other = "decode" if role == "prefill" else "prefill"
+        if role != "both" and (model, other) not in roles:
+            raise FleetConfigError(f"{where}: simulated.replicas: {model} has {role} replicas but no {other} ones")
+    link = sim.kv_link_gbit_s
+    if link is not None and not link > 0:
+        raise FleetConfigError(f"{where}: simulated.kv_link_gbit_s must be > 0, got {link}")
 
 
 def make_profile(name: str, spec: dict, settings: SchedulerSettings):
@@ -243,4 +276,11 @@ def load_fleet(path: str | Path) -> FleetConfig:
 def with_gateway(cfg: FleetConfig, **overrides: Any) -> FleetConfig:
     """The same fleet with some gateway settings changed (CLI flags)."""
     changes = {k: v for k, v in overrides.items() if v is not None}
-    return msgspec.structs.replace(cfg, gateway=replace(cfg.gateway, **changes))
+    gateway = replace(cfg.gateway, **changes)
+    _check_port(gateway.port, "--port")
+    return msgspec.structs.replace(cfg, gateway=gateway)
+
+
+def _check_port(port: int, field: str) -> None:
+    if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536, or fail
+        raise FleetConfigError(f"{field} must be a TCP port, 0-65535 (0: any free port), got {port}")

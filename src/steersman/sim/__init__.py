@@ -17,7 +17,7 @@ from steersman.sim.engine import EngineModel, EngineState, StepResult, WeightsSt
 from steersman.sim.gpus import GPUS, GpuProfile, gpu_profile
 from steersman.sim.kvcache import KVPool
 from steersman.sim.macro import DecodePlan, MacroStep
-from steersman.sim.memory import batch_limits, num_kv_blocks
+from steersman.sim.memory import batch_limits, num_kv_blocks, replica_capacity
 from steersman.sim.models import MODELS, ModelProfile, model_profile
 from steersman.sim.request import SimRequest
 from steersman.sim.roofline import Roofline, StepCost, linear_layer_time, predict_step
@@ -33,6 +33,7 @@ __all__ = [
     "GpuProfile",
     "ModelProfile",
     "gpu_profile",
+    "replica_capacity",
     "model_profile",
     "GPUS",
     "MODELS",

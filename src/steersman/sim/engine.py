@@ -45,7 +45,7 @@ from steersman.sim.decoderuns import DecodeRunsMixin
 from steersman.sim.engine_types import EngineState, StepResult, WeightsState
 from steersman.sim.gpus import GpuProfile
 from steersman.sim.kvcache import KVPool
-from steersman.sim.memory import batch_limits, num_kv_blocks
+from steersman.sim.memory import replica_capacity
 from steersman.sim.models import ModelProfile
 from steersman.sim.request import ABORTED, RUNNING, WAITING, DecodeClock, SimRequest
 from steersman.sim.roofline import Roofline
@@ -75,25 +75,11 @@ class EngineModel(DecodeSetMixin, WeightsMixin, DecodeRunsMixin):
         ``keep_done`` finished / aborted requests stay answerable by :meth:`request`
         (a twin of a thousand replicas may want 0)."""
         settings = settings if settings is not None else EngineSettings()
-        if settings.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"unknown scheduling_policy {settings.scheduling_policy!r}")
         self.gpu, self.model, self.settings = gpu, model, settings
         self.tp = settings.tensor_parallel
         self.block_size = settings.block_size
-        self.max_num_batched_tokens, self.max_num_seqs = batch_limits(gpu, settings)
-        self.max_model_len = settings.max_model_len or model.max_context
-        if self.max_model_len > model.max_context:
-            raise ValueError(f"max_model_len {self.max_model_len} > {model.name}'s {model.max_context} positions")
-        blocks = kv_blocks
-        if blocks is None:
-            blocks = num_kv_blocks(gpu, model, settings, self.max_num_batched_tokens, self.max_num_seqs)
-        elif blocks < 1:
-            raise ValueError("kv_blocks must be >= 1")
-        if blocks * self.block_size < self.max_model_len:
-            raise ValueError(
-                f"max_model_len {self.max_model_len} is larger than the KV cache ({blocks * self.block_size} "
-                f"tokens) of {self.tp} x {gpu.name} for {model.name}; lower max_model_len"
-            )
+        cap = replica_capacity(gpu, model, settings, kv_blocks)
+        self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len, blocks = cap
         self.roofline = Roofline(gpu, model, self.tp, settings.step_overhead_s)
         self._s = Scheduler(
             KVPool(blocks, self.block_size, settings.enable_prefix_caching),

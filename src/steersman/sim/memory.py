@@ -21,7 +21,8 @@ from steersman.config import EngineSettings
 from steersman.sim.gpus import GIB, GpuProfile
 from steersman.sim.models import ModelProfile
 
-__all__ = ["batch_limits", "activation_reserve_bytes", "kv_cache_bytes_per_gpu", "num_kv_blocks", "NON_TORCH_BYTES"]
+__all__ = ["batch_limits", "activation_reserve_bytes", "kv_cache_bytes_per_gpu", "num_kv_blocks", "replica_capacity",
+           "check_tensor_parallel", "NON_TORCH_BYTES"]
 
 #: Non-torch memory per GPU (CUDA context extras, NCCL buffers, CUDA graph pools).
 NON_TORCH_BYTES = 0.75 * GIB
@@ -76,3 +77,43 @@ def num_kv_blocks(
         )
     block_bytes = settings.block_size * model.kv_bytes_per_token_per_gpu(settings.tensor_parallel)
     return int(free // block_bytes)
+
+
+def check_tensor_parallel(model: ModelProfile, tp: int) -> None:
+    """ValueError unless ``model`` can be split over ``tp`` GPUs as vLLM splits it: the attention heads evenly
+    (``ModelConfig.verify_with_parallel_config``), and the KV heads evenly, or replicated a whole number of times
+    when there are fewer than GPUs (``QKVParallelLinear``)."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tensor_parallel must be an integer >= 1, got {tp!r}")
+    if model.heads % tp:
+        raise ValueError(f"{model.name}'s {model.heads} attention heads must be divisible by tensor_parallel ({tp}), "
+                         f"as vLLM requires")
+    kv = model.kv_heads
+    if (kv % tp) if tp <= kv else (tp % kv):
+        raise ValueError(f"{model.name}'s {kv} KV heads cannot be split over tensor_parallel {tp} GPUs (vLLM splits "
+                         f"them evenly, or replicates them when there are fewer KV heads than GPUs)")
+
+
+def replica_capacity(gpu: GpuProfile, model: ModelProfile, settings: EngineSettings,
+                     kv_blocks: int | None = None) -> tuple[int, int, int, int]:
+    """(max_num_batched_tokens, max_num_seqs, max_model_len, KV blocks) of ``settings.tensor_parallel`` x ``gpu``
+    serving ``model``; ValueError, saying what to change, if vLLM would refuse to start it that way.
+    ``kv_blocks`` overrides the capacity computed from memory (tests, what-ifs)."""
+    if settings.scheduling_policy not in ("fcfs", "priority"):
+        raise ValueError(f"unknown scheduling_policy {settings.scheduling_policy!r}")
+    check_tensor_parallel(model, settings.tensor_parallel)
+    tokens, seqs = batch_limits(gpu, settings)
+    max_len = settings.max_model_len or model.max_context
+    if max_len > model.max_context:
+        raise ValueError(f"max_model_len {max_len} > {model.name}'s {model.max_context} positions")
+    blocks = kv_blocks
+    if blocks is None:
+        blocks = num_kv_blocks(gpu, model, settings, tokens, seqs)
+    elif blocks < 1:
+        raise ValueError("kv_blocks must be >= 1")
+    if blocks * settings.block_size < max_len:
+        raise ValueError(
+            f"max_model_len {max_len} is larger than the KV cache ({blocks * settings.block_size} "
+            f"tokens) of {settings.tensor_parallel} x {gpu.name} for {model.name}; lower max_model_len"
+        )
+    return tokens, seqs, max_len, blocks

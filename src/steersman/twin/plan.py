@@ -21,15 +21,16 @@ share ``s`` with ``ceil(s x n)`` of them, or with a cheaper mix of two types
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from steersman.config import DEFAULTS
 from steersman.fleet.config import parse_fleet
-from steersman.sim import gpu_profile, model_profile
+from steersman.sim import gpu_profile, model_profile, replica_capacity
+from steersman.sim.memory import check_tensor_parallel
 from steersman.twin.plan_mix import Fleet, TypeFit, candidates, cover, fleet_cost, label
-from steersman.twin.run import Experiment, scale_spec
+from steersman.twin.run import Experiment, policy_for, scale_spec
 from steersman.twin.workload import DailyCurve, load_workload
 
 __all__ = ["Option", "Plan", "plan_capacity"]
@@ -99,7 +100,9 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
     ``failed``, ``cost_per_successful_task_usd``); default: the twin at the stressed load.  ``workers`` > 1:
     the GPU types are searched in that many processes at once (twin-backed trials only; the same plan)."""
     model = spec.get("model") or DEFAULTS.sim_server.model
-    model_profile(model)
+    check_tensor_parallel(model_profile(model), tp)
+    # the base fleet's settings and the policy, checked once: a typo there is an error, not an infeasible GPU type
+    policy_for(policy, parse_fleet(_fleet_doc((), model, tp, base_fleet or {}), "--fleet"))
     probe = load_workload(spec, seed, base_dir=base_dir)
     offered = probe.offered_load().requests_per_s
     plan = Plan(model, target, headroom, offered)
@@ -115,6 +118,12 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
     names = list(dict.fromkeys(gpu_profile(g).name for g in gpus))  # "A100,a100-80gb" is one type
     if not names:
         raise ValueError("no GPU type to plan with")
+    for name in list(names):  # a type the model does not fit at this tp is out before any run
+        try:
+            replica_capacity(gpu_profile(name), model_profile(model), replace(DEFAULTS.engine, tensor_parallel=tp))
+        except ValueError as e:
+            plan.infeasible[name] = str(e)
+            names.remove(name)
     fits: list[TypeFit] = []
     if workers > 1 and trial is None and len(names) > 1:
         found_by = _search_in_parallel(names, twin, target, max_replicas, workers, plan, progress)

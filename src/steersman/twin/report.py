@@ -79,7 +79,10 @@ def plot(out: Path, runs: dict[str, dict[float, dict]], samples: dict[str, dict[
         ax.set_ylabel("fraction of requests")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].lines:  # no policy served a request (every run refused or failed everything): no curve to name
+        axes[0].legend(fontsize=8)
+    else:
+        axes[0].text(0.5, 0.5, "no request succeeded", ha="center", va="center", transform=axes[0].transAxes)
     fig.tight_layout()
     paths.append(out / "latency_cdf.png")
     fig.savefig(paths[-1], dpi=110)

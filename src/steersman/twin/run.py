@@ -26,28 +26,47 @@ from steersman.twin.drills import parse_drills, schedule_drills
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.metrics import per_replica, summarize, timeline, window_for
 from steersman.twin.results import OK, Recorder
-from steersman.twin.workload import load_workload
+from steersman.twin.workload import WorkloadSpecError, load_workload
 
 __all__ = ["Experiment", "scale_spec", "policy_for", "read_spec"]
 
 
 def read_spec(path: str | Path) -> tuple[dict, Path]:
+    """(the workload spec in the YAML file ``path``, its directory); OSError, or WorkloadSpecError naming the file."""
     p = Path(path)
-    return yaml.safe_load(p.read_text()), p.parent
+    try:
+        spec = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise WorkloadSpecError(f"{p}: invalid YAML: {e}") from None
+    if not isinstance(spec, dict):
+        raise WorkloadSpecError(f"{p}: a workload spec is a mapping (model, sources, ...), got {type(spec).__name__}")
+    return spec, p.parent
 
 
 def scale_spec(spec: Mapping[str, Any], k: float) -> dict:
     """The same workload at ``k`` times its offered rate."""
     out = copy.deepcopy(dict(spec))
-    for s in out.get("sources", []):
+    sources = out.get("sources")
+    for s in sources if isinstance(sources, list) else []:
+        if not isinstance(s, dict):
+            continue  # the spec's parser names what is wrong with it
         if s.get("kind") == "trace":
-            s["speed"] = float(s.get("speed", 1.0)) * k
+            s["speed"] = _scaled(s.get("speed", 1.0), k)
         else:
             if "tasks_per_s" in s:
-                s["tasks_per_s"] = float(s["tasks_per_s"]) * k
-            if "users" in s:
-                s["users"] = max(1, int(round(float(s["users"]) * k)))
+                s["tasks_per_s"] = _scaled(s["tasks_per_s"], k)
+            if _number(s.get("users")):
+                s["users"] = max(1, int(round(s["users"] * k)))
     return out
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _scaled(v: object, k: float) -> object:
+    """``v`` x ``k`` if it is a number; anything else as it is, for the spec's parser to report with its field."""
+    return v * k if _number(v) else v
 
 
 def policy_for(name: str, cfg: FleetConfig):
@@ -72,6 +91,23 @@ class Experiment:
     #: continuation) with the fleet file's settings; None: when the spec has failure drills (what the live
     #: gateway would do then), off otherwise (policy comparisons stay as they were measured)
     reliability: bool | None = None
+
+    def check(self, policies: Sequence[str] = ()) -> None:
+        """Raise what a run would fail on, before any runs: the fleet's replicas (FleetConfigError), the workload
+        spec and drills (WorkloadSpecError, ValueError), an unknown policy (KeyError), and a workload asking for a
+        model no replica serves (WorkloadSpecError: the twin would refuse every such request, as the gateway
+        answers 404, and report a run of nothing)."""
+        tf = TwinFleet.from_config(self.fleet)
+        wl = load_workload(scale_spec(self.spec, 1.0), self.seed, base_dir=self.base_dir,
+                           slo_classes=self.fleet.scheduler.slo_classes)
+        parse_drills(self.spec.get("drills"))
+        for name in policies:
+            policy_for(name, self.fleet)
+        served = {p.served_model_name or p.model for p in tf.plans if p.role != "decode"}
+        for src in getattr(wl, "leaves", ()):
+            if src.model not in served:
+                raise WorkloadSpecError(f"workload source {src.name!r} asks for model {src.model!r}, which no replica "
+                                        f"of the fleet serves (it serves: {', '.join(sorted(served))})")
 
     def run(self, policy: str, load: float = 1.0, progress: Callable[[float, int], None] | None = None) -> dict:
         tf = TwinFleet.from_config(self.fleet)

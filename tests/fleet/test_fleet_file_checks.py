@@ -1,0 +1,64 @@
+"""A fleet file the gateway (or the twin) cannot run is refused at load, naming the field: never a traceback at
+startup, an engine-sim that exits, or a silently different fleet."""
+
+import pytest
+
+from steersman.fleet.config import FleetConfigError, parse_fleet, with_gateway
+from steersman.sim import EngineModel, gpu_profile, model_profile
+from steersman.sim.memory import check_tensor_parallel
+from steersman.config import EngineSettings
+
+
+def _sim(**replica) -> dict:
+    return {"simulated": {"replicas": [{"gpu": "H100", "model": "llama-3.1-8b", **replica}]}}
+
+
+def _ep(**endpoint) -> dict:
+    return {"endpoints": [{"url": "http://127.0.0.1:1", "models": ["m"], **endpoint}]}
+
+
+@pytest.mark.parametrize("doc, field, says", [
+    (_sim(gpu="H999"), "simulated.replicas[0].gpu", "unknown GPU 'H999'"),
+    (_sim(model="nope-1b"), "simulated.replicas[0].model", "unknown model 'nope-1b'"),
+    (_sim(gpu="L40S", model="llama-3.1-70b"), "simulated.replicas[0]", "does not fit on 1 x L40S"),
+    (_sim(tp=0), "simulated.replicas[0]", "tensor_parallel must be an integer >= 1, got 0"),
+    (_sim(tp=3), "simulated.replicas[0]", "32 attention heads must be divisible by tensor_parallel (3)"),
+    (_sim(model="qwen2.5-7b", tp=8), "simulated.replicas[0]", "28 attention heads"),
+    ({"simulated": {"speedup": 0, "replicas": [{"gpu": "H100", "model": "llama-3.1-8b"}]}}, "simulated.speedup",
+     "must be > 0"),
+    (_ep(gpu="H999"), "endpoints[0].gpu", "give price_per_hour"),
+    (_ep(tp=0), "endpoints[0].tp", "must be >= 1"),
+    (_ep(price_per_hour=-3), "endpoints[0].price_per_hour", "must be a number >= 0"),
+    (_ep(price_per_hour=float("nan")), "endpoints[0].price_per_hour", "must be a number >= 0"),
+    ({**_ep(), "gateway": {"port": 99999}}, "gateway.port", "0-65535"),
+])
+def test_a_replica_or_setting_that_cannot_run_is_refused_naming_its_field(doc, field, says):
+    with pytest.raises(FleetConfigError) as e:
+        parse_fleet(doc, "f.yaml")
+    assert str(e.value).startswith(f"f.yaml: {field}") and says in str(e.value)
+
+
+def test_what_can_run_still_loads():
+    parse_fleet(_ep(gpu="RTX-4090", price_per_hour=0.7))  # a GPU without a profile, priced by hand
+    parse_fleet(_ep(gpu="h100"))  # priced from the profile (aliases as ever)
+    parse_fleet(_sim(model="llama-3.1-70b", gpu="H200", tp=2, count=3))
+    parse_fleet(_sim(tp=16))  # 32 heads over 16 GPUs, the 8 KV heads each replicated twice
+    parse_fleet(_sim(model="gemma-3-270m", tp=4))
+
+
+def test_a_port_flag_outside_the_tcp_range_is_refused():
+    cfg = parse_fleet(_ep())
+    assert with_gateway(cfg, port=0).gateway.port == 0
+    with pytest.raises(FleetConfigError, match="--port must be a TCP port"):
+        with_gateway(cfg, port=70000)  # the socket layer would have bound 70000 - 65536
+
+
+def test_the_engine_model_splits_heads_as_vllm_does():
+    llama, qwen = model_profile("llama-3.1-8b"), model_profile("qwen2.5-7b")
+    for tp in (1, 2, 4, 8, 16):
+        check_tensor_parallel(llama, tp)
+    for model, tp in ((llama, 3), (llama, 6), (qwen, 8), (llama, 0), (llama, True)):
+        with pytest.raises(ValueError):
+            check_tensor_parallel(model, tp)
+    with pytest.raises(ValueError, match="attention heads"):  # engine-sim and the twin build replicas through it
+        EngineModel(gpu_profile("H100"), llama, EngineSettings(tensor_parallel=3))
