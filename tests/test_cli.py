@@ -144,8 +144,8 @@ def test_a_taken_port_or_a_bad_flag_is_a_clear_error(tmp_path):
             r = subprocess.run(STEERSMAN + argv, capture_output=True, text=True, timeout=60)
             assert r.returncode == 2 and f"{who}: cannot listen" in r.stderr and "address already in use" in r.stderr
             assert "Traceback" not in r.stderr
-    for argv, says in ((["up", "--speedup", "0"], "--speedup must be > 0"), (["up", "--port", "70000"], "0-65535"),
-                       (["engine-sim", "--gpu", "H100", "--port", "70000"], "0-65535")):
+    for argv, says in ((["up", "--speedup", "0"], "--speedup must be > 0"), (["up", "--port", "70000"], "0 to 65535"),
+                       (["engine-sim", "--gpu", "H100", "--port", "70000"], "0 to 65535")):
         r = subprocess.run(STEERSMAN + argv, capture_output=True, text=True, timeout=60,
                            env={**os.environ, "COLUMNS": "200"})
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr

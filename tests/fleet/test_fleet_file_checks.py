@@ -30,7 +30,11 @@ def _ep(**endpoint) -> dict:
     (_ep(tp=0), "endpoints[0].tp", "must be >= 1"),
     (_ep(price_per_hour=-3), "endpoints[0].price_per_hour", "must be a number >= 0"),
     (_ep(price_per_hour=float("nan")), "endpoints[0].price_per_hour", "must be a number >= 0"),
-    ({**_ep(), "gateway": {"port": 99999}}, "gateway.port", "0-65535"),
+    ({**_ep(), "gateway": {"port": 99999}}, "gateway.port", "must be 0 to 65535"),
+    ({**_ep(), "gateway": {"metrics_interval_s": 0}}, "gateway.metrics_interval_s", "must be > 0"),
+    ({**_ep(), "scheduler": {"cost_tie": -1}}, "scheduler.cost_tie", "must be >= 1"),
+    ({**_ep(), "reliability": {"breaker_error_percent": 150}}, "reliability.breaker_error_percent", "<= 100"),
+    ({**_ep(), "admission": {"rate_burst_s": float("nan")}}, "admission.rate_burst_s", "got nan"),
 ])
 def test_a_replica_or_setting_that_cannot_run_is_refused_naming_its_field(doc, field, says):
     with pytest.raises(FleetConfigError) as e:
@@ -49,7 +53,7 @@ def test_what_can_run_still_loads():
 def test_a_port_flag_outside_the_tcp_range_is_refused():
     cfg = parse_fleet(_ep())
     assert with_gateway(cfg, port=0).gateway.port == 0
-    with pytest.raises(FleetConfigError, match="--port must be a TCP port"):
+    with pytest.raises(FleetConfigError, match="--port must be 0 to 65535"):
         with_gateway(cfg, port=70000)  # the socket layer would have bound 70000 - 65536
 
 
@@ -62,3 +66,41 @@ def test_the_engine_model_splits_heads_as_vllm_does():
             check_tensor_parallel(model, tp)
     with pytest.raises(ValueError, match="attention heads"):  # engine-sim and the twin build replicas through it
         EngineModel(gpu_profile("H100"), llama, EngineSettings(tensor_parallel=3))
+
+
+def _settings_classes():
+    import dataclasses
+
+    from steersman.config import DEFAULTS
+
+    return [getattr(DEFAULTS, f.name) for f in dataclasses.fields(DEFAULTS)]
+
+
+def test_every_numeric_default_is_inside_its_bounds_and_every_bound_is_enforced():
+    """Each numeric setting refuses a value just outside its bounds (>= 0 when it declares none) and a NaN,
+    naming itself; so a fleet file or flag cannot set a negative timeout, a zero scrape interval, a share > 1."""
+    import dataclasses
+    import math
+
+    from steersman.config._base import _bounds, check_bounds
+
+    checked = 0
+    for obj in _settings_classes():
+        check_bounds(obj)  # the defaults themselves
+        for f in dataclasses.fields(obj):
+            v = getattr(obj, f.name)
+            numeric = f.type in ("int", "float", "int | None", "float | None")
+            if not numeric or isinstance(v, bool):
+                continue
+            ge, gt, le = _bounds(f)
+            integer = f.type.startswith("int")
+            bad = [gt if gt is not None else ge - 1]
+            if le is not None:
+                bad.append(le + 1)
+            if not integer:
+                bad.append(math.nan)
+            for b in bad:
+                with pytest.raises(ValueError, match=rf"^{f.name} must be"):
+                    dataclasses.replace(obj, **{f.name: int(b) if integer and b == b else b})
+            checked += 1
+    assert checked > 100

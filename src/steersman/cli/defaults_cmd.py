@@ -15,8 +15,10 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from steersman.config import DEFAULTS, sources
+        from steersman.config._base import value_ranges
 
-        table = Table("setting", "default", "source", show_lines=False)
+        ranges = value_ranges(DEFAULTS)
+        table = Table("setting", "default", "allowed", "source", show_lines=False)
         for name, (value, source) in sources(DEFAULTS).items():
-            table.add_row(name, repr(value), source)
+            table.add_row(name, repr(value), ranges.get(name, ""), source)
         Console().print(table)

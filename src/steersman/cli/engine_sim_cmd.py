@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         if not 0 <= port <= 65535:
-            raise typer.BadParameter(f"--port must be a TCP port, 0-65535 (0: any free port), got {port}")
+            raise typer.BadParameter(f"--port must be 0 to 65535 (0: any free port), got {port}")
         if scheduling_policy not in ("fcfs", "priority"):
             raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
         engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,

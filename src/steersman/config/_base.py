@@ -3,18 +3,56 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
-__all__ = ["setting", "sources"]
+__all__ = ["setting", "sources", "check_bounds", "bounds_text", "value_ranges"]
 
 
-def setting(default: Any, source: str) -> Any:
-    """A dataclass field whose default carries the reason it has that value."""
+def setting(default: Any, source: str, *, ge: float | None = None, gt: float | None = None,
+            le: float | None = None) -> Any:
+    """A dataclass field whose default carries the reason it has that value, and, for a number, the values it
+    may take: ``ge`` / ``gt`` / ``le`` (a number with no bound given must be >= 0; always finite).  The class's
+    ``__post_init__`` calls :func:`check_bounds`, so a value from a fleet file or a flag outside them is refused."""
     if isinstance(default, (list, dict, set)):
         raise TypeError("settings are frozen: use tuples / MappingProxyType for collections")
+    meta: dict[str, Any] = {"source": source}
+    for key, bound in (("ge", ge), ("gt", gt), ("le", le)):
+        if bound is not None:
+            meta[key] = bound
     if getattr(default, "__hash__", None) is None:  # a read-only mapping: shared, never copied
-        return dataclasses.field(default_factory=lambda: default, metadata={"source": source})
-    return dataclasses.field(default=default, metadata={"source": source})
+        return dataclasses.field(default_factory=lambda: default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _bounds(f: dataclasses.Field) -> tuple[float | None, float | None, float | None]:
+    m = f.metadata
+    ge, gt = m.get("ge"), m.get("gt")
+    if ge is None and gt is None:
+        ge = 0
+    return ge, gt, m.get("le")
+
+
+def bounds_text(f: dataclasses.Field) -> str:
+    """The values a numeric setting may take, e.g. ``> 0``, ``0 to 1`` (``steersman defaults`` prints it)."""
+    ge, gt, le = _bounds(f)
+    low = f">= {ge:g}" if ge is not None else f"> {gt:g}"
+    if le is None:
+        return low
+    return f"{ge:g} to {le:g}" if ge is not None else f"{low}, <= {le:g}"
+
+
+def check_bounds(obj: Any) -> None:
+    """ValueError, naming the field, for a number of the settings ``obj`` that is not finite or outside its bounds
+    (see :func:`setting`).  ``None`` (unset) and booleans are not numbers here."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        ge, gt, le = _bounds(f)
+        if not math.isfinite(v) or (ge is not None and v < ge) or (gt is not None and v <= gt) or (
+                le is not None and v > le):
+            raise ValueError(f"{f.name} must be {bounds_text(f)}, got {v!r}")
 
 
 def sources(obj: Any, prefix: str = "") -> dict[str, tuple[Any, str]]:
@@ -27,6 +65,19 @@ def sources(obj: Any, prefix: str = "") -> dict[str, tuple[Any, str]]:
             out.update(sources(value, name + "."))
         else:
             out[name] = (value, f.metadata.get("source", ""))
+    return out
+
+
+def value_ranges(obj: Any, prefix: str = "") -> dict[str, str]:
+    """``{"section.field": "> 0"}`` for every numeric setting of a settings tree (:func:`bounds_text`)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(value_ranges(value, f"{prefix}{f.name}."))
+        elif f.type in ("int", "float", "int | None", "float | None") or (
+                isinstance(value, (int, float)) and not isinstance(value, bool)):
+            out[f"{prefix}{f.name}"] = bounds_text(f)
     return out
 
 
@@ -52,4 +103,9 @@ def override(settings: Any, data: Any, where: str) -> Any:
             changes[name] = msgspec.convert(value, type(current) if current is not None else Any, strict=False)
         except msgspec.ValidationError as e:
             raise ValueError(f"{where}.{name}: {e}") from None
-    return dataclasses.replace(settings, **changes)
+    try:
+        return dataclasses.replace(settings, **changes)  # the class's __post_init__ checks the values
+    except ValueError as e:
+        msg = str(e)
+        field = msg.split(" ", 1)[0].rstrip(":")
+        raise ValueError(f"{where}.{msg}" if field in fields else f"{where}: {msg}") from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steersman.config._base import setting
+from steersman.config._base import check_bounds, setting
 
 __all__ = ["AdmissionSettings"]
 
@@ -17,7 +17,7 @@ class AdmissionSettings:
     rate_burst_s: float = setting(
         60.0,
         "token bucket capacity = one minute's worth of a tenant's per-minute limit, like Envoy's local rate limit "
-        "token_bucket with max_tokens = tokens_per_fill and fill_interval 60 s (refilled continuously here)",
+        "token_bucket with max_tokens = tokens_per_fill and fill_interval 60 s (refilled continuously here)", gt=0,
     )
     open_tenant: str = setting("default", "issue #3: with no API keys configured every request is the 'default' tenant")
     default_priority: str = setting(
@@ -29,6 +29,9 @@ class AdmissionSettings:
     workflow_idle_ttl_s: float = setting(
         3600.0,
         "a workflow idle for 1 h is forgotten: the longest prompt-cache TTL hosted APIs offer (Anthropic extended "
-        "cache 1 h), after which resuming pays the full prefill again",
+        "cache 1 h), after which resuming pays the full prefill again", gt=0,
     )
-    workflow_id_max_chars: int = setting(256, "W3C Trace Context caps a tracestate value at 256 characters")
+    workflow_id_max_chars: int = setting(256, "W3C Trace Context caps a tracestate value at 256 characters", ge=1)
+
+    def __post_init__(self) -> None:
+        check_bounds(self)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steersman.config._base import setting
+from steersman.config._base import check_bounds, setting
 
 __all__ = ["GatewaySettings"]
 
@@ -12,19 +12,19 @@ __all__ = ["GatewaySettings"]
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
     host: str = setting("127.0.0.1", "listen on loopback unless told otherwise (safe default)")
-    port: int = setting(8080, "issue #2: 'steersman up' serves on 127.0.0.1:8080")
-    max_body_bytes: int = setting(10 * 1024 * 1024, "issue #2: body over 10 MB is refused with 413")
+    port: int = setting(8080, "issue #2: 'steersman up' serves on 127.0.0.1:8080", le=65535)
+    max_body_bytes: int = setting(10 * 1024 * 1024, "issue #2: body over 10 MB is refused with 413", ge=1)
     max_tokens_limit: int = setting(
-        131072, "absurd max_tokens bound: 128k, the longest context of the Llama-3.1 family (max_position_embeddings)"
+        131072, "absurd max_tokens bound: 128k, the longest context of the Llama-3.1 family (max_position_embeddings)", ge=1
     )
     max_logprobs: int = setting(
         20, "most log-probability alternatives per token a request may ask for (chat top_logprobs, completions "
         "logprobs): OpenAI's top_logprobs bound, and vLLM's --max-logprobs default"
     )
     metrics_interval_s: float = setting(
-        0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)"
+        0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)", gt=0
     )
-    metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round")
+    metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round", gt=0)
     calibrate_unprofiled: bool = setting(
         True, "before it serves, the gateway sends one short request (~200-word prompt, 8 tokens) to each replica "
         "without a roofline profile whose engine reports its own timing but has done no work yet (a fresh "
@@ -33,17 +33,17 @@ class GatewaySettings:
     )
     calibrate_timeout_s: float = setting(
         30.0, "design: a replica that does not answer the calibration request in 30 s is left to the priors "
-        "(a warning), the gateway starts anyway"
+        "(a warning), the gateway starts anyway", gt=0
     )
-    connect_timeout_s: float = setting(2.0, "Envoy cluster connect_timeout is 5 s; 2 s fails over faster on loopback/LAN")
+    connect_timeout_s: float = setting(2.0, "Envoy cluster connect_timeout is 5 s; 2 s fails over faster on loopback/LAN", gt=0)
     upstream_idle_timeout_s: float = setting(
-        4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s"
+        4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s", gt=0
     )
     client_request_timeout_s: float = setting(
         60.0, "a whole request (headers and body) must arrive within 60 s of its first byte, else 408: nginx "
-        "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)"
+        "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)", gt=0
     )
-    client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)")
+    client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)", gt=0)
     admin_key_sha256: str | None = setting(
         None, "no admin key: /metrics and /admin/* are open, like open tenant mode (said at startup); set the SHA-256 "
         "hex of a key to require `Authorization: Bearer <key>` (keys are stored only as hashes, like tenant keys)"
@@ -59,12 +59,12 @@ class GatewaySettings:
         "the twin runs with 200,000): a served request leaves no reference cycle (tests/gateway/test_no_garbage.py), "
         "so what a young collection walks is the in-flight requests' live state, for nothing; measured at 64 streams "
         "over 2 engine-sims (2026-11-30, fourth session): 249 collections in 20 s, 1.5% of the gateway's CPU and "
-        "pauses up to 12 ms at 700, none at 10,000 (a pass over 10,000 young objects takes ~1-3 ms when one runs)"
+        "pauses up to 12 ms at 700, none at 10,000 (a pass over 10,000 young objects takes ~1-3 ms when one runs)", ge=1
     )
     loop_lag_interval_s: float = setting(
         0.1, "steersman:event_loop_lag_seconds samples the event loop's lag every 100 ms: 10 timer wake-ups a "
         "second cost nothing measurable and a 15 s Prometheus scrape still sees ~150 samples (the interval of "
-        "Node.js's perf_hooks.monitorEventLoopDelay default is 10 ms; a gateway needs less)"
+        "Node.js's perf_hooks.monitorEventLoopDelay default is 10 ms; a gateway needs less)", gt=0
     )
     busy_poll_s: float = setting(
         0.0, "HAProxy's `busy-polling` is off by default: a spinning event loop costs a core while traffic flows. "
@@ -82,16 +82,11 @@ class GatewaySettings:
     )
     max_sse_event_bytes: int = setting(
         1024 * 1024, "one streamed engine event (a token's chunk, ~300 B; tool-call or logprob chunks more): "
-        "1 MiB bounds the gateway's buffer per stream; a longer event ends the stream with an error"
+        "1 MiB bounds the gateway's buffer per stream; a longer event ends the stream with an error", ge=1
     )
     unhealthy_after_failures: int = setting(
-        3, "consecutive failed scrapes before a replica is unhealthy: Kubernetes probe failureThreshold default 3"
+        3, "consecutive failed scrapes before a replica is unhealthy: Kubernetes probe failureThreshold default 3", ge=1
     )
 
     def __post_init__(self) -> None:
-        if not self.loop_lag_interval_s > 0:
-            raise ValueError(f"loop_lag_interval_s must be > 0, got {self.loop_lag_interval_s}")
-        if not self.busy_poll_s >= 0:
-            raise ValueError(f"busy_poll_s must be >= 0 (0: off), got {self.busy_poll_s}")
-        if self.gc_threshold0 < 1:
-            raise ValueError(f"gc_threshold0 must be >= 1 (objects between young collections), got {self.gc_threshold0}")
+        check_bounds(self)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steersman.config._base import setting
+from steersman.config._base import check_bounds, setting
 
 __all__ = ["LlamaCppSettings"]
 
@@ -17,16 +17,19 @@ class LlamaCppSettings:
     chat_template: str = setting(
         "gemma", "the GGUF is a base model without a template: --chat-template gemma (shared/README.md), a built-in "
         "legacy template, so with --no-jinja (with Jinja on, llama.cpp renders the literal text 'gemma' and drops the chat)")
-    parallel: int = setting(4, "-np 4: measured 4 concurrent streams at ~14 tok/s each on 2 cores (shared/README.md)")
-    ctx_size: int = setting(8192, "-c 8192 tokens shared by the slots: 2048 per slot with -np 4, room for long shared prefixes")
-    threads: int = setting(1, "-t 1: the test machines have 2 cores and run 2 replicas plus the gateway")
+    parallel: int = setting(4, "-np 4: measured 4 concurrent streams at ~14 tok/s each on 2 cores (shared/README.md)", ge=1)
+    ctx_size: int = setting(8192, "-c 8192 tokens shared by the slots: 2048 per slot with -np 4, room for long shared prefixes", ge=1)
+    threads: int = setting(1, "-t 1: the test machines have 2 cores and run 2 replicas plus the gateway", ge=1)
     repack: bool = setting(
         False, "--no-repack: on these VMs the CPU reports AMX but ldtilecfg faults (SIGSEGV in ggml_backend_amx_mul_mat "
         "at warm-up); without repacking llama.cpp stays off the AMX path")
     slot_prompt_similarity: float = setting(
         0.1, "llama-server's --slot-prompt-similarity default (common/common.h, llama.cpp of llama-cpp-python 0.3.36): "
         "a free slot whose cached prompt shares over this fraction of a new prompt takes it; the gateway's slot "
-        "mirror (steersman.fleet.slots) follows the same rule")
+        "mirror (steersman.fleet.slots) follows the same rule", le=1)
     cache_reuse: int = setting(256, "--cache-reuse 256: llama.cpp server README example chunk size for KV shifting reuse")
-    start_timeout_s: float = setting(120.0, "llama-server loads the 253 MB model in seconds; 120 s covers a busy 2-core box")
+    start_timeout_s: float = setting(120.0, "llama-server loads the 253 MB model in seconds; 120 s covers a busy 2-core box", gt=0)
     stop_grace_s: float = setting(5.0, "SIGTERM, then SIGKILL after 5 s (Kubernetes' grace is 30 s; a local engine needs less)")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)

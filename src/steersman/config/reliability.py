@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from steersman.config._base import setting
+from steersman.config._base import check_bounds, setting
 
 __all__ = ["ReliabilitySettings"]
 
@@ -15,16 +15,16 @@ __all__ = ["ReliabilitySettings"]
 class ReliabilitySettings:
     # ---- outlier ejection (passive health) -------------------------------------------------
     consecutive_failures: int = setting(
-        5, "Envoy outlier detection consecutive_5xx default 5 (5xx, connect failures, broken streams, timeouts)"
+        5, "Envoy outlier detection consecutive_5xx default 5 (5xx, connect failures, broken streams, timeouts)", ge=1
     )
     base_ejection_time_s: float = setting(
-        30.0, "Envoy outlier detection base_ejection_time 30 s; the real time is base x number of ejections"
+        30.0, "Envoy outlier detection base_ejection_time 30 s; the real time is base x number of ejections", gt=0
     )
-    max_ejection_time_s: float = setting(300.0, "Envoy outlier detection max_ejection_time default 300 s")
+    max_ejection_time_s: float = setting(300.0, "Envoy outlier detection max_ejection_time default 300 s", gt=0)
     ejection_decay_s: float = setting(
-        10.0, "Envoy outlier detection interval 10 s: each sweep without an ejection lowers the multiplier by one"
+        10.0, "Envoy outlier detection interval 10 s: each sweep without an ejection lowers the multiplier by one", gt=0
     )
-    max_ejection_percent: float = setting(10.0, "Envoy outlier detection max_ejection_percent default 10%")
+    max_ejection_percent: float = setting(10.0, "Envoy outlier detection max_ejection_percent default 10%", le=100)
     always_eject_one: bool = setting(
         True,
         "Envoy (v1.8-v1.27 docs: 'will eject at least one host regardless of the value'; later opt-in as "
@@ -33,7 +33,7 @@ class ReliabilitySettings:
     latency_outlier_ratio: float = setting(
         3.0,
         "design: a replica whose TTFT / TPOT / stalled first token is >= 3x its peers' median is an outlier; "
-        "H100 vs A100 replicas differ ~2x (roofline), the issue's degraded GPU is 5x",
+        "H100 vs A100 replicas differ ~2x (roofline), the issue's degraded GPU is 5x", ge=1,
     )
     latency_floor_ttft_s: float = setting(
         2.0, "never a latency outlier while within the standard SLO class TTFT target (MLPerf server 2 s)"
@@ -42,17 +42,17 @@ class ReliabilitySettings:
         0.2, "never a latency outlier while within the standard SLO class TPOT target (MLPerf server 200 ms)"
     )
     latency_min_samples: int = setting(
-        5, "design: a replica's latency is judged after as many samples as consecutive_5xx needs failures (5)"
+        5, "design: a replica's latency is judged after as many samples as consecutive_5xx needs failures (5)", ge=1
     )
     outlier_sweep_s: float = setting(
         0.1,
         "design: latency outliers are re-judged every 100 ms (Envoy sweeps every interval, 10 s; a hung LLM "
-        "replica must be out within the issue's 10 s)",
+        "replica must be out within the issue's 10 s)", gt=0,
     )
     stream_idle_timeout_s: float = setting(
         30.0, "Envoy stream_idle_timeout (default 5 min) cut for LLM streams: a stream under way that gets no "
         "event for 30 s is stalled (inter-token gaps are well under a second on a serving engine); its engine "
-        "connection is dropped and it continues on another replica"
+        "connection is dropped and it continues on another replica", gt=0
     )
     uneject_on_active_health: bool = setting(
         False,
@@ -60,13 +60,13 @@ class ReliabilitySettings:
         "still answers /metrics and /health, so a good scrape says nothing about serving",
     )
     # ---- circuit breaker ---------------------------------------------------------------------
-    breaker_window_s: float = setting(10.0, "Hystrix metrics.rollingStats.timeInMilliseconds 10000")
-    breaker_buckets: int = setting(10, "Hystrix metrics.rollingStats.numBuckets 10")
-    breaker_min_requests: int = setting(20, "Hystrix circuitBreaker.requestVolumeThreshold 20")
-    breaker_error_percent: float = setting(50.0, "Hystrix circuitBreaker.errorThresholdPercentage 50")
-    breaker_open_s: float = setting(5.0, "Hystrix circuitBreaker.sleepWindowInMilliseconds 5000")
+    breaker_window_s: float = setting(10.0, "Hystrix metrics.rollingStats.timeInMilliseconds 10000", gt=0)
+    breaker_buckets: int = setting(10, "Hystrix metrics.rollingStats.numBuckets 10", ge=1)
+    breaker_min_requests: int = setting(20, "Hystrix circuitBreaker.requestVolumeThreshold 20", ge=1)
+    breaker_error_percent: float = setting(50.0, "Hystrix circuitBreaker.errorThresholdPercentage 50", gt=0, le=100)
+    breaker_open_s: float = setting(5.0, "Hystrix circuitBreaker.sleepWindowInMilliseconds 5000", gt=0)
     breaker_half_open_probes: int = setting(
-        1, "Hystrix lets a single test request through a half-open breaker; its success closes it"
+        1, "Hystrix lets a single test request through a half-open breaker; its success closes it", ge=1
     )
     failure_routing: bool = setting(
         True, "design (Envoy's success-rate outlier detection and Finagle's failure accrual act on the same "
@@ -79,7 +79,7 @@ class ReliabilitySettings:
     retry_budget_percent: float = setting(20.0, "Envoy retry_budget budget_percent default 20%")
     retry_min_concurrency: int = setting(3, "Envoy retry_budget min_retry_concurrency default 3")
     retry_max_attempts: int = setting(
-        3, "design: 3 upstream attempts in all, between Envoy num_retries default 1 (2 attempts) and gRPC's cap of maxAttempts 5"
+        3, "design: 3 upstream attempts in all, between Envoy num_retries default 1 (2 attempts) and gRPC's cap of maxAttempts 5", ge=1
     )
     retry_base_backoff_s: float = setting(0.025, "Envoy retry_policy base_interval default 25 ms")
     retry_max_backoff_s: float = setting(0.25, "Envoy retry_policy max_interval default 10 x base_interval")
@@ -88,22 +88,22 @@ class ReliabilitySettings:
         "issue #5: a protected workflow step (value > 0) may use this multiple of the retry budget's share; "
         "2x of 20% still bounds retries to 40% of active requests",
     )
-    throttle_k: float = setting(2.0, "Google SRE book ch. 21 client-side adaptive throttling: K = 2")
-    throttle_window_s: float = setting(120.0, "Google SRE book ch. 21: requests and accepts over the last 2 minutes")
-    throttle_buckets: int = setting(12, "design: the 2-minute window kept as 12 buckets of 10 s")
+    throttle_k: float = setting(2.0, "Google SRE book ch. 21 client-side adaptive throttling: K = 2", gt=0)
+    throttle_window_s: float = setting(120.0, "Google SRE book ch. 21: requests and accepts over the last 2 minutes", gt=0)
+    throttle_buckets: int = setting(12, "design: the 2-minute window kept as 12 buckets of 10 s", ge=1)
     # ---- adaptive concurrency (Netflix concurrency-limits Gradient2) ---------------------------
     probation_limit: float = setting(
         1.0, "Hystrix circuit breaker half-open: a single trial request; here a replica back from an ejection "
-        "takes 1 request at a time until it shows progress (a first token or a whole answer)"
+        "takes 1 request at a time until it shows progress (a first token or a whole answer)", ge=1
     )
-    limit_initial: float = setting(20.0, "Netflix concurrency-limits Gradient2Limit initialLimit 20")
-    limit_min: float = setting(3.0, "Envoy adaptive concurrency min_concurrency default 3")
-    limit_max: float = setting(200.0, "Netflix concurrency-limits Gradient2Limit maxConcurrency 200")
-    limit_smoothing: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing 0.2")
-    limit_rtt_tolerance: float = setting(1.5, "Netflix concurrency-limits Gradient2Limit rttTolerance 1.5")
-    limit_long_window: int = setting(600, "Netflix concurrency-limits Gradient2Limit longWindow 600 samples")
+    limit_initial: float = setting(20.0, "Netflix concurrency-limits Gradient2Limit initialLimit 20", ge=1)
+    limit_min: float = setting(3.0, "Envoy adaptive concurrency min_concurrency default 3", ge=1)
+    limit_max: float = setting(200.0, "Netflix concurrency-limits Gradient2Limit maxConcurrency 200", ge=1)
+    limit_smoothing: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing 0.2", gt=0, le=1)
+    limit_rtt_tolerance: float = setting(1.5, "Netflix concurrency-limits Gradient2Limit rttTolerance 1.5", ge=1)
+    limit_long_window: int = setting(600, "Netflix concurrency-limits Gradient2Limit longWindow 600 samples", ge=1)
     limit_queue_size: float = setting(4.0, "Netflix concurrency-limits Gradient2Limit queueSize 4")
-    limit_backoff_ratio: float = setting(0.9, "Netflix concurrency-limits AIMDLimit backoffRatio 0.9 on a failure")
+    limit_backoff_ratio: float = setting(0.9, "Netflix concurrency-limits AIMDLimit backoffRatio 0.9 on a failure", gt=0, le=1)
     # ---- brown-out (cascade protection) -------------------------------------------------------
     brownout_queue_depth: int = setting(
         64, "design: 64 requests waiting in the gateway (1/16 of queue_max_entries) mean the fleet is saturated"
@@ -111,3 +111,6 @@ class ReliabilitySettings:
     brownout_models: Mapping[str, str] = setting(
         MappingProxyType({}), "issue #5: no cheaper model unless the fleet file names one (sheddable traffic is rejected)"
     )
+
+    def __post_init__(self) -> None:
+        check_bounds(self)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from collections.abc import Mapping
 
-from steersman.config._base import setting
+from steersman.config._base import check_bounds, setting
 
 __all__ = ["SchedulerSettings", "SloClass"]
 
@@ -35,7 +35,7 @@ class SchedulerSettings:
         "server (standard) TTFT 2 s / TPOT 200 ms; batch has no latency target (OpenAI Batch API: 24 h window)",
     )
     default_slo: str = setting("standard", "requests that name no SLO class get the server scenario targets")
-    latency_ewma_alpha: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing default 0.2")
+    latency_ewma_alpha: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing default 0.2", gt=0, le=1)
     latency_ewma_tau_s: float = setting(
         1.0, "Finagle's peak-EWMA load balancer decays its latency average with time (decayTime), not per sample: "
         "per replica, a learnt latency or correction ratio weighs an observation 1 - exp(-dt / 1 s), at most "
@@ -46,10 +46,10 @@ class SchedulerSettings:
         "0.952 -> 0.919); 0: the per-sample weight alone"
     )
     recent_load_tau_s: float = setting(
-        60.0, "Preble weighs load over a recent window H; we decay routed work with a 60 s time constant"
+        60.0, "Preble weighs load over a recent window H; we decay routed work with a 60 s time constant", gt=0
     )
     prefix_index_max_mib: float = setting(
-        128.0, "bounded approximate prefix index (peers grow until OOM): 128 MiB ~ 2M block entries (a compiled table, ~32 bytes a block)"
+        128.0, "bounded approximate prefix index (peers grow until OOM): 128 MiB ~ 2M block entries (a compiled table, ~32 bytes a block)", gt=0
     )
     decode_picker: str = setting(
         "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "
@@ -57,7 +57,7 @@ class SchedulerSettings:
         "prefix-overlap scoring too (docs: Disaggregated Serving)"
     )
     saturation_queue_depth: int = setting(5, "Gateway API Inference Extension saturation detector queueDepthThreshold 5")
-    saturation_kv_usage: float = setting(0.8, "Gateway API Inference Extension saturation detector kvCacheUtilThreshold 0.8")
+    saturation_kv_usage: float = setting(0.8, "Gateway API Inference Extension saturation detector kvCacheUtilThreshold 0.8", gt=0, le=1)
     saturation_affinity_factor: float = setting(
         4.0, "design, measured in bench/policies (full Mooncake trace, goodput 0.70x -> 1.00x llm-d with the raw-match "
         "exploit rule; 2x gave 0.95x, 4x and unbounded the same): a replica holding most of a request's prompt (index "
@@ -66,20 +66,20 @@ class SchedulerSettings:
         "whichever replica frees first and compute its prompt again"
     )
     saturation_staleness_s: float = setting(
-        0.2, "Gateway API Inference Extension metricsStalenessThreshold 200 ms: stale metrics count as saturated"
+        0.2, "Gateway API Inference Extension metricsStalenessThreshold 200 ms: stale metrics count as saturated", gt=0
     )
     initial_output_estimate: int = setting(
-        211, "expected output tokens before any are observed: mean of the Azure LLM 2023 conversation trace"
+        211, "expected output tokens before any are observed: mean of the Azure LLM 2023 conversation trace", ge=1
     )
     unprofiled_prefill_s_per_token: float = setting(
         0.001, "replicas without a GPU profile (llama.cpp): prior prompt-processing time, 1 ms/token (~1k tok/s, "
         "llama.cpp llama-bench pp512 order for sub-1B Q4 models on CPU), until the engine's own timing counters are read "
-        "(llama.cpp prompt_seconds_total); each replica's observed/predicted ratio corrects it"
+        "(llama.cpp prompt_seconds_total); each replica's observed/predicted ratio corrects it", gt=0
     )
     unprofiled_decode_step_s: float = setting(
         0.05, "replicas without a GPU profile: prior decode step (and first-token overhead) 50 ms, 20 tok/s; "
         "replaced by the engine's own timing once read (llama.cpp tokens_predicted_seconds_total); corrected per "
-        "replica by the observed/predicted TPOT ratio"
+        "replica by the observed/predicted TPOT ratio", gt=0
     )
     unprofiled_tpot_pool_spread: float = setting(
         10.0, "measured (bench/peers/trace.py, two identical llama-servers): the learnt TPOTs of identical replicas "
@@ -87,15 +87,15 @@ class SchedulerSettings:
         "135 decisions of three runs), and the latency-first picker sent 11-18 of ~35 equally cached requests to the "
         "busier replica; so an unprofiled replica's learnt TPOT is pooled over the replicas configured alike while "
         "within 10x of theirs (4x left 13% of decisions unpooled: bench/peers 5 rounds, TTFT p50 144 vs 179 ms, "
-        "p99 1,007 vs 1,210 ms); further away (a degraded host) it keeps its own; <= 1 turns pooling off"
+        "p99 1,007 vs 1,210 ms); further away (a degraded host) it keeps its own; <= 1 turns pooling off", ge=1
     )
     safety_margin: float = setting(
         0.8, "design: a protected request (critical, or a workflow with sunk cost) may use 80% of its budget; "
-        "predictions are estimates, so protected traffic keeps 20% in reserve"
+        "predictions are estimates, so protected traffic keeps 20% in reserve", gt=0, le=1
     )
     cost_tie: float = setting(
         1.05, "design: replicas within 5% of the cheapest feasible predicted cost count as equally cheap; "
-        "the weighted scores decide among them"
+        "the weighted scores decide among them", ge=1
     )
     exploit_share: float = setting(
         0.5, "Preble E2 (Srivatsa et al., ICLR 2025): exploit a cached prefix when it is longer than the "
@@ -110,7 +110,7 @@ class SchedulerSettings:
         "unless their least predicted end-to-end latency is over 4x the fleet's least (a hot prefix's replica "
         "far behind the others gives its request to the faster one); bench/policies, full Mooncake trace: 2x "
         "0.94x, 4x 1.00x, 8x 1.03x llm-d's goodput, agentic mix unchanged from 4x on (a request computed "
-        "elsewhere also evicts other prefixes there)"
+        "elsewhere also evicts other prefixes there)", ge=1
     )
     shed_infeasible: tuple[str, ...] = setting(
         ("sheddable",),
@@ -160,7 +160,7 @@ class SchedulerSettings:
         1.10, "design: when some replica meets the budget, the equally cheap ones within 10% of the least predicted "
         "end-to-end latency count as equally fast (the scores, e.g. prefix affinity, decide then), so a "
         "prediction's last 10% does not send a request away from its cached prompt, and a stalled replica does "
-        "not win on price"
+        "not win on price", ge=1
     )
     balance_tie: float = setting(
         0.15, "bench/overhead rounds.py (64 closed-loop streams over 2 engine-sims, 8 rounds): the load-balance "
@@ -191,10 +191,11 @@ class SchedulerSettings:
         "10.5 s -> 14.0 s at 2x, 22.2 s at 4x (llm-d 15.6 s), for no more goodput (4x: 1.075, 0.994, 0.943).  "
         "At most exploit_slowdown: a replica further behind (a hot prefix's holder far overloaded, a stalled "
         "one until ejected) is not a candidate, or prefix affinity would win it back the request "
-        "exploit_slowdown took away"
+        "exploit_slowdown took away", ge=1
     )
 
     def __post_init__(self) -> None:
+        check_bounds(self)
         known = ("critical", "standard", "sheddable", "batch")  # steersman.policy.request.PriorityClass, lower-cased
         bad = [c for c in self.shed_infeasible if c not in known]
         if bad:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steersman.config._base import setting
+from steersman.config._base import check_bounds, setting
 
 __all__ = ["SimServerSettings"]
 
@@ -12,10 +12,13 @@ __all__ = ["SimServerSettings"]
 @dataclass(frozen=True, slots=True)
 class SimServerSettings:
     host: str = setting("127.0.0.1", "loopback by default")
-    port: int = setting(8000, "vLLM's OpenAI server default port")
-    speedup: float = setting(1.0, "real time unless asked; --speedup divides every delay")
+    port: int = setting(8000, "vLLM's OpenAI server default port", le=65535)
+    speedup: float = setting(1.0, "real time unless asked; --speedup divides every delay", gt=0)
     mean_output_tokens: float = setting(
-        211.0, "mean GeneratedTokens of the Azure LLM 2023 conversation trace (19,366 requests; Splitwise ISCA'24)"
+        211.0, "mean GeneratedTokens of the Azure LLM 2023 conversation trace (19,366 requests; Splitwise ISCA'24)", gt=0
     )
     gpu: str = setting("H100-SXM", "issue #2 example: --gpu H100")
     model: str = setting("llama-3.1-8b", "issue #2 example: --model llama-3.1-8b")
+
+    def __post_init__(self) -> None:
+        check_bounds(self)

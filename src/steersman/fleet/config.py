@@ -45,6 +45,7 @@ from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, Relia
 from steersman.config._base import override
 from steersman.control.tenants import TenantConfigError, TenantDirectory
 from steersman.sim import gpu_profile, model_profile, replica_capacity
+from steersman.sim.memory import check_tensor_parallel
 
 __all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError"]
 
@@ -115,13 +116,7 @@ class FleetConfig(msgspec.Struct, frozen=True):
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
     try:
         raw = msgspec.convert(data if data is not None else {}, _FleetFile)
-        gw = msgspec.convert(raw.gateway, dict[str, Any])
-        fields = set(GatewaySettings.__dataclass_fields__)
-        unknown = sorted(set(gw) - fields)
-        if unknown:
-            raise FleetConfigError(f"{where}: unknown gateway setting(s) {unknown}; known: {sorted(fields)}")
-        gateway = msgspec.convert({**_asdict(DEFAULTS.gateway), **gw}, GatewaySettings)
-        _check_port(gateway.port, f"{where}: gateway.port")
+        gateway = override(DEFAULTS.gateway, raw.gateway, f"{where}: gateway")
         sched_raw = dict(raw.scheduler)
         slo = sched_raw.pop("slo_classes", None)
         profiles = _profiles(sched_raw.pop("profiles", None), f"{where}: scheduler.profiles")
@@ -204,8 +199,9 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
                 profile(getattr(r, key))
             except KeyError as e:
                 raise FleetConfigError(f"{at}.{key}: {e.args[0]}") from None
-        engine = replace(DEFAULTS.engine, tensor_parallel=r.tp, scheduling_policy=r.scheduling)
         try:  # what engine-sim (and the twin's replica) would refuse to start with
+            check_tensor_parallel(model_profile(r.model), r.tp)
+            engine = replace(DEFAULTS.engine, tensor_parallel=r.tp, scheduling_policy=r.scheduling)
             replica_capacity(gpu_profile(r.gpu), model_profile(r.model), engine)
         except ValueError as e:
             raise FleetConfigError(f"{at} ({r.model} on {r.tp} x {r.gpu}): {e}") from None
@@ -258,10 +254,6 @@ def _slo_classes(data: Any, where: str) -> MappingProxyType:
     return MappingProxyType(out)
 
 
-def _asdict(settings: GatewaySettings) -> dict[str, Any]:
-    return {f: getattr(settings, f) for f in settings.__dataclass_fields__}
-
-
 def load_fleet(path: str | Path) -> FleetConfig:
     p = Path(path)
     try:
@@ -274,13 +266,10 @@ def load_fleet(path: str | Path) -> FleetConfig:
 
 
 def with_gateway(cfg: FleetConfig, **overrides: Any) -> FleetConfig:
-    """The same fleet with some gateway settings changed (CLI flags)."""
+    """The same fleet with some gateway settings changed (CLI flags: FleetConfigError naming the flag)."""
     changes = {k: v for k, v in overrides.items() if v is not None}
-    gateway = replace(cfg.gateway, **changes)
-    _check_port(gateway.port, "--port")
+    try:
+        gateway = replace(cfg.gateway, **changes)
+    except ValueError as e:  # GatewaySettings checks its values (a port outside 0-65535, ...)
+        raise FleetConfigError(f"--{e}") from None
     return msgspec.structs.replace(cfg, gateway=gateway)
-
-
-def _check_port(port: int, field: str) -> None:
-    if not 0 <= port <= 65535:  # the socket layer would take it modulo 65536, or fail
-        raise FleetConfigError(f"{field} must be a TCP port, 0-65535 (0: any free port), got {port}")
