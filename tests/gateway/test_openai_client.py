@@ -1,6 +1,7 @@
 """The official openai client through the gateway to engine-sim replicas, over real HTTP."""
 
 import httpx
+import pytest
 
 from steersman.engines.promtext import read_samples
 from steersman.text import count_tokens, render_chat
@@ -45,6 +46,33 @@ def test_completions_both_ways(client):
 def test_models_are_the_union_of_the_fleet(client):
     ids = sorted(m.id for m in client.models.list().data)
     assert ids == ["llama-3.1-8b", "qwen2.5-7b"]
+
+
+def test_a_model_is_retrieved_by_id_and_heads_get_headers_alone(client, fleet):
+    import openai
+
+    m = client.models.retrieve("qwen2.5-7b")
+    assert m.id == "qwen2.5-7b" and m.object == "model" and m.model_extra["replicas"] == 1
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("org/nope")  # an id may hold a slash, as Hugging Face names do
+    assert e.value.body["code"] == "model_not_found" and "org/nope" in e.value.body["message"]
+    for path in ("/health", "/v1/models", "/v1/models/llama-3.1-8b"):  # HEAD: a GET's headers, no body
+        got, head = httpx.get(fleet.url + path), httpx.head(fleet.url + path)
+        assert head.status_code == got.status_code == 200 and head.content == b""
+        assert int(head.headers["content-length"]) == len(got.content) or path == "/v1/models"  # `created` ticks
+    assert httpx.post(fleet.url + "/v1/models/llama-3.1-8b").status_code == 405
+
+
+def test_sampling_fields_out_of_range_are_refused_naming_them(client, fleet):
+    client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_tokens=2, presence_penalty=1.5,
+                                   frequency_penalty=-1, logit_bias={"50256": -100},
+                                   extra_body={"top_k": 40, "min_p": 0.1, "repetition_penalty": 1.1})
+    for body, param in (({"presence_penalty": 9}, "presence_penalty"), ({"frequency_penalty": -2.5}, "frequency_penalty"),
+                        ({"logit_bias": {"abc": 1}}, "logit_bias"), ({"logit_bias": {"1": 101}}, "logit_bias"),
+                        ({"top_k": -2}, "top_k"), ({"min_p": 1.5}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty")):
+        for path, extra in (("/v1/chat/completions", {"messages": MSGS}), ("/v1/completions", {"prompt": "x"})):
+            r = httpx.post(fleet.url + path, json={"model": "llama-3.1-8b", "max_tokens": 2, **extra, **body})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_requests_spread_over_replicas_and_metrics_are_counted(fleet, client):

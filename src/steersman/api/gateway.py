@@ -11,10 +11,11 @@ import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass, replace
+from urllib.parse import unquote
 
 import orjson
 
-from steersman.api.errors import ApiError, error_body
+from steersman.api.errors import ApiError, error_body, not_found_model
 from steersman.api.lifecycle import RequestLifecycle
 from steersman.api.calibrate import calibrate
 from steersman.api.admin import AdminGuard, fleet_view
@@ -93,6 +94,7 @@ class Gateway(RequestLifecycle):
         self.http.route("POST", "/v1/chat/completions", self.chat)
         self.http.route("POST", "/v1/completions", self.completions)
         self.http.route("GET", "/v1/models", self.models)
+        self.http.route("GET", "/v1/models/", self.model)
         self.http.route("GET", "/health", self.health)
         self.http.route("GET", "/metrics", self.metrics_handler)
         self.http.route("GET", "/openapi.json", self.openapi)
@@ -264,15 +266,29 @@ class Gateway(RequestLifecycle):
             salt = "steersman-" + hashlib.sha256(got.name.encode()).hexdigest()[:24]
             request.body = with_cache_salt(request.body, salt)
 
-    async def models(self, request: HttpRequest) -> None:
+    def _model_objects(self) -> dict[str, dict]:
+        """OpenAI model objects of the fleet's models (the union of its replicas'), by id."""
         assert self.fleet is not None
         created = int(self.clock.wall())
         counts: dict[str, int] = {}
         for r in self.fleet.replicas:
             for mdl in r.models:
                 counts[mdl] = counts.get(mdl, 0) + 1
-        data = [{"id": mdl, "object": "model", "created": created, "owned_by": "steersman", "replicas": n} for mdl, n in sorted(counts.items())]
-        request.respond(200, orjson.dumps({"object": "list", "data": data}))
+        return {mdl: {"id": mdl, "object": "model", "created": created, "owned_by": "steersman", "replicas": n}
+                for mdl, n in sorted(counts.items())}
+
+    async def models(self, request: HttpRequest) -> None:
+        request.respond(200, orjson.dumps({"object": "list", "data": list(self._model_objects().values())}))
+
+    async def model(self, request: HttpRequest) -> None:
+        """``GET /v1/models/{model}`` (OpenAI's retrieve; an id may hold ``/``, as Hugging Face names do)."""
+        model = unquote(request.path[len("/v1/models/"):])
+        obj = self._model_objects().get(model)
+        if obj is None:
+            err = not_found_model(model)
+            request.respond(err.status, err.body())
+            return
+        request.respond(200, orjson.dumps(obj))
 
     async def openapi(self, request: HttpRequest) -> None:
         assert self.fleet is not None

@@ -41,6 +41,13 @@ def _common(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
         "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
         "seed": _nullable({"type": "integer"}),
         "user": _nullable({"type": "string"}),
+        "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
+        "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0}),
+        "top_k": _nullable({"type": "integer", "minimum": -1}),
+        "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
+        "logit_bias": _nullable({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+                                 "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
     }
 
 
@@ -109,6 +116,10 @@ def openapi_document(models: Sequence[str], max_tokens: int,
             "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "Completion"),
             "/v1/completions": _generation("Text completion", "CompletionRequest", "Completion"),
             "/v1/models": {"get": {"summary": "Models served by the fleet", "responses": plain}},
+            "/v1/models/{model}": {"get": {
+                "summary": "One model served by the fleet",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {**plain, **_error_responses(404)}}},
             "/health": {"get": {"summary": "200 while a replica is healthy", "responses": {
                 **plain, "503": {"description": "No healthy replica", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": plain}},

@@ -47,7 +47,7 @@ class HttpRequest:
     """One request; the handler answers with :meth:`respond` or :meth:`start_stream` ... :meth:`end_stream`."""
 
     __slots__ = ("conn", "method", "path", "query", "headers", "body", "keep_alive", "http10", "_state", "_held",
-                 "producer")
+                 "producer", "head_only")
 
     def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool, http10: bool) -> None:
         self.conn = conn
@@ -62,6 +62,7 @@ class HttpRequest:
         self._state = 0  # 0 nothing sent, 1 streaming, 2 done
         self._held = b""  # a held stream head: written with the first body bytes (one write, not two)
         self.producer: object | None = None  # has pause()/resume(): paused while the client can't keep up
+        self.head_only = False  # a HEAD request served by a GET handler: its whole responses go without a body
 
     @property
     def started(self) -> bool:
@@ -79,7 +80,7 @@ class HttpRequest:
         ka = self.keep_alive
         head = b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b\r\n" % (
             _status_line(status), content_type, len(body), extra, b"" if ka else b"Connection: close\r\n")
-        self.conn.write(head + body)
+        self.conn.write(head if self.head_only else head + body)
         self.conn.finished(self, ka)
 
     def start_stream(self, status: int = 200, content_type: bytes = b"text/event-stream", extra: bytes = b"",
@@ -386,18 +387,36 @@ class HttpServer:
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s  # to receive one whole request once its first byte came
         self.routes: dict[tuple[str, str], Handler] = {}
+        self.prefixes: list[tuple[str, str, Handler]] = []  # (method, path prefix, handler): paths with an id
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self.port = 0
 
     def route(self, method: str, path: str, handler: Handler) -> None:
-        self.routes[(method, path)] = handler
+        """``path`` exactly, or, ending in ``/``, every path under it (the handler reads the rest)."""
+        if path.endswith("/"):
+            self.prefixes.append((method, path, handler))
+        else:
+            self.routes[(method, path)] = handler
+
+    def _find(self, method: str, path: str) -> Handler | None:
+        handler = self.routes.get((method, path))
+        if handler is None and self.prefixes:
+            handler = next((h for m, p, h in self.prefixes if m == method and path.startswith(p) and path != p), None)
+        return handler
+
+    def _known(self, path: str) -> bool:
+        return any(p == path for _, p in self.routes) or any(path.startswith(p) and path != p for _, p, _ in self.prefixes)
 
     async def dispatch(self, req: HttpRequest) -> None:
-        handler = self.routes.get((req.method, req.path))
+        handler = self._find(req.method, req.path)
+        if handler is None and req.method == "HEAD":  # a GET's headers alone (RFC 9110 9.3.2): health checks use it
+            handler = self._find("GET", req.path)
+            if handler is not None:
+                req.head_only = True
         try:
             if handler is None:
-                if any(p == req.path for _, p in self.routes):
+                if self._known(req.path):
                     req.respond(405, self.error_body(405, f"Method {req.method} is not allowed on {req.path}.", "method_not_allowed"))
                 else:
                     req.respond(404, self.error_body(404, f"No such endpoint: {req.path}.", "not_found"))
