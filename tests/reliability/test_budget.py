@@ -43,6 +43,15 @@ def test_throttle_follows_the_sre_formula_and_forgets_after_two_minutes():
     assert t.reject_probability(125.0) == 0.0  # the window has passed
 
 
+def test_throttle_judges_a_volume_not_a_first_failure():
+    t = AdaptiveThrottle(S)
+    t.result(0.0, False)  # a fresh gateway's first attempt failed (the SRE formula alone: p = 1/2 from here)
+    assert t.reject_probability(0.0) == 0.0 and all(t.admit(0.0, 0.0) for _ in range(5))
+    for _ in range(S.throttle_min_requests - 1):
+        t.result(0.0, False)
+    assert t.reject_probability(0.0) == pytest.approx(20 / 21)  # 20 requests, none served: now it sheds
+
+
 def _offered(accept_rate: float) -> int:
     t = AdaptiveThrottle(S)
     rng = random.Random(1)
@@ -107,7 +116,8 @@ class BudgetMachine(RuleBasedStateMachine):
     @rule(ok=st.booleans(), u=st.floats(0, 0.999999))
     def attempt(self, ok, u):
         p = self.t.reject_probability(self.now)
-        assert p == max(0.0, (self.req - 2 * self.acc) / (self.req + 1))
+        sre = max(0.0, (self.req - 2 * self.acc) / (self.req + 1))
+        assert p == (sre if self.req >= self.s.throttle_min_requests else 0.0)
         assert 0.0 <= p < 1.0
         admitted = self.t.admit(self.now, u)
         assert admitted == (u >= p)

@@ -37,6 +37,7 @@ from steersman.fleet.state import Fleet, Replica
 from steersman.http.busypoll import BusyPoll
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.obs.metrics import GatewayMetrics
+from steersman.obs.tracing import make_tracer, request_id
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
@@ -73,6 +74,7 @@ class Gateway(RequestLifecycle):
         self.block_size = DEFAULTS.engine.block_size
         self.clock = clock or WallClock()
         self.metrics = GatewayMetrics(self.settings.loop_lag_interval_s)
+        self.tracer = make_tracer(self.settings.otlp_traces_endpoint, self.settings.trace_sample_ratio)
         self.metrics.registry.register(PLUGIN_LATENCY)
         if cfg.policy in cfg.profiles:
             self.policy = make_profile(cfg.policy, cfg.profiles[cfg.policy], cfg.scheduler)
@@ -149,7 +151,7 @@ class Gateway(RequestLifecycle):
                 Describe(self),
                 Brownout(self),
                 Schedule(self),
-                Forward(self.fleet, self.metrics, self.clock, self.settings.max_sse_event_bytes),
+                Forward(self.fleet, self.metrics, self.clock, self.settings.max_sse_event_bytes, self.tracer),
             ],
             Retrier(self.cfg.reliability, self.clock),
             self.fleet,
@@ -212,6 +214,8 @@ class Gateway(RequestLifecycle):
             self.fleet.prefix.close()  # its worker thread (a pass still running finishes first)
         if self.sim_fleet is not None:
             await self.sim_fleet.stop()
+        if self.tracer.exporting:
+            await asyncio.to_thread(self.tracer.shutdown)  # exports what is buffered (the exporter's timeout bounds it)
 
     @property
     def url(self) -> str:
@@ -228,6 +232,11 @@ class Gateway(RequestLifecycle):
         assert self.pipeline is not None and self.fleet is not None
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
+        headers = request.headers
+        ctx.request_id = rid = request_id(headers.get("x-request-id"))
+        request.extra_headers = b"X-Request-Id: %b\r\n" % rid.encode()
+        tracer = self.tracer
+        tracer.begin(ctx, headers, request.method, request.path)
         m = self.metrics
         if self.settings.isolate_tenant_caches:
             self._salt(request)
@@ -252,6 +261,7 @@ class Gateway(RequestLifecycle):
         finally:
             self._serving -= 1
             self.end_request(ctx)
+            tracer.end(ctx)
             label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
             m.count(label, ctx.status)
             m.model(label).e2e.observe(self.clock.now() - ctx.started)

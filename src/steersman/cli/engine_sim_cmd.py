@@ -39,6 +39,8 @@ def register(app: typer.Typer) -> None:
         refuse_for: float = typer.Option(0.0, help="Fault: refuse connections for this many seconds at start."),
         admin_key_sha256: str | None = typer.Option(None, envvar="STEERSMAN_SIM_ADMIN_KEY_SHA256",
                                                     help="Require the key with this SHA-256 hex as bearer key on /admin."),
+        otlp_traces_endpoint: str | None = typer.Option(
+            None, help="Export an llm_request span per request (vLLM's flag): an OTLP/HTTP traces URL."),
     ) -> None:
         """Serve one simulated GPU replica over an OpenAI-compatible HTTP API."""
         from steersman.cli._run import exit_if_cannot_listen, run_service
@@ -59,6 +61,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e)) from None
         if not 0 <= port <= 65535:
             raise typer.BadParameter(f"--port must be 0 to 65535 (0: any free port), got {port}")
+        if otlp_traces_endpoint is not None and not otlp_traces_endpoint.startswith(("http://", "https://")):
+            raise typer.BadParameter(f"--otlp-traces-endpoint must be an http(s) URL, got {otlp_traces_endpoint!r}")
         if scheduling_policy not in ("fcfs", "priority"):
             raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
         engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
@@ -66,7 +70,7 @@ def register(app: typer.Typer) -> None:
         cfg = SimServerConfig(
             gpu=gpu, model=model, host=host, port=port, speedup=speedup, served_model_name=served_model_name,
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
-            admin_key_sha256=admin_key_sha256, exit_on_crash=True,
+            admin_key_sha256=admin_key_sha256, exit_on_crash=True, otlp_traces_endpoint=otlp_traces_endpoint,
         )
         try:
             server = SimServer(cfg)

@@ -88,5 +88,18 @@ class GatewaySettings:
         3, "consecutive failed scrapes before a replica is unhealthy: Kubernetes probe failureThreshold default 3", ge=1
     )
 
+    otlp_traces_endpoint: str | None = setting(
+        None, "tracing export is opt-in (vLLM's --otlp-traces-endpoint is too): an OTLP/HTTP traces URL, e.g. "
+        "http://127.0.0.1:4318/v1/traces (the OpenTelemetry Collector's default port); without one the gateway "
+        "passes the client's traceparent through to the engines and exports nothing"
+    )
+    trace_sample_ratio: float = setting(
+        1.0, "OpenTelemetry's default sampler keeps every trace (ParentBased(ALWAYS_ON)); a ratio < 1 keeps that "
+        "share of new traces (TraceIdRatioBased), a client's sampled flag still decides for its own", le=1
+    )
+
     def __post_init__(self) -> None:
         check_bounds(self)
+        url = self.otlp_traces_endpoint
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"otlp_traces_endpoint must be an http(s) URL (OTLP/HTTP), got {url!r}")

@@ -91,6 +91,12 @@ class ReliabilitySettings:
     throttle_k: float = setting(2.0, "Google SRE book ch. 21 client-side adaptive throttling: K = 2", gt=0)
     throttle_window_s: float = setting(120.0, "Google SRE book ch. 21: requests and accepts over the last 2 minutes", gt=0)
     throttle_buckets: int = setting(12, "design: the 2-minute window kept as 12 buckets of 10 s", ge=1)
+    throttle_min_requests: int = setting(
+        20, "Hystrix circuitBreaker.requestVolumeThreshold 20 (as breaker_min_requests): the SRE formula alone rejects "
+        "half of all attempts after a gateway's first failure (1 request, 0 accepts: p = 1/2), a healthy replica's "
+        "retry included, and each local rejection counts as a request, so p climbs on (a fresh gateway whose first "
+        "request met a failing replica refused the next 3 of 3); the throttle judges a volume, not one failure"
+    )
     # ---- adaptive concurrency (Netflix concurrency-limits Gradient2) ---------------------------
     probation_limit: float = setting(
         1.0, "Hystrix circuit breaker half-open: a single trial request; here a replica back from an ejection "

@@ -56,12 +56,13 @@ class EngineAdapter(Protocol):
     shares_prefill_in_flight: bool
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes,
-                   sent: Callable[[], None] | None = None) -> Exchange:
+                   sent: Callable[[], None] | None = None, headers: bytes = b"") -> Exchange:
         """POST a JSON ``body`` to ``replica``'s ``path``; returns once response headers arrived.
 
         ``sent``: called once, as soon as the request's bytes are written to the connection (or before
         waiting for a new connection to open): work the caller wants done off the engine's time to first
-        token.  Raises :class:`UpstreamError`.
+        token.  ``headers``: more request header lines, each ending in CRLF (request id, trace context).
+        Raises :class:`UpstreamError`.
         """
         ...
 

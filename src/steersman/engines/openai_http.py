@@ -105,8 +105,8 @@ class OpenAIHttpAdapter:
         self.pool = UpstreamPool(settings.connect_timeout_s, settings.upstream_idle_timeout_s)
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes,
-                   sent: Callable[[], None] | None = None) -> Exchange:
-        return await self.pool.request(replica.endpoint, b"POST", path, body, _JSON, sent)
+                   sent: Callable[[], None] | None = None, headers: bytes = b"") -> Exchange:
+        return await self.pool.request(replica.endpoint, b"POST", path, body, _JSON + headers, sent)
 
     async def _get(self, replica: ReplicaAddress, path: str) -> tuple[int, bytes]:
         try:

@@ -24,6 +24,7 @@ from steersman.enginesim.generate import Generator
 from steersman.enginesim.metrics import SimMetrics, wanted
 from steersman.enginesim.runner import EngineRunner
 from steersman.http.server import HttpRequest, HttpServer
+from steersman.obs.tracing import OtlpSpans
 from steersman.sim import EngineModel, gpu_profile, model_profile
 from steersman.text._fast_tokenize import warm_up as warm_up_tokenizer
 
@@ -44,6 +45,7 @@ class SimServerConfig:
     faults: FaultSpec = field(default_factory=FaultSpec)
     admin_key_sha256: str | None = None  # SHA-256 hex of the key /admin needs (the key itself is never stored)
     exit_on_crash: bool = False
+    otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint: export an llm_request span per request
 
 
 class SimServer:
@@ -69,9 +71,10 @@ class SimServer:
         self.faults = Faults(cfg.faults)
         self.admin = AdminGuard(cfg.admin_key_sha256)
         self.runner = EngineRunner(self.engine, self.clock, self.metrics, self.faults)
+        self.spans = OtlpSpans(cfg.otlp_traces_endpoint, "engine-sim") if cfg.otlp_traces_endpoint else None
         self.generator = Generator(self.model_name, self.max_model_len, cfg.engine.block_size, cfg.mean_output_tokens,
                                    self.runner, self.faults, self.clock, self.crash,
-                                   cfg.engine.scheduling_policy == "priority")
+                                   cfg.engine.scheduling_policy == "priority", self.spans)
         self.port = cfg.port
         self.http = HttpServer(error_body, DEFAULTS.gateway.max_body_bytes)
         for method, path, handler in (
@@ -100,6 +103,8 @@ class SimServer:
     async def stop(self) -> None:
         await self.runner.stop()
         await self.http.stop()
+        if self.spans is not None:
+            await asyncio.to_thread(self.spans.shutdown)  # what is buffered is exported
 
     async def crash(self) -> None:
         """Die like a killed process: reset every connection, stop listening."""

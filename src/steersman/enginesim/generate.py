@@ -22,6 +22,7 @@ from steersman.http.server import HttpRequest
 from steersman.sim import SimRequest
 from steersman.text import block_hashes, render_chat
 from steersman.text.chat_tokens import tokenize_chat_array
+from steersman.obs.tracing import OtlpSpans, request_id
 from steersman.text.tokenizer import tokenize_array
 
 __all__ = ["Generator"]
@@ -31,8 +32,10 @@ class Generator:
     """Handles ``/v1/chat/completions`` and ``/v1/completions`` for one replica."""
 
     def __init__(self, model_name: str, max_model_len: int, block_size: int, mean_output_tokens: float,
-                 runner: EngineRunner, faults: Faults, clock: Clock, on_die, priority_scheduling: bool = False) -> None:
+                 runner: EngineRunner, faults: Faults, clock: Clock, on_die, priority_scheduling: bool = False,
+                 spans: OtlpSpans | None = None) -> None:
         self.model_name = model_name
+        self.spans = spans  # vLLM's --otlp-traces-endpoint: an ``llm_request`` span per request
         self.priority_scheduling = priority_scheduling
         self.max_model_len = max_model_len
         self.block_size = block_size
@@ -77,8 +80,11 @@ class Generator:
                 return _token_ids(p), list(p), "x"
         return tokenize_array(p), p, p[-1:]
 
-    def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[str, list[Job]]:
-        """The response id and a job per sample (``n``), submitted to the engine."""
+    def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool,
+              given_id: str | None = None) -> tuple[str, list[Job]]:
+        """The response id and a job per sample (``n``), submitted to the engine.  ``given_id``: the request's
+        ``X-Request-Id``, which names the response as vLLM's ``_base_request_id`` does (the engine's own ids stay
+        unique: two requests may bring the same header)."""
         ids, context, tail = self._prompt(req, chat)
         room = self.max_model_len - len(ids)
         want = req.output_limit
@@ -93,13 +99,15 @@ class Generator:
                 field,
             )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{self._id_prefix}{next(self._ids):x}"
+        kind = "chatcmpl" if chat else "cmpl"
+        sid = f"{kind}-{self._id_prefix}{next(self._ids):x}"
+        rid = f"{kind}-{given_id}" if given_id else sid
         now = self.clock.now()
         hashes = block_hashes(ids, self.block_size, cache_root(req.cache_salt))
         jobs: list[Job] = []
         for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
             gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, variant=i)
-            sim = SimRequest(req_id=rid if req.n == 1 else f"{rid}-{i}", prompt_len=len(ids),
+            sim = SimRequest(req_id=sid if req.n == 1 else f"{sid}-{i}", prompt_len=len(ids),
                              max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
             job = Job(sim=sim, gen=gen, arrival=now)
             try:
@@ -113,6 +121,15 @@ class Generator:
 
     async def _generate(self, request: HttpRequest, chat: bool) -> None:
         jobs: list[Job] = []
+        given = request.headers.get("x-request-id")
+        if given is not None:  # vLLM (--enable-request-id-headers) answers with it
+            given = request_id(given)
+            request.extra_headers = b"X-Request-Id: %b\r\n" % given.encode()
+        span = None
+        if self.spans is not None:
+            span = self.spans.tracer.start_span("llm_request", context=self.spans.parent(request.headers),
+                                                kind=self.spans.kind.SERVER)
+        req = None
         try:
             limit = DEFAULTS.gateway.max_tokens_limit
             req = decode_chat(request.body, limit) if chat else decode_completion(request.body, limit)
@@ -120,7 +137,7 @@ class Generator:
                 raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
             top = _alternatives(req)
             echo = "" if chat else _echo(req)
-            rid, jobs = self._jobs(req, chat)
+            rid, jobs = self._jobs(req, chat, given)
             created = int(self.clock.wall())
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -142,10 +159,30 @@ class Generator:
             request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
+            if span is not None:
+                self.spans.error(span, f"{e.status}: {e.message}")
         finally:
             for job in jobs:
                 if not job.done:
                     self.runner.cancel(job)
+            if span is not None:
+                self._end_span(span, req, jobs)
+
+    def _end_span(self, span, req, jobs: list[Job]) -> None:
+        """vLLM's ``llm_request`` span attributes (vllm/tracing.py SpanAttributes), in engine time."""
+        attrs: dict = {"gen_ai.response.model": self.model_name}
+        if jobs:
+            first = jobs[0].sim
+            attrs.update({"gen_ai.request.id": first.req_id, "gen_ai.usage.prompt_tokens": first.prompt_len,
+                          "gen_ai.usage.completion_tokens": sum(j.produced for j in jobs),
+                          "gen_ai.request.n": len(jobs)})
+        if req is not None:
+            for key, value in (("gen_ai.request.max_tokens", req.output_limit), ("gen_ai.request.temperature", req.temperature),
+                               ("gen_ai.request.top_p", req.top_p)):
+                if value is not None:
+                    attrs[key] = value
+        span.set_attributes(attrs)
+        span.end()
 
     async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool, echo: str = "") -> None:
         request.start_stream()

@@ -87,6 +87,7 @@ class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
     replicas: list[SimReplicaConfig]
     speedup: float = DEFAULTS.sim_server.speedup
     kv_link_gbit_s: float | None = None  # digital twin: KV transfer link (None: DEFAULTS.engine.kv_link_gbit_s)
+    otlp_traces_endpoint: str | None = None  # each engine-sim exports its llm_request spans there (as vLLM's flag)
 
 
 class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
@@ -210,6 +211,9 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
         other = "decode" if role == "prefill" else "prefill"
         if role != "both" and (model, other) not in roles:
             raise FleetConfigError(f"{where}: simulated.replicas: {model} has {role} replicas but no {other} ones")
+    if sim.otlp_traces_endpoint is not None and not sim.otlp_traces_endpoint.startswith(("http://", "https://")):
+        raise FleetConfigError(f"{where}: simulated.otlp_traces_endpoint must be an http(s) URL, "
+                               f"got {sim.otlp_traces_endpoint!r}")
     link = sim.kv_link_gbit_s
     if link is not None and not link > 0:
         raise FleetConfigError(f"{where}: simulated.kv_link_gbit_s must be > 0, got {link}")

@@ -68,6 +68,8 @@ class SimulatedFleet:
             args.append("--cold-start")
         if spec.scheduling != "fcfs":
             args += ["--scheduling-policy", spec.scheduling]
+        if self.cfg.otlp_traces_endpoint:
+            args += ["--otlp-traces-endpoint", self.cfg.otlp_traces_endpoint]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL)
         self.procs.append(proc)
         assert proc.stdout is not None

@@ -47,7 +47,7 @@ class HttpRequest:
     """One request; the handler answers with :meth:`respond` or :meth:`start_stream` ... :meth:`end_stream`."""
 
     __slots__ = ("conn", "method", "path", "query", "headers", "body", "keep_alive", "http10", "_state", "_held",
-                 "producer", "head_only")
+                 "producer", "head_only", "extra_headers")
 
     def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool, http10: bool) -> None:
         self.conn = conn
@@ -63,6 +63,7 @@ class HttpRequest:
         self._held = b""  # a held stream head: written with the first body bytes (one write, not two)
         self.producer: object | None = None  # has pause()/resume(): paused while the client can't keep up
         self.head_only = False  # a HEAD request served by a GET handler: its whole responses go without a body
+        self.extra_headers = b""  # header lines (each ending in CRLF) every response to it carries (X-Request-Id)
 
     @property
     def started(self) -> bool:
@@ -78,8 +79,9 @@ class HttpRequest:
             raise RuntimeError("response already started")
         self._state = 2
         ka = self.keep_alive
-        head = b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b\r\n" % (
-            _status_line(status), content_type, len(body), extra, b"" if ka else b"Connection: close\r\n")
+        head = b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
+            _status_line(status), content_type, len(body), extra, self.extra_headers,
+            b"" if ka else b"Connection: close\r\n")
         self.conn.write(head if self.head_only else head + body)
         self.conn.finished(self, ka)
 
@@ -89,6 +91,7 @@ class HttpRequest:
         if self._state:
             raise RuntimeError("response already started")
         self._state = 1
+        extra += self.extra_headers
         if self.http10:
             self.keep_alive = False
             head = b"%bContent-Type: %b\r\nCache-Control: no-cache\r\n%bConnection: close\r\n\r\n" % (_status_line(status), content_type, extra)

@@ -36,6 +36,9 @@ class RequestContext:
     excluded: set[int] = field(default_factory=set)  # replicas not to pick again for this request (they failed it)
     continuation: Any = None  # steersman.pipeline.continuation.Continuation once a stream started (H4)
     last_event_at: float | None = None  # when the stream's current leg last relayed an event (or began)
+    request_id: str = ""  # X-Request-Id: the client's or a new one (steersman.obs.tracing.request_id)
+    trace: Any = None  # the tracer's: the client's trace header lines (pass-through) or the request's span
+    attempt_span: Any = None  # the tracer's span of the upstream attempt in progress (export on)
 
     @property
     def body(self) -> bytes:

@@ -26,7 +26,8 @@ from steersman.obs.histogram import CounterFamily
 from steersman.obs.metrics import GatewayMetrics
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.continuation import BadEvent, Continuation
-from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Retry
+from steersman.obs.tracing import OtlpTracer, PassThrough
+from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Respond, Retry
 
 __all__ = ["Forward", "with_priority"]
 
@@ -189,8 +190,10 @@ class _Relay:
 class Forward:
     name = "forward"
 
-    def __init__(self, fleet: Fleet, metrics: GatewayMetrics, clock: Clock, max_event_bytes: int = DEFAULTS.gateway.max_sse_event_bytes) -> None:
+    def __init__(self, fleet: Fleet, metrics: GatewayMetrics, clock: Clock, max_event_bytes: int = DEFAULTS.gateway.max_sse_event_bytes,
+                 tracer: PassThrough | OtlpTracer | None = None) -> None:
         self.fleet = fleet
+        self.tracer = tracer if tracer is not None else PassThrough()
         self.metrics = metrics
         self.clock = clock
         self.max_event_bytes = max_event_bytes
@@ -219,10 +222,27 @@ class Forward:
             body = cont.request_body()
         if rep.priority_scheduling and ctx.started_at is not None:
             body = with_priority(body, ctx.started_at.engine_priority)
+        tracer = self.tracer
+        headers = b"X-Request-Id: %b\r\n%b" % (ctx.request_id.encode(), tracer.attempt(ctx, rep.name))
+        if not tracer.exporting:
+            return await self._exchange(ctx, rep, index, body, resuming, headers)
+        try:
+            out = await self._exchange(ctx, rep, index, body, resuming, headers)
+        except BaseException:  # cancelled: the client left, the deadline passed, the replica was taken out
+            tracer.attempt_ended(ctx, "abandoned")
+            raise
+        tracer.attempt_ended(ctx, "ok" if isinstance(out, Respond) else
+                                  f"failed: {out.error.code or out.error.status}" if isinstance(out, Fail) else "other")
+        return out
+
+    async def _exchange(self, ctx: RequestContext, rep, index: int, body: bytes, resuming: bool,
+                        headers: bytes) -> Outcome:
+        """One upstream exchange with ``rep``: send, then relay (or read whole) its answer."""
+        cont = ctx.continuation
         ex: Exchange | None = None
         try:
             try:
-                ex = await rep.adapter.send(rep.address, ctx.path, body, self._sent)
+                ex = await rep.adapter.send(rep.address, ctx.path, body, self._sent, headers)
             except UpstreamError as e:
                 self.metrics.upstream_error(rep.name, "send" if e.connected else "connect")
                 if not e.connected:

@@ -8,7 +8,8 @@
   counts upstream *requests* (attempts, including ones it rejected itself) and
   *accepts* (the engine served them), counting each when it ends; a new attempt is rejected locally with
   probability ``max(0, (requests - K * accepts) / (requests + 1))``, K =
-  ``throttle_k`` (SRE book, "Handling Overload").  A healthy fleet never
+  ``throttle_k`` (SRE book, "Handling Overload"), once the window holds
+  ``throttle_min_requests`` requests (fewer: nothing to judge).  A healthy fleet never
   throttles (accepts == requests); a failing one sheds at the gateway instead of
   hammering the engines.
 * :func:`full_jitter` — AWS "Exponential Backoff and Jitter": sleep a uniform
@@ -56,14 +57,17 @@ class RetryBudget:
 
 class AdaptiveThrottle:
     _REQ, _ACC = 0, 1
-    __slots__ = ("k", "_counts")
+    __slots__ = ("k", "min_requests", "_counts")
 
     def __init__(self, settings: ReliabilitySettings) -> None:
         self.k = settings.throttle_k
+        self.min_requests = settings.throttle_min_requests
         self._counts = RollingCounts(settings.throttle_window_s, settings.throttle_buckets)
 
     def reject_probability(self, now: float) -> float:
         req, acc = self._counts.totals(now)
+        if req < self.min_requests:  # too few to judge (see ReliabilitySettings.throttle_min_requests)
+            return 0.0
         return max(0.0, (req - self.k * acc) / (req + 1))
 
     def admit(self, now: float, u: float) -> bool:

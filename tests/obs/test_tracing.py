@@ -1,0 +1,147 @@
+"""Request ids and traces end to end: the official client -> the gateway -> each engine it tried, as one trace
+(W3C traceparent in, OTLP/HTTP out, received here by a real OTLP endpoint on 127.0.0.1)."""
+
+import gzip
+import http.server
+import threading
+from dataclasses import replace
+
+import pytest
+
+from steersman.enginesim.app import SimServerConfig
+from steersman.enginesim.faults import FaultSpec
+from steersman.obs.tracing import request_id, valid_traceparent
+from steersman.testing import LiveFleet
+
+TRACE, PARENT = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+MSGS = [{"role": "user", "content": "Trace me."}]
+
+
+class Otlp:
+    """An OTLP/HTTP traces endpoint: decodes every ExportTraceServiceRequest it is sent."""
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest, ExportTraceServiceResponse)
+
+        spans = self.spans = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers["content-length"]))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                for rs in req.resource_spans:
+                    service = {a.key: a.value.string_value for a in rs.resource.attributes}["service.name"]
+                    for ss in rs.scope_spans:
+                        for sp in ss.spans:
+                            attrs = {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in sp.attributes}
+                            spans.append({"service": service, "name": sp.name, "trace": sp.trace_id.hex(),
+                                          "id": sp.span_id.hex(), "parent": sp.parent_span_id.hex(),
+                                          "kind": sp.kind, "attrs": attrs, "error": sp.status.code == 2})
+                out = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def otlp():
+    o = Otlp()
+    yield o
+    o.close()
+
+
+def test_request_ids_and_traceparents_are_checked_as_the_specs_say():
+    assert request_id("req-42") == "req-42"
+    for bad in ("", "has space", "x" * 129, "naïve", None):
+        new = request_id(bad)
+        assert len(new) == 32 and int(new, 16) >= 0 and new != request_id(bad)
+    ok = f"00-{TRACE}-{PARENT}-01"
+    assert valid_traceparent(ok) and valid_traceparent(f"cc-{TRACE}-{PARENT}-01-what-the-future-adds")
+    for bad in (f"00-{TRACE}-{PARENT}-01-extra", f"ff-{TRACE}-{PARENT}-01", f"00-{'0' * 32}-{PARENT}-01",
+                f"00-{TRACE}-{'0' * 16}-01", f"00-{TRACE.upper()}-{PARENT}-01", f"00-{TRACE}-{PARENT}", "", None):
+        assert not valid_traceparent(bad), bad
+
+
+def _engines(otlp_url, faulty: bool = True):
+    a = b = SimServerConfig(gpu="H100", model="llama-3.1-8b", speedup=50.0, port=0)
+    return [replace(a, otlp_traces_endpoint=otlp_url),
+            replace(b, otlp_traces_endpoint=otlp_url, faults=FaultSpec(error_rate=1.0) if faulty else FaultSpec())]
+
+
+def test_one_trace_runs_from_the_client_through_the_gateway_to_every_engine_it_tried(otlp):
+    from openai import OpenAI
+
+    with LiveFleet(sims=_engines(otlp.url), policy="round-robin", gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        with OpenAI(base_url=lf.url + "/v1", api_key="unused", max_retries=0) as client:
+            for i in range(4):
+                raw = client.chat.completions.with_raw_response.create(
+                    model="llama-3.1-8b", messages=MSGS, max_tokens=4, stream=i % 2 == 1,
+                    extra_headers={"traceparent": f"00-{TRACE}-{PARENT}-01", "x-request-id": f"req-{i}"})
+                assert raw.headers["x-request-id"] == f"req-{i}"
+                if i % 2 == 0:  # the engine names the answer by the id (as vLLM's _base_request_id does)
+                    assert raw.parse().id == f"chatcmpl-req-{i}"
+    spans = otlp.spans
+    servers = [s for s in spans if s["service"] == "steersman" and s["kind"] == 2]
+    attempts = {s["id"]: s for s in spans if s["service"] == "steersman" and s["kind"] == 3}
+    engines = [s for s in spans if s["service"] == "engine-sim"]
+    assert len(servers) == 4 and {s["attrs"]["steersman.request_id"] for s in servers} == {f"req-{i}" for i in range(4)}
+    for s in servers:  # under the client's span, in the client's trace
+        assert s["trace"] == TRACE and s["parent"] == PARENT and not s["error"]
+        assert s["attrs"]["http.response.status_code"] == 200 and s["attrs"]["gen_ai.request.model"] == "llama-3.1-8b"
+        assert s["attrs"]["gen_ai.usage.output_tokens"] == 4 and s["attrs"]["gen_ai.usage.input_tokens"] > 0
+        mine = [a for a in attempts.values() if a["parent"] == s["id"]]
+        assert len(mine) == s["attrs"]["steersman.attempts"] >= 1
+        assert [a["attrs"]["steersman.outcome"] for a in mine][-1] == "ok"
+    retried = [a for a in attempts.values() if a["attrs"]["steersman.outcome"] != "ok"]
+    assert retried and all(a["attrs"]["steersman.replica"] == "sim-1" and a["error"] for a in retried)
+    # every attempt reached an engine, which traced it under the attempt's own span (its traceparent)
+    assert sorted(e["parent"] for e in engines) == sorted(attempts)
+    assert all(e["trace"] == TRACE and e["name"] == "llm_request" for e in engines)
+    assert sum(e["error"] for e in engines) == len(retried)  # the failing engine's spans say so
+
+
+def test_without_export_the_clients_trace_context_reaches_the_engine_unchanged(otlp):
+    import httpx
+
+    with LiveFleet(sims=_engines(otlp.url, faulty=False), policy="round-robin") as lf:
+        for i in range(2):
+            r = httpx.post(lf.url + "/v1/chat/completions", headers={"traceparent": f"00-{TRACE}-{PARENT}-01"},
+                           json={"model": "llama-3.1-8b", "messages": MSGS, "max_tokens": 2})
+            assert r.status_code == 200 and len(r.headers["x-request-id"]) == 32  # one was made for it
+            assert r.json()["id"] == "chatcmpl-" + r.headers["x-request-id"]
+        r = httpx.post(lf.url + "/v1/chat/completions", json={"model": "nope", "messages": MSGS},
+                       headers={"x-request-id": "bad id"})
+        assert r.status_code == 404 and len(r.headers["x-request-id"]) == 32  # errors carry one too
+    engines = [s for s in otlp.spans if s["service"] == "engine-sim"]
+    assert len(engines) == 2 and all(e["trace"] == TRACE and e["parent"] == PARENT for e in engines)
+    assert not [s for s in otlp.spans if s["service"] == "steersman"]
+
+
+def test_a_client_trace_not_sampled_is_not_exported(otlp):
+    import httpx
+
+    with LiveFleet(sims=_engines(otlp.url, faulty=False)[:1], gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        r = httpx.post(lf.url + "/v1/chat/completions", headers={"traceparent": f"00-{TRACE}-{PARENT}-00"},
+                       json={"model": "llama-3.1-8b", "messages": MSGS, "max_tokens": 2})
+        assert r.status_code == 200
+        r = httpx.post(lf.url + "/v1/chat/completions", json={"model": "llama-3.1-8b", "messages": MSGS, "max_tokens": 2})
+        assert r.status_code == 200
+    roots = [s for s in otlp.spans if s["service"] == "steersman" and s["kind"] == 2]
+    assert len(roots) == 1 and roots[0]["parent"] == "" and roots[0]["trace"] != TRACE  # a trace of its own
