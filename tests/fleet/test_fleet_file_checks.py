@@ -32,6 +32,8 @@ def _ep(**endpoint) -> dict:
     (_ep(price_per_hour=float("nan")), "endpoints[0].price_per_hour", "must be a number >= 0"),
     ({**_ep(), "gateway": {"port": 99999}}, "gateway.port", "must be 0 to 65535"),
     ({**_ep(), "gateway": {"metrics_interval_s": 0}}, "gateway.metrics_interval_s", "must be > 0"),
+    ({**_ep(), "gateway": {"admin_key_sha256": 123}}, "gateway.admin_key_sha256", "Expected `str | null`"),
+    ({**_ep(), "gateway": {"otlp_traces_endpoint": "collector:4318"}}, "gateway.otlp_traces_endpoint", "http(s) URL"),
     ({**_ep(), "scheduler": {"cost_tie": -1}}, "scheduler.cost_tie", "must be >= 1"),
     ({**_ep(), "reliability": {"breaker_error_percent": 150}}, "reliability.breaker_error_percent", "<= 100"),
     ({**_ep(), "admission": {"rate_burst_s": float("nan")}}, "admission.rate_burst_s", "got nan"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from typing import Any
 
 __all__ = ["setting", "sources", "check_bounds", "bounds_text", "value_ranges"]
@@ -96,11 +97,11 @@ def override(settings: Any, data: Any, where: str) -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ValueError(f"{where}: unknown setting(s) {unknown}; known: {sorted(fields)}")
+    hints = typing.get_type_hints(type(settings))  # the declared types: a field whose default is None still has one
     changes = {}
     for name, value in data.items():
-        current = getattr(settings, name)
         try:
-            changes[name] = msgspec.convert(value, type(current) if current is not None else Any, strict=False)
+            changes[name] = msgspec.convert(value, hints.get(name, Any), strict=False)
         except msgspec.ValidationError as e:
             raise ValueError(f"{where}.{name}: {e}") from None
     try:

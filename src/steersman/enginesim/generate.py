@@ -19,10 +19,10 @@ from steersman.enginesim.logprobs import chat_entries, completion_logprobs
 from steersman.enginesim.runner import EngineRunner, Job
 from steersman.enginesim.textgen import generate
 from steersman.http.server import HttpRequest
+from steersman.obs.tracing import OtlpSpans, request_id
 from steersman.sim import SimRequest
 from steersman.text import block_hashes, render_chat
 from steersman.text.chat_tokens import tokenize_chat_array
-from steersman.obs.tracing import OtlpSpans, request_id
 from steersman.text.tokenizer import tokenize_array
 
 __all__ = ["Generator"]

@@ -60,7 +60,8 @@ class PassThrough:
         if valid_traceparent(parent):
             state = headers.get("tracestate")
             ctx.trace = (f"traceparent: {parent.strip()}\r\n"
-                         + (f"tracestate: {state.strip()}\r\n" if state and state.isascii() else "")).encode()
+                         + (f"tracestate: {state.strip()}\r\n" if state and state.isascii() and state.isprintable()
+                            else "")).encode()
 
     def attempt(self, ctx: Any, replica: str) -> bytes:
         """Header lines for an upstream attempt (each ending in CRLF)."""
