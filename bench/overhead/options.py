@@ -9,8 +9,8 @@ BENCH = Path(__file__).resolve().parent.parent
 
 #: steersman-rr routes round-robin like the Rust routers (like-for-like overhead); steersman runs
 #: the default model-based profile (what ships: the overhead plus the scheduler's work)
-SETUPS = ["direct", "steersman-rr", "steersman", "vllm-router", "sglang-router"]
-ROUTER_SETUPS = ["steersman-rr", "steersman", "vllm-router", "sglang-router"]
+SETUPS = ["direct", "steersman-rr", "steersman", "steersman-otlp", "vllm-router", "sglang-router"]
+ROUTER_SETUPS = ["steersman-rr", "steersman", "steersman-otlp", "vllm-router", "sglang-router"]
 MODEL = "llama-3.1-8b"
 #: a setup name ending in this runs the --baseline-bin gateway (setup_kind() strips it)
 BASE_SUFFIX = "@base"

@@ -94,7 +94,7 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
     base = f"http://127.0.0.1:{port}"
     sb = steersman_bin(a, setup)
     name, setup = setup, setup_kind(setup)  # the process (and its log) keeps the setup's name: runs may overlap
-    if setup in ("steersman", "steersman-rr"):
+    if setup in ("steersman", "steersman-rr", "steersman-otlp"):
         if not sb:
             raise SkipSetup("no `steersman` executable found (install the repo: pip install -e .)")
         ok, why = check_cli([sb, "serve"])
@@ -105,6 +105,12 @@ def start_router(setup: str, a, pg: ProcessGroup, engine_urls: list[str]) -> tup
         policy = "round-robin" if setup == "steersman-rr" else getattr(a, "fleet_policy", None)
         if policy:  # else the fleet's default profile
             lines.insert(1, f"policy: {policy}")
+        if setup == "steersman-otlp":  # the default profile exporting every request's spans (README: Tracing)
+            sink = free_port()
+            pg.start(f"{name}-otlp-sink", [sys.executable, str(Path(__file__).with_name("otlp_sink.py")), sink],
+                     role="server")  # beside the engines, not on the router's core
+            lines[0] = (f"gateway: {{host: 127.0.0.1, port: {port}, "
+                        f"otlp_traces_endpoint: 'http://127.0.0.1:{sink}/v1/traces'}}")
         for i, u in enumerate(engine_urls):
             lines.append(f'  - {{name: e{i}, url: "{u}", engine: vllm, gpu: {a.gpu}, models: [{MODEL}]}}')
         cfg.write_text("\n".join(lines) + "\n")
