@@ -38,6 +38,17 @@ def test_scaling_leaves_a_wrong_value_for_the_spec_parser_to_name():
         Experiment(parse_fleet(FLEET), spec).check()
 
 
+def test_drills_are_checked_against_the_fleet_and_the_workloads_end():
+    from steersman.twin.drills import DrillError
+
+    fleet = parse_fleet(FLEET)
+    Experiment(fleet, {**_spec(), "drills": [{"at": "2s", "kill": "default-h100-sxm-0"}]}).check()
+    with pytest.raises(DrillError, match="unknown replica 'nosuch'"):
+        Experiment(fleet, {**_spec(), "drills": [{"at": "2s", "kill": "nosuch"}]}).check()
+    with pytest.raises(WorkloadSpecError, match=r"drills\[0\].at \(100 s\) is after the workload's end \(5 s\)"):
+        Experiment(fleet, {**_spec(), "drills": [{"at": "100s", "kill": "default-h100-sxm-0"}]}).check()
+
+
 def test_a_workload_file_that_is_not_yaml_of_a_mapping_is_named(tmp_path):
     bad = tmp_path / "w.yaml"
     bad.write_text("model: [1\n")

@@ -22,7 +22,7 @@ import yaml
 from steersman.fleet.config import FleetConfig, make_profile
 from steersman.policy import make_policy
 from steersman.twin.core import Twin, TwinConfig
-from steersman.twin.drills import parse_drills, schedule_drills
+from steersman.twin.drills import parse_drills, resolve, schedule_drills
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.metrics import per_replica, summarize, timeline, window_for
 from steersman.twin.results import OK, Recorder
@@ -100,7 +100,12 @@ class Experiment:
         tf = TwinFleet.from_config(self.fleet)
         wl = load_workload(scale_spec(self.spec, 1.0), self.seed, base_dir=self.base_dir,
                            slo_classes=self.fleet.scheduler.slo_classes)
-        parse_drills(self.spec.get("drills"))
+        names = [p.name for p in tf.plans]
+        end = self.duration_s if self.duration_s is not None else self.spec.get("duration_s")
+        for k, step in enumerate(parse_drills(self.spec.get("drills"))):
+            resolve(step, names, f"drills[{k}].{step.action}")
+            if isinstance(end, (int, float)) and step.at > end:  # no arrival after the end: it would change nothing
+                raise WorkloadSpecError(f"drills[{k}].at ({step.at:g} s) is after the workload's end ({end:g} s)")
         for name in policies:
             policy_for(name, self.fleet)
         served = {p.served_model_name or p.model for p in tf.plans if p.role != "decode"}
