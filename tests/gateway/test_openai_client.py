@@ -61,6 +61,9 @@ def test_a_model_is_retrieved_by_id_and_heads_get_headers_alone(client, fleet):
         assert head.status_code == got.status_code == 200 and head.content == b""
         assert int(head.headers["content-length"]) == len(got.content) or path == "/v1/models"  # `created` ticks
     assert httpx.post(fleet.url + "/v1/models/llama-3.1-8b").status_code == 405
+    for path in ("/health", "/v1/models", "/v1/models/nope", "/openapi.json"):  # every API answer has an id
+        assert len(httpx.get(fleet.url + path).headers["x-request-id"]) == 32
+    assert httpx.get(fleet.url + "/v1/models", headers={"x-request-id": "mine-1"}).headers["x-request-id"] == "mine-1"
 
 
 def test_sampling_fields_out_of_range_are_refused_naming_them(client, fleet):

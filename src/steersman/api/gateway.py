@@ -95,12 +95,10 @@ class Gateway(RequestLifecycle):
                                self.settings.client_request_timeout_s)
         self.http.route("POST", "/v1/chat/completions", self.chat)
         self.http.route("POST", "/v1/completions", self.completions)
-        self.http.route("GET", "/v1/models", self.models)
-        self.http.route("GET", "/v1/models/", self.model)
-        self.http.route("GET", "/health", self.health)
-        self.http.route("GET", "/metrics", self.metrics_handler)
-        self.http.route("GET", "/openapi.json", self.openapi)
-        self.http.route("GET", "/admin/fleet", self.admin_fleet)
+        for path, handler in (("/v1/models", self.models), ("/v1/models/", self.model), ("/health", self.health),
+                              ("/metrics", self.metrics_handler), ("/openapi.json", self.openapi),
+                              ("/admin/fleet", self.admin_fleet)):
+            self.http.route("GET", path, _with_request_id(handler))
         self.admin = AdminGuard(self.settings.admin_key_sha256)
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None
@@ -233,8 +231,7 @@ class Gateway(RequestLifecycle):
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         headers = request.headers
-        ctx.request_id = rid = request_id(headers.get("x-request-id"))
-        request.extra_headers = b"X-Request-Id: %b\r\n" % rid.encode()
+        ctx.request_id = rid = _tag(request)
         tracer = self.tracer
         tracer.begin(ctx, headers, request.method, request.path)
         m = self.metrics
@@ -329,3 +326,18 @@ class Gateway(RequestLifecycle):
         if self._admin_refused(request):
             return
         request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
+
+
+def _tag(request: HttpRequest) -> str:
+    """The request's id (the client's X-Request-Id when valid, else a new one), on every answer to it."""
+    rid = request_id(request.headers.get("x-request-id"))
+    request.extra_headers = b"X-Request-Id: %b\r\n" % rid.encode()
+    return rid
+
+
+def _with_request_id(handler):
+    """A GET handler whose answers carry X-Request-Id, as OpenAI's API does on every response."""
+    async def tagged(request: HttpRequest) -> None:
+        _tag(request)
+        await handler(request)
+    return tagged

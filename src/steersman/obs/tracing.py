@@ -1,6 +1,6 @@
 """Request ids and W3C trace context through the gateway's hop; optional OTLP export of its spans.
 
-Every answer of the generation endpoints carries ``X-Request-Id`` (the client's, when it sent a valid one, else a
+Every answer of the gateway's API carries ``X-Request-Id`` (the client's, when it sent a valid one, else a
 new 32-hex id), and every upstream attempt sends it to the engine, so one id finds the request in the gateway's
 and the engine's logs.
 
