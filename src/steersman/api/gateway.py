@@ -231,7 +231,7 @@ class Gateway(RequestLifecycle):
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         headers = request.headers
-        ctx.request_id = rid = _tag(request)
+        ctx.request_id = _tag(request)
         tracer = self.tracer
         tracer.begin(ctx, headers, request.method, request.path)
         m = self.metrics

@@ -30,7 +30,6 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(DEFAULTS.twin.plan_workers, help="GPU types searched in this many processes at once."),
     ) -> None:
         """Find the cheapest fleet (replicas per GPU type) meeting the SLO with headroom; show it per hour."""
-        import yaml
         from rich.console import Console
         from rich.table import Table
 
@@ -70,20 +69,19 @@ def register(app: typer.Typer) -> None:
         if p.best is None:
             con.print(f"[red]steersman plan:[/] no fleet of {gpus} meets the SLO (the reasons per GPU type are above)")
             raise typer.Exit(1)
-        if p.best is not None:
-            b = p.best
-            con.print(f"cheapest: [bold]{label(b.fleet)}[/] at ${b.cost_per_hour:.2f}/h"
-                      f"  ({p.trials} twin runs)")
-            h = Table(title="elasticity over a day (the cheapest fleet covering each hour)")
-            h.add_column("hour")
-            h.add_column("offered req/s", justify="right")
-            h.add_column("fleet")
-            h.add_column("$ / hour", justify="right")
-            for hour, rps, fl, cost in p.hourly:
-                h.add_row(f"{hour:02d}:00", f"{rps:.2f}", label(fl), f"{cost:.2f}")
-            con.print(h)
-            day = sum(cost for *_, cost in p.hourly)
-            con.print(f"a day elastic: ${day:.2f}  vs  static peak fleet: ${24 * b.cost_per_hour:.2f}")
+        b = p.best
+        con.print(f"cheapest: [bold]{label(b.fleet)}[/] at ${b.cost_per_hour:.2f}/h"
+                  f"  ({p.trials} twin runs)")
+        h = Table(title="elasticity over a day (the cheapest fleet covering each hour)")
+        h.add_column("hour")
+        h.add_column("offered req/s", justify="right")
+        h.add_column("fleet")
+        h.add_column("$ / hour", justify="right")
+        for hour, rps, fl, cost in p.hourly:
+            h.add_row(f"{hour:02d}:00", f"{rps:.2f}", label(fl), f"{cost:.2f}")
+        con.print(h)
+        day = sum(cost for *_, cost in p.hourly)
+        con.print(f"a day elastic: ${day:.2f}  vs  static peak fleet: ${24 * b.cost_per_hour:.2f}")
 
 
 def _fleet_file(path: Path) -> dict:
