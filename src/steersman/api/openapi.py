@@ -44,10 +44,7 @@ def _common(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
         "presence_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "frequency_penalty": _nullable({"type": "number", "minimum": -2, "maximum": 2}),
         "repetition_penalty": _nullable({"type": "number", "exclusiveMinimum": 0}),
-        "top_k": _nullable({"type": "integer", "minimum": -1}),
         "min_p": _nullable({"type": "number", "minimum": 0, "maximum": 1}),
-        "logit_bias": _nullable({"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
-                                 "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}}),
     }
 
 
