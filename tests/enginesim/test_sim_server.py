@@ -97,6 +97,11 @@ def test_engine_errors_are_openai_format(sim):
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"
     r = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=200_000 - 10))
     assert r.status_code == 400
+    # prompt + max_tokens over max_model_len (131,072): OpenAI's code, naming the prompt's field
+    r = httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=131_000,
+                                                           messages=[{"role": "user", "content": "word " * 200}]))
+    err = r.json()["error"]
+    assert r.status_code == 400 and (err["param"], err["code"]) == ("messages", "context_length_exceeded")  # OpenAI's
     for prompt, says in (("", "must not be empty"), ([""], "must not be empty"), ([5, -1], "got -1"),
                          ([[3, -2]], "got -2")):
         r = httpx.post(url + "/v1/completions", json={"model": "llama-3.1-8b", "prompt": prompt, "max_tokens": 2})

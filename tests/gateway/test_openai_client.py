@@ -177,3 +177,17 @@ def test_several_samples_n_come_through_both_ways(client):
     c = client.completions.create(model="qwen2.5-7b", prompt="The fleet", max_tokens=4, n=2, logprobs=1,
                                   extra_body={"ignore_eos": True})
     assert [ch.index for ch in c.choices] == [0, 1] and all("".join(ch.logprobs.tokens) == ch.text for ch in c.choices)
+
+
+def test_a_request_over_the_context_is_a_400_naming_the_prompt(client):
+    import openai
+
+    # prompt + max_tokens over max_model_len (131,072): the engine's refusal reaches the client in OpenAI's format
+    for call, field in ((lambda: client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_tokens=131_050),
+                         "messages"),
+                        (lambda: client.completions.create(model="llama-3.1-8b", prompt="word " * 100, max_tokens=131_000),
+                         "prompt")):
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert (e.value.code, e.value.param) == ("context_length_exceeded", field)
+        assert "maximum context length is 131072 tokens" in e.value.message

@@ -121,3 +121,25 @@ def test_shared_prefix_goes_to_the_replica_holding_it(engines, gateway, client):
     prefill, decode = snap.live[S.PREFILL_S_TOKEN, warm], snap.live[S.DECODE_S_TOKEN, warm]
     assert 1e-4 < prefill < 0.1, f"learned {prefill} s per prompt token"
     assert 1e-3 < decode < 1.0 and decode > prefill, f"learned {decode} s per generated token"
+
+
+def test_a_prompt_over_the_context_is_a_400_in_openai_format(engines, gateway, client):
+    """Over a slot's context (2,048 tokens: -c 8192 over 4 slots) the engine refuses in llama.cpp's shape (a numeric
+    code, no param), which reaches the client in OpenAI's; over every replica's whole KV cache (8,192 tokens) the
+    gateway refuses it itself, without a 503 its client would retry."""
+    import openai
+
+    for words, who in ((3000, "engine"), (9000, "gateway")):
+        for kind in ("chat", "completion"):
+            with pytest.raises(openai.BadRequestError) as e:
+                if kind == "chat":
+                    client.chat.completions.create(model=MODEL, max_tokens=4,
+                                                   messages=[{"role": "user", "content": "word " * words}])
+                else:
+                    client.completions.create(model=MODEL, max_tokens=4, prompt="word " * words)
+            err = e.value.body
+            field = "messages" if kind == "chat" else "prompt"
+            assert e.value.status_code == 400, (who, kind)
+            assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "context_length_exceeded",
+                                                               field), (who, kind, err)
+            assert isinstance(err["message"], str) and ("context" in err["message"]), err

@@ -21,6 +21,7 @@ __all__ = [
     "upstream_failed",
     "sse_error_event",
     "error_body",
+    "engine_error_body",
 ]
 
 
@@ -84,3 +85,45 @@ def error_body(status: int, message: str, code: str) -> bytes:
 def sse_error_event(err: ApiError) -> bytes:
     """An SSE event carrying an error, for failures after a stream has started."""
     return b"data: " + err.body() + b"\n\n"
+
+
+_CONTEXT_WORDS = ("maximum context length", "exceeds the available context size", "context length")
+
+
+def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
+    """An engine's own 4xx answer in the OpenAI error format the gateway promises.
+
+    Engines refuse in their own shapes: llama.cpp ``{"error": {"code": 400, "message", "type":
+    "exceed_context_size_error", ...}}`` (a numeric code, no ``param``), vLLM ``{"object": "error", "message",
+    "type": "BadRequestError", "param", "code": 400}`` (older releases, not nested) or ``{"error": {...}}`` with a
+    numeric code.  The message and the engine's own extra fields are kept; ``code`` becomes a string (the
+    engine's own string code, else ``context_length_exceeded`` for a request over the context -- OpenAI's code,
+    ``param`` then the prompt's ``field`` -- else the engine's error type); ``type`` is OpenAI's for the status.
+    A body that is already in the format comes back unchanged."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict) and set(err) == {"message", "type", "param", "code"} and isinstance(err["message"], str) \
+            and isinstance(err["type"], str) and all(err[k] is None or isinstance(err[k], str) for k in ("param", "code")):
+        return body
+    if not isinstance(err, dict):
+        err = doc if isinstance(doc, dict) and "message" in doc else {}
+    message = err.get("message")
+    if not isinstance(message, str) or not message:
+        text = body[:300].decode("utf-8", "replace").strip()
+        message = f"The engine refused the request ({status}){': ' + text if text else ''}."
+    extra = {k: v for k, v in err.items() if k not in ("message", "type", "param", "code", "object")}
+    code, param = err.get("code"), err.get("param")
+    kind = err.get("type")
+    if not isinstance(code, str):
+        lowered = message.lower()
+        if kind == "exceed_context_size_error" or any(w in lowered for w in _CONTEXT_WORDS):
+            code = "context_length_exceeded"
+            param = param if isinstance(param, str) else field
+        else:
+            code = kind if isinstance(kind, str) and kind else None
+    out = {"message": message, "type": "rate_limit_error" if status == 429 else "invalid_request_error",
+           "param": param if isinstance(param, str) else None, "code": code}
+    return orjson.dumps({"error": out | extra})

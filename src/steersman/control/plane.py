@@ -74,6 +74,11 @@ class Refuse:
     code: str
     reason: str
     retry_after: float | None = None
+    param: str | None = None  # the request field a 4xx names
+
+
+def _refusal(decision: Reject) -> Refuse:
+    return Refuse(decision.status, decision.code, decision.reason, decision.retry_after, decision.param)
 
 
 @dataclass(slots=True)
@@ -126,7 +131,7 @@ class ControlPlane:
             return Dispatch(decision, a), []
         if isinstance(decision, Reject):
             self.admitter.release(a, now)
-            return Refuse(503, decision.code, decision.reason, decision.retry_after), []
+            return _refusal(decision), []
         assert isinstance(decision, Queue)
         pushed = self.queue.push(item, req, now, weight=tenant.weight)
         if decision.keeps_place:
@@ -215,7 +220,7 @@ class ControlPlane:
                 out.append((item, Dispatch(decision, q.admit)))
             else:
                 self._release(q, now)
-                out.append((item, Refuse(503, decision.code, decision.reason, decision.retry_after)))
+                out.append((item, _refusal(decision)))
         return out
 
     def _next(self, snap: FleetSnapshot, models: set[str], now: float,

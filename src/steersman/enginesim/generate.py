@@ -96,7 +96,7 @@ class Generator:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{len(ids) + (want or 1)} tokens ({len(ids)} in the {field}, {want or 1} for the completion). "
                 f"Please reduce the length of the `{field}` or completion.",
-                field,
+                field, "context_length_exceeded",  # OpenAI's code for it
             )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
         kind = "chatcmpl" if chat else "cmpl"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from steersman.api.errors import ApiError, upstream_failed
+from steersman.api.errors import ApiError, engine_error_body, upstream_failed
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
 from steersman.engines.base import Exchange, UpstreamError
@@ -299,10 +299,10 @@ class Forward:
         if ctx.http.started:  # an earlier attempt began the stream (no event yet): the refusal becomes an error event
             return Fail(ApiError(ex.status, f"Engine {name} refused the request: {detail}", "invalid_request_error",
                                  None, "engine_refused"), Retry.NEVER)
-        # the engine refused the request itself (e.g. context too long): relay its OpenAI error
+        # the engine refused the request itself (e.g. context too long): relay its error, in OpenAI's format
         ctx.status = ex.status
-        ctype = ex.headers.get("content-type", "application/json").encode("latin-1")
-        ctx.http.respond(ex.status, body, ctype)
+        field = "messages" if ctx.sched is not None and ctx.sched.kind == "chat" else "prompt"
+        ctx.http.respond(ex.status, engine_error_body(ex.status, body, field), b"application/json")
         return RESPONDED
 
     async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay, name: str) -> Outcome:

@@ -49,11 +49,14 @@ class Queue:
 
 @dataclass(frozen=True, slots=True)
 class Reject:
-    """Refuse the request (the gateway answers 503 with ``Retry-After``)."""
+    """Refuse the request: the gateway answers 503 with ``Retry-After`` (no capacity), or, with a 4xx ``status``,
+    a client error no replica of this fleet could serve (``param``: the request field it names)."""
 
     reason: str
     retry_after: float | None = None
-    code: str = "no_capacity"  # the OpenAI-format error code of the 503
+    code: str = "no_capacity"  # the OpenAI-format error code
+    status: int = 503
+    param: str | None = None
 
 
 Decision = Route | Queue | Reject

@@ -42,7 +42,7 @@ from steersman.policy.reliability import _NONE, ReliabilityFilter, excluded_arra
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation, affine_blocks
 from steersman.policy.slot_wait import wait_for_slot
-from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, targets
+from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, kv_shortfall, targets
 
 __all__ = ["fused"]
 
@@ -242,8 +242,15 @@ class _Fused:
                     n = shortlist_pass(idx, n, snap.live, held, snap.statics.compute_price, f.k,
                                        np.empty(n, dtype=np.bool_))
             else:
-                n = fits_pass(idx, n, snap.live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, snap.live[S.KV_USAGE],
+                m = fits_pass(idx, n, snap.live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, snap.live[S.KV_USAGE],
                               need)
+                if not m:  # idx[:n] untouched (nothing kept): the filter's own answer (FitsKv.when_empty)
+                    verdict = kv_shortfall(snap, req, idx[:n])
+                    if not isinstance(verdict, np.ndarray):
+                        return verdict
+                    m = int(np.count_nonzero(verdict))
+                    idx[:m] = idx[:n][verdict]
+                n = m
             hist.observe(clock() - t0)
             if not n:
                 return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)

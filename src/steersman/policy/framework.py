@@ -116,7 +116,10 @@ class Filter(Protocol):
     name: str
 
     def filter(self, ctx: DecisionContext) -> np.ndarray:
-        """Boolean mask over ``ctx.candidates``: True keeps the replica."""
+        """Boolean mask over ``ctx.candidates``: True keeps the replica.
+
+        A filter may also define ``when_empty(ctx) -> Decision | mask | None``, asked when it keeps none: a
+        decision to answer with, a non-empty mask of candidates to keep after all, or None (the framework's 503)."""
         ...
 
 
@@ -236,7 +239,13 @@ class Profile:
             hist[f.name].observe(clock() - t0)
             kept = np.count_nonzero(keep)
             if not kept:
-                return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
+                empty = getattr(f, "when_empty", None)  # optional: the filter's own answer when it leaves none
+                verdict = empty(ctx) if empty is not None else None
+                if verdict is None:
+                    return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
+                if not isinstance(verdict, np.ndarray):
+                    return verdict
+                keep, kept = verdict, np.count_nonzero(verdict)
             if kept < keep.size:
                 ctx.narrow(keep)
         t0 = clock()

@@ -21,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.config import DEFAULTS
+from steersman.policy.base import Decision, Queue, Reject
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
 from steersman.policy.kernels import shortlist_kernel
 from steersman.policy.plugin_kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel
 from steersman.policy.request import SchedRequest
 
-__all__ = ["FitsKv", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
+__all__ = ["FitsKv", "kv_shortfall", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
 
 
 def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
@@ -56,6 +57,42 @@ class FitsKv:
         out = np.empty(idx.size, dtype=np.bool_)
         fits_kv_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, _need_blocks(ctx), out)
         return out
+
+    def when_empty(self, ctx: DecisionContext) -> Decision | np.ndarray:
+        return kv_shortfall(ctx.snapshot, ctx.request, ctx.candidates)
+
+
+def kv_shortfall(snap, req: SchedRequest, idx: np.ndarray) -> Decision | np.ndarray:
+    """What to do when no candidate's free KV cache holds the request (``fits-kv`` left none of ``idx``).
+
+    * No candidate's whole KV cache (engine-reported, else modelled) holds the prompt plus ``max_tokens``
+      (or one token when it names none): no replica of this fleet can ever serve it, so it is the client's to
+      change, a 400 ``context_length_exceeded`` naming the prompt's field (OpenAI's and vLLM's answer to a
+      request over the context length), not a 503 its client would retry.
+    * Some candidate's whole cache holds it with the expected output: it waits in the gateway queue until
+      KV frees (:class:`Queue`), as a saturated fleet's requests do.
+    * Otherwise only the expected output (an estimate when ``max_tokens`` is absent) overflows: the mask of the
+      candidates whose cache holds the prompt plus ``max_tokens`` / one token -- they take it.
+
+    The prompt's length is the gateway's estimate (exact for engine-sim; a real engine may count a few percent
+    differently and answers for itself at its own limits)."""
+    bs = float(snap.statics.block_size)
+    reported = snap.kv_blocks_total[idx]
+    cap = np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported) * bs
+    least = req.prompt_tokens + (req.max_tokens or 1)
+    holds = cap >= least
+    if not holds.any():
+        field = "messages" if req.kind == "chat" else "prompt"
+        most = int(np.max(cap)) if cap.size else 0
+        ask = (f"about {req.prompt_tokens} in the {field}" + (f" and {req.max_tokens} of output (`max_tokens`)"
+                                                             if req.max_tokens else ""))
+        return Reject(f"this request needs {least} tokens of context ({ask}), more than any replica serving "
+                      f"{req.model!r} holds ({most} tokens): reduce the length of the {field}"
+                      + (" or `max_tokens`" if req.max_tokens else ""),
+                      None, "context_length_exceeded", 400, field)
+    if (cap >= req.prompt_tokens + req.expected_output).any():
+        return Queue("no replica has free KV cache for the request now")
+    return holds
 
 
 @SCORERS.register("kv-headroom")

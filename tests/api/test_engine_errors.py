@@ -1,0 +1,56 @@
+"""An engine's own 4xx answer reaches the client in OpenAI's error format (api.errors.engine_error_body)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from steersman.api.errors import engine_error_body
+
+# recorded: llama-server (llama-cpp-python 0.3.36's llama.cpp) over a slot's context, and vLLM's two shapes
+LLAMACPP = (b'{"error":{"code":400,"message":"request (3009 tokens) exceeds the available context size (2048 tokens), '
+            b'try increasing it","type":"exceed_context_size_error","n_prompt_tokens":3009,"n_ctx":2048}}')
+VLLM_OLD = (b'{"object":"error","message":"This model\'s maximum context length is 2048 tokens. However, you requested '
+            b'3000 tokens (2990 in the messages, 10 in the completion). Please reduce the length of the messages or '
+            b'completion.","type":"BadRequestError","param":null,"code":400}')
+VLLM_NEW = b'{"error":{"message":"temperature must be non-negative, got -1.0.","type":"BadRequestError","param":null,"code":400}}'
+
+
+def _err(body: bytes) -> dict:
+    doc = orjson.loads(body)
+    assert set(doc) == {"error"}
+    e = doc["error"]
+    assert isinstance(e["message"], str) and e["message"]
+    assert isinstance(e["type"], str)
+    assert e["param"] is None or isinstance(e["param"], str)
+    assert e["code"] is None or isinstance(e["code"], str)
+    return e
+
+
+@pytest.mark.parametrize("field", ["messages", "prompt"])
+def test_llamacpp_context_error(field):
+    e = _err(engine_error_body(400, LLAMACPP, field))
+    assert (e["type"], e["param"], e["code"]) == ("invalid_request_error", field, "context_length_exceeded")
+    assert e["message"].startswith("request (3009 tokens) exceeds")
+    assert (e["n_prompt_tokens"], e["n_ctx"]) == (3009, 2048)  # the engine's own fields are kept
+
+
+def test_vllm_shapes():
+    e = _err(engine_error_body(400, VLLM_OLD, "messages"))
+    assert (e["param"], e["code"]) == ("messages", "context_length_exceeded")
+    assert "object" not in e
+    e = _err(engine_error_body(400, VLLM_NEW, "messages"))
+    assert (e["type"], e["param"], e["code"]) == ("invalid_request_error", None, "BadRequestError")
+    assert e["message"] == "temperature must be non-negative, got -1.0."
+
+
+def test_openai_format_passes_unchanged_and_anything_else_is_wrapped():
+    ok = b'{"error":{"message":"no","type":"invalid_request_error","param":"n","code":"invalid_value"}}'
+    assert engine_error_body(400, ok, "messages") is ok
+    e = _err(engine_error_body(404, b"Not Found", "prompt"))
+    assert e["message"] == "The engine refused the request (404): Not Found."
+    assert e["code"] is None
+    e = _err(engine_error_body(429, b'{"error": 3}', "prompt"))
+    assert e["type"] == "rate_limit_error"
+    e = _err(engine_error_body(400, b"", "prompt"))
+    assert e["message"] == "The engine refused the request (400)."
