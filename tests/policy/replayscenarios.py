@@ -24,9 +24,9 @@ when the load-balance and KV-headroom scores came to count near-equal values as 
 (``scheduler.balance_tie``, ``scheduler.kv_headroom_tie``: 2 changed, both late routes of the steersman
 profile that had been decided by one request more in flight or a KV reading within 1% of the other's; the
 random scenarios' loads seldom come within 15% of each other), and when a request no replica's free KV cache holds
-came to wait in the gateway queue when some replica's whole cache holds it (``FitsKv.when_empty``: 11 changed, all
-of the steersman profile, from "no replica passes filter 'fits-kv'" 503s to waits; none of the scenarios' requests
-is larger than every replica's cache, which is now a 400)::
+came to go to the replica with the most KV free among those whose whole cache holds it (``FitsKv.when_empty``: 11
+changed, all of the steersman profile, from "no replica passes filter 'fits-kv'" 503s to routes; none of the
+scenarios' requests is larger than every replica's cache, which is now a 400)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

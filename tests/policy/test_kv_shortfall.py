@@ -1,7 +1,7 @@
 """When no replica's free KV cache holds a request (the ``fits-kv`` filter keeps none): a request larger than every
 replica's whole cache is the client's to change (400 ``context_length_exceeded`` naming the prompt's field, not a
-503 its client retries); one that some replica could hold once KV frees waits in the gateway queue; one whose
-estimated output alone overflows goes to the replicas that hold its prompt plus ``max_tokens``.  The fused path
+503 its client retries); one that some replica could hold once KV frees goes to the one of those with the most KV free
+now (its engine queues it; held in the gateway it would starve behind smaller requests).  The fused path
 and the plugin-by-plugin path answer alike."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.fleet.statics import ReplicaSpec, build_statics
 from steersman.policy import make_policy
-from steersman.policy.base import Queue, Reject, Route
+from steersman.policy.base import Reject, Route
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 
 BLOCK = 16
@@ -67,10 +67,13 @@ def test_larger_than_every_replicas_cache_is_a_400_naming_the_prompt(kind, field
     assert isinstance(d, Reject) and d.status == 400 and "`max_tokens`" in d.reason
 
 
-def test_a_request_a_busy_replica_could_hold_waits_for_kv():
-    snap = _snap([1000.0, 2000.0], [0.7, 0.6])  # free: 4,800 and 12,800 tokens (below saturation)
+def test_a_request_only_a_busy_replica_could_hold_goes_where_most_kv_is_free():
+    # free: 4,800, 12,800 and 8,000 tokens (below saturation); the request needs 20,500; the third's cache is too small
+    snap = _snap([1000.0, 2000.0, 1000.0, 3000.0], [0.7, 0.6, 0.5, np.nan])
     d = _both(snap, _req(20_000, 500))
-    assert isinstance(d, Queue) and "free KV" in d.reason
+    assert isinstance(d, Route) and d.replica == 1  # not the unscraped one: none of its KV is known free
+    snap = _snap([2000.0, 2000.0], [0.7, 0.6])
+    assert _both(snap, _req(20_000, 500)).replica == 1
 
 
 def test_only_the_estimated_output_overflowing_goes_to_the_replicas_holding_prompt_and_max_tokens():

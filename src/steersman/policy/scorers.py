@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.config import DEFAULTS
-from steersman.policy.base import Decision, Queue, Reject
+from steersman.policy.base import Decision, Reject
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
 from steersman.policy.kernels import shortlist_kernel
 from steersman.policy.plugin_kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel
@@ -69,10 +69,10 @@ def kv_shortfall(snap, req: SchedRequest, idx: np.ndarray) -> Decision | np.ndar
       (or one token when it names none): no replica of this fleet can ever serve it, so it is the client's to
       change, a 400 ``context_length_exceeded`` naming the prompt's field (OpenAI's and vLLM's answer to a
       request over the context length), not a 503 its client would retry.
-    * Some candidate's whole cache holds it with the expected output: it waits in the gateway queue until
-      KV frees (:class:`Queue`), as a saturated fleet's requests do.
-    * Otherwise only the expected output (an estimate when ``max_tokens`` is absent) overflows: the mask of the
-      candidates whose cache holds the prompt plus ``max_tokens`` / one token -- they take it.
+    * Otherwise the mask of the candidates whose whole cache holds it that have the most free KV now: it goes
+      there and waits in that engine's queue for blocks to free (vLLM schedules its waiting requests in order, so
+      the blocks that free go to it).  Holding it in the gateway until some replica had the room free would
+      starve it under sustained load: every smaller request behind it fits first and takes the blocks that free.
 
     The prompt's length is the gateway's estimate (exact for engine-sim; a real engine may count a few percent
     differently and answers for itself at its own limits)."""
@@ -90,9 +90,9 @@ def kv_shortfall(snap, req: SchedRequest, idx: np.ndarray) -> Decision | np.ndar
                       f"{req.model!r} holds ({most} tokens): reduce the length of the {field}"
                       + (" or `max_tokens`" if req.max_tokens else ""),
                       None, "context_length_exceeded", 400, field)
-    if (cap >= req.prompt_tokens + req.expected_output).any():
-        return Queue("no replica has free KV cache for the request now")
-    return holds
+    usage = snap.kv_usage[idx]
+    free = np.where(holds, (1.0 - np.nan_to_num(usage, nan=1.0)) * cap, -np.inf)  # unscraped: none known free
+    return free >= free.max()
 
 
 @SCORERS.register("kv-headroom")
