@@ -113,7 +113,7 @@ async def drive(port: int, n: int, gap: float, words: int = 0) -> np.ndarray:
         MARKS.clear()
         w.write(req)
         buf = b""
-        while b"0\r\n\r\n" not in buf:
+        while not buf.endswith(b"\r\n0\r\n\r\n"):  # the last chunk (a header ending in 0 is not it: X-Request-Id)
             buf += await r.read(65536)
         first = {}
         for tag, t in MARKS:

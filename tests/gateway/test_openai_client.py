@@ -191,3 +191,37 @@ def test_a_request_over_the_context_is_a_400_naming_the_prompt(client):
             call()
         assert (e.value.code, e.value.param) == ("context_length_exceeded", field)
         assert "maximum context length is 131072 tokens" in e.value.message
+
+
+def test_structured_output_and_tool_calls_come_through_both_ways(client):
+    """engine-sim answers structured output and tool calls as vLLM does; through the gateway, streamed (one stream,
+    not continuable) and whole alike: an agent loop runs against the simulated fleet."""
+    import json
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1,
+              "maximum": 7}}, "required": ["city", "days"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": schema}}
+    whole = client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, max_tokens=200, response_format=fmt)
+    doc = json.loads(whole.choices[0].message.content)
+    assert set(doc) >= {"city", "days"} and 1 <= doc["days"] <= 7 and whole.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="llama-3.1-8b", messages=MSGS, max_tokens=200, response_format=fmt, stream=True) if c.choices)
+    assert streamed == whole.choices[0].message.content
+
+    tools = [{"type": "function", "function": {"name": "plan_trip", "parameters": schema}}]
+    ask = [{"role": "user", "content": "Plan a trip."}]
+    r = client.chat.completions.create(model="llama-3.1-8b", messages=ask, max_tokens=200, tools=tools)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "plan_trip" and set(json.loads(call.function.arguments)) >= {"city", "days"}
+    parts, ids = [], set()
+    for c in client.chat.completions.create(model="llama-3.1-8b", messages=ask, max_tokens=200, tools=tools, stream=True):
+        for t in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+            ids.add(t.id) if t.id else None
+            parts.append(t.function.arguments or "")
+    assert len(ids) == 1 and "".join(parts) == call.function.arguments
+    # the tool's result comes back: the model answers in text
+    done = client.chat.completions.create(model="llama-3.1-8b", max_tokens=5, tools=tools, messages=ask + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "booked"}])
+    assert done.choices[0].message.content and not done.choices[0].message.tool_calls

@@ -17,6 +17,8 @@ from steersman.enginesim.chunks import ChunkWriter, full_response, usage_of
 from steersman.enginesim.faults import Faults
 from steersman.enginesim.logprobs import chat_entries, completion_logprobs
 from steersman.enginesim.runner import EngineRunner, Job
+from steersman.enginesim.structured import constraint, structured
+from steersman.enginesim.tools import plan_tool_call
 from steersman.enginesim.textgen import generate
 from steersman.http.server import HttpRequest
 from steersman.obs.tracing import OtlpSpans, request_id
@@ -105,11 +107,18 @@ class Generator:
         now = self.clock.now()
         hashes = block_hashes(ids, self.block_size, cache_root(req.cache_salt))
         jobs: list[Job] = []
+        shape = constraint(req)  # structured output (a JSON schema, a JSON object, a choice): what satisfies it
+        call = plan_tool_call(req, context, want or room) if chat and req.n == 1 else None
         for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
-            gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, variant=i)
+            if call is not None:
+                gen = call[1]
+            elif shape is not None:
+                gen = structured(context, *shape, want or room, variant=i)
+            else:
+                gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, variant=i)
             sim = SimRequest(req_id=sid if req.n == 1 else f"{sid}-{i}", prompt_len=len(ids),
                              max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
-            job = Job(sim=sim, gen=gen, arrival=now)
+            job = Job(sim=sim, gen=gen, arrival=now, tool=call[0] if call is not None else None)
             try:
                 self.runner.submit(job)
             except ValueError as e:
@@ -142,7 +151,9 @@ class Generator:
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
                 w = ChunkWriter(chat, rid, created, self.model_name)
-                if len(jobs) == 1 and top is None:  # the common case, on byte templates
+                if jobs[0].tool is not None:
+                    await self._stream(request, jobs[0], w, include_usage, tool=jobs[0].tool)
+                elif len(jobs) == 1 and top is None:  # the common case, on byte templates
                     await self._stream(request, jobs[0], w, include_usage, echo)
                 else:
                     await self._stream_samples(request, jobs, w, include_usage, top, echo)
@@ -156,7 +167,9 @@ class Generator:
                 choices.append((text, gen.finish_reason, lp))
             first = jobs[0].sim
             usage = usage_of(first.prompt_len, sum(j.produced for j in jobs), first.num_cached_tokens)
-            request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage))
+            tool = jobs[0].tool
+            request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage,
+                                               None if tool is None else (tool.call_id, tool.name)))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
             if span is not None:
@@ -184,10 +197,16 @@ class Generator:
         span.set_attributes(attrs)
         span.end()
 
-    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool, echo: str = "") -> None:
+    async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool, echo: str = "",
+                      tool=None) -> None:
+        """One sample's stream: content tokens, or (``tool``) a tool call's id and name, then its arguments."""
         request.start_stream()
         # like vLLM, the assistant-role chunk goes out together with the first token; an echoed prompt comes first
         head = w.role() if w.chat else (w.token(echo) if echo else b"")
+        event = w.token
+        if tool is not None:
+            head += w.tool_start(tool.call_id, tool.name)
+            event = w.tool_args
         pieces = job.gen.pieces
         total = len(pieces)
         last = total - 1
@@ -201,7 +220,7 @@ class Generator:
                     break
                 continue
             n = self.faults.tokens_allowed(ready - sent)
-            request.send(head + b"".join(w.token(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
+            request.send(head + b"".join(event(pieces[i], reason if i == last else None) for i in range(sent, sent + n)))
             head = b""
             sent += n
             if self.faults.streamed(n):

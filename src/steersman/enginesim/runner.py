@@ -9,6 +9,8 @@ model's time.  A ``slowdown`` fault multiplies each step's duration.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 from dataclasses import dataclass, field
 
@@ -34,6 +36,7 @@ class Job:
     last_at: float | None = None
     finished_at: float | None = None
     waiter: asyncio.Future | None = field(default=None, repr=False)
+    tool: Any = None  # a ToolCall (steersman.enginesim.tools): the output is its arguments
 
     @property
     def req_id(self) -> str:

@@ -1,0 +1,77 @@
+"""Tool calls in engine-sim, shaped as vLLM's (OpenAI's) so an agent loop can run against the simulated fleet.
+
+Which requests call a tool (chat requests with ``tools``, one sample):
+
+* ``tool_choice: "none"``: never (text);
+* a named function (``{"type": "function", "function": {"name": N}}``): that one, ``finish_reason: "stop"``
+  (OpenAI's answer to a named choice);
+* ``"required"``: a tool always; ``"auto"`` (the default when tools are given): a tool when the last message is
+  the user's, text once a tool's result came back -- an agent's usual trajectory (ask, call, read the result,
+  answer), which ends; both ``finish_reason: "tool_calls"``.
+
+The function is picked from the context's hash among those offered; its ``arguments`` are a JSON document valid
+against its ``parameters`` schema (:mod:`steersman.enginesim.structured`), streamed piece by piece as vLLM's
+``delta.tool_calls[0].function.arguments``; ``max_tokens`` cuts them (``finish_reason: "length"``).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from steersman.api.errors import bad_request
+from steersman.enginesim.structured import structured
+from steersman.enginesim.textgen import Generation, context_hash
+
+__all__ = ["ToolCall", "plan_tool_call"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    call_id: str
+    name: str
+
+
+def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.",
+                              f"tools[{i}]")
+        out.append(fn)
+    return out
+
+
+def plan_tool_call(req: Any, context: str | Sequence[int], max_tokens: int) -> tuple[ToolCall, Generation] | None:
+    """The tool call a chat request gets (its id and function, and the arguments as a generation), or None."""
+    tools = getattr(req, "tools", None)
+    if not tools:
+        return None
+    fns = _functions(tools)
+    choice = getattr(req, "tool_choice", None) or "auto"
+    reason = "tool_calls"
+    if isinstance(choice, dict):
+        fn = choice.get("function") if isinstance(choice.get("function"), dict) else {}
+        name = fn.get("name")
+        chosen = next((f for f in fns if f["name"] == name), None)
+        if chosen is None:
+            raise bad_request(f"`tool_choice` names function {name!r}, which is not in `tools`.", "tool_choice")
+        reason = "stop"
+    elif choice == "none":
+        return None
+    elif choice == "required" or (choice == "auto" and req.messages and req.messages[-1].role == "user"):
+        chosen = fns[context_hash(context) % len(fns)]
+    elif choice == "auto":
+        return None
+    else:
+        raise bad_request(f"`tool_choice` must be none, auto, required or a named function, got {choice!r}.",
+                          "tool_choice")
+    params = chosen.get("parameters") if isinstance(chosen.get("parameters"), dict) else {"type": "object"}
+    gen = structured(context, "json", params, max_tokens)
+    if gen.finish_reason == "stop":
+        gen = Generation(gen.pieces, reason, gen.text)
+    return ToolCall(f"chatcmpl-tool-{secrets.token_hex(16)}", chosen["name"]), gen

@@ -1,0 +1,110 @@
+"""engine-sim's structured output and tool calls (vLLM's guided decoding, OpenAI's tool calls): what it generates
+satisfies the request's schema or choice, is reproducible, and is cut by max_tokens like text."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema_rs
+import msgspec
+import pytest
+
+from steersman.api.errors import ApiError
+from steersman.api.schema import ChatCompletionRequest, CompletionRequest
+from steersman.enginesim.structured import constraint, structured
+from steersman.enginesim.tools import plan_tool_call
+
+SCHEMAS = {
+    "person": {"type": "object", "properties": {
+        "name": {"type": "string", "minLength": 3, "maxLength": 12}, "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "score": {"type": "number", "minimum": -1.5, "maximum": 1.5}, "ok": {"type": "boolean"},
+        "kind": {"enum": ["a", "b", 3]}, "v": {"const": 7}, "nick": {"type": ["string", "null"]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 4}},
+        "required": ["name", "age", "kind", "tags"]},
+    "nested": {"type": "object", "properties": {"items": {"type": "array", "items": {
+        "type": "object", "properties": {"id": {"type": "integer"}, "sub": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+        "required": ["id", "sub"]}}}, "required": ["items"]},
+    "recursive": {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {
+        "type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}}, "$ref": "#/$defs/node"},
+    "definitions": {"definitions": {"x": {"type": "string", "enum": ["p", "q"]}}, "type": "object",
+                    "properties": {"x": {"$ref": "#/definitions/x"}}, "required": ["x"]},
+    "untyped": {"properties": {"a": {}}, "required": ["a"]},
+    "array-root": {"type": "array", "items": {"type": "integer", "minimum": 5, "maximum": 5}, "minItems": 1},
+    "allof": {"allOf": [{"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}]},
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_output_is_valid_against_the_schema_and_reproducible(name):
+    schema = SCHEMAS[name]
+    check = jsonschema_rs.validator_for(schema)
+    seen = set()
+    for k in range(60):
+        context = f"prompt {k} asks for {name}"
+        g = structured(context, "json", schema, 10_000)
+        assert g.finish_reason == "stop" and "".join(g.pieces) == g.text
+        doc = json.loads(g.text)
+        assert check.is_valid(doc), (g.text, list(check.iter_errors(doc))[:1])
+        assert structured(context, "json", schema, 10_000).text == g.text  # a function of the context
+        seen.add(g.text)
+    assert len(seen) > 1 or name == "array-root"
+
+
+def test_json_object_is_an_object_samples_differ_and_max_tokens_cuts():
+    g = structured("hello", "json", None, 10_000)
+    assert isinstance(json.loads(g.text), dict) and json.loads(g.text)
+    texts = {structured("hello", "json", SCHEMAS["person"], 10_000, variant=v).text for v in range(4)}
+    assert len(texts) > 1  # n > 1: each sample its own answer
+    cut = structured("hello", "json", SCHEMAS["person"], 3)
+    assert cut.finish_reason == "length" and len(cut.pieces) == 3 and cut.text == "".join(cut.pieces)
+    assert structured("x", "choice", ["yes", "no", "maybe"], 10).text in ("yes", "no", "maybe")
+
+
+def _chat(**kw) -> ChatCompletionRequest:
+    return msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}, ChatCompletionRequest)
+
+
+def test_every_way_to_ask_for_structured_output_is_read():
+    s = SCHEMAS["definitions"]
+    assert constraint(_chat()) is None
+    assert constraint(_chat(response_format={"type": "text"})) is None
+    assert constraint(_chat(response_format={"type": "json_object"})) == ("json", None)
+    assert constraint(_chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": s}})) == ("json", s)
+    assert constraint(_chat(guided_json=s)) == ("json", s)
+    assert constraint(_chat(guided_json=json.dumps(s))) == ("json", s)
+    assert constraint(_chat(structured_outputs={"json": s})) == ("json", s)
+    assert constraint(_chat(guided_choice=["a", "b"])) == ("choice", ["a", "b"])
+    assert constraint(_chat(structured_outputs={"choice": ["a"]})) == ("choice", ["a"])
+    assert constraint(_chat(json_schema=s)) == ("json", s)  # llama.cpp
+    comp = msgspec.convert({"model": "m", "prompt": "x", "guided_json": s}, CompletionRequest)
+    assert constraint(comp) == ("json", s)
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMAS["person"]}},
+         {"type": "function", "function": {"name": "noop"}}]
+
+
+def test_tool_calls_follow_tool_choice():
+    ask = [{"role": "user", "content": "weather?"}]
+    answered = ask + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "noop", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert plan_tool_call(_chat(messages=ask), "ctx", 100) is None
+    call, gen = plan_tool_call(_chat(messages=ask, tools=TOOLS), "ctx", 100)  # auto, the user's turn: a call
+    assert call.name in ("get_weather", "noop") and call.call_id.startswith("chatcmpl-tool-")
+    assert gen.finish_reason == "tool_calls" and isinstance(json.loads(gen.text), dict)
+    assert plan_tool_call(_chat(messages=answered, tools=TOOLS), "ctx", 100) is None  # the result came: text
+    assert plan_tool_call(_chat(messages=answered, tools=TOOLS, tool_choice="required"), "ctx", 100) is not None
+    assert plan_tool_call(_chat(messages=ask, tools=TOOLS, tool_choice="none"), "ctx", 100) is None
+    for ctx in ("a", "b", "c", "d"):
+        call, gen = plan_tool_call(_chat(messages=ask, tools=TOOLS, tool_choice={
+            "type": "function", "function": {"name": "get_weather"}}), ctx, 1000)
+        assert call.name == "get_weather" and gen.finish_reason == "stop"  # OpenAI's answer to a named choice
+        assert jsonschema_rs.validator_for(SCHEMAS["person"]).is_valid(json.loads(gen.text))
+    _, cut = plan_tool_call(_chat(messages=ask, tools=TOOLS, tool_choice="required"), "ctx", 2)
+    assert cut.finish_reason == "length" and len(cut.pieces) == 2
+    for bad, param in (({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                       ({"tool_choice": "sometimes"}, "tool_choice"), ({"tools": [{"type": "function"}]}, "tools[0]")):
+        with pytest.raises(ApiError) as e:
+            plan_tool_call(_chat(messages=ask, **{"tools": TOOLS, **bad}), "ctx", 100)
+        assert e.value.status == 400 and e.value.param == param
