@@ -225,3 +225,22 @@ def test_structured_output_and_tool_calls_come_through_both_ways(client):
         {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
         {"role": "tool", "tool_call_id": call.id, "content": "booked"}])
     assert done.choices[0].message.content and not done.choices[0].message.tool_calls
+
+
+def test_a_batch_of_prompts_gets_a_choice_per_prompt_and_sample(client, fleet):
+    """vLLM's batched completions (lm-eval-harness sends them): choice prompt * n + sample, each the answer that
+    prompt alone gets; usage counts each prompt once."""
+    prompts = ["The sea is", "A cache holds", "Routers pick"]
+    alone = [client.completions.create(model="llama-3.1-8b", prompt=p, max_tokens=4) for p in prompts]
+    r = client.completions.create(model="llama-3.1-8b", prompt=prompts, max_tokens=4, n=2)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [r.choices[2 * k].text for k in range(3)] == [a.choices[0].text for a in alone]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert 6 <= r.usage.completion_tokens <= 6 * 4
+    got: dict[int, str] = {}
+    for c in client.completions.create(model="llama-3.1-8b", prompt=prompts, max_tokens=4, stream=True, echo=True):
+        for ch in c.choices:
+            got[ch.index] = got.get(ch.index, "") + ch.text
+    assert got == {k: prompts[k] + alone[k].choices[0].text for k in range(3)}
+    r = httpx.post(fleet.url + "/v1/completions", json={"model": "llama-3.1-8b", "prompt": ["a", [1, 2]], "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text

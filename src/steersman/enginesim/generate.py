@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import itertools
 import secrets
-from collections.abc import Sequence
-
-import numpy as np
 
 from steersman.api.errors import ApiError, bad_request, not_found_model
 from steersman.api.prompt import cache_root
@@ -16,6 +13,7 @@ from steersman.config import DEFAULTS
 from steersman.enginesim.chunks import ChunkWriter, full_response, usage_of
 from steersman.enginesim.faults import Faults
 from steersman.enginesim.logprobs import chat_entries, completion_logprobs
+from steersman.enginesim.prompts import Prompt, read_prompts
 from steersman.enginesim.runner import EngineRunner, Job
 from steersman.enginesim.structured import constraint, structured
 from steersman.enginesim.tools import plan_tool_call
@@ -23,9 +21,7 @@ from steersman.enginesim.textgen import generate
 from steersman.http.server import HttpRequest
 from steersman.obs.tracing import OtlpSpans, request_id
 from steersman.sim import SimRequest
-from steersman.text import block_hashes, render_chat
-from steersman.text.chat_tokens import tokenize_chat_array
-from steersman.text.tokenizer import tokenize_array
+from steersman.text import block_hashes
 
 __all__ = ["Generator"]
 
@@ -55,78 +51,64 @@ class Generator:
     async def completions(self, request: HttpRequest) -> None:
         await self._generate(request, chat=False)
 
-    def _prompt(self, req: ChatCompletionRequest | CompletionRequest, chat: bool) -> tuple[Sequence[int] | np.ndarray, str | list[int], str]:
-        """(prompt token ids, the context generation is conditioned on, its last character)."""
+    def _check(self, req: ChatCompletionRequest | CompletionRequest) -> None:
         if req.model != self.model_name:
             raise not_found_model(req.model)
         if req.priority != 0 and not self.priority_scheduling:  # vLLM's processor refuses it the same way
             raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority")
-        if chat:
-            # vLLM: `continue_final_message` continues the last assistant message (an assistant prefix);
-            # it excludes `add_generation_prompt`, like vLLM's request validation
-            if req.continue_final_message:
-                if req.add_generation_prompt:
-                    raise bad_request("`continue_final_message` needs `add_generation_prompt: false`.", "add_generation_prompt")
-                if req.messages[-1].role != "assistant":
-                    raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
-            prompt = render_chat(req.messages, continue_final=req.continue_final_message)
-            return tokenize_chat_array(req.messages, req.continue_final_message), prompt, prompt[-1:]
-        p = req.prompt
-        if isinstance(p, list):
-            if len(p) != 1 and not isinstance(p[0], int):
-                raise bad_request("engine-sim supports one prompt per request.", "prompt")
-            if isinstance(p[0], int):
-                return _token_ids(p), list(p), "x"
-            p = p[0]
-            if isinstance(p, list):
-                return _token_ids(p), list(p), "x"
-        return tokenize_array(p), p, p[-1:]
 
     def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool,
-              given_id: str | None = None) -> tuple[str, list[Job]]:
-        """The response id and a job per sample (``n``), submitted to the engine.  ``given_id``: the request's
-        ``X-Request-Id``, which names the response as vLLM's ``_base_request_id`` does (the engine's own ids stay
-        unique: two requests may bring the same header)."""
-        ids, context, tail = self._prompt(req, chat)
-        room = self.max_model_len - len(ids)
+              given_id: str | None = None) -> tuple[str, list[Job], list[Prompt]]:
+        """The response id, a job per prompt and sample (``n``; choice ``prompt * n + sample``, as vLLM numbers a
+        batch's), submitted to the engine, and the prompts.  ``given_id``: the request's ``X-Request-Id``, which
+        names the response as vLLM's ``_base_request_id`` does (the engine's own ids stay unique: two requests may
+        bring the same header)."""
+        self._check(req)
+        prompts = read_prompts(req, chat)
         want = req.output_limit
         field = "messages" if chat else "prompt"
-        if not len(ids):  # vLLM: "The decoder prompt cannot be empty"
-            raise bad_request(f"`{field}` must not be empty: it has no tokens.", field)
-        if room < 1 or (want is not None and want > room):
-            raise bad_request(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                f"{len(ids) + (want or 1)} tokens ({len(ids)} in the {field}, {want or 1} for the completion). "
-                f"Please reduce the length of the `{field}` or completion.",
-                field, "context_length_exceeded",  # OpenAI's code for it
-            )
+        for pr in prompts:
+            room = self.max_model_len - len(pr.ids)
+            if not len(pr.ids):  # vLLM: "The decoder prompt cannot be empty"
+                raise bad_request(f"`{field}` must not be empty: it has no tokens.", field)
+            if room < 1 or (want is not None and want > room):
+                raise bad_request(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{len(pr.ids) + (want or 1)} tokens ({len(pr.ids)} in the {field}, {want or 1} for the completion). "
+                    f"Please reduce the length of the `{field}` or completion.",
+                    field, "context_length_exceeded",  # OpenAI's code for it
+                )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
         kind = "chatcmpl" if chat else "cmpl"
         sid = f"{kind}-{self._id_prefix}{next(self._ids):x}"
         rid = f"{kind}-{given_id}" if given_id else sid
         now = self.clock.now()
-        hashes = block_hashes(ids, self.block_size, cache_root(req.cache_salt))
-        jobs: list[Job] = []
         shape = constraint(req)  # structured output (a JSON schema, a JSON object, a choice): what satisfies it
-        call = plan_tool_call(req, context, want or room) if chat and req.n == 1 else None
-        for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
-            if call is not None:
-                gen = call[1]
-            elif shape is not None:
-                gen = structured(context, *shape, want or room, variant=i)
-            else:
-                gen = generate(context, tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, variant=i)
-            sim = SimRequest(req_id=sid if req.n == 1 else f"{sid}-{i}", prompt_len=len(ids),
-                             max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
-            job = Job(sim=sim, gen=gen, arrival=now, tool=call[0] if call is not None else None)
-            try:
-                self.runner.submit(job)
-            except ValueError as e:
-                for j in jobs:
-                    self.runner.cancel(j)
-                raise bad_request(str(e), field) from None
-            jobs.append(job)
-        return rid, jobs
+        jobs: list[Job] = []
+        many = req.n > 1 or len(prompts) > 1
+        for k, pr in enumerate(prompts):
+            room = self.max_model_len - len(pr.ids)
+            hashes = block_hashes(pr.ids, self.block_size, cache_root(req.cache_salt))
+            call = plan_tool_call(req, pr.context, want or room) if chat and req.n == 1 else None
+            for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
+                if call is not None:
+                    gen = call[1]
+                elif shape is not None:
+                    gen = structured(pr.context, *shape, want or room, variant=i)
+                else:
+                    gen = generate(pr.context, pr.tail, want or room, self.mean_output_tokens, req.ignore_eos, stop,
+                                   variant=i)
+                sim = SimRequest(req_id=f"{sid}-{k * req.n + i}" if many else sid, prompt_len=len(pr.ids),
+                                 max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
+                job = Job(sim=sim, gen=gen, arrival=now, tool=call[0] if call is not None else None, prompt=k)
+                try:
+                    self.runner.submit(job)
+                except ValueError as e:
+                    for j in jobs:
+                        self.runner.cancel(j)
+                    raise bad_request(str(e), field) from None
+                jobs.append(job)
+        return rid, jobs, prompts
 
     async def _generate(self, request: HttpRequest, chat: bool) -> None:
         jobs: list[Job] = []
@@ -145,8 +127,8 @@ class Generator:
             if self.faults.should_error():
                 raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
             top = _alternatives(req)
-            echo = "" if chat else _echo(req)
-            rid, jobs = self._jobs(req, chat, given)
+            rid, jobs, prompts = self._jobs(req, chat, given)
+            echoes = [prompts[j.prompt].echo for j in jobs]
             created = int(self.clock.wall())
             if req.stream:
                 include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -154,19 +136,18 @@ class Generator:
                 if jobs[0].tool is not None:
                     await self._stream(request, jobs[0], w, include_usage, tool=jobs[0].tool)
                 elif len(jobs) == 1 and top is None:  # the common case, on byte templates
-                    await self._stream(request, jobs[0], w, include_usage, echo)
+                    await self._stream(request, jobs[0], w, include_usage, echoes[0])
                 else:
-                    await self._stream_samples(request, jobs, w, include_usage, top, echo)
+                    await self._stream_samples(request, jobs, w, include_usage, top, echoes)
                 return
             choices = []
-            for job in jobs:
+            for job, echo in zip(jobs, echoes):
                 gen = job.gen
                 await self.runner.wait(job, len(gen.pieces))
                 text = echo + ("".join(gen.pieces[: job.produced]) if job.produced < len(gen.pieces) else gen.text)
                 lp = None if top is None else _logprobs(chat, gen.pieces[: job.produced], 0, top, 0)
                 choices.append((text, gen.finish_reason, lp))
-            first = jobs[0].sim
-            usage = usage_of(first.prompt_len, sum(j.produced for j in jobs), first.num_cached_tokens)
+            usage = _usage(jobs, sum(j.produced for j in jobs))
             tool = jobs[0].tool
             request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage,
                                                None if tool is None else (tool.call_id, tool.name)))
@@ -234,12 +215,13 @@ class Generator:
         request.end_stream()
 
     async def _stream_samples(self, request: HttpRequest, jobs: list[Job], w: ChunkWriter, include_usage: bool,
-                              top: int | None, echo: str) -> None:
+                              top: int | None, echoes: list[str]) -> None:
         """Several samples (``n`` > 1), or log probabilities: each sample's events as its tokens come, with its
         choice index (vLLM interleaves the samples) and each token's log probabilities when asked for."""
         request.start_stream()
         k = len(jobs)
-        head = b"".join(w.role(c) if w.chat else (w.event(c, echo, None, None) if echo else b"") for c in range(k))
+        head = b"".join(w.role(c) if w.chat else (w.event(c, echoes[c], None, None) if echoes[c] else b"")
+                        for c in range(k))
         sent, offset = [0] * k, [0] * k
         while True:
             out, count = [head], 0
@@ -272,8 +254,7 @@ class Generator:
                 await self.runner.wait(jobs[waiting[0]], sent[waiting[0]])
         tail = head
         if include_usage:
-            first = jobs[0].sim
-            tail += w.usage(usage_of(first.prompt_len, sum(sent), first.num_cached_tokens))
+            tail += w.usage(_usage(jobs, sum(sent)))
         request.send(tail + w.done())
         request.end_stream()
 
@@ -285,29 +266,14 @@ def _alternatives(req: ChatCompletionRequest | CompletionRequest) -> int | None:
     return req.logprobs
 
 
-def _echo(req: CompletionRequest) -> str:
-    """The prompt a completion echoes before its output (vLLM's ``echo``), "" when not asked."""
-    if not req.echo:
-        return ""
-    if req.logprobs is not None:
-        raise bad_request("engine-sim gives no prompt log probabilities: `echo` with `logprobs` is not supported.", "echo")
-    p = req.prompt
-    if isinstance(p, list):
-        p = p[0] if len(p) == 1 else None
-    if not isinstance(p, str):
-        raise bad_request("engine-sim echoes text prompts only: it has no detokenizer for token ids.", "echo")
-    return p
+def _usage(jobs: list[Job], produced: int) -> dict:
+    """Usage of a request's jobs: each prompt's tokens (and cached tokens) once, whatever its samples."""
+    firsts = {j.prompt: j.sim for j in reversed(jobs)}  # the first job of each prompt
+    return usage_of(sum(s.prompt_len for s in firsts.values()), produced,
+                    sum(s.num_cached_tokens for s in firsts.values()))
 
 
 def _logprobs(chat: bool, pieces: list[str], start: int, top: int, offset: int) -> dict:
     if chat:
         return {"content": chat_entries(pieces, start, top)}
     return completion_logprobs(pieces, start, top, offset)
-
-
-def _token_ids(ids: list) -> list[int]:
-    """A prompt given as token ids; a negative id is no token (vLLM: out of vocabulary, 400)."""
-    bad = next((i for i in ids if i < 0), None)
-    if bad is not None:
-        raise bad_request(f"`prompt` token ids must be >= 0, got {bad}.", "prompt")
-    return list(ids)

@@ -37,6 +37,7 @@ class Job:
     finished_at: float | None = None
     waiter: asyncio.Future | None = field(default=None, repr=False)
     tool: Any = None  # a ToolCall (steersman.enginesim.tools): the output is its arguments
+    prompt: int = 0  # which of the request's prompts (a completion may bring a batch)
 
     @property
     def req_id(self) -> str:

@@ -1,0 +1,72 @@
+"""What engine-sim generates after: a request's prompts, read as vLLM reads them.
+
+A chat request has one prompt (its messages rendered and tokenized).  A completion's ``prompt`` is a string,
+token ids, or a batch of either (a list of strings, a list of token-id lists): vLLM answers a batch with a
+choice per prompt and sample (``index = prompt * n + sample``), each prompt a request of its own in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from steersman.api.errors import bad_request
+from steersman.api.schema import ChatCompletionRequest, CompletionRequest
+from steersman.text import render_chat
+from steersman.text.chat_tokens import tokenize_chat_array
+from steersman.text.tokenizer import tokenize_array
+
+__all__ = ["Prompt", "read_prompts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    ids: Sequence[int] | np.ndarray  # its token ids
+    context: str | list[int]  # what the output is a function of: the text, or the ids
+    tail: str  # the context's last character ("x" for ids): how the first word joins it
+    echo: str = ""  # what a completion echoes before its output (vLLM's ``echo``), "" when not asked
+
+
+def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool) -> list[Prompt]:
+    if chat:
+        # vLLM: `continue_final_message` continues the last assistant message (an assistant prefix);
+        # it excludes `add_generation_prompt`, like vLLM's request validation
+        if req.continue_final_message:
+            if req.add_generation_prompt:
+                raise bad_request("`continue_final_message` needs `add_generation_prompt: false`.", "add_generation_prompt")
+            if req.messages[-1].role != "assistant":
+                raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
+        text = render_chat(req.messages, continue_final=req.continue_final_message)
+        return [Prompt(tokenize_chat_array(req.messages, req.continue_final_message), text, text[-1:])]
+    p = req.prompt
+    if isinstance(p, str):
+        batch: list = [p]
+    elif p and all(isinstance(x, int) for x in p):
+        batch = [p]  # one prompt of token ids
+    elif p and all(isinstance(x, str) for x in p) or p and all(isinstance(x, list) for x in p):
+        batch = list(p)
+    elif not p:
+        raise bad_request("`prompt` must not be empty.", "prompt")
+    else:
+        raise bad_request("`prompt` must be a string, token ids, or a list of either, not a mix.", "prompt")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("engine-sim gives no prompt log probabilities: `echo` with `logprobs` is not supported.", "echo")
+    out = []
+    for x in batch:
+        if isinstance(x, str):
+            out.append(Prompt(tokenize_array(x), x, x[-1:], x if req.echo else ""))
+        else:
+            if req.echo:
+                raise bad_request("engine-sim echoes text prompts only: it has no detokenizer for token ids.", "echo")
+            out.append(Prompt(_token_ids(x), list(x), "x"))
+    return out
+
+
+def _token_ids(ids: list) -> list[int]:
+    """A prompt given as token ids; a negative id is no token (vLLM: out of vocabulary, 400)."""
+    bad = next((i for i in ids if not isinstance(i, int) or i < 0), None)
+    if bad is not None:
+        raise bad_request(f"`prompt` token ids must be >= 0, got {bad}.", "prompt")
+    return list(ids)
