@@ -101,8 +101,8 @@ class Accounting:
         self.fleet.first_token(s.ticket)
 
     def _blocks(self, req: SchedRequest) -> int:
-        """KV blocks the request will hold: its prompt and the output expected of it."""
-        return math.ceil((req.prompt_tokens + req.expected_output) / self.block_size)
+        """KV blocks the request will hold: its prompt and the output expected of each of its samples."""
+        return math.ceil(req.kv_tokens / self.block_size)
 
     def decode_ticket(self, s: Started, replica: int) -> Ticket:
         """Prefill/decode disaggregation: the request's KV starts moving to decode replica ``replica``, which

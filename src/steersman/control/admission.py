@@ -87,7 +87,7 @@ class DefaultAdmitter:
         over = self.ledger.check(tenant)
         if over is not None:
             return over
-        tokens = req.prompt_tokens + req.expected_output
+        tokens = req.kv_tokens  # the prompt and every sample's expected output (settled with what it used)
         got = self.limiter.reserve(tenant, tokens, now)
         if isinstance(got, Reservation):
             return Admit(tenant, got)

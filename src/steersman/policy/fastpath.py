@@ -111,7 +111,7 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 
 @njit(cache=True, nogil=True)
 def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
-                    prompt_tokens, expected_output, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
+                    prompt_tokens, expected_output, samples, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
                     recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, protected, cost_tie, latency_tie,
                     late_tie, exploit, exploit_slowdown, cached, resident, pool, default_prefill, default_step, pooled,
                     use_pooled):
@@ -126,8 +126,8 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
         blocks[:] = 0.0
     for j in range(idx.size):
         own[j] = P.uncached(blocks[j], block_size, prompt_tokens)
-    K.predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output, ctx_len,
-                     ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out)
+    K.predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output, samples,
+                     ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out)
     unprofiled = 0
     for j in range(idx.size):
         # the picker's holders-first rule reads the index's raw match (see slo_pool_kernel)
@@ -136,8 +136,8 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
         if not modelled[idx[j]]:
             unprofiled += 1
     if unprofiled:
-        U.unprofiled_pass(idx, live, modelled, price, own, prompt_tokens, expected_output, ttft_prior, tpot_prior,
-                          default_prefill, default_step, now, reference_batch, pooled, use_pooled, out)
+        U.unprofiled_pass(idx, live, modelled, price, own, prompt_tokens, expected_output, samples, ttft_prior,
+                          tpot_prior, default_prefill, default_step, now, reference_batch, pooled, use_pooled, out)
     count, feasible, stay = K.slo_pool_kernel(out[0], out[1], out[2], out[3], cached, resident, out[4], exploit,
                                         exploit_slowdown, t_ttft, t_tpot, t_left, margin, protected, cost_tie,
                                         latency_tie, late_tie, pool, K.failure_shares(idx, live))
@@ -232,7 +232,7 @@ class _Fused:
             hist.observe(clock() - t0)
             if not n:
                 return Queue("every candidate replica is saturated")
-        need = (req.prompt_tokens + req.expected_output) / snap.statics.block_size
+        need = req.kv_tokens / snap.statics.block_size
         for f, hist in self.filters:
             t0 = clock()
             if type(f) is Shortlist:
@@ -270,7 +270,7 @@ class _Fused:
         margin = p.safety_margin if protected else 1.0
         unprofiled, count, feasible, stay = prediction_pass(
             idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
-            float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo,
+            float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo, float(req.samples),
             float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK, snap.ttft_prior, snap.tpot_prior,
             REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,

@@ -31,13 +31,14 @@ _RECENT, _STALLED, _FAIL = S.RECENT_TOKENS, S.STALLED_SINCE, S.FAIL_SHARE
 
 
 @njit(cache=True, nogil=True)
-def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output,
+def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output, samples,
                    ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out):
     """``out[0..3, j]`` = predicted TTFT, TPOT, end-to-end seconds and $ for candidate ``idx[j]``; ``out[4, j]``
     the TPOT of the requests decoding there once this one's prefill is added, ``out[5, j]`` its TTFT once the
     prefill queued ahead of it has drained.
 
-    The formula is documented in :mod:`steersman.policy.predict`.
+    ``samples``: the sequences it decodes as (``n``): they join the batch side by side and each costs its decode;
+    ``expected_output`` is one sample's.  The formula is documented in :mod:`steersman.policy.predict`.
     """
     c = ctx_len
     for j in range(idx.size):
@@ -51,7 +52,7 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
         B = batch_tokens[i]
         D = min(max(live[_RUNNING, i], decoding), B - 1.0)
         P = B - D
-        D1 = D + 1.0
+        D1 = D + 1.0  # the step that completes its prefill: the decodes there and it
         if modelled[i]:
             lin_c = matrix[0, i]
             lin_c0 = matrix[1, i]
@@ -63,6 +64,11 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             dec_kv = matrix[7, i]
             shared = max(matrix[8, i] * D1, matrix[9, i]) + fixed
             t_dec = max(lin_c * D1 + lin_c0, lin_m) + (dec_kv * c + per_tok) * D1 + shared
+            t_first = t_dec  # its first token's step: its samples start decoding after it
+            if samples != 1.0:  # then its n sequences decode side by side
+                Dn = D + samples
+                t_dec = (max(lin_c * Dn + lin_c0, lin_m) + (dec_kv * c + per_tok) * Dn
+                         + max(matrix[8, i] * Dn, matrix[9, i]) + fixed)
             t_full = (max(lin_c * B + lin_c0, lin_m) + max(attn_c * (P * (c / 2.0) + P * P / 2.0), kv_m * (P + c / 2.0))
                       + dec_kv * (D * c) + per_tok * B + shared)
             steps = work / P
@@ -72,11 +78,11 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 r = ttft_prior
             # a prefill replica of a disaggregated fleet: the first token reaches the client once the KV moved
             handoff = prompt_tokens * matrix[10, i]
-            ttft = (full * t_full + t_dec + (t_full - t_dec) * (steps - full) + handoff) * r
+            ttft = (full * t_full + t_first + (t_full - t_first) * (steps - full) + handoff) * r
             # its first token once the prefill queued ahead of it has drained (its own prefill alone)
             steps = mine / P
             full = math.floor(steps)
-            alone = (full * t_full + t_dec + (t_full - t_dec) * (steps - full) + handoff) * r
+            alone = (full * t_full + t_first + (t_full - t_first) * (steps - full) + handoff) * r
             r = live[_TPOT_R, i]
             if r != r or (in_flight <= 0.0 and live[_RUNNING, i] <= 0.0):
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
@@ -110,7 +116,7 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
         out[4, j] = tpot_res
         out[5, j] = alone
         out[2, j] = ttft + expected_output * tpot
-        gpu_s = mine / B * t_full + expected_output / reference_batch * tpot
+        gpu_s = mine / B * t_full + samples * expected_output / reference_batch * tpot
         out[3, j] = price[i] * gpu_s / 3600.0
     return out
 
@@ -382,7 +388,7 @@ def warm_up() -> None:
     live = np.zeros((len(S.LIVE_FIELDS), 1))
     one = np.ones(1)
     predict_kernel(idx, live, np.ones((10, 1)), one * 2048.0, one, np.ones(1, dtype=np.bool_), one, 1.0, 1.0, 1.0,
-                   1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((6, 1)))
+                   1.0, 1.0, 1.0, 32.0, one * 0.0, 0.0, 60.0, np.empty((6, 1)))
     held = np.zeros(1, dtype=np.int64)
     matched = held.copy()
     matched.flags.writeable = False  # as the prefix index's match results are

@@ -27,6 +27,11 @@ recently (``λ = recent_tokens / τ``) keeps busy: with ``ρ = λ t_step(B) / P`
 ``m = (λ/P) / (λ/P + (1 − ρ) / t_step(D + 1))``, and ``m = 1`` once ``ρ ≥ 1`` (the
 prefill budget is always in use: every step is a full one).
 
+**Samples** (``n`` > 1): the request decodes as ``n`` sequences side by side (vLLM), so its TPOT
+takes ``t_step(D + n)`` for ``t_step(D + 1)`` (its first token's step does not: the samples start
+decoding after it), its cost counts ``n`` decodes and its KV (``SchedRequest.kv_tokens``, what the
+``fits-kv`` filter and the accounting use) the prompt once plus ``n`` expected outputs.
+
 **What the residents see** (``tpot_res``): the TPOT of a request already decoding there once
 this one's uncached prefill joins the queue ahead, ``s`` taking ``+ uncached / (P x
 expected_output)`` (this request's decode length standing in for theirs).  The picker checks
@@ -139,13 +144,14 @@ def predict(ctx: DecisionContext) -> Prediction:
     own = np.ascontiguousarray(ctx.feature("uncached_tokens"), dtype=float)
     out = predict_kernel(
         idx, snap.live, st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, own,
-        float(req.prompt_tokens), float(req.expected_output), float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
+        float(req.prompt_tokens), float(req.expected_output), float(req.samples),
+        float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK,
         snap.ttft_prior, snap.tpot_prior, REFERENCE_BATCH,
         snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
         float(snap.time), float(snap.recent_tau_s), np.empty((6, idx.size)),
     )
     if not _all_modelled(st):
-        _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out)
+        _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out, float(req.samples))
     return Prediction(out[0], out[1], out[2], out[3], own, out[4], out[5])
 
 
@@ -243,11 +249,11 @@ def _unprofiled_inputs(snap) -> tuple[float, float, np.ndarray, bool]:
 
 
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
-                out: np.ndarray) -> None:
+                out: np.ndarray, samples: float = 1.0) -> None:
     """Overwrite ``out`` for the candidates without a roofline (see the module doc; compiled:
     :mod:`steersman.policy.unprofiled_kernels`)."""
     st = snap.statics
     prefill, step, pooled, use_pooled = _unprofiled_inputs(snap)
-    U.unprofiled_pass(idx, snap.live, st.modelled, st.price_per_hour, own, prompt_tokens, expected_output,
+    U.unprofiled_pass(idx, snap.live, st.modelled, st.price_per_hour, own, prompt_tokens, expected_output, samples,
                       float(snap.ttft_prior), float(snap.tpot_prior), prefill, step, float(snap.time), REFERENCE_BATCH,
                       pooled, use_pooled, out)

@@ -80,5 +80,11 @@ class SchedRequest:
     samples: int = 1
 
     @property
+    def kv_tokens(self) -> int:
+        """The KV cache it is expected to hold at its end: the prompt (its blocks shared by the samples) and each
+        sample's expected output."""
+        return self.prompt_tokens + self.samples * self.expected_output
+
+    @property
     def protection(self) -> float:
         return self.workflow.value if self.workflow is not None else 0.0

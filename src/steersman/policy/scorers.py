@@ -41,7 +41,7 @@ def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
 
 def _need_blocks(ctx: DecisionContext) -> float:
     r = ctx.request
-    return (r.prompt_tokens + r.expected_output) / ctx.snapshot.statics.block_size
+    return r.kv_tokens / ctx.snapshot.statics.block_size
 
 
 @FILTERS.register("fits-kv")

@@ -122,11 +122,11 @@ def pool_kernel(live, modelled, speed_class, tpot_prior, default_step, spread, f
 
 
 @njit(cache=True, nogil=True)
-def unprofiled_pass(idx, live, modelled, price_per_hour, own, prompt_tokens, expected_output, ttft_prior, tpot_prior,
-                    default_prefill, default_step, now, reference_batch, pooled, use_pooled, out):
+def unprofiled_pass(idx, live, modelled, price_per_hour, own, prompt_tokens, expected_output, samples, ttft_prior,
+                    tpot_prior, default_prefill, default_step, now, reference_batch, pooled, use_pooled, out):
     """Overwrites ``out[.., j]`` (the columns of :func:`steersman.policy.kernels.predict_kernel`) for the
     candidates ``idx[j]`` without a roofline; ``own[j]``: their uncached prompt tokens; ``pooled``: every
-    replica's pooled TPOT when ``use_pooled``."""
+    replica's pooled TPOT when ``use_pooled``; ``samples``: the sequences it decodes as, each costing its decode."""
     for j in range(idx.size):
         i = idx[j]
         if modelled[i]:
@@ -146,7 +146,7 @@ def unprofiled_pass(idx, live, modelled, price_per_hour, own, prompt_tokens, exp
         out[4, j] = tpot  # the linear model has no prefill interference
         out[5, j] = (step + own[j] * s_tok) * r_ttft
         out[2, j] = ttft + expected_output * tpot
-        out[3, j] = _nan0(price_per_hour[i]) * (own[j] * s_tok * r_ttft + expected_output / reference_batch * tpot) / 3600.0
+        out[3, j] = _nan0(price_per_hour[i]) * (own[j] * s_tok * r_ttft + samples * expected_output / reference_batch * tpot) / 3600.0
 
 
 def warm_up() -> None:
@@ -158,5 +158,5 @@ def warm_up() -> None:
     own_tpot_into(live, idx, 1.0, 1e-2, np.empty(1))
     full, own = np.empty(2), np.empty(2)
     pool_kernel(live, modelled, np.zeros(2, dtype=np.int64), 1.0, 1e-2, 10.0, full, own)
-    unprofiled_pass(idx, live, modelled, np.zeros(2), np.ones(1), 1.0, 1.0, 1.0, 1.0, 1e-3, 1e-2, 0.0, 32.0, full,
+    unprofiled_pass(idx, live, modelled, np.zeros(2), np.ones(1), 1.0, 1.0, 1.0, 1.0, 1.0, 1e-3, 1e-2, 0.0, 32.0, full,
                     True, np.empty((6, 1)))
