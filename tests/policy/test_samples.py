@@ -62,3 +62,18 @@ def test_admission_reserves_and_accounting_counts_every_sample():
     r = replace(_req(1_000, 1_000), samples=6)  # 7,000 tokens of the minute's 10,000
     assert isinstance(adm.admit(r, tenant, 0.0), Admit)
     assert not isinstance(adm.admit(r, tenant, 0.0), Admit)  # another 7,000 does not fit the minute
+
+
+def test_a_batch_of_prompts_counts_as_a_sequence_per_prompt_and_sample():
+    import msgspec
+
+    from steersman.api.schema import ChatCompletionRequest, CompletionRequest
+    from steersman.pipeline.admit import _batch
+
+    def comp(prompt):
+        return msgspec.convert({"model": "m", "prompt": prompt}, CompletionRequest)
+
+    assert _batch(comp("x")) == 1 and _batch(comp([1, 2, 3])) == 1  # a string, one prompt of token ids
+    assert _batch(comp(["a", "b", "c"])) == 3 and _batch(comp([[1], [2, 3]])) == 2
+    assert _batch(msgspec.convert({"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                                  ChatCompletionRequest)) == 1

@@ -72,9 +72,15 @@ class Describe:
             seq=ctx.seq, model=ctx.model, kind=ctx.kind, stream=req.stream, tenant=ctx.tenant.name,
             priority=ctx.tenant.priority, arrival=ctx.started, prompt_tokens=tokens, block_hashes=hashes,
             max_tokens=limit, expected_output=gw.expected_output(ctx.model, ctx.tenant.name, limit),
-            budget=budget, workflow=workflow, samples=req.n,
+            budget=budget, workflow=workflow, samples=req.n * _batch(req),
         )
         return CONTINUE
+
+
+def _batch(req) -> int:
+    """Prompts in the request: a completion may bring a batch (strings or token-id lists), each run ``n`` times."""
+    p = getattr(req, "prompt", None)
+    return len(p) if isinstance(p, list) and p and isinstance(p[0], (str, list)) else 1
 
 
 class Schedule:
