@@ -91,6 +91,7 @@ PINNED = {
     "admission.workflow_max_entries": 100_000,
     "admission.workflow_idle_ttl_s": 3600.0,
     "admission.workflow_id_max_chars": 256,
+    "admission.workflow_missed_demotion": 0,
     "reliability.consecutive_failures": 5,
     "reliability.base_ejection_time_s": 30.0,
     "reliability.max_ejection_time_s": 300.0,

@@ -32,6 +32,15 @@ class AdmissionSettings:
         "cache 1 h), after which resuming pays the full prefill again", gt=0,
     )
     workflow_id_max_chars: int = setting(256, "W3C Trace Context caps a tracestate value at 256 characters", ge=1)
+    workflow_missed_demotion: int = setting(
+        0, "off: a tenant's priority class is its contract.  Opt-in, in priority bands (1-3): once a call of a "
+        "workflow has missed its SLO the task has failed (a task succeeds when all its calls meet theirs), and its "
+        "later calls go that many bands lower (critical -> standard ...; never below batch), so under overload the "
+        "capacity goes to tasks that can still succeed.  Twin, bench/policies' agentic mix at 8x its rate (~1.3x "
+        "the fleet's capacity) for 180 s: successful tasks per $ 2,155 -> 2,302 with 1 band, 2,516 with 3; for "
+        "240 s 1,343 -> 1,435 / 1,706 (task success collapses as the overload lasts, less with it); at 5x (~0.9x "
+        "capacity) unchanged", le=3,
+    )
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -143,12 +143,26 @@ class Accounting:
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:
             self.workflows.record(req.tenant, req.workflow.workflow_id, tokens=req.prompt_tokens + output_tokens,
-                                  cost_usd=cost, now=now)
+                                  cost_usd=cost, now=now, met=ok and _met(req, t, per_sample, now))
         if ok and per_sample:
             self.outputs.observe(req.model, req.tenant, per_sample)
         if cached_tokens is not None and t is not None:
             self.fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         return cost
+
+
+def _met(req: SchedRequest, t: Ticket | None, per_sample: int, now: float) -> bool:
+    """A served request's SLO as its client saw it: first token within the TTFT target (from its arrival at the
+    gateway), the tokens after it within the TPOT target, the end by its deadline."""
+    b = req.budget
+    if b.deadline is not None and now > b.deadline:
+        return False
+    first = t.first_at if t is not None else None
+    if first is None:
+        return b.ttft_s is None and b.tpot_s is None
+    if b.ttft_s is not None and first - req.arrival > b.ttft_s:
+        return False
+    return b.tpot_s is None or per_sample <= 1 or (now - first) / (per_sample - 1) <= b.tpot_s
 
 
 def engine_priority(req: SchedRequest, route: Route, settings: SchedulerSettings) -> int:

@@ -26,6 +26,12 @@ closer to delivering the result and cheaper to finish.  The first step of a new
 workflow has value 0, so under overload new workflows' first steps are shed
 before in-flight workflows' late steps.  Sunk cost is measured by the gateway,
 not claimed by the client; the client-supplied k and n can at most double it.
+
+**A failed task.**  A task succeeds when all its calls meet their SLO (the objective is cost per
+successful task), so the gateway marks a workflow *missed* once one of its calls ends outside its
+SLO (TTFT, TPOT, deadline) or fails.  With ``AdmissionSettings.workflow_missed_demotion`` (opt-in,
+in bands) its later calls are scheduled that many priority bands lower (:func:`effective_priority`):
+under overload, capacity goes to the tasks that can still succeed.
 """
 
 from __future__ import annotations
@@ -36,11 +42,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from steersman.config.admission import AdmissionSettings
-from steersman.policy.request import WorkflowView
+from steersman.policy.request import PriorityClass, WorkflowView
 
 __all__ = [
     "WorkflowTracker", "WorkflowHeaders", "WorkflowHeaderError", "parse_workflow_headers", "protection_value",
-    "WORKFLOW_ID_HEADER", "WORKFLOW_STEP_HEADER", "WORKFLOW_STEPS_HEADER",
+    "WORKFLOW_ID_HEADER", "WORKFLOW_STEP_HEADER", "WORKFLOW_STEPS_HEADER", "effective_priority",
 ]
 
 WORKFLOW_ID_HEADER = "x-steersman-workflow-id"
@@ -61,6 +67,14 @@ class WorkflowHeaders:
     workflow_id: str
     step: int | None  # k, 1-based
     steps: int | None  # n
+
+
+def effective_priority(priority: PriorityClass, workflow: WorkflowView | None, demotion: int) -> PriorityClass:
+    """The band a request is scheduled in: its tenant's, or ``demotion`` bands lower (never below batch) when a
+    call of its workflow has already missed its SLO (``AdmissionSettings.workflow_missed_demotion``)."""
+    if demotion <= 0 or workflow is None or not workflow.missed:
+        return priority
+    return PriorityClass(min(int(priority) + demotion, int(PriorityClass.BATCH)))
 
 
 def protection_value(spent_usd: float, step: int, steps: int | None) -> float:
@@ -102,7 +116,7 @@ def parse_workflow_headers(headers: Mapping[str, str], max_id_chars: int = Admis
 
 
 class _State:
-    __slots__ = ("started", "last_seen", "calls", "tokens", "spent_usd", "steps")
+    __slots__ = ("started", "last_seen", "calls", "tokens", "spent_usd", "steps", "missed")
 
     def __init__(self, now: float) -> None:
         self.started = now
@@ -111,6 +125,7 @@ class _State:
         self.tokens = 0
         self.spent_usd = 0.0
         self.steps: int | None = None
+        self.missed = False  # a call missed its SLO
 
 
 class WorkflowTracker:
@@ -164,10 +179,12 @@ class WorkflowTracker:
             spent_usd=state.spent_usd,
             started=state.started,
             value=protection_value(state.spent_usd, step, state.steps),
+            missed=state.missed,
         )
 
-    def record(self, tenant: str, workflow_id: str, *, tokens: int, cost_usd: float, now: float) -> None:
-        """A call of this workflow ended having used ``tokens`` and cost ``cost_usd``."""
+    def record(self, tenant: str, workflow_id: str, *, tokens: int, cost_usd: float, now: float,
+               met: bool = True) -> None:
+        """A call of this workflow ended having used ``tokens`` and cost ``cost_usd``; ``met``: within its SLO."""
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise ValueError(f"tokens must be an int >= 0, got {tokens!r}")
         if not (isinstance(cost_usd, (int, float)) and math.isfinite(cost_usd) and cost_usd >= 0):
@@ -176,3 +193,4 @@ class WorkflowTracker:
         state.calls += 1
         state.tokens += tokens
         state.spent_usd += float(cost_usd)
+        state.missed = state.missed or not met

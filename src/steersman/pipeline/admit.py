@@ -16,7 +16,7 @@ from steersman.api.headers import parse_budget
 from steersman.api.prompt import prompt_shape
 from steersman.control.plane import Dispatch, Refuse, Wait
 from steersman.control.tenants import AuthError, TenantDirectory
-from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, parse_workflow_headers
+from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, effective_priority, parse_workflow_headers
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
 from steersman.policy.base import Queue, Reject, Route
@@ -70,7 +70,8 @@ class Describe:
         limit = req.output_limit
         ctx.sched = SchedRequest(
             seq=ctx.seq, model=ctx.model, kind=ctx.kind, stream=req.stream, tenant=ctx.tenant.name,
-            priority=ctx.tenant.priority, arrival=ctx.started, prompt_tokens=tokens, block_hashes=hashes,
+            priority=effective_priority(ctx.tenant.priority, workflow, gw.cfg.admission.workflow_missed_demotion),
+            arrival=ctx.started, prompt_tokens=tokens, block_hashes=hashes,
             max_tokens=limit, expected_output=gw.expected_output(ctx.model, ctx.tenant.name, limit),
             budget=budget, workflow=workflow, samples=req.n * _batch(req),
         )

@@ -50,6 +50,7 @@ class WorkflowView:
     spent_usd: float  # sunk cost so far
     started: float  # clock time of the first call
     value: float  # protection value (see steersman.control.workflow), >= 0
+    missed: bool = False  # a call of it has missed its SLO: the task has failed
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from steersman.config import DEFAULTS, ReliabilitySettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig, WorkflowTracker
 from steersman.control.accounting import Accounting, Started
 from steersman.control.plane import DISPATCH_BURST, ControlPlane, Dispatch, Refuse, Wait
-from steersman.control.workflow import WorkflowHeaders
+from steersman.control.workflow import WorkflowHeaders, effective_priority
 from steersman.engines.base import EngineMetrics
 from steersman.fleet.state import Ticket
 from steersman.policy.base import Route
@@ -108,6 +108,7 @@ class Twin(DrillActions):
         admission = fleet.admission
         self.plane = ControlPlane(policy, DefaultAdmitter(admission), GatewayQueue(admission), fleet.scheduler)
         self.workflows = WorkflowTracker(admission)
+        self._demotion = admission.workflow_missed_demotion
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, fleet.scheduler, fleet.block_size)
         self.tenants = tenants or {}
         self.rec = Recorder(fleet)
@@ -203,7 +204,8 @@ class Twin(DrillActions):
         expected = self.accounting.expected_output(a.model, tenant.name, a.max_tokens)
         self._n += 1
         sched = SchedRequest(seq=self._n, model=a.model, kind="chat", stream=True, tenant=tenant.name,
-                             priority=tenant.priority, arrival=now, prompt_tokens=a.prompt_tokens,
+                             priority=effective_priority(tenant.priority, wf, self._demotion), arrival=now,
+                             prompt_tokens=a.prompt_tokens,
                              block_hashes=a.block_hashes, max_tokens=a.max_tokens, expected_output=expected,
                              budget=budget, workflow=wf)
         r = _Req(self._n, a, sched, tenant)

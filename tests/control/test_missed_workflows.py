@@ -1,0 +1,110 @@
+"""A workflow one of whose calls missed its SLO has failed as a task: the gateway marks it, and with
+``admission.workflow_missed_demotion`` (opt-in) its later calls are scheduled that many bands lower."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from tests.control.test_retry_accounting import _advance, _go, _setup
+
+from steersman.config.admission import AdmissionSettings
+from steersman.control.workflow import WorkflowHeaders, WorkflowTracker, effective_priority
+from steersman.policy.request import LatencyBudget, PriorityClass as P
+
+
+def test_a_missed_call_marks_its_workflow_and_the_band_drops_when_asked():
+    flows = WorkflowTracker()
+    wf = flows.track("t", WorkflowHeaders("w", 1, 3), 0.0)
+    assert not wf.missed
+    flows.record("t", "w", tokens=10, cost_usd=0.01, now=1.0)  # met
+    assert not flows.track("t", WorkflowHeaders("w", 2, 3), 1.0).missed
+    flows.record("t", "w", tokens=10, cost_usd=0.01, now=2.0, met=False)
+    flows.record("t", "w", tokens=10, cost_usd=0.01, now=3.0, met=True)  # a later call in time does not undo it
+    wf = flows.track("t", WorkflowHeaders("w", 3, 3), 3.0)
+    assert wf.missed and not flows.track("u", WorkflowHeaders("w", 1, 3), 3.0).missed  # per tenant
+    assert effective_priority(P.CRITICAL, wf, 0) == P.CRITICAL  # off by default
+    assert [effective_priority(p, wf, 1) for p in P] == [P.STANDARD, P.SHEDDABLE, P.BATCH, P.BATCH]
+    assert effective_priority(P.CRITICAL, wf, 3) == P.BATCH
+    assert effective_priority(P.CRITICAL, replace(wf, missed=False), 3) == P.CRITICAL
+    assert effective_priority(P.CRITICAL, None, 3) == P.CRITICAL
+    assert AdmissionSettings().workflow_missed_demotion == 0
+    with pytest.raises(ValueError):
+        AdmissionSettings(workflow_missed_demotion=4)
+
+
+@pytest.mark.parametrize("ttft,tpot,deadline,ok,missed", [
+    (0.5, 0.2, None, True, False),  # first token after 0.1 s, 9 more tokens in 0.9 s: 0.1 s apart
+    (0.05, None, None, True, True),  # TTFT over
+    (None, 0.05, None, True, True),  # TPOT over
+    (None, None, 100.5, True, True),  # ended after its deadline
+    (None, None, None, False, True),  # failed
+])
+def test_the_accounting_judges_each_call_as_its_client_saw_it(ttft, tpot, deadline, ok, missed):
+    clock, fleet, acc, plane, flows, req, admit = _setup()
+    req = replace(req, budget=LatencyBudget(ttft, tpot, deadline))
+    started = _go(acc, req, admit, 0)
+    _advance(clock, 0.1)
+    fleet.first_token(started.ticket)
+    _advance(clock, 0.9)
+    acc.ended(started, 10, ok)
+    assert flows.track("t", WorkflowHeaders("job", 3, 5), clock.now()).missed is missed
+
+
+def test_in_the_twin_demotion_moves_capacity_to_tasks_that_can_still_succeed():
+    """bench/policies' agentic mix well past the fleet's capacity: with the copilots' failed tasks demoted, more
+    tasks succeed at the same fleet cost (the numbers are deterministic: a seeded workload on a virtual clock)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "policies"))
+    try:
+        from workloads import bench_fleet, workloads
+    finally:
+        sys.path.pop(0)
+    import msgspec
+
+    from steersman.twin.run import Experiment
+
+    wl = next(w for w in workloads(600, 180.0) if w.name == "agentic")
+    fleet = bench_fleet()
+    on = msgspec.structs.replace(fleet, admission=replace(fleet.admission, workflow_missed_demotion=3))
+    off_run = Experiment(fleet, wl.spec, wl.base_dir, 0).run("steersman", 8.0)
+    on_run = Experiment(on, wl.spec, wl.base_dir, 0).run("steersman", 8.0)
+    assert on_run["tasks"] == off_run["tasks"]
+    # measured: 2,325 -> 2,761 of 3,719 tasks (with 1 band: 2,477)
+    assert on_run["tasks_succeeded"] > 1.1 * off_run["tasks_succeeded"], (on_run["tasks_succeeded"],
+                                                                           off_run["tasks_succeeded"])
+    assert on_run["successful_tasks_per_usd"] > 1.1 * off_run["successful_tasks_per_usd"]
+
+
+def test_live_a_slow_call_fails_its_task_and_the_next_call_goes_a_band_lower():
+    import httpx
+    from openai import OpenAI
+
+    from steersman.enginesim.app import SimServerConfig
+    from steersman.testing import LiveFleet
+
+    with LiveFleet(sims=[SimServerConfig(gpu="H100", model="llama-3.1-8b", speedup=50.0, port=0)],
+                   extra={"admission": {"workflow_missed_demotion": 1}}) as lf:
+        seen = []
+        plane = lf.gateway.plane
+        arrive = plane.arrive
+
+        def spy(item, req, *a, **k):
+            seen.append(req.priority)
+            return arrive(item, req, *a, **k)
+        plane.arrive = spy
+        wf = {"x-steersman-workflow-id": "task-1", "x-steersman-slo": "interactive"}
+        with OpenAI(base_url=lf.url + "/v1", api_key="unused", max_retries=0, timeout=60) as client:
+            def call(step: int) -> None:
+                for _ in client.chat.completions.create(model="llama-3.1-8b", max_tokens=4, stream=True,
+                                                        messages=[{"role": "user", "content": f"step {step}"}],
+                                                        extra_headers={**wf, "x-steersman-workflow-step": str(step)}):
+                    pass
+            call(1)  # within its SLO
+            r = httpx.post(lf.sims[0].url + "/admin/faults", json={"slowdown": 2000})
+            assert r.status_code == 200, r.text
+            call(2)  # ~0.35 s a token against the interactive class's 40 ms TPOT: the task has failed
+            httpx.delete(lf.sims[0].url + "/admin/faults")
+            call(3)
+        assert seen == [P.STANDARD, P.STANDARD, P.SHEDDABLE]
