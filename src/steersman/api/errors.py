@@ -87,7 +87,7 @@ def sse_error_event(err: ApiError) -> bytes:
     return b"data: " + err.body() + b"\n\n"
 
 
-_CONTEXT_WORDS = ("maximum context length", "exceeds the available context size", "context length")
+_CONTEXT_WORDS = ("context length", "context size")  # vLLM: "maximum context length"; llama.cpp: "... context size"
 
 
 def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
