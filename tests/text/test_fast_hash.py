@@ -60,3 +60,21 @@ def test_the_gateway_prompt_shape_is_unchanged():
     n, hashes = prompt_shape(req, 16)
     ids = tokenize(render_chat([{"role": "user", "content": "alpha beta gamma " * 300}]))
     assert n == len(ids) and list(hashes) == _python(ids, 16, ROOT_HASH)
+
+
+def test_a_batch_of_prompts_counts_every_prompt_and_hashes_the_first():
+    import msgspec
+
+    from steersman.api.schema import CompletionRequest
+    from steersman.text import count_tokens
+
+    shared = "Answer the question. " * 40
+    prompts = [shared + "Q1?", shared + "Question two?", shared + "3?"]
+    batch = msgspec.convert({"model": "m", "prompt": prompts}, CompletionRequest)
+    first = msgspec.convert({"model": "m", "prompt": prompts[0]}, CompletionRequest)
+    n, hashes = prompt_shape(batch, 16)
+    assert n == sum(count_tokens(p) for p in prompts)
+    assert tuple(hashes) == tuple(prompt_shape(first, 16)[1])
+    ids = msgspec.convert({"model": "m", "prompt": [[1] * 40, [2] * 7]}, CompletionRequest)
+    n, hashes = prompt_shape(ids, 16)
+    assert n == 47 and len(tuple(hashes)) == 2

@@ -35,19 +35,20 @@ def with_cache_salt(body: bytes, salt: str) -> bytes:
 
 
 def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, BlockHashes]:
-    """(prompt tokens, chained hashes of its full blocks)."""
+    """(prompt tokens, chained hashes of its full blocks).  A completion's batch of prompts (strings or token-id
+    lists, each its own sequence in the engine) counts every prompt's tokens; its blocks are the first prompt's
+    (a batch's prompts typically share their few-shot prefix: where the first is cached, the rest hit too)."""
     if isinstance(req, ChatCompletionRequest):
         ids = tokenize_chat_array(req.messages, continue_final=req.continue_final_message)
+        return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt))
+    p = req.prompt
+    extra = 0
+    if isinstance(p, list) and p and not isinstance(p[0], int):  # a batch
+        ids = list(p[0]) if isinstance(p[0], list) else tokenize_array(p[0])
+        for x in p[1:]:
+            extra += len(x) if isinstance(x, list) else len(tokenize_array(x)) if isinstance(x, str) else 0
+    elif isinstance(p, list):
+        ids = list(p)  # token ids
     else:
-        p = req.prompt
-        if isinstance(p, list):
-            first = p[0]
-            if isinstance(first, int):
-                ids = list(p)  # token ids
-            elif isinstance(first, list):
-                ids = list(first)
-            else:
-                ids = tokenize_array("".join(x for x in p if isinstance(x, str)))
-        else:
-            ids = tokenize_array(p)
-    return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt))
+        ids = tokenize_array(p)
+    return len(ids) + extra, block_hash_tuple(ids, block_size, cache_root(req.cache_salt))
