@@ -67,8 +67,8 @@ class Generator:
         prompts = read_prompts(req, chat)
         want = req.output_limit
         field = "messages" if chat else "prompt"
-        for pr in prompts:
-            room = self.max_model_len - len(pr.ids)
+        rooms = [self.max_model_len - len(pr.ids) for pr in prompts]
+        for pr, room in zip(prompts, rooms):
             if not len(pr.ids):  # vLLM: "The decoder prompt cannot be empty"
                 raise bad_request(f"`{field}` must not be empty: it has no tokens.", field)
             if room < 1 or (want is not None and want > room):
@@ -86,8 +86,7 @@ class Generator:
         shape = constraint(req)  # structured output (a JSON schema, a JSON object, a choice): what satisfies it
         jobs: list[Job] = []
         many = req.n > 1 or len(prompts) > 1
-        for k, pr in enumerate(prompts):
-            room = self.max_model_len - len(pr.ids)
+        for k, (pr, room) in enumerate(zip(prompts, rooms)):
             hashes = block_hashes(pr.ids, self.block_size, cache_root(req.cache_salt))
             call = plan_tool_call(req, pr.context, want or room) if chat and req.n == 1 else None
             for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
@@ -166,10 +165,11 @@ class Generator:
         """vLLM's ``llm_request`` span attributes (vllm/tracing.py SpanAttributes), in engine time."""
         attrs: dict = {"gen_ai.response.model": self.model_name}
         if jobs:
-            first = jobs[0].sim
-            attrs.update({"gen_ai.request.id": first.req_id, "gen_ai.usage.prompt_tokens": first.prompt_len,
-                          "gen_ai.usage.completion_tokens": sum(j.produced for j in jobs),
-                          "gen_ai.request.n": len(jobs)})
+            produced = sum(j.produced for j in jobs)
+            attrs.update({"gen_ai.request.id": jobs[0].sim.req_id,
+                          "gen_ai.usage.prompt_tokens": _usage(jobs, produced)["prompt_tokens"],
+                          "gen_ai.usage.completion_tokens": produced,
+                          "gen_ai.request.n": req.n if req is not None else len(jobs)})
         if req is not None:
             for key, value in (("gen_ai.request.max_tokens", req.output_limit), ("gen_ai.request.temperature", req.temperature),
                                ("gen_ai.request.top_p", req.top_p)):
