@@ -135,7 +135,7 @@ PINNED = {
     "llamacpp.version": "0.3.36",
     "llamacpp.model_name": "gemma-3-270m",
     "llamacpp.gguf_file": "gemma-3-270m-q4_k_m.gguf",
-    "llamacpp.chat_template": "gemma",
+    "llamacpp.chat_template": "gemma3-chat.jinja",
     "llamacpp.parallel": 4,
     "llamacpp.ctx_size": 8192,
     "llamacpp.threads": 1,

@@ -10,7 +10,8 @@
 #   * transformers needs gguf + accelerate to read the GGUF, and refuses to save a model still
 #     marked GGUF-quantized: gguf_to_hf.py drops the quantization config (weights are dequantized
 #     to fp32 on load);
-#   * the base model has no chat template: gemma-chat.jinja is Gemma's turn format.
+#   * the base model has no chat template: src/steersman/fleet/gemma3-chat.jinja is Gemma 3's turn format
+#     (the one steersman gives llama-server).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cache="${STEERSMAN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/steersman}"
@@ -26,4 +27,4 @@ fi
 if [ ! -s "$model/model.safetensors" ]; then
   HF_HUB_OFFLINE=1 "$venv/bin/python" "$here/gguf_to_hf.py" "$gguf_dir" gemma-3-270m-q4_k_m.gguf "$model"
 fi
-echo "export STEERSMAN_VLLM_PYTHON=$venv/bin/python STEERSMAN_VLLM_MODEL=$model STEERSMAN_VLLM_CHAT_TEMPLATE=$here/gemma-chat.jinja"
+echo "export STEERSMAN_VLLM_PYTHON=$venv/bin/python STEERSMAN_VLLM_MODEL=$model STEERSMAN_VLLM_CHAT_TEMPLATE=$(cd "$here/../.." && pwd)/src/steersman/fleet/gemma3-chat.jinja"

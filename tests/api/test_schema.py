@@ -38,6 +38,13 @@ def err(body: bytes, chat: bool = True) -> ApiError:
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}', "top_logprobs"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": -1}', "top_logprobs"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1.5}', "top_logprobs"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}', "tools[0]"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}, 3]}', "tools[1]"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": "f"}', "tools"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "always"}', "tool_choice"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}', "tool_choice"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}}', "tool_choice"),
     ],
 )
 def test_field_errors_name_the_field(body, param):
@@ -51,6 +58,16 @@ def test_field_errors_name_the_field(body, param):
 def test_malformed_bodies_are_400(body):
     e = err(body)
     assert e.status == 400 and set(e.payload()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_tools_and_every_kind_of_tool_choice_decode():
+    tools = b'"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]'
+    for choice in (b"", b', "tool_choice": "none"', b', "tool_choice": "auto"', b', "tool_choice": "required"',
+                   b', "tool_choice": {"type": "function", "function": {"name": "f"}}'):
+        req = decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], ' + tools + choice + b"}", LIMIT)
+        assert req.tools[0]["function"]["name"] == "f"
+    for choice in (b'"none"', b'"auto"'):  # OpenAI accepts these without tools
+        decode_chat(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": ' + choice + b"}", LIMIT)
 
 
 def test_valid_requests_decode_and_keep_extensions():

@@ -62,3 +62,20 @@ def test_the_engines_own_timing_of_its_work_is_read():
     assert (idle.decode_seconds, idle.decode_tokens) == (pytest.approx(0.541483), 16)
     busy = llamacpp_metrics(_page("busy"), None)
     assert (busy.prefill_seconds, busy.prefill_tokens, busy.decode_tokens) == (pytest.approx(2.67121), 836, 0)
+
+
+def test_a_named_tool_choice_is_sent_as_required_over_that_function_alone():
+    import orjson
+
+    from steersman.engines.llamacpp import named_tool_choice
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("a", "b")]
+    body = orjson.dumps({"model": "m", "messages": [], "tools": tools,
+                         "tool_choice": {"type": "function", "function": {"name": "b"}}})
+    out = orjson.loads(named_tool_choice(body))
+    assert out["tool_choice"] == "required" and out["tools"] == tools[1:]
+    assert {k: v for k, v in out.items() if k not in ("tools", "tool_choice")} == {"model": "m", "messages": []}
+    for same in (orjson.dumps({"tools": tools, "tool_choice": "auto"}),
+                 orjson.dumps({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "zz"}}}),
+                 b'{"tool_choice": {"type": "function", "function": {"name": "a"}}}', b"not json", b"[1]"):
+        assert named_tool_choice(same) == same

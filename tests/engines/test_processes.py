@@ -29,9 +29,10 @@ def test_engine_that_exits_at_start_is_reported_with_its_log(tmp_path):
 
 def test_command_carries_the_flags_that_matter():
     cmd = LlamaServerFleet(1, binary=Path("/x/llama-server"), model=Path("/m.gguf")).command(1234)
-    for flag in ("--metrics", "--slots", "--swa-full", "--no-jinja", "--no-repack"):
+    for flag in ("--metrics", "--slots", "--swa-full", "--jinja", "--no-repack"):
         assert flag in cmd
-    assert cmd[cmd.index("--chat-template") + 1] == "gemma"
+    template = Path(cmd[cmd.index("--chat-template-file") + 1])
+    assert template.is_file() and template.name == "gemma3-chat.jinja" and "<start_of_turn>" in template.read_text()
     assert cmd[cmd.index("-np") + 1] == "4" and cmd[cmd.index("--port") + 1] == "1234"
 
 
@@ -41,3 +42,15 @@ def test_up_without_a_built_engine_is_a_clear_error(tmp_path):
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2, r.stderr[-2000:]
     assert "make llama" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_template_is_the_shipped_file_by_name_or_a_path_as_given():
+    from dataclasses import replace
+
+    from steersman.config import DEFAULTS
+    from steersman.fleet import processes
+    from steersman.fleet.processes import chat_template_path
+
+    assert chat_template_path() == Path(processes.__file__).with_name("gemma3-chat.jinja")
+    assert chat_template_path(replace(DEFAULTS.llamacpp, chat_template="/x/t.jinja")) == Path("/x/t.jinja")
+    assert chat_template_path(replace(DEFAULTS.llamacpp, chat_template="absent.jinja")) == Path("absent.jinja")

@@ -29,6 +29,8 @@ def check(r: httpx.Response, status: int, param: str | None = None):
         (b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10000000000}', 400, "max_tokens"),
         (b'{"model": "llama-3.1-8b", "messages": [{"role": 7, "content": "hi"}]}', 400, "messages[0].role"),
         (b'{"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
+        (b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": {}}]}', 400, "tools[0]"),
+        (b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}', 400, "tool_choice"),
         (b'{"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, None),
     ],
 )

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from steersman.api.errors import ApiError, bad_request
+from steersman.api.tools import chosen_tool
 from steersman.config import DEFAULTS
 
 __all__ = [
@@ -214,6 +215,8 @@ def decode_chat(body: bytes, max_tokens_limit: int,
                               f"messages[{i}].role")
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
+    if req.tools is not None or req.tool_choice is not None:
+        chosen_tool(req.tools, req.tool_choice)
     if req.top_logprobs is not None:
         _check_logprobs(req.top_logprobs, "top_logprobs", max_logprobs)
         if req.top_logprobs and not req.logprobs:

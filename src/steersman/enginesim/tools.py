@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from steersman.api.errors import bad_request
+from steersman.api.tools import chosen_tool
 from steersman.enginesim.structured import structured
 from steersman.enginesim.textgen import Generation, context_hash
 
@@ -34,42 +34,19 @@ class ToolCall:
     name: str
 
 
-def _functions(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    for i, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.",
-                              f"tools[{i}]")
-        out.append(fn)
-    return out
-
-
 def plan_tool_call(req: Any, context: str | Sequence[int], max_tokens: int) -> tuple[ToolCall, Generation] | None:
     """The tool call a chat request gets (its id and function, and the arguments as a generation), or None."""
     tools = getattr(req, "tools", None)
     if not tools:
         return None
-    fns = _functions(tools)
-    choice = getattr(req, "tool_choice", None) or "auto"
+    fns, choice = chosen_tool(tools, getattr(req, "tool_choice", None))
     reason = "tool_calls"
     if isinstance(choice, dict):
-        fn = choice.get("function") if isinstance(choice.get("function"), dict) else {}
-        name = fn.get("name")
-        chosen = next((f for f in fns if f["name"] == name), None)
-        if chosen is None:
-            raise bad_request(f"`tool_choice` names function {name!r}, which is not in `tools`.", "tool_choice")
-        reason = "stop"
-    elif choice == "none":
-        return None
+        chosen, reason = choice, "stop"
     elif choice == "required" or (choice == "auto" and req.messages and req.messages[-1].role == "user"):
         chosen = fns[context_hash(context) % len(fns)]
-    elif choice == "auto":
-        return None
     else:
-        raise bad_request(f"`tool_choice` must be none, auto, required or a named function, got {choice!r}.",
-                          "tool_choice")
+        return None
     params = chosen.get("parameters") if isinstance(chosen.get("parameters"), dict) else {"type": "object"}
     gen = structured(context, "json", params, max_tokens)
     if gen.finish_reason == "stop":

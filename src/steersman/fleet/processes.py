@@ -2,8 +2,8 @@
 
 :class:`LlamaServerFleet` starts N ``llama-server`` processes on free loopback
 ports (parallel slots, ``--metrics``, ``/slots``, ``--swa-full`` so Gemma 3 can
-reuse prompt prefixes, ``--cache-reuse``, the built-in chat template with
-``--no-jinja``, ``--no-repack`` to stay off AMX, see ``LlamaCppSettings``), waits for each ``/health``, hands back
+reuse prompt prefixes, ``--cache-reuse``, ``--jinja`` with Gemma 3's chat template
+shipped beside this module (tools included), ``--no-repack`` to stay off AMX, see ``LlamaCppSettings``), waits for each ``/health``, hands back
 fleet-file endpoint entries, and stops them (SIGTERM, SIGKILL after a grace).
 Each child also gets ``PR_SET_PDEATHSIG`` (Linux): if steersman itself is
 killed with SIGKILL the kernel stops the engines, so no orphans are left.
@@ -34,7 +34,8 @@ from typing import Any
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS, LlamaCppSettings
 
-__all__ = ["EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "find_llama_server", "find_gguf", "free_port"]
+__all__ = ["EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "chat_template_path", "find_llama_server",
+           "find_gguf", "free_port"]
 
 _PR_SET_PDEATHSIG = 1
 _BUILD_HINT = "build it with `make llama` (scripts/build-llama-server.sh; ~15 min once per machine)"
@@ -67,6 +68,14 @@ def find_gguf(settings: LlamaCppSettings = DEFAULTS.llamacpp) -> Path | None:
     env = os.environ.get("STEERSMAN_GGUF")
     p = Path(env) if env else cache_dir() / "models" / settings.gguf_file
     return p if p.is_file() and p.stat().st_size > 0 else None
+
+
+def chat_template_path(settings: LlamaCppSettings = DEFAULTS.llamacpp) -> Path:
+    """The ``--chat-template-file`` of ``settings.chat_template``: a template shipped in ``steersman.fleet`` by that
+    name, else the path as given (llama-server reports a path it cannot read when it starts)."""
+    given = Path(settings.chat_template)
+    shipped = Path(__file__).parent / given
+    return shipped if given.name == settings.chat_template and shipped.is_file() else given
 
 
 _HANDED_OUT: collections.deque[int] = collections.deque(maxlen=4096)  # ports free_port() gave, newest last
@@ -176,7 +185,7 @@ class LlamaServerFleet:
         return [
             str(self.binary), "-m", str(self.model), "--host", self.host, "--port", str(port),
             "--alias", s.model_name, "-np", str(s.parallel), "-c", str(s.ctx_size), "-t", str(s.threads),
-            "--metrics", "--slots", "--swa-full", "--no-jinja", "--chat-template", s.chat_template,
+            "--metrics", "--slots", "--swa-full", "--jinja", "--chat-template-file", str(chat_template_path(s)),
             "--cache-reuse", str(s.cache_reuse), *(() if s.repack else ("--no-repack",)), *self.extra_args,
         ]
 

@@ -1,0 +1,50 @@
+"""A chat request's ``tools`` and ``tool_choice``, checked as OpenAI checks them (the gateway before any engine sees
+the request, engine-sim again as vLLM does): each tool a function with a name; ``tool_choice`` one of ``none``,
+``auto``, ``required`` or ``{"type": "function", "function": {"name": N}}`` naming one of the tools; ``required``
+or a named function only with tools.  Errors are 400s naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from steersman.api.errors import bad_request
+
+__all__ = ["tool_functions", "chosen_tool"]
+
+_CHOICES = ("none", "auto", "required")
+
+
+def tool_functions(tools: list[Any] | None) -> list[dict[str, Any]]:
+    """The ``function`` objects of ``tools``; a 400 naming ``tools[i]`` for an entry that is not a named function."""
+    out = []
+    for i, t in enumerate(tools or ()):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.",
+                              f"tools[{i}]")
+        out.append(fn)
+    return out
+
+
+def chosen_tool(tools: list[Any] | None, choice: Any) -> tuple[list[dict[str, Any]], str | dict[str, Any]]:
+    """(the tools' functions, the choice: one of the three words, or the named function); 400s as above."""
+    fns = tool_functions(tools)
+    if choice is None:
+        return fns, "auto" if fns else "none"
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if choice.get("type", "function") != "function" or not isinstance(name, str):
+            raise bad_request("`tool_choice` must be none, auto, required or "
+                              "{\"type\": \"function\", \"function\": {\"name\": ...}}.", "tool_choice")
+        chosen = next((f for f in fns if f["name"] == name), None)
+        if chosen is None:
+            raise bad_request(f"`tool_choice` names function {name[:64]!r}, which is not in `tools`.", "tool_choice")
+        return fns, chosen
+    if choice not in _CHOICES:
+        raise bad_request(f"`tool_choice` must be none, auto, required or a named function, got {str(choice)[:40]!r}.",
+                          "tool_choice")
+    if choice == "required" and not fns:
+        raise bad_request("`tool_choice` \"required\" needs `tools`.", "tool_choice")
+    return fns, choice
