@@ -54,3 +54,21 @@ def test_openai_format_passes_unchanged_and_anything_else_is_wrapped():
     assert e["type"] == "rate_limit_error"
     e = _err(engine_error_body(400, b"", "prompt"))
     assert e["message"] == "The engine refused the request (400)."
+
+
+# recorded: llama-server (0.3.36) answering an image part without a multimodal projector, and tools without --jinja
+LLAMACPP_IMAGE = (b'{"error":{"code":500,"message":"image input is not supported - hint: if this is unexpected, you may '
+                  b'need to provide the mmproj","type":"server_error"}}')
+LLAMACPP_TOOLS = b'{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}'
+
+
+def test_a_5xx_that_refuses_the_request_itself_becomes_a_400_naming_the_field():
+    from steersman.api.errors import refused_with_5xx
+
+    for body in (LLAMACPP_IMAGE, LLAMACPP_TOOLS):
+        assert refused_with_5xx(500, body)
+        e = _err(engine_error_body(500, body, "messages"))
+        assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "unsupported_value", "messages")
+        assert e["message"] == orjson.loads(body)["error"]["message"]
+    assert not refused_with_5xx(503, LLAMACPP_IMAGE)
+    assert not refused_with_5xx(500, b'{"error":{"code":500,"message":"failed to decode the batch","type":"server_error"}}')

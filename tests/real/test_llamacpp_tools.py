@@ -129,3 +129,18 @@ def test_a_json_schema_response_format_is_held_to_its_schema(client):
     assert r.choices[0].finish_reason == "stop", r.choices[0]  # the grammar ends the document (~24 tokens here)
     doc = json.loads(r.choices[0].message.content)
     assert set(doc) == {"city", "days"} and isinstance(doc["city"], str) and isinstance(doc["days"], int)
+
+
+def test_an_image_for_a_text_only_engine_is_a_400_naming_messages(client):
+    """llama-server answers 500 to an image part without a multimodal projector: a refusal of the request, which the
+    gateway relays as the 400 vLLM and OpenAI give (it was retried elsewhere, then a 502 upstream_error)."""
+    import openai
+
+    pixel = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJ"
+             "RU5ErkJggg==")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": pixel}}]}])
+    err = e.value.body
+    assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "unsupported_value", "messages")
+    assert "image" in err["message"]

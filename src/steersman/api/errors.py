@@ -22,6 +22,7 @@ __all__ = [
     "sse_error_event",
     "error_body",
     "engine_error_body",
+    "refused_with_5xx",
 ]
 
 
@@ -88,6 +89,14 @@ def sse_error_event(err: ApiError) -> bytes:
 
 
 _CONTEXT_WORDS = ("context length", "context size")  # vLLM: "maximum context length"; llama.cpp: "... context size"
+# llama-server answers 500 for requests it cannot take whatever the replica's state, where vLLM answers 400 (tools
+# without --jinja; an image or audio part without a multimodal projector: server-common.cpp of llama.cpp 0.3.36)
+_REFUSED_5XX = (b"input is not supported", b"requires --jinja")
+
+
+def refused_with_5xx(status: int, body: bytes) -> bool:
+    """An engine's 5xx that refuses the request itself (what it asks for, not the replica's health)."""
+    return status == 500 and any(w in body for w in _REFUSED_5XX)
 
 
 def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
@@ -99,7 +108,8 @@ def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
     numeric code.  The message and the engine's own extra fields are kept; ``code`` becomes a string (the
     engine's own string code, else ``context_length_exceeded`` for a request over the context -- OpenAI's code,
     ``param`` then the prompt's ``field`` -- else the engine's error type); ``type`` is OpenAI's for the status.
-    A body that is already in the format comes back unchanged."""
+    An engine's 5xx refusal of the request itself (:func:`refused_with_5xx`), relayed as a 400, gets
+    ``unsupported_value`` and ``field``.  A body that is already in the format comes back unchanged."""
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -122,6 +132,8 @@ def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
         if kind == "exceed_context_size_error" or any(w in lowered for w in _CONTEXT_WORDS):
             code = "context_length_exceeded"
             param = param if isinstance(param, str) else field
+        elif status >= 500:  # a refusal relayed as a 400 (refused_with_5xx): what the request asks for is unsupported
+            code, param = "unsupported_value", param if isinstance(param, str) else field
         else:
             code = kind if isinstance(kind, str) and kind else None
     out = {"message": message, "type": "rate_limit_error" if status == 429 else "invalid_request_error",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from steersman.api.errors import ApiError, engine_error_body, upstream_failed
+from steersman.api.errors import ApiError, engine_error_body, refused_with_5xx, upstream_failed
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
 from steersman.engines.base import Exchange, UpstreamError
@@ -290,19 +290,21 @@ class Forward:
     async def _engine_error(self, ctx: RequestContext, name: str, ex: Exchange, resuming: bool) -> Outcome:
         body = await ex.read()
         detail = body[:300].decode("utf-8", "replace")
-        if ex.status >= 500:
+        refused = refused_with_5xx(ex.status, body)  # relayed as the 400 it is, not retried elsewhere
+        status = 400 if refused else ex.status
+        if status >= 500:
             self.metrics.upstream_error(name, f"http_{ex.status}")
             retry = Retry.CONTINUE_ONLY if resuming else Retry.SAFE
             return Fail(upstream_failed(f"Engine {name} answered {ex.status}: {detail}", 502), retry)
         if resuming:  # the stream has started: an engine refusing the continuation ends it with an error event
             return Fail(upstream_failed(f"Engine {name} refused to continue the stream ({ex.status}): {detail}", 502), Retry.NEVER)
         if ctx.http.started:  # an earlier attempt began the stream (no event yet): the refusal becomes an error event
-            return Fail(ApiError(ex.status, f"Engine {name} refused the request: {detail}", "invalid_request_error",
+            return Fail(ApiError(status, f"Engine {name} refused the request: {detail}", "invalid_request_error",
                                  None, "engine_refused"), Retry.NEVER)
         # the engine refused the request itself (e.g. context too long): relay its error, in OpenAI's format
-        ctx.status = ex.status
+        ctx.status = status
         field = "messages" if ctx.sched is not None and ctx.sched.kind == "chat" else "prompt"
-        ctx.http.respond(ex.status, engine_error_body(ex.status, body, field), b"application/json")
+        ctx.http.respond(status, engine_error_body(ex.status, body, field), b"application/json")
         return RESPONDED
 
     async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay, name: str) -> Outcome:
