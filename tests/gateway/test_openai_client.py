@@ -193,6 +193,18 @@ def test_a_request_over_the_context_is_a_400_naming_the_prompt(client):
         assert "maximum context length is 131072 tokens" in e.value.message
 
 
+def test_an_image_part_for_a_text_model_is_a_400_naming_the_part(client):
+    import openai
+
+    parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="llama-3.1-8b", max_tokens=4, stream=stream,
+                                           messages=[MSGS[0], {"role": "user", "content": parts}])
+        assert (e.value.code, e.value.param) == ("unsupported_value", "messages[1].content[1]")
+        assert "image_url" in e.value.message
+
+
 def test_structured_output_and_tool_calls_come_through_both_ways(client):
     """engine-sim answers structured output and tool calls as vLLM does; through the gateway, streamed (one stream,
     not continuable) and whole alike: an agent loop runs against the simulated fleet."""

@@ -29,6 +29,19 @@ class Prompt:
     echo: str = ""  # what a completion echoes before its output (vLLM's ``echo``), "" when not asked
 
 
+def _text_only(messages) -> None:
+    """Every simulated model is a text model: an image, audio or file part is a 400 naming it (vLLM refuses
+    multimodal input to a text-only model; llama-server does with a 500, which the gateway relays as a 400)."""
+    for i, m in enumerate(messages):
+        if isinstance(m.content, list):
+            for j, part in enumerate(m.content):
+                kind = part.get("type") if isinstance(part, dict) else "text" if isinstance(part, str) else None
+                if kind != "text":
+                    raise bad_request(f"`messages[{i}].content[{j}]` is {str(kind)[:40]!r} content: the model is "
+                                      "text-only, only text parts are supported.", f"messages[{i}].content[{j}]",
+                                      "unsupported_value")
+
+
 def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool) -> list[Prompt]:
     if chat:
         # vLLM: `continue_final_message` continues the last assistant message (an assistant prefix);
@@ -38,6 +51,7 @@ def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool) -> 
                 raise bad_request("`continue_final_message` needs `add_generation_prompt: false`.", "add_generation_prompt")
             if req.messages[-1].role != "assistant":
                 raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
+        _text_only(req.messages)
         text = render_chat(req.messages, continue_final=req.continue_final_message)
         return [Prompt(tokenize_chat_array(req.messages, req.continue_final_message), text, text[-1:])]
     p = req.prompt
