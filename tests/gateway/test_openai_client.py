@@ -193,8 +193,12 @@ def test_a_request_over_the_context_is_a_400_naming_the_prompt(client):
         assert "maximum context length is 131072 tokens" in e.value.message
 
 
-def test_an_image_part_for_a_text_model_is_a_400_naming_the_part(client):
+def test_an_image_part_for_a_text_model_and_a_suffix_are_400s_naming_them(client):
     import openai
+
+    with pytest.raises(openai.BadRequestError) as e:  # vLLM refuses a completion's suffix too
+        client.completions.create(model="llama-3.1-8b", prompt="Once", max_tokens=3, suffix="end")
+    assert e.value.param == "suffix"
 
     parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]
     for stream in (False, True):

@@ -111,6 +111,7 @@ class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int | list[int]]
     echo: bool = False
     logprobs: int | None = None  # alternatives per token (0: the chosen token's alone), up to max_logprobs
+    suffix: str | None = None  # insertion after the output: engines judge it (vLLM and engine-sim refuse it)
 
     @property
     def output_limit(self) -> int | None:

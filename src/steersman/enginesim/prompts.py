@@ -65,6 +65,8 @@ def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool) -> 
         raise bad_request("`prompt` must not be empty.", "prompt")
     else:
         raise bad_request("`prompt` must be a string, token ids, or a list of either, not a mix.", "prompt")
+    if req.suffix is not None:  # vLLM's completion serving: "suffix is not currently supported"
+        raise bad_request("`suffix` is not supported.", "suffix")
     if req.echo and req.logprobs is not None:
         raise bad_request("engine-sim gives no prompt log probabilities: `echo` with `logprobs` is not supported.", "echo")
     out = []
