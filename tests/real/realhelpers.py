@@ -18,6 +18,17 @@ from steersman.fleet.processes import LlamaServerFleet, find_gguf, find_llama_se
 MODEL = "gemma-3-270m"
 
 
+def function_tool(name: str, description: str) -> dict:
+    """An OpenAI function tool taking one string argument, ``city``."""
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+WEATHER = function_tool("get_weather", "Weather for a city")
+CLOCK = function_tool("get_time", "Local time in a city")
+
+
 def require_binary() -> None:
     if find_llama_server() is None or find_gguf() is None:
         pytest.skip("llama-server or the Gemma 3 270M GGUF is not built: run `make llama` (make test does it first)")

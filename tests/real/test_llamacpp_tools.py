@@ -15,13 +15,10 @@ from openai import OpenAI
 
 from steersman.testing import LiveFleet
 
-from realhelpers import MODEL
+from realhelpers import CLOCK, MODEL, WEATHER
 
 pytestmark = pytest.mark.timeout(300)
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 # The base 270M model continues the text it sees: an example call in the user turn makes it write one within a few
 # dozen tokens (greedy), which llama.cpp's parser turns into tool_calls; the arguments are held to the schema by its
 # grammar once the call starts.
@@ -110,10 +107,7 @@ def test_tools_reach_a_real_engine_and_its_calls_come_back_whole_and_streamed(cl
 
 def test_a_named_tool_choice_calls_that_function(client):
     """llama-server takes tool_choice only as a word: the gateway sends a named one as "required" over that function."""
-    clock = {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
-                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                             "required": ["city"]}}}
-    r = client.chat.completions.create(model=MODEL, max_tokens=60, temperature=0, messages=ASK, tools=[WEATHER, clock],
+    r = client.chat.completions.create(model=MODEL, max_tokens=60, temperature=0, messages=ASK, tools=[WEATHER, CLOCK],
                                        tool_choice={"type": "function", "function": {"name": "get_time"}})
     calls = r.choices[0].message.tool_calls
     assert calls and {c.function.name for c in calls} == {"get_time"}, r.choices[0]
