@@ -131,3 +131,25 @@ def test_engine_dying_after_its_last_token_is_finished_locally(openai_client):
         got = chat(client, **kw)
         _check_same(got, ref, True)
         assert lf.sims[0].faults.dead and migrations(lf.url) == 0  # nothing left to generate: no new leg
+
+
+def test_a_tool_call_cut_mid_stream_ends_with_an_error_event_not_a_new_call(openai_client):
+    """An agent streaming a tool call from a replica that dies: the arguments so far arrive, then an error event
+    saying why the stream cannot be continued; no second call from another replica is spliced in."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string", "minLength": 40}}, "required": ["query"]}}}
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        _die(lf, 0, after=3)
+        _die(lf, 1, after=3)
+        pieces, ids = [], set()
+        with pytest.raises(openai.APIError) as e:
+            for c in client.chat.completions.create(model=MODEL, max_tokens=40, stream=True, tools=[tool],
+                                                    tool_choice="required",
+                                                    messages=[{"role": "user", "content": "Find the replica docs."}]):
+                for d in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+                    if d.id:
+                        ids.add(d.id)
+                    pieces.append(d.function.arguments or "")
+        assert "cannot be continued" in str(e.value) and "tool call" in str(e.value)
+        assert len(ids) == 1 and 0 < len("".join(pieces)) and migrations(lf.url) == 0
