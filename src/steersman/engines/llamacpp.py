@@ -27,16 +27,14 @@ then holding the model to that function's call (OpenAI: "forces the model to cal
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from steersman.config import DEFAULTS, GatewaySettings
-from steersman.engines.base import EngineMetrics, ReplicaAddress, UpstreamError
-from steersman.http.client import Exchange
+from steersman.engines.base import EngineMetrics, Exchange, ReplicaAddress, UpstreamError
 from steersman.engines.metric_names import METRIC_NAMES
 from steersman.engines.openai_http import OpenAIHttpAdapter
 from steersman.engines.promtext import read_samples

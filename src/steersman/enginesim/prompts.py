@@ -35,7 +35,7 @@ def _text_only(messages) -> None:
     for i, m in enumerate(messages):
         if isinstance(m.content, list):
             for j, part in enumerate(m.content):
-                kind = part.get("type") if isinstance(part, dict) else "text" if isinstance(part, str) else None
+                kind = part.get("type")  # a part is an object (api.schema.ChatMessage)
                 if kind != "text":
                     raise bad_request(f"`messages[{i}].content[{j}]` is {str(kind)[:40]!r} content: the model is "
                                       "text-only, only text parts are supported.", f"messages[{i}].content[{j}]",
