@@ -80,6 +80,35 @@ def test_every_way_to_ask_for_structured_output_is_read():
     assert constraint(comp) == ("json", s)
 
 
+PATTERNS = [r"\d{3}-\d{4}", r"(yes|no|maybe)", r"[A-Z][a-z]+ [A-Z][a-z]+", r"[^aeiou]{5}", r"\w+@\w+\.(com|org)",
+            r"(\d+)\.\1", r"(?i)hello", r"a.b.c", r"\s*\{\"x\": \d+\}", r"(ab)*c?", r"[\d\s]{2,4}", r"^foo$",
+            r"(?P<y>\d{4})-(?P=y)", r"colou?r", r"[-+]?\d*\.\d+", r"\bword\b", r"(?:a|b|c){1,}", r".*", r"[a-f0-9]{32}"]
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_a_regex_gets_a_string_it_matches_whole_a_function_of_the_context(pattern):
+    import re
+
+    kind, spec = constraint(_chat(guided_regex=pattern))
+    assert kind == "regex" and constraint(_chat(structured_outputs={"regex": pattern})) == (kind, spec)
+    for ctx in [f"context {i}" for i in range(30)] + [[1, 2, 3]]:
+        g = structured(ctx, kind, spec, 10_000)
+        assert re.fullmatch(pattern, g.text) and g.finish_reason == "stop" and "".join(g.pieces) == g.text
+        assert structured(ctx, kind, spec, 10_000).text == g.text
+
+
+def test_a_regex_it_cannot_honour_is_a_400_naming_the_field():
+    for pattern, field, code in (("(unclosed", "guided_regex", "invalid_value"),
+                                 ("(a{60000}){60000}", "guided_regex", "unsupported_value"),
+                                 ("a(?!b)b", "guided_regex", "unsupported_value")):
+        with pytest.raises(ApiError) as e:
+            constraint(_chat(guided_regex=pattern))
+        assert (e.value.status, e.value.param, e.value.code) == (400, field, code)
+    with pytest.raises(ApiError) as e:
+        constraint(_chat(structured_outputs={"regex": "[z-a]"}))
+    assert e.value.param == "structured_outputs"
+
+
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": SCHEMAS["person"]}},
          {"type": "function", "function": {"name": "noop"}}]
 

@@ -209,6 +209,17 @@ def test_an_image_part_for_a_text_model_and_a_suffix_are_400s_naming_them(client
         assert "image_url" in e.value.message
 
 
+def test_a_guided_regex_comes_through_both_ways(client):
+    import re
+
+    pattern = r"[A-Z]{3}-\d{4} (ok|late)"
+    kw = dict(model="llama-3.1-8b", max_tokens=40, messages=MSGS, extra_body={"guided_regex": pattern})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert re.fullmatch(pattern, whole) and streamed == whole
+
+
 def test_structured_output_and_tool_calls_come_through_both_ways(client):
     """engine-sim answers structured output and tool calls as vLLM does; through the gateway, streamed (one stream,
     not continuable) and whole alike: an agent loop runs against the simulated fleet."""

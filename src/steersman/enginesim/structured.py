@@ -6,12 +6,15 @@ A request that constrains its output gets an output that satisfies the constrain
   ``guided_json`` / ``structured_outputs: {"json": S}`` (vLLM), ``json_schema`` (llama.cpp) -- a JSON document
   valid against it;
 * ``response_format: {"type": "json_object"}`` -- a JSON object;
-* ``guided_choice`` / ``structured_outputs: {"choice": [...]}`` -- one of the strings.
+* ``guided_choice`` / ``structured_outputs: {"choice": [...]}`` -- one of the strings;
+* ``guided_regex`` / ``structured_outputs: {"regex": R}`` -- a string R matches whole
+  (:mod:`steersman.enginesim.regexgen`); an invalid pattern, or one it cannot draw a match for, is a 400 naming
+  the field (vLLM refuses an invalid one too).
 
 Like the pseudo-text it is a function of the context (and the sample's ``variant``), made of short pieces, one
 per token, so the engine model paces it and ``max_tokens`` cuts it (``finish_reason: "length"``, an unfinished
-document, as vLLM's).  A regular expression or grammar (``guided_regex``, ``guided_grammar``, llama.cpp's
-``grammar``) is not generated from: those requests get pseudo-text, as before.
+document, as vLLM's).  A grammar (``guided_grammar``, llama.cpp's ``grammar``) is not generated from: those
+requests get pseudo-text.
 
 The schema subset covers what structured-output clients send: ``type`` (one or a list), ``properties`` /
 ``required``, ``items`` / ``minItems`` / ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` / ``allOf``
@@ -29,6 +32,8 @@ from typing import Any
 
 import orjson
 
+from steersman.api.errors import bad_request
+from steersman.enginesim.regexgen import regex_sample
 from steersman.enginesim.textgen import _WORDS, Generation, context_hash
 
 __all__ = ["constraint", "structured"]
@@ -38,9 +43,13 @@ _PIECE = re.compile(r'[{}\[\],:]|"|\s+|[^{}\[\],:"\s]{1,6}')
 
 
 def constraint(req: Any) -> tuple[str, Any] | None:
-    """``("json", schema)`` (``None`` schema: any JSON object) or ``("choice", strings)`` the request asks its
-    output to satisfy, or ``None``."""
+    """``("json", schema)`` (``None`` schema: any JSON object), ``("choice", strings)`` or ``("regex", (pattern, a
+    match))`` the request asks its output to satisfy, or ``None``; a 400 for a pattern it cannot match."""
     so = getattr(req, "structured_outputs", None)
+    if isinstance(so, dict) and isinstance(so.get("regex"), str):
+        return _regex(so["regex"], "structured_outputs")
+    if isinstance(getattr(req, "guided_regex", None), str):
+        return _regex(req.guided_regex, "guided_regex")
     if isinstance(so, dict):
         if isinstance(so.get("json"), (dict, str)):
             return "json", _schema(so["json"])
@@ -64,6 +73,17 @@ def constraint(req: Any) -> tuple[str, Any] | None:
     return None
 
 
+def _regex(pattern: str, field: str) -> tuple[str, tuple[str, str]]:
+    try:
+        first = regex_sample(pattern, random.Random(0))
+    except (re.error, OverflowError) as e:
+        raise bad_request(f"`{field}` is not a valid regular expression: {e}.", field) from None
+    if first is None:
+        raise bad_request(f"`{field}`: engine-sim cannot generate a match for this pattern (lookarounds or "
+                          "boundaries its draws break).", field, "unsupported_value")
+    return "regex", (pattern, first)
+
+
 def _schema(s: dict | str) -> dict | None:
     if isinstance(s, dict):
         return s
@@ -79,6 +99,8 @@ def structured(context: str | Sequence[int], kind: str, spec: Any, max_tokens: i
     rng = random.Random(context_hash(context) * 1_000_003 + variant)
     if kind == "choice":
         text = spec[rng.randrange(len(spec))]
+    elif kind == "regex":
+        text = regex_sample(spec[0], rng) or spec[1]
     else:
         value = _value(spec if isinstance(spec, dict) else {"type": "object"}, spec if isinstance(spec, dict) else {},
                        rng, 0)
