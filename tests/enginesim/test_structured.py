@@ -137,3 +137,22 @@ def test_tool_calls_follow_tool_choice():
         with pytest.raises(ApiError) as e:
             plan_tool_call(_chat(messages=ask, **{"tools": TOOLS, **bad}), "ctx", 100)
         assert e.value.status == 400 and e.value.param == param
+
+
+def test_any_pattern_gets_a_match_or_a_400_never_another_error():
+    import re
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=400, deadline=None, derandomize=True)
+    @given(st.text(alphabet="ab01.*+?|()[]{}^$\\-,dwsDWSbB=!<>:P", max_size=14))
+    def check(pattern):
+        try:
+            kind, spec = constraint(_chat(guided_regex=pattern))
+        except ApiError as e:
+            assert e.status == 400 and e.param == "guided_regex"
+            return
+        assert re.fullmatch(pattern, structured("ctx", kind, spec, 10_000).text)
+
+    check()

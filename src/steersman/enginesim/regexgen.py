@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import re
 import string
+import warnings
 from re import _constants as C  # type: ignore[attr-defined]
 from re import _parser as P  # type: ignore[attr-defined]
 
@@ -31,8 +32,10 @@ _CATEGORY = {
 
 def regex_sample(pattern: str, rng: random.Random) -> str | None:
     """A string ``re.fullmatch(pattern, s)`` accepts, or ``None`` (an invalid pattern raises ``re.error``)."""
-    compiled = re.compile(pattern)
-    tree = P.parse(pattern)
+    with warnings.catch_warnings():  # "possible nested set" and the like: advice for the pattern's author
+        warnings.simplefilter("ignore", FutureWarning)
+        compiled = re.compile(pattern)
+        tree = P.parse(pattern)
     for _ in range(_TRIES):
         try:
             text = _emit(tree, rng, {})
@@ -90,10 +93,17 @@ def _one(op, av, rng: random.Random, groups: dict[int, str]) -> str:
     if op is C.GROUPREF:
         return groups.get(av, "")
     if op is C.CATEGORY:
-        return rng.choice(_CATEGORY[av])
+        return rng.choice(_category(av))
     if op in (C.AT, C.ASSERT, C.ASSERT_NOT):
         return ""  # anchors and lookarounds consume nothing; fullmatch judges the draw
     raise _Unsupported(str(op))
+
+
+def _category(av) -> str:
+    chars = _CATEGORY.get(av)
+    if chars is None:
+        raise _Unsupported(str(av))
+    return chars
 
 
 def _in_class(items, rng: random.Random) -> str:
@@ -106,7 +116,7 @@ def _in_class(items, rng: random.Random) -> str:
             lo, hi = av
             allowed.extend(chr(c) for c in range(lo, min(hi, lo + 95) + 1))
         elif op is C.CATEGORY:
-            allowed.extend(_CATEGORY[av])
+            allowed.extend(_category(av))
         else:
             raise _Unsupported(str(op))
     if negate:
