@@ -139,6 +139,15 @@ def test_tool_calls_follow_tool_choice():
         assert e.value.status == 400 and e.value.param == param
 
 
+def test_a_grammar_is_a_400_naming_the_field_not_text_that_ignores_it():
+    for kw, field in (({"guided_grammar": "root ::= \"a\""}, "guided_grammar"), ({"grammar": "root ::= \"a\""}, "grammar"),
+                      ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs")):
+        with pytest.raises(ApiError) as e:
+            constraint(_chat(**kw))
+        assert (e.value.status, e.value.param, e.value.code) == (400, field, "unsupported_value")
+    assert constraint(_chat(grammar="")) is None  # an empty grammar constrains nothing
+
+
 def test_any_pattern_gets_a_match_or_a_400_never_another_error():
     import re
 

@@ -13,8 +13,8 @@ A request that constrains its output gets an output that satisfies the constrain
 
 Like the pseudo-text it is a function of the context (and the sample's ``variant``), made of short pieces, one
 per token, so the engine model paces it and ``max_tokens`` cuts it (``finish_reason: "length"``, an unfinished
-document, as vLLM's).  A grammar (``guided_grammar``, llama.cpp's ``grammar``) is not generated from: those
-requests get pseudo-text.
+document, as vLLM's).  A grammar (``guided_grammar``, ``structured_outputs: {"grammar": G}``, llama.cpp's
+``grammar``) is not generated from: a 400 naming the field says so (text that ignores it would look like an answer).
 
 The schema subset covers what structured-output clients send: ``type`` (one or a list), ``properties`` /
 ``required``, ``items`` / ``minItems`` / ``maxItems``, ``enum``, ``const``, ``anyOf`` / ``oneOf`` / ``allOf``
@@ -46,6 +46,11 @@ def constraint(req: Any) -> tuple[str, Any] | None:
     """``("json", schema)`` (``None`` schema: any JSON object), ``("choice", strings)`` or ``("regex", (pattern, a
     match))`` the request asks its output to satisfy, or ``None``; a 400 for a pattern it cannot match."""
     so = getattr(req, "structured_outputs", None)
+    for field, grammar in (("guided_grammar", getattr(req, "guided_grammar", None)), ("grammar", getattr(req, "grammar", None)),
+                           ("structured_outputs", so.get("grammar") if isinstance(so, dict) else None)):
+        if isinstance(grammar, str) and grammar:
+            raise bad_request(f"`{field}`: engine-sim does not generate from grammars (JSON schemas, choices and "
+                              "regular expressions it does).", field, "unsupported_value")
     if isinstance(so, dict) and isinstance(so.get("regex"), str):
         return _regex(so["regex"], "structured_outputs")
     if isinstance(getattr(req, "guided_regex", None), str):
