@@ -39,7 +39,7 @@ def regex_sample(pattern: str, rng: random.Random) -> str | None:
     for _ in range(_TRIES):
         try:
             text = _emit(tree, rng, {})
-        except (_Unsupported, _TooLong, RecursionError):
+        except (_Unsupported, RecursionError):
             return None
         if compiled.fullmatch(text):
             return text
@@ -47,17 +47,13 @@ def regex_sample(pattern: str, rng: random.Random) -> str | None:
 
 
 class _Unsupported(Exception):
-    pass
-
-
-class _TooLong(Exception):
-    pass
+    """A construct the draw does not cover, or a draw longer than ``_MAX_CHARS``."""
 
 
 def _emit(items, rng: random.Random, groups: dict[int, str]) -> str:
     text = "".join(_one(op, av, rng, groups) for op, av in items)
     if len(text) > _MAX_CHARS:
-        raise _TooLong
+        raise _Unsupported("longer than _MAX_CHARS")
     return text
 
 
@@ -78,7 +74,7 @@ def _one(op, av, rng: random.Random, groups: dict[int, str]) -> str:
             parts.append(_emit(sub, rng, groups))
             size += len(parts[-1])
             if size > _MAX_CHARS:
-                raise _TooLong
+                raise _Unsupported("longer than _MAX_CHARS")
         return "".join(parts)
     if op is C.BRANCH:
         return _emit(rng.choice(av[1]), rng, groups)

@@ -46,8 +46,9 @@ def constraint(req: Any) -> tuple[str, Any] | None:
     """``("json", schema)`` (``None`` schema: any JSON object), ``("choice", strings)`` or ``("regex", (pattern, a
     match))`` the request asks its output to satisfy, or ``None``; a 400 for a pattern it cannot match."""
     so = getattr(req, "structured_outputs", None)
-    for field, grammar in (("guided_grammar", getattr(req, "guided_grammar", None)), ("grammar", getattr(req, "grammar", None)),
-                           ("structured_outputs", so.get("grammar") if isinstance(so, dict) else None)):
+    grammars = (("guided_grammar", getattr(req, "guided_grammar", None)), ("grammar", getattr(req, "grammar", None)),
+                ("structured_outputs", so.get("grammar") if isinstance(so, dict) else None))
+    for field, grammar in grammars:
         if isinstance(grammar, str) and grammar:
             raise bad_request(f"`{field}`: engine-sim does not generate from grammars (JSON schemas, choices and "
                               "regular expressions it does).", field, "unsupported_value")
