@@ -12,12 +12,14 @@ import pytest
 STEERSMAN = [sys.executable, "-m", "steersman"]
 
 
-def _wait_line(proc: subprocess.Popen, prefix: str, timeout: float = 60.0) -> str:
+def _wait_line(proc: subprocess.Popen, prefix: str, timeout: float = 60.0, seen: list[str] | None = None) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
             raise AssertionError(f"process exited ({proc.poll()}) before printing {prefix!r}")
+        if seen is not None:
+            seen.append(line)
         if line.startswith(prefix):
             return line
     raise AssertionError(f"no {prefix!r} line within {timeout} s")
@@ -28,7 +30,8 @@ def test_up_serves_openai_clients_and_stops_everything_on_ctrl_c():
 
     proc = subprocess.Popen(STEERSMAN + ["up", "--port", "0", "--speedup", "20"], stdout=subprocess.PIPE, text=True)
     try:
-        url = _wait_line(proc, "steersman ready").split()[-1]
+        printed: list[str] = []
+        url = _wait_line(proc, "steersman ready", seen=printed).split()[-1]
         children = psutil.Process(proc.pid).children(recursive=True)
         assert len(children) == 5  # 2x H100 + 2x A100 + 1x L40S engine-sim replicas
         with OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
@@ -40,6 +43,11 @@ def test_up_serves_openai_clients_and_stops_everything_on_ctrl_c():
                 )
             )
             assert text
+        # the ready-to-paste Python example, pasted (a streamed chat, then a Response)
+        out = "".join(printed)
+        example = out[out.index("# python\n") + len("# python\n"):].split("\n\n")[0]
+        ran = subprocess.run([sys.executable, "-c", example], capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0 and len(ran.stdout.strip().splitlines()) == 1, ran.stderr
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
         gone, alive = psutil.wait_procs(children, timeout=10)

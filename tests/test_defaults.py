@@ -38,6 +38,7 @@ PINNED = {
     "gateway.loop_lag_interval_s": 0.1,
     "gateway.busy_poll_s": 0.0,
     "gateway.isolate_tenant_caches": False,
+    "gateway.response_store_mib": 64,
     "gateway.log_prompts": False,
     "gateway.max_sse_event_bytes": 1024 * 1024,
     "sim_server.host": "127.0.0.1",

@@ -153,3 +153,31 @@ def test_a_tool_call_cut_mid_stream_ends_with_an_error_event_not_a_new_call(open
                     pieces.append(d.function.arguments or "")
         assert "cannot be continued" in str(e.value) and "tool call" in str(e.value)
         assert len(ids) == 1 and 0 < len("".join(pieces)) and migrations(lf.url) == 0
+
+
+def test_a_responses_stream_continues_token_exact_on_another_replica(openai_client):
+    """/v1/responses runs as a chat stream through the same relay: a replica dying mid-answer is continued, and the
+    client reads one Responses stream (no event lost or repeated, one response.completed)."""
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        kw = dict(model=MODEL, input="Tell me about replicas.", max_output_tokens=30, extra_body={"ignore_eos": True})
+        ref = client.responses.create(**kw)
+        _die(lf, 0, after=5)  # round-robin sends the stream to replica 0 (the reference went to 1): it dies after 5 tokens
+        events = list(client.responses.create(stream=True, **kw))
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == ref.output_text and len(deltas) == 30
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        assert [e.type for e in events].count("response.created") == 1 and events[-1].type == "response.incomplete"
+        assert events[-1].response.usage.output_tokens == 30 and migrations(lf.url) == 1
+
+
+def test_a_responses_stream_that_cannot_continue_ends_with_error_and_response_failed(openai_client):
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        _die(lf, 0, after=4)
+        _die(lf, 1, after=4)
+        events = list(client.responses.create(model=MODEL, input="Tell me about replicas.", max_output_tokens=40,
+                                              text={"format": {"type": "json_object"}}, stream=True))
+        assert [e.type for e in events][-2:] == ["error", "response.failed"]
+        assert "cannot be continued" in events[-2].message and events[-1].response.status == "failed"
+        assert migrations(lf.url) == 0

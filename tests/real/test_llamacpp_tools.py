@@ -138,3 +138,31 @@ def test_an_image_for_a_text_only_engine_is_a_400_naming_messages(client):
     err = e.value.body
     assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "unsupported_value", "messages")
     assert "image" in err["message"]
+
+
+def test_the_responses_api_runs_an_agent_turn_on_a_real_engine(client):
+    """/v1/responses, translated by the gateway into the chat request above: the same call comes back as a
+    function_call item (whole and streamed), the tool's output goes back by previous_response_id, and the
+    conversation's prompt is what the chat API would have rendered (the same prompt tokens)."""
+    tool = {"type": "function", **WEATHER["function"]}
+    kw = dict(model=MODEL, max_output_tokens=60, temperature=0, tools=[tool], tool_choice="required",
+              input=ASK[0]["content"], extra_headers=BATCH)
+    chat = client.chat.completions.create(model=MODEL, max_tokens=60, temperature=0, messages=ASK, tools=[WEATHER],
+                                          tool_choice="required")
+    r = client.responses.create(**kw)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in chat.choices[0].message.tool_calls]
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    events = list(client.responses.create(stream=True, **kw))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [(d.name, json.loads(d.arguments)) for d in done] == [(c.name, json.loads(c.arguments)) for c in calls]
+    # the base model writes some text before its call, in a message item of its own (both ways)
+    assert [o.type for o in events[-1].response.output] == [o.type for o in r.output]
+    assert events[-1].type == f"response.{r.status}" and events[-1].response.output_text == r.output_text
+    after = client.responses.create(model=MODEL, previous_response_id=r.id, max_output_tokens=12, temperature=0,
+                                    tools=[tool], tool_choice="none", extra_headers=BATCH,
+                                    input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                            "output": "sunny, 24 C"}])
+    assert after.output_text and not [o for o in after.output if o.type == "function_call"]
+    assert after.usage.input_tokens > r.usage.input_tokens

@@ -16,7 +16,9 @@ from urllib.parse import unquote
 import orjson
 
 from steersman.api.errors import ApiError, error_body, not_found_model
+from steersman.api.headers import tag_request_id
 from steersman.api.lifecycle import RequestLifecycle
+from steersman.api.responses_http import ResponsesEndpoints
 from steersman.api.calibrate import calibrate
 from steersman.api.admin import AdminGuard, fleet_view
 from steersman.api.openapi import openapi_document
@@ -37,7 +39,7 @@ from steersman.fleet.state import Fleet, Replica
 from steersman.http.busypoll import BusyPoll
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.obs.metrics import GatewayMetrics
-from steersman.obs.tracing import make_tracer, request_id
+from steersman.obs.tracing import make_tracer
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
@@ -66,7 +68,7 @@ _CHAT = _Endpoint("chat", "/v1/chat/completions")
 _COMPLETION = _Endpoint("completion", "/v1/completions")
 
 
-class Gateway(RequestLifecycle):
+class Gateway(RequestLifecycle, ResponsesEndpoints):
     def __init__(self, cfg: FleetConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.settings = cfg.gateway
@@ -95,6 +97,7 @@ class Gateway(RequestLifecycle):
                                self.settings.client_request_timeout_s)
         self.http.route("POST", "/v1/chat/completions", self.chat)
         self.http.route("POST", "/v1/completions", self.completions)
+        self._route_responses()
         for path, handler in (("/v1/models", self.models), ("/v1/models/", self.model), ("/health", self.health),
                               ("/metrics", self.metrics_handler), ("/openapi.json", self.openapi),
                               ("/admin/fleet", self.admin_fleet)):
@@ -231,7 +234,7 @@ class Gateway(RequestLifecycle):
         self._seq += 1
         ctx = RequestContext(http=request, kind=ep.kind, path=ep.path, seq=self._seq, started=self.clock.now())
         headers = request.headers
-        ctx.request_id = _tag(request)
+        ctx.request_id = tag_request_id(request)
         tracer = self.tracer
         tracer.begin(ctx, headers, request.method, request.path)
         m = self.metrics
@@ -328,16 +331,9 @@ class Gateway(RequestLifecycle):
         request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
 
 
-def _tag(request: HttpRequest) -> str:
-    """The request's id (the client's X-Request-Id when valid, else a new one), on every answer to it."""
-    rid = request_id(request.headers.get("x-request-id"))
-    request.extra_headers = b"X-Request-Id: %b\r\n" % rid.encode()
-    return rid
-
-
 def _with_request_id(handler):
     """A GET handler whose answers carry X-Request-Id, as OpenAI's API does on every response."""
     async def tagged(request: HttpRequest) -> None:
-        _tag(request)
+        tag_request_id(request)
         await handler(request)
     return tagged

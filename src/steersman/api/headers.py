@@ -18,9 +18,10 @@ from collections.abc import Mapping
 
 from steersman.api.errors import ApiError, bad_request
 from steersman.config import SchedulerSettings
+from steersman.obs.tracing import request_id
 from steersman.policy.request import LatencyBudget
 
-__all__ = ["parse_budget", "DEADLINE", "SLO"]
+__all__ = ["parse_budget", "tag_request_id", "DEADLINE", "SLO"]
 
 DEADLINE = "x-steersman-deadline-ms"
 SLO = "x-steersman-slo"
@@ -55,3 +56,10 @@ def parse_budget(headers: Mapping[str, str], now: float, settings: SchedulerSett
         deadline=deadline,
         slo_class=slo_name or settings.default_slo,
     )
+
+
+def tag_request_id(request) -> str:
+    """The request's id (the client's X-Request-Id when valid, else a new one), on every answer to it."""
+    rid = request_id(request.headers.get("x-request-id"))
+    request.extra_headers = b"X-Request-Id: %b\r\n" % rid.encode()
+    return rid

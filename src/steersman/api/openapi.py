@@ -106,12 +106,21 @@ def openapi_document(models: Sequence[str], max_tokens: int,
             "param": _nullable({"type": "string"}), "code": _nullable({"type": "string"}),
         }}}}
     plain = {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}}
+    by_id = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "openapi": "3.1.0",
         "info": {"title": "steersman gateway", "version": "1", "description": "OpenAI-compatible inference gateway."},
         "paths": {
             "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "Completion"),
             "/v1/completions": _generation("Text completion", "CompletionRequest", "Completion"),
+            "/v1/responses": _generation("Response (OpenAI's Responses API, run as a chat completion)",
+                                         "ResponsesRequest", "Response"),
+            "/v1/responses/{response_id}": {
+                "get": {"summary": "A stored response", "parameters": by_id,
+                        "responses": {"200": {"description": "The Response object", "content": {
+                            "application/json": {"schema": _ref("Response")}}}, **_error_responses(401, 404)}},
+                "delete": {"summary": "Delete a stored response", "parameters": by_id,
+                           "responses": {**plain, **_error_responses(401, 404)}}},
             "/v1/models": {"get": {"summary": "Models served by the fleet", "responses": plain}},
             "/v1/models/{model}": {"get": {
                 "summary": "One model served by the fleet",
@@ -124,8 +133,52 @@ def openapi_document(models: Sequence[str], max_tokens: int,
         "components": {"schemas": {
             "ChatCompletionRequest": chat, "CompletionRequest": completion, "ChatMessage": message,
             "StreamOptions": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
-            "Completion": answer, "ErrorResponse": error,
+            "Completion": answer, "ErrorResponse": error, **_responses_schemas(common),
             # one server-sent event: a JSON chunk, a JSON error (a stream that failed), or [DONE]
             "StreamEvent": {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}},
         }},
     }
+
+
+def _responses_schemas(common: dict[str, Any]) -> dict[str, Any]:
+    """The Responses API's request and Response object, as far as the gateway checks and answers them."""
+    text = {"type": "object", "required": ["type", "text"], "properties": {
+        "type": {"type": "string", "enum": ["input_text", "output_text"]}, "text": {"type": "string"}}}
+    content = {"anyOf": [{"type": "string"}, {"type": "array", "items": text}]}
+    item = {"anyOf": [
+        {"type": "object", "required": ["role", "content"], "properties": {
+            "type": {"type": "string", "enum": ["message"]},
+            "role": {"type": "string", "enum": ["user", "assistant", "system", "developer"]}, "content": content}},
+        {"type": "object", "required": ["type", "call_id", "name", "arguments"], "properties": {
+            "type": {"type": "string", "enum": ["function_call"]}, "call_id": {"type": "string"},
+            "name": {"type": "string"}, "arguments": {"type": "string"}}},
+        {"type": "object", "required": ["type", "call_id", "output"], "properties": {
+            "type": {"type": "string", "enum": ["function_call_output"]}, "call_id": {"type": "string"},
+            "output": content}},
+    ]}
+    tool = {"type": "object", "required": ["type", "name"], "properties": {
+        "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"},
+        "description": _nullable({"type": "string"}), "parameters": _nullable({"type": "object"})}}
+    request = {"type": "object", "required": ["model", "input"], "properties": {
+        "model": common["model"], "stream": common["stream"], "temperature": common["temperature"],
+        "top_p": common["top_p"], "user": common["user"], "max_output_tokens": common["max_tokens"],
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": item}]},
+        "instructions": _nullable({"type": "string"}),
+        "previous_response_id": {**_nullable({"type": "string"}), "description": "A stored response of the same tenant."},
+        "store": {"type": "boolean"},
+        "metadata": _nullable({"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"}}),
+        "tools": {"type": "array", "items": tool},
+        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {
+            "type": "object", "required": ["type", "name"], "properties": {
+                "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}}}]},
+        "text": {"type": "object", "properties": {"format": {"type": "object", "required": ["type"], "properties": {
+            "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]}}}}},
+        "truncation": {"type": "string", "enum": ["auto", "disabled"]},
+    }}
+    response = {"type": "object", "required": ["id", "object", "created_at", "status", "model", "output"],
+                "properties": {"id": {"type": "string"}, "object": {"type": "string", "enum": ["response"]},
+                               "created_at": {"type": "integer"},
+                               "status": {"type": "string", "enum": ["completed", "incomplete", "failed"]},
+                               "model": {"type": "string"}, "output": {"type": "array", "items": {"type": "object"}},
+                               "usage": _nullable({"type": "object"})}}
+    return {"ResponsesRequest": request, "Response": response}

@@ -41,7 +41,8 @@ def _banner(gw) -> None:
         f"client = OpenAI(base_url=\"{gw.url}/v1\", api_key=\"unused\")\n"
         f"for chunk in client.chat.completions.create(model=\"{model}\", stream=True, max_tokens=32,\n"
         "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
-        "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)"
+        "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
+        f"print(client.responses.create(model=\"{model}\", input=\"Hello!\", max_output_tokens=32).output_text)"
     )
     con.print(Panel.fit(f"[bold green]steersman gateway ready[/] at [bold]{gw.url}[/]  (models: {', '.join(models)})\n"
                         f"metrics: {gw.url}/metrics   health: {gw.url}/health   Ctrl-C stops everything", title="steersman"))

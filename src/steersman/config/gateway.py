@@ -76,6 +76,11 @@ class GatewaySettings:
         False, "vLLM shares prefix-cache blocks across all requests (a cache hit is a timing side channel between "
         "tenants); true adds a per-tenant `cache_salt` (vLLM's request field) at the cost of cross-tenant hits"
     )
+    response_store_mib: int = setting(
+        64, "design: the Responses API's stored responses (store: true, what previous_response_id continues) are "
+        "kept in the gateway's memory up to 64 MiB, least recently used out first (OpenAI keeps them 30 days on "
+        "its servers; a gateway keeps what a bounded heap holds: a few thousand long conversations)", ge=1
+    )
     log_prompts: bool = setting(
         False, "prompts are user data: never logged unless asked (GDPR art. 5(1)(c) data minimisation); "
         "true logs request bodies at DEBUG"

@@ -1,0 +1,220 @@
+"""``/v1/responses`` on the gateway: create (whole or streamed), retrieve and delete.
+
+A create runs as a chat completion through the gateway's request path, with :class:`ResponsesHttp` standing in for
+the client's HTTP request: the stages read the chat body from it, and what they answer (a whole completion, stream
+events, an error) is written to the client as the Responses API's (:mod:`steersman.api.responses_out`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from steersman.api.errors import ApiError, upstream_failed
+from steersman.api.headers import tag_request_id
+from steersman.api.response_store import ResponseStore
+from steersman.api.responses import chat_param, parse_body, previous_id, translate_request
+from steersman.api.responses_out import ResponseBuilder, ResponseEvents
+from steersman.api.schema import content_type_error
+from steersman.control.tenants import AuthError
+from steersman.http.server import HttpRequest
+
+__all__ = ["ResponsesHttp", "ResponsesEndpoints"]
+
+
+def _mapped_error(body: bytes) -> bytes:
+    """An OpenAI error body with its ``param`` named as the Responses request names it."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if not isinstance(err, dict) or not isinstance(err.get("param"), str):
+        return body
+    mapped = chat_param(err["param"])
+    if mapped == err["param"]:
+        return body
+    before, after = _top(err["param"]), _top(mapped)
+    err["param"] = mapped
+    if isinstance(err.get("message"), str) and before != after:  # "`max_tokens` must be ..." names it too
+        err["message"] = err["message"].replace(f"`{before}`", f"`{after}`").replace(f"'{before}'", f"'{after}'")
+    return orjson.dumps(doc)
+
+
+def _top(param: str) -> str:
+    return re.match(r"[A-Za-z_]*", param).group(0)  # type: ignore[union-attr]
+
+
+class ResponsesHttp:
+    """The client's request as the request path sees it (the chat body), answering in the Responses API."""
+
+    __slots__ = ("inner", "body", "builder", "events", "on_done")
+
+    def __init__(self, inner: HttpRequest, builder: ResponseBuilder, chat_body: bytes,
+                 on_done: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+        self.inner = inner
+        self.body = chat_body
+        self.builder = builder
+        self.events = ResponseEvents(builder)
+        self.on_done = on_done  # (the Response object, the assistant's chat message) once it completed
+
+    # what the stages read of the request
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.inner.headers
+
+    @property
+    def method(self) -> str:
+        return self.inner.method
+
+    @property
+    def path(self) -> str:
+        return self.inner.path
+
+    @property
+    def extra_headers(self) -> bytes:
+        return self.inner.extra_headers
+
+    @extra_headers.setter
+    def extra_headers(self, value: bytes) -> None:
+        self.inner.extra_headers = value
+
+    @property
+    def producer(self) -> object | None:
+        return self.inner.producer
+
+    @producer.setter
+    def producer(self, value: object | None) -> None:
+        self.inner.producer = value
+
+    @property
+    def started(self) -> bool:
+        return self.inner.started
+
+    @property
+    def closed(self) -> bool:
+        return self.inner.closed
+
+    def withdraw(self) -> bool:
+        return self.inner.withdraw()
+
+    async def drain(self) -> None:
+        await self.inner.drain()
+
+    # what they answer
+    def respond(self, status: int, body: bytes, content_type: bytes = b"application/json", extra: bytes = b"") -> None:
+        if status == 200:
+            try:
+                response, assistant = self.builder.from_chat(body)
+            except (ValueError, TypeError, AttributeError, KeyError):  # not a chat completion (orjson's errors are ValueErrors)
+                err = upstream_failed("The engine's answer is not a chat completion: "
+                                      + body[:200].decode("utf-8", "replace"), 502, "malformed_response")
+                self.inner.respond(err.status, err.body(), content_type, extra)
+                return
+            self.on_done(response, assistant)
+            body = orjson.dumps(response)
+        else:
+            body = _mapped_error(body)
+        self.inner.respond(status, body, content_type, extra)
+
+    def start_stream(self, status: int = 200, content_type: bytes = b"text/event-stream", extra: bytes = b"",
+                     hold: bool = False) -> None:
+        self.inner.start_stream(status, content_type, extra, hold)
+
+    def send(self, data: bytes, last: bool = False) -> None:
+        ev = self.events
+        out = ev.feed(data) if data else b""
+        if ev.final is not None and ev.assistant is not None and ev.final["status"] != "failed":
+            self.on_done(ev.final, ev.assistant)
+            ev.assistant = None  # once
+        self.inner.send(out, last)
+
+    def end_stream(self) -> None:
+        self.inner.end_stream()
+
+
+def _not_found(response_id: str) -> ApiError:
+    return ApiError(404, f"No response found with id '{response_id}'.", "invalid_request_error", None, "not_found")
+
+
+class ResponsesEndpoints:
+    """The Gateway's Responses endpoints (a mixin: it uses the gateway's tenants, settings, clock and ``_handle``)."""
+
+    response_store: ResponseStore
+
+    def _route_responses(self) -> None:
+        self.response_store = ResponseStore(self.settings.response_store_mib * 2**20)
+        self.http.route("POST", "/v1/responses", self.responses)
+        self.http.route("GET", "/v1/responses/", self.get_response)
+        self.http.route("DELETE", "/v1/responses/", self.delete_response)
+
+    def _tenant_or_refuse(self, request: HttpRequest) -> str | None:
+        got = self.tenants.authenticate(request.headers.get("authorization"))
+        if isinstance(got, AuthError):
+            err = ApiError(401, got.message, "invalid_request_error", None, "invalid_api_key")
+            request.respond(err.status, err.body())
+            return None
+        return got.name
+
+    async def responses(self, request: HttpRequest) -> None:
+        rid = tag_request_id(request)
+        bad = content_type_error(request.headers.get("content-type"))
+        tenant = self._tenant_or_refuse(request) if bad is None else None
+        if tenant is None:
+            if bad is not None:
+                request.respond(bad.status, bad.body())
+            self.metrics.count("_unknown", 400 if bad is not None else 401)
+            return
+        try:
+            doc = parse_body(request.body)
+            history = None
+            prev = previous_id(doc)
+            if prev is not None:
+                stored = self.response_store.get(tenant, prev)
+                if stored is None:
+                    raise ApiError(400, f"Previous response with id '{prev}' not found.", "invalid_request_error",
+                                   "previous_response_id", "previous_response_not_found")
+                history = list(stored.conversation)
+            call = translate_request(request.body, history)
+        except ApiError as e:
+            request.respond(e.status, e.body(), extra=e.header_lines())
+            self.metrics.count("_unknown", e.status)
+            return
+        request.extra_headers = b""  # _handle tags it again (the same id)
+        request.headers["x-request-id"] = rid
+        store = self.response_store
+
+        def done(response: dict[str, Any], assistant: dict[str, Any]) -> None:
+            if call.store:
+                store.put(tenant, response, call.history + [assistant])
+
+        builder = ResponseBuilder(call, call.chat["model"], int(self.clock.wall()))
+        await self.chat(ResponsesHttp(request, builder, orjson.dumps(call.chat), done))  # type: ignore[arg-type]
+
+    async def get_response(self, request: HttpRequest) -> None:
+        tag_request_id(request)
+        tenant = self._tenant_or_refuse(request)
+        if tenant is None:
+            return
+        response_id = request.path[len("/v1/responses/"):]
+        got = self.response_store.get(tenant, response_id)
+        if got is None:
+            err = _not_found(response_id)
+            request.respond(err.status, err.body())
+            return
+        request.respond(200, got.response)
+
+    async def delete_response(self, request: HttpRequest) -> None:
+        tag_request_id(request)
+        tenant = self._tenant_or_refuse(request)
+        if tenant is None:
+            return
+        response_id = request.path[len("/v1/responses/"):]
+        if not self.response_store.delete(tenant, response_id):
+            err = _not_found(response_id)
+            request.respond(err.status, err.body())
+            return
+        request.respond(200, orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}))
