@@ -7,7 +7,8 @@ import orjson
 import pytest
 
 from steersman.api.errors import ApiError
-from steersman.api.response_store import ResponseStore
+from steersman.api.response_store import MemoryResponseStore
+from steersman.testing import FakeClock
 from steersman.api.responses import chat_param, translate_request
 from steersman.api.responses_out import ResponseBuilder, ResponseEvents
 
@@ -209,18 +210,29 @@ def test_a_whole_completion_becomes_a_response_object():
 
 
 def test_the_store_keeps_the_most_recently_used_within_its_bytes_and_per_tenant():
-    s = ResponseStore(3000)
+    s = MemoryResponseStore(3000, 3600.0, FakeClock())
     for i in range(10):
         s.put("t", {"id": f"r{i}", "pad": "x" * 400}, [{"role": "user", "content": "y" * 100}])
-    assert 0 < s.bytes <= 3000 and s.get("t", "r9") is not None and s.get("t", "r0") is None
-    kept = [i for i in range(10) if s.get("t", f"r{i}") is not None]
-    s.get("t", f"r{kept[0]}")  # used: the next put evicts another one
+    assert 0 < s.bytes <= 3000 and s.lookup("t", "r9") is not None and s.lookup("t", "r0") is None
+    kept = [i for i in range(10) if s.lookup("t", f"r{i}") is not None]
+    s.lookup("t", f"r{kept[0]}")  # used: the next put evicts another one
     s.put("t", {"id": "new", "pad": "x" * 400}, [])
-    assert s.get("t", f"r{kept[0]}") is not None and s.get("t", f"r{kept[1]}") is None
-    assert s.get("other", "new") is None  # another tenant's id reads as unknown
-    assert s.delete("t", "new") and not s.delete("t", "new")
+    assert s.lookup("t", f"r{kept[0]}") is not None and s.lookup("t", f"r{kept[1]}") is None
+    assert s.lookup("other", "new") is None  # another tenant's id reads as unknown
+    assert s.remove("t", "new") and not s.remove("t", "new")
     s.put("t", {"id": "huge", "pad": "x" * 5000}, [])
-    assert s.get("t", "huge") is None  # larger than the whole store: not kept
+    assert s.lookup("t", "huge") is None  # larger than the whole store: not kept
+
+
+async def test_a_stored_response_expires_after_its_ttl():
+    clock = FakeClock()
+    s = MemoryResponseStore(10**6, 60.0, clock)
+    s.put("t", {"id": "r"}, [{"role": "user", "content": "a"}])
+    await clock.advance(59.0)
+    got = s.lookup("t", "r")
+    assert got is not None and orjson.loads(got.response) == {"id": "r"} and got.conversation[0]["content"] == "a"
+    await clock.advance(1.0)
+    assert s.lookup("t", "r") is None and s.bytes == 0
 
 
 class _Inner:

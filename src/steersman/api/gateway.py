@@ -207,6 +207,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.metrics.loop_lag.stop()
         await self.http.stop()
         self.stop_lifecycle()
+        await self.response_store.close()
         if self.scraper is not None:
             await self.scraper.stop()
         for a in self.adapters.values():

@@ -118,9 +118,9 @@ def openapi_document(models: Sequence[str], max_tokens: int,
             "/v1/responses/{response_id}": {
                 "get": {"summary": "A stored response", "parameters": by_id,
                         "responses": {"200": {"description": "The Response object", "content": {
-                            "application/json": {"schema": _ref("Response")}}}, **_error_responses(401, 404)}},
+                            "application/json": {"schema": _ref("Response")}}}, **_error_responses(401, 404, 503)}},
                 "delete": {"summary": "Delete a stored response", "parameters": by_id,
-                           "responses": {**plain, **_error_responses(401, 404)}}},
+                           "responses": {**plain, **_error_responses(401, 404, 503)}}},
             "/v1/models": {"get": {"summary": "Models served by the fleet", "responses": plain}},
             "/v1/models/{model}": {"get": {
                 "summary": "One model served by the fleet",

@@ -1,22 +1,29 @@
 """The gateway's store of Responses (``store: true``): what ``previous_response_id`` continues, and what
 ``GET`` / ``DELETE /v1/responses/{id}`` read.
 
-In memory, least recently used first out past a byte budget (``GatewaySettings.response_store_mib``), each
-response visible to its own tenant only (another tenant's id reads as unknown, as OpenAI's store answers for
-another project's).  Engines need none of it: each turn is sent whole, so the conversation's earlier turns are a
-prompt prefix the scheduler routes to the replica that has it cached.  One gateway's memory: gateways behind one
-load balancer each keep their own.
+Two stores behind one small protocol, chosen by ``gateway.response_store_url``: in the gateway's memory (the
+default: least recently used out first past ``response_store_mib``), or in Redis (``redis://...``:
+:class:`steersman.state.RedisResponseStore`), which every gateway behind one load balancer shares, so a
+conversation continues whichever gateway its next turn reaches.  Either way a response is visible to its own
+tenant only (another tenant's id reads as unknown, as OpenAI's store answers for another project's) and expires
+``response_store_ttl_s`` after it was stored (OpenAI keeps responses 30 days).  Engines need none of it: each turn
+is sent whole, so the earlier turns are a prompt prefix the scheduler routes to the replica that has it cached.
+
+``put`` does not wait (a stream's last event is written from the relay's callback): a store with IO writes in the
+background and answers its own ``get`` from the pending write meanwhile.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-__all__ = ["ResponseStore", "Stored"]
+from steersman.clock import Clock
+
+__all__ = ["ResponseStore", "MemoryResponseStore", "Stored", "encode_stored", "decode_stored", "make_response_store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,11 +31,43 @@ class Stored:
     response: bytes  # the Response object's JSON
     conversation: tuple[dict[str, Any], ...]  # its chat messages, instructions excepted, with the output's own
     size: int
+    expires: float = float("inf")  # on the store's clock
 
 
-class ResponseStore:
-    def __init__(self, max_bytes: int) -> None:
+def encode_stored(response: dict[str, Any], conversation: list[dict[str, Any]]) -> bytes:
+    return b'{"response":%b,"conversation":%b}' % (orjson.dumps(response), orjson.dumps(conversation))
+
+
+def decode_stored(raw: bytes) -> Stored:
+    doc = orjson.loads(raw)
+    return Stored(orjson.dumps(doc["response"]), tuple(doc["conversation"]), len(raw))
+
+
+class StoreUnavailable(Exception):
+    """The store could not be read or written (its server is down): the request gets a 503."""
+
+
+@runtime_checkable
+class ResponseStore(Protocol):
+    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        """Keep a completed response (without waiting for any IO)."""
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None:
+        """The tenant's stored response, None when unknown or expired; :class:`StoreUnavailable` on IO failure."""
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        """Forget it; False when it was not there."""
+
+    async def close(self) -> None: ...
+
+
+class MemoryResponseStore:
+    """In the gateway's memory: least recently used out first past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int, ttl_s: float, clock: Clock) -> None:
         self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        self.clock = clock
         self.bytes = 0
         self._items: OrderedDict[tuple[str, str], Stored] = OrderedDict()
 
@@ -36,30 +75,54 @@ class ResponseStore:
         return len(self._items)
 
     def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        body = orjson.dumps(response)
-        size = len(body) + len(orjson.dumps(conversation))
-        if size > self.max_bytes:
+        raw = encode_stored(response, conversation)
+        if len(raw) > self.max_bytes:
             return  # larger than the whole store: not kept (a follow-up names an unknown id)
         key = (tenant, response["id"])
-        old = self._items.pop(key, None)
-        if old is not None:
-            self.bytes -= old.size
-        self._items[key] = Stored(body, tuple(conversation), size)
-        self.bytes += size
+        self._drop(key)
+        self._items[key] = Stored(orjson.dumps(response), tuple(conversation), len(raw), self.clock.now() + self.ttl_s)
+        self.bytes += len(raw)
         while self.bytes > self.max_bytes:
             _, gone = self._items.popitem(last=False)
             self.bytes -= gone.size
 
-    def get(self, tenant: str, response_id: str) -> Stored | None:
-        key = (tenant, response_id)
-        got = self._items.get(key)
+    def _drop(self, key: tuple[str, str]) -> Stored | None:
+        got = self._items.pop(key, None)
         if got is not None:
-            self._items.move_to_end(key)
+            self.bytes -= got.size
         return got
 
-    def delete(self, tenant: str, response_id: str) -> bool:
-        got = self._items.pop((tenant, response_id), None)
+    def lookup(self, tenant: str, response_id: str) -> Stored | None:
+        key = (tenant, response_id)
+        got = self._items.get(key)
         if got is None:
-            return False
-        self.bytes -= got.size
-        return True
+            return None
+        if got.expires <= self.clock.now():
+            self._drop(key)
+            return None
+        self._items.move_to_end(key)
+        return got
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None:
+        return self.lookup(tenant, response_id)
+
+    def remove(self, tenant: str, response_id: str) -> bool:
+        return self._drop((tenant, response_id)) is not None
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        return self.remove(tenant, response_id)
+
+    async def close(self) -> None:
+        self._items.clear()
+        self.bytes = 0
+
+
+def make_response_store(settings, clock: Clock) -> ResponseStore:
+    """The store ``settings`` (GatewaySettings) name: memory, or Redis at ``response_store_url``."""
+    max_bytes = settings.response_store_mib * 2**20
+    if not settings.response_store_url:
+        return MemoryResponseStore(max_bytes, settings.response_store_ttl_s, clock)
+    from steersman.state.redis_responses import RedisResponseStore
+
+    return RedisResponseStore(settings.response_store_url, settings.response_store_prefix, max_bytes,
+                              settings.response_store_ttl_s, settings.response_store_timeout_s)

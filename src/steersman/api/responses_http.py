@@ -15,7 +15,7 @@ import orjson
 
 from steersman.api.errors import ApiError, upstream_failed
 from steersman.api.headers import tag_request_id
-from steersman.api.response_store import ResponseStore
+from steersman.api.response_store import ResponseStore, StoreUnavailable, make_response_store
 from steersman.api.responses import chat_param, parse_body, previous_id, translate_request
 from steersman.api.responses_out import ResponseBuilder, ResponseEvents
 from steersman.api.schema import content_type_error
@@ -140,13 +140,18 @@ def _not_found(response_id: str) -> ApiError:
     return ApiError(404, f"No response found with id '{response_id}'.", "invalid_request_error", None, "not_found")
 
 
+def _store_down(e: Exception) -> ApiError:
+    return ApiError(503, f"Stored responses cannot be read right now: {e}", "server_error", None,
+                    "store_unavailable", 1.0)
+
+
 class ResponsesEndpoints:
     """The Gateway's Responses endpoints (a mixin: it uses the gateway's tenants, settings, clock and ``_handle``)."""
 
     response_store: ResponseStore
 
     def _route_responses(self) -> None:
-        self.response_store = ResponseStore(self.settings.response_store_mib * 2**20)
+        self.response_store = make_response_store(self.settings, self.clock)
         self.http.route("POST", "/v1/responses", self.responses)
         self.http.route("GET", "/v1/responses/", self.get_response)
         self.http.route("DELETE", "/v1/responses/", self.delete_response)
@@ -173,7 +178,7 @@ class ResponsesEndpoints:
             history = None
             prev = previous_id(doc)
             if prev is not None:
-                stored = self.response_store.get(tenant, prev)
+                stored = await self._stored(tenant, prev)
                 if stored is None:
                     raise ApiError(400, f"Previous response with id '{prev}' not found.", "invalid_request_error",
                                    "previous_response_id", "previous_response_not_found")
@@ -194,13 +199,23 @@ class ResponsesEndpoints:
         builder = ResponseBuilder(call, call.chat["model"], int(self.clock.wall()))
         await self.chat(ResponsesHttp(request, builder, orjson.dumps(call.chat), done))  # type: ignore[arg-type]
 
+    async def _stored(self, tenant: str, response_id: str):
+        try:
+            return await self.response_store.get(tenant, response_id)
+        except StoreUnavailable as e:
+            raise _store_down(e) from None
+
     async def get_response(self, request: HttpRequest) -> None:
         tag_request_id(request)
         tenant = self._tenant_or_refuse(request)
         if tenant is None:
             return
         response_id = request.path[len("/v1/responses/"):]
-        got = self.response_store.get(tenant, response_id)
+        try:
+            got = await self._stored(tenant, response_id)
+        except ApiError as e:
+            request.respond(e.status, e.body(), extra=e.header_lines())
+            return
         if got is None:
             err = _not_found(response_id)
             request.respond(err.status, err.body())
@@ -213,7 +228,13 @@ class ResponsesEndpoints:
         if tenant is None:
             return
         response_id = request.path[len("/v1/responses/"):]
-        if not self.response_store.delete(tenant, response_id):
+        try:
+            deleted = await self.response_store.delete(tenant, response_id)
+        except StoreUnavailable as e:
+            err = _store_down(e)
+            request.respond(err.status, err.body(), extra=err.header_lines())
+            return
+        if not deleted:
             err = _not_found(response_id)
             request.respond(err.status, err.body())
             return

@@ -81,6 +81,22 @@ class GatewaySettings:
         "kept in the gateway's memory up to 64 MiB, least recently used out first (OpenAI keeps them 30 days on "
         "its servers; a gateway keeps what a bounded heap holds: a few thousand long conversations)", ge=1
     )
+    response_store_url: str | None = setting(
+        None, "design: stored responses stay in the gateway's memory; `redis://host:port/db` keeps them in Redis, "
+        "shared by every gateway behind one load balancer (a conversation's next turn may reach another gateway)"
+    )
+    response_store_prefix: str = setting(
+        "steersman:", "design: Redis keys of stored responses start with this, so several deployments (or test "
+        "runs) share one Redis server without colliding"
+    )
+    response_store_ttl_s: float = setting(
+        30 * 24 * 3600.0, "OpenAI's API keeps stored Response objects for 30 days by default (its data controls "
+        "page); after that previous_response_id and GET /v1/responses/{id} no longer find them", gt=0
+    )
+    response_store_timeout_s: float = setting(
+        1.0, "design: a Redis read of a stored response slower than 1 s fails (503, retryable) rather than holding "
+        "the request: a local Redis answers in well under a millisecond", gt=0
+    )
     log_prompts: bool = setting(
         False, "prompts are user data: never logged unless asked (GDPR art. 5(1)(c) data minimisation); "
         "true logs request bodies at DEBUG"

@@ -1,0 +1,89 @@
+"""Stored Responses in Redis, shared by every gateway that names the same server and key prefix.
+
+One key per response, ``{prefix}response:{tenant digest}:{id}``, holding the Response object and its conversation
+as one JSON document, written with an expiry (``SET ... PX``): Redis forgets it after the TTL, and its own
+``maxmemory`` policy bounds the memory (a response larger than ``response_store_mib`` is not stored).  The tenant
+is part of the key, so another tenant's id is simply not there.
+
+Writes do not hold up the answer: ``put`` keeps the document as pending and writes it on a task; this gateway's
+reads find a pending write first, so a client that sends its next turn as soon as the stream ends is served even
+if the write has not landed yet.  A write that fails is logged and counted (``failed_writes``); a read or delete
+that fails raises :class:`StoreUnavailable` (the gateway answers 503, which clients retry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from steersman.api.response_store import Stored, StoreUnavailable, decode_stored, encode_stored
+
+__all__ = ["RedisResponseStore"]
+
+log = logging.getLogger("steersman.state")
+
+
+class RedisResponseStore:
+    def __init__(self, url: str, prefix: str, max_bytes: int, ttl_s: float, timeout_s: float) -> None:
+        self.prefix = prefix
+        self.max_bytes = max_bytes
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._pending: dict[bytes, bytes] = {}
+        self._writing: dict[bytes, asyncio.Task] = {}  # key -> its write under way
+        self.failed_writes = 0
+
+    def key(self, tenant: str, response_id: str) -> bytes:
+        who = hashlib.sha256(tenant.encode()).hexdigest()[:16]
+        return f"{self.prefix}response:{who}:{response_id}".encode()
+
+    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        raw = encode_stored(response, conversation)
+        if len(raw) > self.max_bytes:
+            return
+        key = self.key(tenant, response["id"])
+        self._pending[key] = raw
+        self._writing[key] = asyncio.get_running_loop().create_task(self._write(key, raw))
+
+    async def _write(self, key: bytes, raw: bytes) -> None:
+        try:
+            await self.client.set(key, raw, px=self.ttl_ms)
+        except (RedisError, OSError) as e:
+            self.failed_writes += 1
+            log.warning("stored response not written to Redis (%s): a follow-up naming it will not find it", e)
+        finally:
+            if self._pending.get(key) is raw:
+                del self._pending[key]
+                self._writing.pop(key, None)
+
+    async def get(self, tenant: str, response_id: str) -> Stored | None:
+        key = self.key(tenant, response_id)
+        raw = self._pending.get(key)
+        if raw is None:
+            try:
+                raw = await self.client.get(key)
+            except (RedisError, OSError) as e:
+                raise StoreUnavailable(f"the response store (Redis) cannot be read: {e}") from None
+        return None if raw is None else decode_stored(raw)
+
+    async def delete(self, tenant: str, response_id: str) -> bool:
+        key = self.key(tenant, response_id)
+        pending = self._pending.pop(key, None)
+        writing = self._writing.pop(key, None)
+        if writing is not None:  # a write under way must not bring it back after the delete
+            await asyncio.wait({writing})
+        try:
+            n = await self.client.delete(key)
+        except (RedisError, OSError) as e:
+            raise StoreUnavailable(f"the response store (Redis) cannot be written: {e}") from None
+        return bool(n) or pending is not None
+
+    async def close(self) -> None:
+        if self._writing:
+            await asyncio.wait(set(self._writing.values()), timeout=2.0)
+        await self.client.aclose()
