@@ -39,7 +39,7 @@ def _operations(schema):
 def test_the_document_is_valid_openapi_and_lists_the_fleets_models(schema):
     ops = {(op.method.upper(), op.path) for op in _operations(schema)}
     assert ("POST", "/v1/chat/completions") in ops and ("POST", "/v1/completions") in ops
-    assert {("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"),
+    assert {("POST", "/v1/responses"), ("POST", "/v1/embeddings"), ("GET", "/v1/responses/{response_id}"),
             ("DELETE", "/v1/responses/{response_id}")} <= ops
     chat = schema.raw_schema["components"]["schemas"]["ChatCompletionRequest"]
     assert chat["properties"]["model"]["enum"] == ["llama-3.1-8b"]

@@ -66,6 +66,7 @@ class _Endpoint:
 
 _CHAT = _Endpoint("chat", "/v1/chat/completions")
 _COMPLETION = _Endpoint("completion", "/v1/completions")
+_EMBEDDING = _Endpoint("embedding", "/v1/embeddings")
 
 
 class Gateway(RequestLifecycle, ResponsesEndpoints):
@@ -97,6 +98,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                                self.settings.client_request_timeout_s)
         self.http.route("POST", "/v1/chat/completions", self.chat)
         self.http.route("POST", "/v1/completions", self.completions)
+        self.http.route("POST", "/v1/embeddings", self.embeddings)
         self._route_responses()
         for path, handler in (("/v1/models", self.models), ("/v1/models/", self.model), ("/health", self.health),
                               ("/metrics", self.metrics_handler), ("/openapi.json", self.openapi),
@@ -229,6 +231,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
 
     async def completions(self, request: HttpRequest) -> None:
         await self._handle(request, _COMPLETION)
+
+    async def embeddings(self, request: HttpRequest) -> None:
+        await self._handle(request, _EMBEDDING)
 
     async def _handle(self, request: HttpRequest, ep: _Endpoint) -> None:
         assert self.pipeline is not None and self.fleet is not None

@@ -113,6 +113,12 @@ def openapi_document(models: Sequence[str], max_tokens: int,
         "paths": {
             "/v1/chat/completions": _generation("Chat completion", "ChatCompletionRequest", "Completion"),
             "/v1/completions": _generation("Text completion", "CompletionRequest", "Completion"),
+            "/v1/embeddings": {"post": {
+                "summary": "Embeddings of one input or a batch",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("EmbeddingRequest")}}},
+                "responses": {"200": {"description": "One vector per input", "content": {
+                    "application/json": {"schema": _ref("EmbeddingList")}}},
+                    **_error_responses(400, 401, 404, 408, 413, 415, 429, 502, 503, 504)}}},
             "/v1/responses": _generation("Response (OpenAI's Responses API, run as a chat completion)",
                                          "ResponsesRequest", "Response"),
             "/v1/responses/{response_id}": {
@@ -134,6 +140,7 @@ def openapi_document(models: Sequence[str], max_tokens: int,
             "ChatCompletionRequest": chat, "CompletionRequest": completion, "ChatMessage": message,
             "StreamOptions": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
             "Completion": answer, "ErrorResponse": error, **_responses_schemas(common),
+            **_embedding_schemas(common),
             # one server-sent event: a JSON chunk, a JSON error (a stream that failed), or [DONE]
             "StreamEvent": {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}},
         }},
@@ -182,3 +189,23 @@ def _responses_schemas(common: dict[str, Any]) -> dict[str, Any]:
                                "model": {"type": "string"}, "output": {"type": "array", "items": {"type": "object"}},
                                "usage": _nullable({"type": "object"})}}
     return {"ResponsesRequest": request, "Response": response}
+
+
+def _embedding_schemas(common: dict[str, Any]) -> dict[str, Any]:
+    text = {"type": "string", "minLength": 1}
+    ids = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}
+    request = {"type": "object", "required": ["model", "input"], "properties": {
+        "model": common["model"], "user": common["user"],
+        "input": {"anyOf": [text, {"type": "array", "minItems": 1, "maxItems": 2048, "items": text}, ids,
+                            {"type": "array", "minItems": 1, "maxItems": 2048, "items": ids}]},
+        "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        "dimensions": _nullable({"type": "integer", "minimum": 1}),
+    }}
+    vector = {"anyOf": [{"type": "array", "items": {"type": "number"}}, {"type": "string"}]}
+    answer = {"type": "object", "required": ["object", "data", "model"], "properties": {
+        "object": {"type": "string", "enum": ["list"]}, "model": {"type": "string"},
+        "data": {"type": "array", "items": {"type": "object", "required": ["object", "index", "embedding"],
+                                            "properties": {"object": {"type": "string"}, "index": {"type": "integer"},
+                                                           "embedding": vector}}},
+        "usage": _nullable({"type": "object"})}}
+    return {"EmbeddingRequest": request, "EmbeddingList": answer}

@@ -30,6 +30,7 @@ __all__ = [
     "decode_chat",
     "decode_completion",
     "content_type_error",
+    "decode_with",
 ]
 
 
@@ -154,6 +155,9 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise bad_request("Request body is not valid UTF-8.", None, "invalid_encoding") from None
     except RecursionError:
         raise bad_request("Request body is nested too deeply.", None, "invalid_json") from None
+
+
+decode_with = _decode  # a body with another endpoint's decoder (its errors named as every endpoint's)
 
 
 def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_tokens_limit: int) -> None:

@@ -25,6 +25,7 @@ from steersman.enginesim.metrics import SimMetrics, wanted
 from steersman.enginesim.runner import EngineRunner
 from steersman.http.server import HttpRequest, HttpServer
 from steersman.obs.tracing import OtlpSpans
+from steersman.enginesim.embeddings import Embedder
 from steersman.sim import EngineModel, gpu_profile, model_profile
 from steersman.text._fast_tokenize import warm_up as warm_up_tokenizer
 
@@ -75,11 +76,14 @@ class SimServer:
         self.generator = Generator(self.model_name, self.max_model_len, cfg.engine.block_size, cfg.mean_output_tokens,
                                    self.runner, self.faults, self.clock, self.crash,
                                    cfg.engine.scheduling_policy == "priority", self.spans)
+        self.generator.vocab = self.engine.model.vocab
+        self.embedder = Embedder(self.generator, self.engine.model.hidden)
         self.port = cfg.port
         self.http = HttpServer(error_body, DEFAULTS.gateway.max_body_bytes)
         for method, path, handler in (
             ("POST", "/v1/chat/completions", self.generator.chat),
             ("POST", "/v1/completions", self.generator.completions),
+            ("POST", "/v1/embeddings", self.embedder.embeddings),
             ("GET", "/v1/models", self.models),
             ("GET", "/health", self.health),
             ("GET", "/metrics", self.metrics_handler),

@@ -44,6 +44,7 @@ class Generator:
         self.on_die = on_die
         self._ids = itertools.count()
         self._id_prefix = secrets.token_hex(4)
+        self.vocab: int | None = None  # the model's vocabulary size, once the server sets it
 
     async def chat(self, request: HttpRequest) -> None:
         await self._generate(request, chat=True)
@@ -64,7 +65,7 @@ class Generator:
         names the response as vLLM's ``_base_request_id`` does (the engine's own ids stay unique: two requests may
         bring the same header)."""
         self._check(req)
-        prompts = read_prompts(req, chat)
+        prompts = read_prompts(req, chat, self.vocab)
         want = req.output_limit
         field = "messages" if chat else "prompt"
         rooms = [self.max_model_len - len(pr.ids) for pr in prompts]

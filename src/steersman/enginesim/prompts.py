@@ -18,7 +18,7 @@ from steersman.text import render_chat
 from steersman.text.chat_tokens import tokenize_chat_array
 from steersman.text.tokenizer import tokenize_array
 
-__all__ = ["Prompt", "read_prompts"]
+__all__ = ["Prompt", "read_prompts", "token_ids"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,8 @@ def _text_only(messages) -> None:
                                       "unsupported_value")
 
 
-def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool) -> list[Prompt]:
+def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool, vocab: int | None = None) -> list[Prompt]:
+    """The request's prompts; ``vocab``: the model's vocabulary size (a token id at or over it is a 400, as vLLM's)."""
     if chat:
         # vLLM: `continue_final_message` continues the last assistant message (an assistant prefix);
         # it excludes `add_generation_prompt`, like vLLM's request validation
@@ -76,13 +77,17 @@ def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool) -> 
         else:
             if req.echo:
                 raise bad_request("engine-sim echoes text prompts only: it has no detokenizer for token ids.", "echo")
-            out.append(Prompt(_token_ids(x), list(x), "x"))
+            out.append(Prompt(token_ids(x, "prompt", vocab), list(x), "x"))
     return out
 
 
-def _token_ids(ids: list) -> list[int]:
-    """A prompt given as token ids; a negative id is no token (vLLM: out of vocabulary, 400)."""
+def token_ids(ids: list, field: str, vocab: int | None = None) -> list[int]:
+    """A prompt given as token ids; a negative id is no token, nor one past the vocabulary (vLLM: 400, "Token id
+    ... is out of vocabulary")."""
     bad = next((i for i in ids if not isinstance(i, int) or i < 0), None)
     if bad is not None:
-        raise bad_request(f"`prompt` token ids must be >= 0, got {bad}.", "prompt")
+        raise bad_request(f"`{field}` token ids must be >= 0, got {bad}.", field)
+    top = max(ids, default=0)
+    if vocab is not None and top >= vocab:
+        raise bad_request(f"Token id {top} is out of vocabulary (the model's has {vocab} tokens).", field)
     return list(ids)

@@ -51,6 +51,10 @@ class Brownout:
             self.counts.inc(ctx.model, "shed")
             return Fail(ApiError(503, act.reason[:1].upper() + act.reason[1:] + ".", "server_error", None, "brownout",
                                  act.retry_after), Retry.NEVER)
+        if isinstance(act, MoveTo) and sched.kind == "embedding":  # another model's vectors are not comparable
+            self.counts.inc(ctx.model, "shed")
+            return Fail(ApiError(503, f"The fleet serving {ctx.model} is saturated; embeddings are not moved to "
+                                      "another model.", "server_error", None, "brownout", 1.0), Retry.NEVER)
         if isinstance(act, MoveTo):
             self.counts.inc(ctx.model, "moved")
             data = orjson.loads(ctx.body)

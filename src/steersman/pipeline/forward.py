@@ -28,6 +28,7 @@ from steersman.pipeline.context import RequestContext
 from steersman.pipeline.continuation import BadEvent, Continuation
 from steersman.obs.tracing import OtlpTracer, PassThrough
 from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Respond, Retry
+from steersman.policy.request import PROMPT_FIELD
 
 __all__ = ["Forward", "with_priority"]
 
@@ -303,7 +304,7 @@ class Forward:
                                  None, "engine_refused"), Retry.NEVER)
         # the engine refused the request itself (e.g. context too long): relay its error, in OpenAI's format
         ctx.status = status
-        field = "messages" if ctx.sched is not None and ctx.sched.kind == "chat" else "prompt"
+        field = PROMPT_FIELD.get(ctx.sched.kind if ctx.sched is not None else ctx.kind, "prompt")
         ctx.http.respond(status, engine_error_body(ex.status, body, field), b"application/json")
         return RESPONDED
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steersman.api.embeddings import decode_embedding
 from steersman.api.errors import ApiError, not_found_model
 from steersman.api.schema import decode_chat, decode_completion
 from steersman.config import GatewaySettings
@@ -25,8 +26,10 @@ class ParseRequest:
         try:
             if ctx.kind == "chat":
                 ctx.request = decode_chat(ctx.body, self.max_tokens, self.max_logprobs)
-            else:
+            elif ctx.kind == "completion":
                 ctx.request = decode_completion(ctx.body, self.max_tokens, self.max_logprobs)
+            else:
+                ctx.request = decode_embedding(ctx.body)
         except ApiError as e:
             return Fail(e, Retry.NEVER)
         ctx.model = ctx.request.model

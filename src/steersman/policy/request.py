@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from types import MappingProxyType
 
-__all__ = ["PriorityClass", "LatencyBudget", "WorkflowView", "SchedRequest"]
+__all__ = ["PriorityClass", "LatencyBudget", "WorkflowView", "SchedRequest", "PROMPT_FIELD"]
+
+#: the request field holding the prompt, by kind: what a refusal of the prompt (too long, unsupported) names
+PROMPT_FIELD = MappingProxyType({"chat": "messages", "completion": "prompt", "embedding": "input"})
 
 
 class PriorityClass(enum.IntEnum):
@@ -57,7 +61,7 @@ class WorkflowView:
 class SchedRequest:
     seq: int  # gateway request counter: deterministic tie-breaker and seed
     model: str
-    kind: str  # "chat" | "completion"
+    kind: str  # "chat" | "completion" | "embedding"
     stream: bool
     tenant: str
     priority: PriorityClass

@@ -25,7 +25,7 @@ from steersman.policy.base import Decision, Reject
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
 from steersman.policy.kernels import shortlist_kernel
 from steersman.policy.plugin_kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel
-from steersman.policy.request import SchedRequest
+from steersman.policy.request import PROMPT_FIELD, SchedRequest
 
 __all__ = ["FitsKv", "kv_shortfall", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
 
@@ -82,13 +82,14 @@ def kv_shortfall(snap, req: SchedRequest, idx: np.ndarray) -> Decision | np.ndar
     least = req.prompt_tokens + (req.max_tokens or 1)
     holds = cap >= least
     if not holds.any():
-        field = "messages" if req.kind == "chat" else "prompt"
+        field = PROMPT_FIELD.get(req.kind, "prompt")
         most = int(np.max(cap)) if cap.size else 0
-        ask = (f"about {req.prompt_tokens} in the {field}" + (f" and {req.max_tokens} of output (`max_tokens`)"
-                                                             if req.max_tokens else ""))
+        output = req.max_tokens if req.kind != "embedding" else None  # an embedding's one token is no one's ask
+        ask = (f"about {req.prompt_tokens} in the {field}" + (f" and {output} of output (`max_tokens`)"
+                                                             if output else ""))
         return Reject(f"this request needs {least} tokens of context ({ask}), more than any replica serving "
                       f"{req.model!r} holds ({most} tokens): reduce the length of the {field}"
-                      + (" or `max_tokens`" if req.max_tokens else ""),
+                      + (" or `max_tokens`" if output else ""),
                       None, "context_length_exceeded", 400, field)
     usage = snap.kv_usage[idx]
     free = np.where(holds, (1.0 - np.nan_to_num(usage, nan=1.0)) * cap, -np.inf)  # unscraped: none known free
