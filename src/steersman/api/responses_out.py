@@ -95,12 +95,18 @@ def _assistant(text: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
     return msg
 
 
+_DELTA = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":%d,'
+          b'"item_id":"%b","output_index":%d,"content_index":0,"delta":%b,"logprobs":[]}\n\n')
+
+
 def _payloads(data: bytes) -> list[bytes]:
     """The ``data`` payloads of the whole SSE events in ``data`` (what the gateway's relay writes)."""
     out = []
     for block in data.split(b"\n\n"):
-        lines = [ln[5:].lstrip(b" ") if ln.startswith(b"data:") else None for ln in block.split(b"\n")]
-        got = [ln for ln in lines if ln is not None]
+        if block.startswith(b"data: ") and b"\n" not in block:  # one data line: the gateway's relay writes these
+            out.append(block[6:])
+            continue
+        got = [ln[5:].lstrip(b" ") for ln in block.split(b"\n") if ln.startswith(b"data:")]
         if got:
             out.append(b"\n".join(got))
     return out
@@ -174,8 +180,9 @@ class ResponseEvents:
                 self._ev(out, "response.content_part.added", item_id=item["id"], output_index=self.message,
                          content_index=0, part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
             self.text.append(text)
-            self._ev(out, "response.output_text.delta", item_id=self.items[self.message]["id"],
-                     output_index=self.message, content_index=0, delta=text, logprobs=[])
+            # the stream's most frequent event, from a template (its fields in OpenAI's order)
+            out.append(_DELTA % (self.seq, self.items[self.message]["id"].encode(), self.message, orjson.dumps(text)))
+            self.seq += 1
         for tc in delta.get("tool_calls") or ():
             self._call_delta(out, tc)
         if ch.get("finish_reason"):
