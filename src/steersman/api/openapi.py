@@ -175,7 +175,7 @@ def _responses_schemas(common: dict[str, Any]) -> dict[str, Any]:
         "store": {"type": "boolean"},
         "metadata": _nullable({"type": "object", "maxProperties": 16, "additionalProperties": {"type": "string"}}),
         "tools": {"type": "array", "items": tool},
-        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto"]}, {
+        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
             "type": "object", "required": ["type", "name"], "properties": {
                 "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}}}]},
         "text": {"type": "object", "properties": {"format": {"type": "object", "required": ["type"], "properties": {

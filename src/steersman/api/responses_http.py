@@ -48,6 +48,17 @@ def _top(param: str) -> str:
     return re.match(r"[A-Za-z_]*", param).group(0)  # type: ignore[union-attr]
 
 
+def _inner(name: str, writable: bool = False) -> property:
+    """An attribute of the client's request (``self.inner``), read (and written) through."""
+    def get(self):
+        return getattr(self.inner, name)
+
+    def put(self, value) -> None:
+        setattr(self.inner, name, value)
+
+    return property(get, put if writable else None)
+
+
 class ResponsesHttp:
     """The client's request as the request path sees it (the chat body), answering in the Responses API."""
 
@@ -61,42 +72,14 @@ class ResponsesHttp:
         self.events = ResponseEvents(builder)
         self.on_done = on_done  # (the Response object, the assistant's chat message) once it completed
 
-    # what the stages read of the request
-    @property
-    def headers(self) -> dict[str, str]:
-        return self.inner.headers
-
-    @property
-    def method(self) -> str:
-        return self.inner.method
-
-    @property
-    def path(self) -> str:
-        return self.inner.path
-
-    @property
-    def extra_headers(self) -> bytes:
-        return self.inner.extra_headers
-
-    @extra_headers.setter
-    def extra_headers(self, value: bytes) -> None:
-        self.inner.extra_headers = value
-
-    @property
-    def producer(self) -> object | None:
-        return self.inner.producer
-
-    @producer.setter
-    def producer(self, value: object | None) -> None:
-        self.inner.producer = value
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    @property
-    def closed(self) -> bool:
-        return self.inner.closed
+    # what the stages read of the request: the client's own
+    headers = _inner("headers")
+    method = _inner("method")
+    path = _inner("path")
+    started = _inner("started")
+    closed = _inner("closed")
+    extra_headers = _inner("extra_headers", writable=True)
+    producer = _inner("producer", writable=True)  # the engine exchange paused while the client cannot keep up
 
     def withdraw(self) -> bool:
         return self.inner.withdraw()
@@ -171,7 +154,7 @@ class ResponsesEndpoints:
         if tenant is None:
             if bad is not None:
                 request.respond(bad.status, bad.body())
-            self.metrics.count("_unknown", 400 if bad is not None else 401)
+            self.metrics.count("_unknown", bad.status if bad is not None else 401)
             return
         try:
             doc = parse_body(request.body)
@@ -206,36 +189,31 @@ class ResponsesEndpoints:
             raise _store_down(e) from None
 
     async def get_response(self, request: HttpRequest) -> None:
-        tag_request_id(request)
-        tenant = self._tenant_or_refuse(request)
-        if tenant is None:
-            return
-        response_id = request.path[len("/v1/responses/"):]
-        try:
-            got = await self._stored(tenant, response_id)
-        except ApiError as e:
-            request.respond(e.status, e.body(), extra=e.header_lines())
-            return
-        if got is None:
-            err = _not_found(response_id)
-            request.respond(err.status, err.body())
-            return
-        request.respond(200, got.response)
+        got = await self._by_id(request, self.response_store.get)
+        if got is not None:
+            request.respond(200, got.response)
 
     async def delete_response(self, request: HttpRequest) -> None:
+        if await self._by_id(request, self.response_store.delete):
+            response_id = request.path[len("/v1/responses/"):]
+            request.respond(200, orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}))
+
+    async def _by_id(self, request: HttpRequest, op):
+        """``op(tenant, id)`` on the stored response the path names; answers the request itself when there is
+        none (404), the key is refused (401) or the store is down (503), and then returns None."""
         tag_request_id(request)
         tenant = self._tenant_or_refuse(request)
         if tenant is None:
-            return
+            return None
         response_id = request.path[len("/v1/responses/"):]
         try:
-            deleted = await self.response_store.delete(tenant, response_id)
+            got = await op(tenant, response_id)
         except StoreUnavailable as e:
             err = _store_down(e)
             request.respond(err.status, err.body(), extra=err.header_lines())
-            return
-        if not deleted:
+            return None
+        if not got:
             err = _not_found(response_id)
             request.respond(err.status, err.body())
-            return
-        request.respond(200, orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}))
+            return None
+        return got
