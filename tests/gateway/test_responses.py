@@ -123,6 +123,7 @@ def test_json_schema_output(client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA"}]}]},
      "input", 400),  # engine-sim is a text-only model (vLLM's text models answer the same)
     ({"input": "x", "background": True}, "background", 400),
+    ({"input": "word " * 150_000, "truncation": "auto"}, "input", 400),  # over the context: not silently cut
     ({"input": "x", "model": "nope"}, "model", 404),
 ])
 def test_bad_requests_get_openai_errors_naming_the_responses_field(client, kw, param, status):
@@ -180,3 +181,25 @@ def test_a_conversation_continued_by_id_is_routed_to_the_replica_that_cached_it(
                 turn = c.responses.create(model=MODEL, previous_response_id=turn.id, input=q, max_output_tokens=8)
                 # every earlier token but the last partial block is served from the engine's prefix cache
                 assert turn.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 16
+
+
+def test_a_responses_input_items_are_listed_back_as_openai_lists_them(client):
+    items = [{"role": "user", "content": "What is a replica?"},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A copy."}]},
+             {"role": "user", "content": [{"type": "input_text", "text": "And a router?"}]}]
+    r = client.responses.create(model=MODEL, input=items, max_output_tokens=4)
+    listed = client.responses.input_items.list(r.id)  # newest first by default, as OpenAI's
+    texts = [i.content[0].text for i in listed.data]
+    assert texts == ["And a router?", "A copy.", "What is a replica?"] and not listed.has_more
+    assert all(i.id.startswith("msg_") for i in listed.data) and listed.data[1].role == "assistant"
+    first = client.responses.input_items.list(r.id, order="asc", limit=2)
+    assert [i.content[0].text for i in first.data] == ["What is a replica?", "A copy."] and first.has_more
+    rest = client.responses.input_items.list(r.id, order="asc", after=first.data[-1].id)
+    assert [i.content[0].text for i in rest.data] == ["And a router?"]
+    one = client.responses.create(model=MODEL, input="Hi", max_output_tokens=4)
+    assert [i.content[0].text for i in client.responses.input_items.list(one.id).data] == ["Hi"]
+    for bad in (dict(limit=0), dict(order="up"), dict(after="msg_nope")):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.input_items.list(r.id, **bad)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_nope")

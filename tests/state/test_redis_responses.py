@@ -87,6 +87,7 @@ def test_two_gateways_share_a_conversation(prefix):
             second = streamed[-1].response
             assert second.usage.input_tokens > first.usage.input_tokens + 6  # the first turn was in its prompt
             assert ca.responses.retrieve(second.id).output_text == second.output_text
+            assert [i.content[0].text for i in ca.responses.input_items.list(second.id).data] == ["And a router?"]
             cb.responses.delete(first.id)
             with pytest.raises(openai.NotFoundError):
                 ca.responses.retrieve(first.id)

@@ -127,6 +127,13 @@ def openapi_document(models: Sequence[str], max_tokens: int,
                             "application/json": {"schema": _ref("Response")}}}, **_error_responses(401, 404, 503)}},
                 "delete": {"summary": "Delete a stored response", "parameters": by_id,
                            "responses": {**plain, **_error_responses(401, 404, 503)}}},
+            "/v1/responses/{response_id}/input_items": {"get": {
+                "summary": "A stored response's input items (newest first unless order=asc)",
+                "parameters": by_id + [
+                    {"name": "order", "in": "query", "schema": {"type": "string", "enum": ["asc", "desc"]}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+                    {"name": "after", "in": "query", "schema": {"type": "string"}}],
+                "responses": {**plain, **_error_responses(400, 401, 404, 503)}}},
             "/v1/models": {"get": {"summary": "Models served by the fleet", "responses": plain}},
             "/v1/models/{model}": {"get": {
                 "summary": "One model served by the fleet",

@@ -16,6 +16,7 @@ background and answers its own ``get`` from the pending write meanwhile.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -31,16 +32,20 @@ class Stored:
     response: bytes  # the Response object's JSON
     conversation: tuple[dict[str, Any], ...]  # its chat messages, instructions excepted, with the output's own
     size: int
+    input_items: tuple[dict[str, Any], ...] = ()  # its request's input, as items with ids
     expires: float = float("inf")  # on the store's clock
 
 
-def encode_stored(response: dict[str, Any], conversation: list[dict[str, Any]]) -> bytes:
-    return b'{"response":%b,"conversation":%b}' % (orjson.dumps(response), orjson.dumps(conversation))
+def encode_stored(response: dict[str, Any], conversation: list[dict[str, Any]],
+                  items: Sequence[dict[str, Any]] = ()) -> bytes:
+    return b'{"response":%b,"conversation":%b,"input_items":%b}' % (
+        orjson.dumps(response), orjson.dumps(conversation), orjson.dumps(list(items)))
 
 
 def decode_stored(raw: bytes) -> Stored:
     doc = orjson.loads(raw)
-    return Stored(orjson.dumps(doc["response"]), tuple(doc["conversation"]), len(raw))
+    return Stored(orjson.dumps(doc["response"]), tuple(doc["conversation"]), len(raw),
+                  input_items=tuple(doc.get("input_items", ())))
 
 
 class StoreUnavailable(Exception):
@@ -49,8 +54,9 @@ class StoreUnavailable(Exception):
 
 @runtime_checkable
 class ResponseStore(Protocol):
-    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        """Keep a completed response (without waiting for any IO)."""
+    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]],
+            items: Sequence[dict[str, Any]] = ()) -> None:
+        """Keep a completed response, its conversation and its input items (without waiting for any IO)."""
 
     async def get(self, tenant: str, response_id: str) -> Stored | None:
         """The tenant's stored response, None when unknown or expired; :class:`StoreUnavailable` on IO failure."""
@@ -74,13 +80,15 @@ class MemoryResponseStore:
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        raw = encode_stored(response, conversation)
+    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]],
+            items: Sequence[dict[str, Any]] = ()) -> None:
+        raw = encode_stored(response, conversation, items)
         if len(raw) > self.max_bytes:
             return  # larger than the whole store: not kept (a follow-up names an unknown id)
         key = (tenant, response["id"])
         self._drop(key)
-        self._items[key] = Stored(orjson.dumps(response), tuple(conversation), len(raw), self.clock.now() + self.ttl_s)
+        self._items[key] = Stored(orjson.dumps(response), tuple(conversation), len(raw), tuple(items),
+                                  self.clock.now() + self.ttl_s)
         self.bytes += len(raw)
         while self.bytes > self.max_bytes:
             _, gone = self._items.popitem(last=False)

@@ -17,6 +17,7 @@ forwarded into it untouched, as the gateway forwards unknown fields everywhere (
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ import orjson
 
 from steersman.api.errors import ApiError, bad_request
 
-__all__ = ["ResponsesCall", "translate_request", "chat_param"]
+__all__ = ["ResponsesCall", "translate_request", "chat_param", "input_items", "new_id"]
 
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 # what OpenAI's API takes and the gateway turns into the chat request itself (the rest is forwarded as it came)
@@ -53,6 +54,7 @@ class ResponsesCall:
     store: bool = True
     previous: str | None = None  # previous_response_id
     metadata: dict[str, str] = field(default_factory=dict)
+    input_items: list[dict[str, Any]] = field(default_factory=list)  # the input as items with ids (input_items list)
 
 
 def _str(doc: dict, key: str, where: str, required: bool = False) -> str | None:
@@ -268,7 +270,34 @@ def translate_request(body: bytes, history: list[dict[str, Any]] | None = None) 
             "text": doc.get("text") or {"format": {"type": "text"}}, "truncation": truncation,
             "user": doc.get("user"), "reasoning": {"effort": None, "summary": None}, "store": store,
             "previous_response_id": doc.get("previous_response_id"), "metadata": metadata}
-    return ResponsesCall(chat, echo, conversation, stream, store, doc.get("previous_response_id"), metadata)
+    return ResponsesCall(chat, echo, conversation, stream, store, doc.get("previous_response_id"), metadata,
+                         input_items(doc["input"]))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(24)}"
+
+
+_ITEM_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
+
+
+def input_items(items: Any) -> list[dict[str, Any]]:
+    """``input`` (already checked) as OpenAI lists it back (``GET /v1/responses/{id}/input_items``): items with ids,
+    a message's text as content parts."""
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    out = []
+    for it in items:
+        kind = it.get("type", "message")
+        item = {"type": kind, **{k: v for k, v in it.items() if k != "type"}}
+        if kind == "message":
+            part = "output_text" if it["role"] == "assistant" else "input_text"
+            if isinstance(it["content"], str):
+                item["content"] = [{"type": part, "text": it["content"]}]
+            item.setdefault("status", "completed")
+        item.setdefault("id", new_id(_ITEM_PREFIX.get(kind, "item")))
+        out.append(item)
+    return out
 
 
 def parse_body(body: bytes) -> dict[str, Any]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 
-from steersman.api.errors import ApiError, upstream_failed
+from steersman.api.errors import ApiError, bad_request, upstream_failed
 from steersman.api.headers import tag_request_id
 from steersman.api.response_store import ResponseStore, StoreUnavailable, make_response_store
 from steersman.api.responses import chat_param, parse_body, previous_id, translate_request
@@ -177,7 +178,7 @@ class ResponsesEndpoints:
 
         def done(response: dict[str, Any], assistant: dict[str, Any]) -> None:
             if call.store:
-                store.put(tenant, response, call.history + [assistant])
+                store.put(tenant, response, call.history + [assistant], call.input_items)
 
         builder = ResponseBuilder(call, call.chat["model"], int(self.clock.wall()))
         await self.chat(ResponsesHttp(request, builder, orjson.dumps(call.chat), done))  # type: ignore[arg-type]
@@ -189,9 +190,23 @@ class ResponsesEndpoints:
             raise _store_down(e) from None
 
     async def get_response(self, request: HttpRequest) -> None:
+        """``GET /v1/responses/{id}``, and ``.../input_items`` (OpenAI's list: ``order`` desc by default, ``limit``
+        1-100 (20), ``after`` an item id)."""
+        items = request.path.endswith("/input_items")
+        if items:
+            request.path = request.path[: -len("/input_items")]
         got = await self._by_id(request, self.response_store.get)
-        if got is not None:
+        if got is None:
+            return
+        if not items:
             request.respond(200, got.response)
+            return
+        try:
+            page = list_page(list(got.input_items), request.query)
+        except ApiError as e:
+            request.respond(e.status, e.body())
+            return
+        request.respond(200, orjson.dumps(page))
 
     async def delete_response(self, request: HttpRequest) -> None:
         if await self._by_id(request, self.response_store.delete):
@@ -217,3 +232,26 @@ class ResponsesEndpoints:
             request.respond(err.status, err.body())
             return None
         return got
+
+
+def list_page(items: list[dict[str, Any]], query: str) -> dict[str, Any]:
+    """One page of a list in OpenAI's shape, as the query string (``order``, ``limit``, ``after``) asks."""
+    q = {k: v[-1] for k, v in parse_qs(query).items()}
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request(f"Invalid value for 'order': {order!r}. Supported values are: 'asc' and 'desc'.", "order")
+    try:
+        limit = int(q.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise bad_request(f"Invalid value for 'limit': {q.get('limit')!r}: an integer from 1 to 100.", "limit")
+    seq = items if order == "asc" else items[::-1]
+    if "after" in q:
+        at = next((i for i, it in enumerate(seq) if it.get("id") == q["after"]), None)
+        if at is None:
+            raise bad_request(f"No input item with id {q['after']!r} in this response.", "after")
+        seq = seq[at + 1:]
+    data = seq[:limit]
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": len(seq) > limit}

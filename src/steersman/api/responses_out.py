@@ -11,18 +11,13 @@ on) becomes an ``error`` event and ``response.failed``.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import orjson
 
-from steersman.api.responses import ResponsesCall
+from steersman.api.responses import ResponsesCall, new_id
 
 __all__ = ["ResponseBuilder", "ResponseEvents", "new_id"]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(24)}"
 
 
 def _usage(u: Any) -> dict[str, Any] | None:

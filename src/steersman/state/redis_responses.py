@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -42,8 +43,9 @@ class RedisResponseStore:
         who = hashlib.sha256(tenant.encode()).hexdigest()[:16]
         return f"{self.prefix}response:{who}:{response_id}".encode()
 
-    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        raw = encode_stored(response, conversation)
+    def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]],
+            items: Sequence[dict[str, Any]] = ()) -> None:
+        raw = encode_stored(response, conversation, items)
         if len(raw) > self.max_bytes:
             return
         key = self.key(tenant, response["id"])
