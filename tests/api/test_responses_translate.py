@@ -259,3 +259,20 @@ def test_an_engine_answer_that_is_not_a_chat_completion_is_a_502_not_a_traceback
                                                "type": "invalid_request_error", "param": "max_tokens", "code": None}}))
     assert inner.answers[-1][1]["error"]["param"] == "max_output_tokens"
     assert inner.answers[-1][1]["error"]["message"] == "`max_output_tokens` must be at least 1, got 0."
+
+
+def test_truncation_auto_drops_the_oldest_turns_at_user_messages():
+    hist = [{"role": "user", "content": f"q{i}"} if i % 2 == 0 else {"role": "assistant", "content": f"a{i}"}
+            for i in range(10)]  # 5 turns
+    call = translate_request(orjson.dumps({"model": "m", "input": "now", "instructions": "I", "truncation": "auto"}),
+                             hist)
+    assert call.skips() == [0, 2, 4, 8, 10]  # none, 1, 2, 4 and all 5 earlier turns
+    last = orjson.loads(call.chat_body(10))["messages"]
+    assert last == [{"role": "system", "content": "I"}, {"role": "user", "content": "now"}]
+    assert orjson.loads(call.chat_body(2))["messages"][1] == {"role": "user", "content": "q2"}
+    assert translate_request(orjson.dumps({"model": "m", "input": "now"}), hist).skips() == [0]  # disabled
+    tool_turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]
+    call = translate_request(orjson.dumps({"model": "m", "truncation": "auto", "input": [
+        {"type": "function_call_output", "call_id": "c", "output": "x"}]}), tool_turn)
+    assert call.skips() == [0]  # the tool's output keeps the call it answers: no cut inside the turn

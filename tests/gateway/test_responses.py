@@ -203,3 +203,27 @@ def test_a_responses_input_items_are_listed_back_as_openai_lists_them(client):
             client.responses.input_items.list(r.id, **bad)
     with pytest.raises(openai.NotFoundError):
         client.responses.input_items.list("resp_nope")
+
+
+def test_truncation_auto_drops_the_oldest_turns_when_the_conversation_outgrows_the_context():
+    from steersman.config.engine import EngineSettings
+
+    sim = SimServerConfig(speedup=50.0, port=0, engine=EngineSettings(max_model_len=512))
+    words = lambda tag: " ".join(f"{tag}{i}" for i in range(110))  # noqa: E731  (~120 tokens a turn)
+    with LiveFleet(sims=[sim]) as lf, openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0,
+                                                    timeout=30) as c:
+        turn = c.responses.create(model=MODEL, input=words("a"), max_output_tokens=8)
+        for tag in "bc":
+            turn = c.responses.create(model=MODEL, input=words(tag), previous_response_id=turn.id,
+                                      max_output_tokens=8, truncation="auto")
+        with pytest.raises(openai.BadRequestError) as e:  # the whole conversation no longer fits
+            c.responses.create(model=MODEL, input=words("d"), previous_response_id=turn.id, max_output_tokens=8)
+        assert (e.value.body["param"], e.value.body["code"]) == ("input", "context_length_exceeded")
+        fit = c.responses.create(model=MODEL, input=words("d"), previous_response_id=turn.id, max_output_tokens=8,
+                                 truncation="auto")
+        assert fit.status == "incomplete" and 300 < fit.usage.input_tokens <= 504 and fit.truncation == "auto"
+        events = list(c.responses.create(model=MODEL, input=words("d"), previous_response_id=turn.id,
+                                         max_output_tokens=8, truncation="auto", stream=True))
+        assert events[-1].response.usage.input_tokens == fit.usage.input_tokens
+        with pytest.raises(openai.BadRequestError):  # the newest turn alone is too long: nothing left to drop
+            c.responses.create(model=MODEL, input=words("e") * 5, previous_response_id=turn.id, truncation="auto")

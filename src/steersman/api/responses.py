@@ -56,6 +56,23 @@ class ResponsesCall:
     metadata: dict[str, str] = field(default_factory=dict)
     input_items: list[dict[str, Any]] = field(default_factory=list)  # the input as items with ids (input_items list)
 
+    def chat_body(self, skip: int = 0) -> bytes:
+        """The chat request, its conversation less the ``skip`` oldest messages (``truncation: auto``)."""
+        if not skip:
+            return orjson.dumps(self.chat)
+        head = self.chat["messages"][: len(self.chat["messages"]) - len(self.history)]  # the instructions, if any
+        return orjson.dumps({**self.chat, "messages": head + self.history[skip:]})
+
+    def skips(self) -> list[int]:
+        """How many of the conversation's oldest messages each attempt drops: none, then (``truncation: auto``)
+        1, 2, 4 ... of its earlier turns and last all of them but the newest.  A cut is at a user turn, so a tool's
+        output never loses the call it answers."""
+        if self.echo.get("truncation") != "auto":
+            return [0]
+        cuts = [i for i, m in enumerate(self.history) if i > 0 and m.get("role") == "user"]
+        tries = [0] + [cuts[min(2**k, len(cuts)) - 1] for k in range(len(cuts).bit_length() + 1)] if cuts else [0]
+        return list(dict.fromkeys(tries))
+
 
 def _str(doc: dict, key: str, where: str, required: bool = False) -> str | None:
     v = doc.get(key)

@@ -63,15 +63,17 @@ def _inner(name: str, writable: bool = False) -> property:
 class ResponsesHttp:
     """The client's request as the request path sees it (the chat body), answering in the Responses API."""
 
-    __slots__ = ("inner", "body", "builder", "events", "on_done")
+    __slots__ = ("inner", "body", "builder", "events", "on_done", "hold", "held")
 
     def __init__(self, inner: HttpRequest, builder: ResponseBuilder, chat_body: bytes,
-                 on_done: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+                 on_done: Callable[[dict[str, Any], dict[str, Any]], None], hold_context_error: bool = False) -> None:
         self.inner = inner
         self.body = chat_body
         self.builder = builder
         self.events = ResponseEvents(builder)
         self.on_done = on_done  # (the Response object, the assistant's chat message) once it completed
+        self.hold = hold_context_error  # a refusal for the context's length is kept, not sent (to try shorter)
+        self.held: bytes | None = None
 
     # what the stages read of the request: the client's own
     headers = _inner("headers")
@@ -101,6 +103,9 @@ class ResponsesHttp:
             self.on_done(response, assistant)
             body = orjson.dumps(response)
         else:
+            if self.hold and status == 400 and b'"context_length_exceeded"' in body:
+                self.held = body
+                return
             body = _mapped_error(body)
         self.inner.respond(status, body, content_type, extra)
 
@@ -181,7 +186,14 @@ class ResponsesEndpoints:
                 store.put(tenant, response, call.history + [assistant], call.input_items)
 
         builder = ResponseBuilder(call, call.chat["model"], int(self.clock.wall()))
-        await self.chat(ResponsesHttp(request, builder, orjson.dumps(call.chat), done))  # type: ignore[arg-type]
+        # truncation "auto": a conversation over the context is sent again without its oldest turns, dropping 1, 2,
+        # 4 ... of them (a few attempts, each refused before any prefill), until it fits or only the newest is left
+        skips = call.skips()
+        for n, skip in enumerate(skips):
+            sink = ResponsesHttp(request, builder, call.chat_body(skip), done, hold_context_error=n < len(skips) - 1)
+            await self.chat(sink)  # type: ignore[arg-type]
+            if sink.held is None:
+                return
 
     async def _stored(self, tenant: str, response_id: str):
         try:
