@@ -91,6 +91,8 @@ def test_two_gateways_share_a_conversation(prefix):
             cb.responses.delete(first.id)
             with pytest.raises(openai.NotFoundError):
                 ca.responses.retrieve(first.id)
+        ops = lambda lf: {tuple(k): v for k, v in lf.gateway.store_ops.values.items()}  # noqa: E731
+        assert ops(a)[("write", "written")] >= 1 and ops(b)[("read", "found")] >= 1 and ops(a)[("read", "missing")] == 1
 
 
 def test_a_gateway_whose_store_is_down_answers_503_for_stored_turns():
@@ -103,3 +105,5 @@ def test_a_gateway_whose_store_is_down_answers_503_for_stored_turns():
                 with pytest.raises(openai.InternalServerError) as e:
                     call()
                 assert e.value.status_code == 503 and e.value.body["code"] == "store_unavailable"
+        assert lf.gateway.store_ops.get("read", "error") == 2 and lf.gateway.store_ops.get("delete", "error") == 1
+        assert lf.gateway.store_ops.get("write", "error") == 1  # the first answer's write failed (logged)

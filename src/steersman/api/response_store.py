@@ -16,7 +16,7 @@ background and answers its own ``get`` from the pending write meanwhile.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -70,7 +70,9 @@ class ResponseStore(Protocol):
 class MemoryResponseStore:
     """In the gateway's memory: least recently used out first past ``max_bytes``."""
 
-    def __init__(self, max_bytes: int, ttl_s: float, clock: Clock) -> None:
+    def __init__(self, max_bytes: int, ttl_s: float, clock: Clock,
+                 count: Callable[[str, str], None] = lambda op, outcome: None) -> None:
+        self.count = count
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self.clock = clock
@@ -84,7 +86,9 @@ class MemoryResponseStore:
             items: Sequence[dict[str, Any]] = ()) -> None:
         raw = encode_stored(response, conversation, items)
         if len(raw) > self.max_bytes:
+            self.count("write", "too_large")
             return  # larger than the whole store: not kept (a follow-up names an unknown id)
+        self.count("write", "written")
         key = (tenant, response["id"])
         self._drop(key)
         self._items[key] = Stored(orjson.dumps(response), tuple(conversation), len(raw), tuple(items),
@@ -125,12 +129,13 @@ class MemoryResponseStore:
         self.bytes = 0
 
 
-def make_response_store(settings, clock: Clock) -> ResponseStore:
-    """The store ``settings`` (GatewaySettings) name: memory, or Redis at ``response_store_url``."""
+def make_response_store(settings, clock: Clock, count: Callable[[str, str], None] = lambda op, outcome: None) -> ResponseStore:
+    """The store ``settings`` (GatewaySettings) name: memory, or Redis at ``response_store_url``; ``count(op,
+    outcome)`` hears of each write (``written`` / ``error`` / ``too_large``)."""
     max_bytes = settings.response_store_mib * 2**20
     if not settings.response_store_url:
-        return MemoryResponseStore(max_bytes, settings.response_store_ttl_s, clock)
+        return MemoryResponseStore(max_bytes, settings.response_store_ttl_s, clock, count)
     from steersman.state.redis_responses import RedisResponseStore
 
     return RedisResponseStore(settings.response_store_url, settings.response_store_prefix, max_bytes,
-                              settings.response_store_ttl_s, settings.response_store_timeout_s)
+                              settings.response_store_ttl_s, settings.response_store_timeout_s, count)

@@ -22,6 +22,7 @@ from steersman.api.responses_out import ResponseBuilder, ResponseEvents
 from steersman.api.schema import content_type_error
 from steersman.control.tenants import AuthError
 from steersman.http.server import HttpRequest
+from steersman.obs.histogram import CounterFamily
 
 __all__ = ["ResponsesHttp", "ResponsesEndpoints"]
 
@@ -140,7 +141,10 @@ class ResponsesEndpoints:
     response_store: ResponseStore
 
     def _route_responses(self) -> None:
-        self.response_store = make_response_store(self.settings, self.clock)
+        self.store_ops = CounterFamily("steersman_response_store_operations", "Stored responses written, read and "
+                                       "deleted by outcome (error: the store, e.g. Redis, failed).", ["op", "outcome"])
+        self.metrics.registry.register(self.store_ops)
+        self.response_store = make_response_store(self.settings, self.clock, self.store_ops.inc)
         self.http.route("POST", "/v1/responses", self.responses)
         self.http.route("GET", "/v1/responses/", self.get_response)
         self.http.route("DELETE", "/v1/responses/", self.delete_response)
@@ -197,9 +201,12 @@ class ResponsesEndpoints:
 
     async def _stored(self, tenant: str, response_id: str):
         try:
-            return await self.response_store.get(tenant, response_id)
+            got = await self.response_store.get(tenant, response_id)
         except StoreUnavailable as e:
+            self.store_ops.inc("read", "error")
             raise _store_down(e) from None
+        self.store_ops.inc("read", "found" if got is not None else "missing")
+        return got
 
     async def get_response(self, request: HttpRequest) -> None:
         """``GET /v1/responses/{id}``, and ``.../input_items`` (OpenAI's list: ``order`` desc by default, ``limit``
@@ -207,7 +214,7 @@ class ResponsesEndpoints:
         items = request.path.endswith("/input_items")
         if items:
             request.path = request.path[: -len("/input_items")]
-        got = await self._by_id(request, self.response_store.get)
+        got = await self._by_id(request, self.response_store.get, "read")
         if got is None:
             return
         if not items:
@@ -221,11 +228,11 @@ class ResponsesEndpoints:
         request.respond(200, orjson.dumps(page))
 
     async def delete_response(self, request: HttpRequest) -> None:
-        if await self._by_id(request, self.response_store.delete):
+        if await self._by_id(request, self.response_store.delete, "delete"):
             response_id = request.path[len("/v1/responses/"):]
             request.respond(200, orjson.dumps({"id": response_id, "object": "response.deleted", "deleted": True}))
 
-    async def _by_id(self, request: HttpRequest, op):
+    async def _by_id(self, request: HttpRequest, op, label: str):
         """``op(tenant, id)`` on the stored response the path names; answers the request itself when there is
         none (404), the key is refused (401) or the store is down (503), and then returns None."""
         tag_request_id(request)
@@ -236,9 +243,11 @@ class ResponsesEndpoints:
         try:
             got = await op(tenant, response_id)
         except StoreUnavailable as e:
+            self.store_ops.inc(label, "error")
             err = _store_down(e)
             request.respond(err.status, err.body(), extra=err.header_lines())
             return None
+        self.store_ops.inc(label, "found" if got else "missing")
         if not got:
             err = _not_found(response_id)
             request.respond(err.status, err.body())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -30,7 +30,9 @@ log = logging.getLogger("steersman.state")
 
 
 class RedisResponseStore:
-    def __init__(self, url: str, prefix: str, max_bytes: int, ttl_s: float, timeout_s: float) -> None:
+    def __init__(self, url: str, prefix: str, max_bytes: int, ttl_s: float, timeout_s: float,
+                 count: Callable[[str, str], None] = lambda op, outcome: None) -> None:
+        self.count = count  # (op, outcome) of each write: written / error / too_large
         self.prefix = prefix
         self.max_bytes = max_bytes
         self.ttl_ms = max(1, int(ttl_s * 1000))
@@ -47,6 +49,7 @@ class RedisResponseStore:
             items: Sequence[dict[str, Any]] = ()) -> None:
         raw = encode_stored(response, conversation, items)
         if len(raw) > self.max_bytes:
+            self.count("write", "too_large")
             return
         key = self.key(tenant, response["id"])
         self._pending[key] = raw
@@ -55,8 +58,10 @@ class RedisResponseStore:
     async def _write(self, key: bytes, raw: bytes) -> None:
         try:
             await self.client.set(key, raw, px=self.ttl_ms)
+            self.count("write", "written")
         except (RedisError, OSError) as e:
             self.failed_writes += 1
+            self.count("write", "error")
             log.warning("stored response not written to Redis (%s): a follow-up naming it will not find it", e)
         finally:
             if self._pending.get(key) is raw:
