@@ -16,6 +16,7 @@ __all__ = [
     "ApiError",
     "bad_request",
     "not_found_model",
+    "unauthorized",
     "too_large",
     "unavailable",
     "upstream_failed",
@@ -53,6 +54,11 @@ class ApiError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = "invalid_value") -> ApiError:
     return ApiError(400, message, "invalid_request_error", param, code)
+
+
+def unauthorized(why) -> ApiError:
+    """The 401 of a request whose API key was refused (``why``: a :class:`steersman.control.tenants.AuthError`)."""
+    return ApiError(why.status, why.message, "invalid_request_error", None, why.code)
 
 
 def not_found_model(model: str) -> ApiError:

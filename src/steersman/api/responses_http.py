@@ -14,7 +14,7 @@ from urllib.parse import parse_qs
 
 import orjson
 
-from steersman.api.errors import ApiError, bad_request, upstream_failed
+from steersman.api.errors import ApiError, bad_request, unauthorized, upstream_failed
 from steersman.api.headers import tag_request_id
 from steersman.api.response_store import ResponseStore, StoreUnavailable, make_response_store
 from steersman.api.responses import chat_param, parse_body, previous_id, translate_request
@@ -152,7 +152,7 @@ class ResponsesEndpoints:
     def _tenant_or_refuse(self, request: HttpRequest) -> str | None:
         got = self.tenants.authenticate(request.headers.get("authorization"))
         if isinstance(got, AuthError):
-            err = ApiError(401, got.message, "invalid_request_error", None, "invalid_api_key")
+            err = unauthorized(got)
             request.respond(err.status, err.body())
             return None
         return got.name

@@ -80,7 +80,7 @@ class Embedder:
                                       f"input {k} has {len(ids)} tokens. Please reduce the length of the input.",
                                       "input", "context_length_exceeded")
             now = g.clock.now()
-            sid = f"embd-{g._id_prefix}{next(g._ids):x}"
+            sid = g.new_id("embd")
             for k, ids in enumerate(inputs):
                 hashes = block_hashes(ids, g.block_size, cache_root(req.cache_salt))
                 sim = SimRequest(req_id=f"{sid}-{k}", prompt_len=len(ids), max_output=1, block_hashes=hashes,

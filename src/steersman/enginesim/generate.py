@@ -46,6 +46,10 @@ class Generator:
         self._id_prefix = secrets.token_hex(4)
         self.vocab: int | None = None  # the model's vocabulary size, once the server sets it
 
+    def new_id(self, kind: str) -> str:
+        """An id of this engine's own (unique across requests that bring the same X-Request-Id)."""
+        return f"{kind}-{self._id_prefix}{next(self._ids):x}"
+
     async def chat(self, request: HttpRequest) -> None:
         await self._generate(request, chat=True)
 
@@ -81,7 +85,7 @@ class Generator:
                 )
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
         kind = "chatcmpl" if chat else "cmpl"
-        sid = f"{kind}-{self._id_prefix}{next(self._ids):x}"
+        sid = self.new_id(kind)
         rid = f"{kind}-{given_id}" if given_id else sid
         now = self.clock.now()
         shape = constraint(req)  # structured output (a JSON schema, a JSON object, a choice): what satisfies it

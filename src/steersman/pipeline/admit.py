@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from steersman.api.errors import ApiError, bad_request
+from steersman.api.errors import ApiError, bad_request, unauthorized
 from steersman.api.headers import parse_budget
 from steersman.api.prompt import prompt_shape
 from steersman.control.plane import Dispatch, Refuse, Wait
@@ -39,7 +39,7 @@ class Authenticate:
     async def run(self, ctx: RequestContext) -> Outcome:
         got = self.tenants.authenticate(ctx.http.headers.get("authorization"))
         if isinstance(got, AuthError):
-            return Fail(ApiError(401, got.message, "invalid_request_error", None, "invalid_api_key"), Retry.NEVER)
+            return Fail(unauthorized(got), Retry.NEVER)
         ctx.tenant = got
         return CONTINUE
 
