@@ -10,8 +10,8 @@ from steersman.reliability import Keep, MoveTo, Shed, brownout
 S = replace(DEFAULTS.reliability, brownout_models=MappingProxyType({"big": "small"}))
 
 
-def _do(priority, depth, saturated=(), served=("big", "small"), s=S, model="big"):
-    return brownout(priority, model, depth, lambda m: m in saturated, lambda m: m in served, s)
+def _do(priority, depth, saturated=(), served=("big", "small"), s=S, model="big", movable=True):
+    return brownout(priority, model, depth, lambda m: m in saturated, lambda m: m in served, s, movable)
 
 
 def test_only_sheddable_traffic_and_only_with_a_deep_queue():
@@ -26,3 +26,9 @@ def test_refused_when_no_cheaper_model_can_take_it():
     assert isinstance(_do(PriorityClass.SHEDDABLE, 100, served=("big",)), Shed)
     assert isinstance(_do(PriorityClass.SHEDDABLE, 100, s=DEFAULTS.reliability), Shed)
     assert isinstance(_do(PriorityClass.SHEDDABLE, 100, model="small"), Shed)
+
+
+def test_a_request_that_cannot_move_is_shed_instead():
+    """An embedding: another model's vectors are not comparable, so brown-out sheds it where it would move it."""
+    assert isinstance(_do(PriorityClass.SHEDDABLE, 100, movable=False), Shed)
+    assert isinstance(_do(PriorityClass.SHEDDABLE, 0, movable=False), Keep)

@@ -46,15 +46,12 @@ class Brownout:
             idx = snap.candidates(model)
             return idx.size == 0 or bool(saturated(snap, idx, gw.scheduler_settings).all())
 
-        act = brownout(sched.priority, ctx.model, gw.plane.waiting, full, gw.fleet.has_model, gw.cfg.reliability)
+        act = brownout(sched.priority, ctx.model, gw.plane.waiting, full, gw.fleet.has_model, gw.cfg.reliability,
+                       movable=sched.kind != "embedding")
         if isinstance(act, Shed):
             self.counts.inc(ctx.model, "shed")
             return Fail(ApiError(503, act.reason[:1].upper() + act.reason[1:] + ".", "server_error", None, "brownout",
                                  act.retry_after), Retry.NEVER)
-        if isinstance(act, MoveTo) and sched.kind == "embedding":  # another model's vectors are not comparable
-            self.counts.inc(ctx.model, "shed")
-            return Fail(ApiError(503, f"The fleet serving {ctx.model} is saturated; embeddings are not moved to "
-                                      "another model.", "server_error", None, "brownout", 1.0), Retry.NEVER)
         if isinstance(act, MoveTo):
             self.counts.inc(ctx.model, "moved")
             data = orjson.loads(ctx.body)

@@ -41,13 +41,14 @@ KEEP = Keep()
 
 
 def brownout(priority: PriorityClass, model: str, queue_depth: int, saturated: Callable[[str], bool],
-             serves: Callable[[str], bool], settings: ReliabilitySettings) -> Keep | MoveTo | Shed:
-    """What brown-out does with one request; ``saturated(model)`` / ``serves(model)`` ask the fleet snapshot."""
+             serves: Callable[[str], bool], settings: ReliabilitySettings, movable: bool = True) -> Keep | MoveTo | Shed:
+    """What brown-out does with one request; ``saturated(model)`` / ``serves(model)`` ask the fleet snapshot;
+    ``movable``: another model's answer would do (not for embeddings: another model's vectors are not comparable)."""
     if priority != PriorityClass.SHEDDABLE:
         return KEEP
     if queue_depth < settings.brownout_queue_depth:
         return KEEP
     cheaper = settings.brownout_models.get(model)
-    if cheaper is not None and cheaper != model and serves(cheaper) and not saturated(cheaper):
+    if movable and cheaper is not None and cheaper != model and serves(cheaper) and not saturated(cheaper):
         return MoveTo(cheaper)
     return Shed(f"the fleet is saturated: sheddable traffic for {model!r} is browned out")
