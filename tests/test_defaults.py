@@ -65,6 +65,7 @@ PINNED = {
     "scheduler.latency_ewma_tau_s": 1.0,
     "scheduler.recent_load_tau_s": 60.0,
     "scheduler.prefix_index_max_mib": 128.0,
+    "scheduler.prefix_residency": True,
     "scheduler.decode_picker": "least-loaded",
     "scheduler.saturation_queue_depth": 5,
     "scheduler.saturation_kv_usage": 0.8,

@@ -97,12 +97,13 @@ def test_a_hash_equal_to_the_empty_marker_is_still_stored():
 
 _LIFE = """
 import numpy as np
+from steersman.fleet import _prefix_residency as R
 from steersman.fleet import _prefix_table as T
 from steersman.fleet.prefix_index import PrefixIndex
 from steersman.text import BlockHashes
 
 T.warm_up()
-kernels = [getattr(T, name) for name in T.__all__ if hasattr(getattr(T, name), "signatures")]
+kernels = [getattr(m, name) for m in (T, R) for name in m.__all__ if hasattr(getattr(m, name), "signatures")]
 before = [len(k.signatures) for k in kernels]
 for background in (False, True):  # the twin's index; the gateway's (passes on a worker thread)
     idx = PrefixIndex(4, 1 << 20, background=background)
@@ -114,6 +115,9 @@ for background in (False, True):  # the twin's index; the gateway's (passes on a
     idx.match(tuple(range(5)))
     idx.record(0, list(range(9)))
     idx.correct(0, (1, 2, 3), 1)
+    idx.set_capacity(2, 500.0)  # the residency mask (prefix_residency)
+    idx.match(h)
+    idx.blocks_view()
     for k in range(3000):  # growth, rotations, drops
         idx.record(k % 4, [hash((k, i)) for i in range(20)])
         idx.match(h)
@@ -130,7 +134,7 @@ def test_warm_up_covers_every_specialization_the_index_uses():
     import sys
 
     out = subprocess.run([sys.executable, "-c", _LIFE], capture_output=True, text=True, timeout=300, check=True)
-    assert out.stdout.split() == ["True", "13"], out.stdout + out.stderr
+    assert out.stdout.split() == ["True", "14"], out.stdout + out.stderr
 
 
 def test_a_generation_drop_marks_the_sets_the_blocks_left_use():

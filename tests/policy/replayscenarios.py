@@ -26,7 +26,12 @@ profile that had been decided by one request more in flight or a KV reading with
 random scenarios' loads seldom come within 15% of each other), and when a request no replica's free KV cache holds
 came to go to the replica with the most KV free among those whose whole cache holds it (``FitsKv.when_empty``: 11
 changed, all of the steersman profile, from "no replica passes filter 'fits-kv'" 503s to routes; none of the
-scenarios' requests is larger than every replica's cache, which is now a 400)::
+scenarios' requests is larger than every replica's cache, which is now a 400), and when the prediction came
+to count the attention work of the prefill queued ahead at the context its chunks attend to (the fleet's
+``pending_pairs``, here the pending prefill as whole uncached prompts) instead of at the newcomer's own
+context (1,447 changed, all of the steersman profile, 13 of them to another replica or reason, the rest in their
+predicted TTFT only; the plugin-by-plugin
+path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 
@@ -89,6 +94,8 @@ def _live(rng: np.random.Generator, n: int, now: float) -> np.ndarray:
     put("scraped_at", now - rng.choice([0.05, 0.5, 5.0], n))
     put("kv_blocks_total", rng.choice([500.0, 4000.0, 30000.0], n), nan_share=0.4)
     put("pending_prefill", (in_flight - decoding) * rng.uniform(0, 3000, n))
+    pending = live[S.PENDING_PREFILL]  # its attention work as whole uncached prompts of equal length (no draw)
+    put("pending_pairs", pending * (pending / np.maximum(in_flight - decoding, 1.0)) / 2.0)
     put("active_blocks", in_flight * rng.uniform(50, 250, n))
     put("recent_tokens", rng.uniform(0, rng.choice([1.0, 5e4, 1e6]), n))
     put("ttft_ewma", rng.uniform(0.05, 1.0, n), nan_share=0.3)

@@ -130,6 +130,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         # its full-table passes (a generation dropped, a growth, a replica forgotten) on a worker thread, not on the loop
         self.fleet.prefix = PrefixIndex(len(replicas), self.scheduler_settings.prefix_index_max_mib * 2**20,
                                         background=True)
+        if not getattr(self.policy, "prefix_residency", True):
+            self.fleet.prefix_residency = False
         self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))

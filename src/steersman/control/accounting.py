@@ -67,7 +67,7 @@ class Accounting:
         held = int(fleet.prefix.match(hashes)[i]) if fleet.prefix is not None and hashes else 0
         uncached = req.prompt_tokens - min(held * bs, max(req.prompt_tokens - 1, 0))
         ticket = fleet.begin(i, uncached, self._blocks(req), route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
-                             route.tpot_target_s)
+                             route.tpot_target_s, req.prompt_tokens)
         fleet.expect_first_token(ticket, route.expected_ttft_s)  # NaN (a policy that does not predict): nothing
         if fleet.caches_after_prefill[i]:  # llama.cpp: the request takes a slot; the prompt is reusable once it is free
             e2e = route.expected_e2e_s

@@ -8,7 +8,7 @@ match's approximation).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -30,6 +30,12 @@ class PrefixReads:
     _tab: np.ndarray
     _setbits: np.ndarray
     _alive: np.ndarray
+    _capped: bool
+    _resident: np.ndarray
+    _resident_view: np.ndarray
+    _resident_at: object
+    _all_resident: bool
+    _refresh_resident: Callable[[], None]  # steersman.fleet._prefix_residency.Residency
     _shift: np.uint64
     _mask: int
     _entries: int
@@ -50,10 +56,14 @@ class PrefixReads:
 
     def blocks_view(self) -> np.ndarray:
         """Indexed blocks per replica, read-only and without a copy: it follows the index's later writes, so
-        read it within one decision (policies run between writes)."""
+        read it within one decision (policies run between writes).  With capacities set (``set_capacity``): the
+        blocks of the generations each replica's cache still holds."""
         if self._later or self._job is not None:
             self.flush()
-        return self._total_view
+        if not self._capped:
+            return self._total_view
+        self._refresh_resident()
+        return self._total_view if self._all_resident else self._resident_view
 
     def match(self, hashes: Sequence[int]) -> np.ndarray:
         """Leading blocks of ``hashes`` each replica probably holds (int64, one per replica).
@@ -72,10 +82,14 @@ class PrefixReads:
         out = np.zeros(self.n, dtype=np.int64)
         # (every replica mirrored: theirs alone; the table being rewritten in the background: nothing)
         if len(hashes) and self._entries and self._readable and len(self.slots) < self.n:
+            if self._capped:
+                self._refresh_resident()
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
-                         self._mask)
+                         self._mask, self._resident)
         for r, mirror in self.slots.items():
             out[r] = mirror.match(hashes)
         out.setflags(write=False)  # half the cost of going through ``out.flags``
-        self._memo = (hashes, len(hashes), out)
+        self._memo = memo = (hashes, len(hashes), out)
+        if self._capped:
+            self._resident_at = memo  # the mask still describes the index: no write since it was computed
         return out

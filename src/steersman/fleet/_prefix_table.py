@@ -326,22 +326,39 @@ def mark_sets(tab, used):
                 used[~v] = True
 
 
-@njit(cache=True, nogil=True)
-def match_pass(tab, setbits, hashes, out, alive, max_levels, shift, mask):
-    """``out[r]`` = leading blocks of ``hashes`` replica ``r`` probably holds (``out`` zeroed by the caller).
+@njit(cache=True, nogil=True, inline="always")
+def _packed(tab, h, shift, mask):
+    """The packed value (holders << 8 | generation) of block ``h`` (``NONE``: not held)."""
+    i = _find(tab, _key(h), shift, mask)
+    return tab[i, 1] if i >= 0 else NONE
 
-    Walks the prompt over runs of blocks with the same holders, finding each run's end by binary search;
-    after ``max_levels`` runs it walks block by block.  ``alive``: a scratch row of ``setbits``' width."""
+
+@njit(cache=True, nogil=True, inline="always")
+def _resident_word(p, w, setbits, resident):
+    """Word ``w`` of the holders of packed value ``p`` whose KV cache still holds its generation."""
+    if p == NONE:
+        return np.uint64(0)
+    return _word(p >> 8, w, setbits) & resident[p & 255, w]
+
+
+@njit(cache=True, nogil=True)
+def match_pass(tab, setbits, hashes, out, alive, max_levels, shift, mask, resident):
+    """``out[r]`` = leading blocks of ``hashes`` replica ``r`` probably holds (``out`` zeroed by the caller):
+    held by ``r`` in a generation its cache still holds (``resident``:
+    :func:`steersman.fleet._prefix_residency.resident_mask`).
+
+    Walks the prompt over runs of blocks with the same holders and generation, finding each run's end by binary
+    search; after ``max_levels`` runs it walks block by block.  ``alive``: a scratch row of ``setbits``' width."""
     n = hashes.size
     if n == 0:
         return
-    v = find_value(tab, hashes[0], shift, mask)
+    v = _packed(tab, hashes[0], shift, mask)
     if v == NONE:
         return
     words = setbits.shape[1]
     for w in range(words):
-        alive[w] = _word(v, w, setbits)
-    last = find_value(tab, hashes[n - 1], shift, mask)
+        alive[w] = _resident_word(v, w, setbits, resident)
+    last = _packed(tab, hashes[n - 1], shift, mask)
     pos, levels = 0, 0
     while True:
         levels += 1
@@ -353,15 +370,15 @@ def match_pass(tab, setbits, hashes, out, alive, max_levels, shift, mask):
             a, b = pos, n - 1
             while b - a > 1:
                 mid = (a + b) // 2
-                if find_value(tab, hashes[mid], shift, mask) == v:
+                if _packed(tab, hashes[mid], shift, mask) == v:
                     a = mid
                 else:
                     b = mid
             end = a
-        nxt = find_value(tab, hashes[end + 1], shift, mask) if end + 1 < n else NONE
+        nxt = _packed(tab, hashes[end + 1], shift, mask) if end + 1 < n else NONE
         left = False
         for w in range(words):
-            m = _word(nxt, w, setbits)
+            m = _resident_word(nxt, w, setbits, resident)
             gone = alive[w] & ~m
             t = 0
             while gone:
@@ -393,7 +410,8 @@ def warm_up() -> None:
     for hashes in (np.array([5, 6], dtype=np.int64), readonly):
         record_pass(tab, setbits, counts, total, hashes, -1, 0, 0, 8, memo, memo, 0, shift, mask, state)
         recent_prefix(tab, setbits, hashes, 0, 0, shift, mask)
-        match_pass(tab, setbits, hashes, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), 32, shift, mask)
+        match_pass(tab, setbits, hashes, np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.uint64), 32, shift, mask,
+                   np.full((8, 1), ~np.uint64(0), dtype=np.uint64))
         remove_pass(tab, setbits, counts, total, hashes, 0, 0, memo, memo, 0, shift, mask, state)
     remap_holders(tab, np.zeros(1, dtype=np.int64), -1, shift, mask)
     mark_sets(tab, np.zeros(1, dtype=np.bool_))
@@ -406,3 +424,6 @@ def warm_up() -> None:
     drop_generation(grown, 0, np.zeros(1, dtype=np.bool_), np.uint64(59), 31)
     insert_all(tab, np.full((1, 2), EMPTY, dtype=np.int64), shift, mask)
     drop_generation(tab, 0, np.zeros(1, dtype=np.bool_), shift, mask)
+    from steersman.fleet import _prefix_residency  # late: the index's mixin (its kernel reads no table)
+
+    _prefix_residency.warm_up()

@@ -54,6 +54,7 @@ import numpy as np
 from steersman.fleet import _prefix_table as T
 from steersman.fleet._prefix_jobs import BackgroundPasses
 from steersman.fleet._prefix_reads import PrefixReads
+from steersman.fleet._prefix_residency import Residency
 from steersman.fleet._prefix_sets import _MEMO, HolderSets
 from steersman.fleet.slots import SlotMirror
 
@@ -79,7 +80,7 @@ def _geometry(slots: int) -> tuple[np.uint64, int]:
     return np.uint64(64 - (slots.bit_length() - 1)), slots - 1
 
 
-class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
+class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
     """Bounded approximate map of block hash -> replicas holding it (see the module doc)."""
 
     def __init__(self, n_replicas: int, max_bytes: float, background: bool = False,
@@ -95,11 +96,13 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses):
         if room < _SLOT_BYTES * _MIN_SLOTS:
             raise ValueError(f"prefix index budget of {self.max_bytes:.0f} bytes is too small")
         self._max_slots = 1 << int(np.log2(room / _SLOT_BYTES))
-        self.gen_cap = self._max_slots // (2 * _GENS)  # eight full generations fill half the largest table
+        self._max_gen_cap = self._max_slots // (2 * _GENS)  # eight full generations fill half the largest table
+        self.gen_cap = self._max_gen_cap
         self._counts = np.zeros((_GENS, n_replicas), dtype=np.int64)
         self._total = np.zeros(n_replicas, dtype=np.int64)  # changed in place only (see blocks_view)
         self._total_view = self._total.view()
         self._total_view.flags.writeable = False
+        self._init_residency()
         self._order = [0]  # generation slots in use, oldest first
         self._free = list(range(_GENS - 1, 0, -1))
         self._inserts = 0  # blocks that entered the newest generation

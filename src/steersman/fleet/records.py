@@ -10,7 +10,15 @@ from typing import Any
 
 from steersman.engines.base import EngineAdapter, ReplicaAddress
 
-__all__ = ["Replica", "Ticket"]
+__all__ = ["Replica", "Ticket", "attention_pairs"]
+
+
+def attention_pairs(prompt_tokens: int, uncached: int) -> float:
+    """The (query, key) token pairs the prefill of the last ``uncached`` of ``prompt_tokens`` computes:
+    each token attends to every one before it, so (L^2 - h^2) / 2 with ``h`` the cached prefix (exact in a
+    float64 for any prompt under 10^8 tokens, so adding and removing it leaves no residue)."""
+    h = prompt_tokens - uncached
+    return (prompt_tokens * prompt_tokens - h * h) / 2.0
 
 
 @dataclass(slots=True)
@@ -50,5 +58,6 @@ class Ticket:
     key: int = 0  # the fleet's sequence number of this ticket: its identity for the reliability guard
     streamed: bool = True  # False: the engine answers all at once, so its "first token" is the whole response
     tpot_target: float = 0.0  # the TPOT it must keep (x its margin): later requests must not slow it past that
+    pairs: float = 0.0  # the attention work of its uncached prefill (snapshot.PENDING_PAIRS: (L^2 - h^2) / 2)
     cache_at_end: Sequence[int] | None = None  # prompt blocks the prefix index credits the replica with when the
     # request ends, if it ran (an engine whose slot frees its prompt only then: see EngineAdapter.shares_prefill_in_flight)

@@ -47,17 +47,21 @@ WEIGHTS_CODES: Mapping[str, int] = {"cold": 0, "loading": 1, "warm": 2}
 #: fail_share is the share of the replica's recent attempts that failed on the server side (5xx, a broken
 #: connection or stream) over the circuit breaker's window, 0 until the window holds its minimum volume
 #: (``ReliabilitySettings.failure_routing``): the picker weighs each replica as 1 / (1 - fail_share) attempts.
+#: pending_pairs is the attention work of pending_prefill: token pairs (query, key) its uncached prompts still
+#: have to compute, (L^2 - h^2) / 2 for a prompt of L tokens whose first h are cached (a chunk of a long prompt
+#: attends to everything before it, so 40,000 queued tokens of one long prompt take far longer than 40,000 of
+#: short ones).
 #: The ratios are NaN until a replica is observed; predictors use the fleet prior then.
 LIVE_FIELDS = (
     "in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at",
     "kv_blocks_total", "pending_prefill", "decoding", "active_blocks", "recent_tokens", "ttft_ewma", "tpot_ewma",
     "ttft_ratio", "tpot_ratio", "since_scrape", "prefix_accuracy", "stalled_since", "resident_tpot",
-    "prefill_s_token", "decode_s_token", "fail_share",
+    "prefill_s_token", "decode_s_token", "fail_share", "pending_pairs",
 )
 (IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT,
  KV_BLOCKS_TOTAL, PENDING_PREFILL, DECODING, ACTIVE_BLOCKS, RECENT_TOKENS, TTFT_EWMA, TPOT_EWMA,
  TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY, STALLED_SINCE, RESIDENT_TPOT,
- PREFILL_S_TOKEN, DECODE_S_TOKEN, FAIL_SHARE) = range(len(LIVE_FIELDS))
+ PREFILL_S_TOKEN, DECODE_S_TOKEN, FAIL_SHARE, PENDING_PAIRS) = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # the fleet tracks its latest snapshot (copy on write)

@@ -19,7 +19,7 @@ from steersman.clock import Clock
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.engines.base import EngineMetrics
 from steersman.fleet import snapshot as S
-from steersman.fleet.records import Replica, Ticket
+from steersman.fleet.records import Replica, Ticket, attention_pairs
 from steersman.fleet.slots import SlotMirror
 from steersman.fleet.snapshot import WEIGHTS_CODES, FleetSnapshot
 from steersman.fleet.statics import ReplicaSpec, build_statics
@@ -70,6 +70,7 @@ class Fleet:
         self._expected: list[dict[int, float]] = [{} for _ in range(n)]  # awaiting ticket key -> predicted TTFT
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
         self._prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
+        self._residency = settings.prefix_residency
         self._guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
         self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
@@ -114,6 +115,24 @@ class Fleet:
         if index is not None:
             for i, mirror in self.slots.items():
                 index.mirror_slots(i, mirror)
+            self.prefix_residency = self.settings.prefix_residency
+
+    @property
+    def prefix_residency(self) -> bool:
+        """Whether the prefix index credits each replica only with what its KV cache still holds
+        (``SchedulerSettings.prefix_residency``; a profile modelling a router that does not know, e.g.
+        sglang-router's own tree, turns it off: ``Profile.prefix_residency``)."""
+        return self._residency
+
+    @prefix_residency.setter
+    def prefix_residency(self, on: bool) -> None:
+        self._residency = on
+        index = self._prefix
+        if index is None:
+            return
+        kv, scraped = self.statics.kv_blocks, self.live[S.KV_BLOCKS_TOTAL]
+        for i in range(len(self.replicas)):
+            index.set_capacity(i, (float(scraped[i]) if scraped[i] == scraped[i] else float(kv[i])) if on else math.inf)
 
     def _static(self) -> None:
         reps = self.replicas
@@ -149,8 +168,9 @@ class Fleet:
     # ---- request path -----------------------------------------------------
     def begin(self, index: int, uncached: int = 0, blocks: int = 0,
               predicted_ttft: float | None = None, predicted_tpot: float | None = None,
-              streamed: bool = True, tpot_target: float = 0.0) -> Ticket:
-        """A request routed to replica ``index``.  A non-streamed one shows no first token (its response
+              streamed: bool = True, tpot_target: float = 0.0, prompt_tokens: int = 0) -> Ticket:
+        """A request routed to replica ``index``: ``uncached`` of its ``prompt_tokens`` (0: as many as
+        ``uncached``) to prefill there.  A non-streamed one shows no first token (its response
         comes whole): it adds no TTFT observation and does not count as awaiting one (no stall signal).
         ``tpot_target`` > 0: the TPOT it must keep there (the snapshot's ``resident_tpot``)."""
         self._own()
@@ -159,13 +179,15 @@ class Fleet:
         live[S.IN_FLIGHT, index] += 1
         live[S.SINCE_SCRAPE, index] += 1
         live[S.PENDING_PREFILL, index] += uncached
+        pairs = attention_pairs(max(prompt_tokens, uncached), uncached)
+        live[S.PENDING_PAIRS, index] += pairs
         live[S.ACTIVE_BLOCKS, index] += blocks
         decay = math.exp(-(now - self._recent_at[index]) / self.settings.recent_load_tau_s)
         live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
         self._recent_at[index] = now
         batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
         t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys),
-                   streamed=streamed, tpot_target=tpot_target)
+                   streamed=streamed, tpot_target=tpot_target, pairs=pairs)
         if tpot_target > 0.0:
             res = self._residents[index]
             res[tpot_target] = res.get(tpot_target, 0) + 1
@@ -193,6 +215,7 @@ class Fleet:
             hook()
         live = self.live
         live[S.PENDING_PREFILL, t.replica] -= t.uncached
+        live[S.PENDING_PAIRS, t.replica] -= t.pairs
         live[S.DECODING, t.replica] += 1
         self._progress(t, now)
         if t.replica in self.slots:
@@ -231,6 +254,7 @@ class Fleet:
         tpot = None
         if t.first_at is None:
             live[S.PENDING_PREFILL, i] -= t.uncached
+            live[S.PENDING_PAIRS, i] -= t.pairs
             self._progress(t, None)
         else:
             live[S.DECODING, i] -= 1
@@ -341,6 +365,8 @@ class Fleet:
         col[S.PREFIX_HITS] = m.prefix_hits
         if m.kv_blocks_total is not None:
             col[S.KV_BLOCKS_TOTAL] = m.kv_blocks_total
+            if self.prefix is not None and self._residency:
+                self.prefix.set_capacity(index, float(m.kv_blocks_total))  # the engine's own, over the modelled
         if m.slots and index in self.slots:
             self.slots[index].resize(m.slots)
         if m.prefill_seconds is not None and m.prefill_tokens is not None:

@@ -184,6 +184,10 @@ class Profile:
     stage.  The plugins are fixed at construction.
     """
 
+    #: the prefix index credits a replica only with what its KV cache still holds (``SchedulerSettings.prefix_residency``);
+    #: False for a profile modelling a router whose own prefix tree knows nothing of the engines' evictions
+    prefix_residency = True
+
     def __init__(self, name: str, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker,
                  saturation: Callable[[DecisionContext], np.ndarray] | None = None) -> None:
         for ws in scorers:

@@ -27,7 +27,16 @@ __all__ = ["predict_kernel", "saturation_kernel", "is_saturated", "prefix_kernel
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
 _TTFT_R, _TPOT_R = S.TTFT_RATIO, S.TPOT_RATIO
-_RECENT, _STALLED, _FAIL = S.RECENT_TOKENS, S.STALLED_SINCE, S.FAIL_SHARE
+_RECENT, _STALLED, _FAIL, _PAIRS = S.RECENT_TOKENS, S.STALLED_SINCE, S.FAIL_SHARE, S.PENDING_PAIRS
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _attention(attn_c, kv_m, P, pairs, work, c):
+    """The attention part of a full prefill step (``P`` prompt tokens) of prefill ``work`` tokens computing
+    ``pairs`` (query, key) pairs: compute at their mean chunk offset, or reading the keys and values there.
+    No work: at the context ``c``."""
+    cw = max(2.0 * pairs / work - P, 0.0) if work > 0.0 else c
+    return max(attn_c * (P * (cw / 2.0) + P * P / 2.0), kv_m * (P + cw / 2.0))
 
 
 @njit(cache=True, nogil=True)
@@ -46,9 +55,14 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
         in_flight = live[_IN_FLIGHT, i]
         decoding = live[_DECODING, i]
         ours_waiting = max(in_flight - decoding, 0.0)
-        others = max(live[_WAITING, i] - ours_waiting, 0.0) * prompt_tokens
+        others_n = max(live[_WAITING, i] - ours_waiting, 0.0)
+        others = others_n * prompt_tokens
         mine = own[j]
         work = max(live[_PENDING, i], 0.0) + others + mine
+        # attention work, (query, key) token pairs: the queue's own (the engine's requests that are not ours priced
+        # as this prompt uncached), then this request's uncached tail of its prompt, (L^2 - h^2) / 2
+        mine_pairs = mine * (2.0 * prompt_tokens - mine) / 2.0
+        pairs = max(live[_PAIRS, i], 0.0) + others_n * prompt_tokens * prompt_tokens / 2.0 + mine_pairs
         B = batch_tokens[i]
         D = min(max(live[_RUNNING, i], decoding), B - 1.0)
         P = B - D
@@ -71,6 +85,12 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                          + max(matrix[8, i] * Dn, matrix[9, i]) + fixed)
             t_full = (max(lin_c * B + lin_c0, lin_m) + max(attn_c * (P * (c / 2.0) + P * P / 2.0), kv_m * (P + c / 2.0))
                       + dec_kv * (D * c) + per_tok * B + shared)
+            # the prefill steps ahead of its first token, at the context their chunks attend to: a step of P
+            # prompt tokens at offset o computes P o + P^2 / 2 pairs, so the mean offset of ``work`` tokens
+            # carrying ``pairs`` is pairs / work - P / 2 (``c / 2`` in t_full's terms)
+            linear = max(lin_c * B + lin_c0, lin_m) + dec_kv * (D * c) + per_tok * B + shared
+            t_queue = linear + _attention(attn_c, kv_m, P, pairs, work, c)
+            t_alone = linear + _attention(attn_c, kv_m, P, mine_pairs, mine, c)
             steps = work / P
             full = math.floor(steps)
             r = live[_TTFT_R, i]
@@ -78,11 +98,11 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 r = ttft_prior
             # a prefill replica of a disaggregated fleet: the first token reaches the client once the KV moved
             handoff = prompt_tokens * matrix[10, i]
-            ttft = (full * t_full + t_first + (t_full - t_first) * (steps - full) + handoff) * r
+            ttft = (full * t_queue + t_first + (t_queue - t_first) * (steps - full) + handoff) * r
             # its first token once the prefill queued ahead of it has drained (its own prefill alone)
             steps = mine / P
             full = math.floor(steps)
-            alone = (full * t_full + t_first + (t_full - t_first) * (steps - full) + handoff) * r
+            alone = (full * t_alone + t_first + (t_alone - t_first) * (steps - full) + handoff) * r
             r = live[_TPOT_R, i]
             if r != r or (in_flight <= 0.0 and live[_RUNNING, i] <= 0.0):
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio

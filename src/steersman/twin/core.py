@@ -102,6 +102,8 @@ class Twin(DrillActions):
         self.clock = VirtualClock()
         self.tf = fleet
         self.fleet = fleet.build_state(self.clock)
+        if not getattr(policy, "prefix_residency", True):
+            self.fleet.prefix_residency = False
         if cfg.reliability is not None:
             self.fleet.guard = ReplicaGuard(len(fleet.replicas), cfg.reliability, fleet.scheduler.latency_ewma_alpha)
         self.workload = workload

@@ -12,7 +12,9 @@ Sources (checked against the code, not only the docs):
 * ``kv-cache-utilization-scorer`` (``scorer/kvcache_utilization.go``): ``1 - KVCacheUsagePercent``;
 * ``prefix-cache-scorer`` (``plugins/multi/prefix/plugin.go``): ``matchLen / total``, the
   longest run of leading prompt blocks the pod is believed to hold over the prompt's
-  blocks, from an approximate LRU index fed by the picker's own decisions (as ours is).
+  blocks, from an approximate LRU index fed by the picker's own decisions (as ours is), an LRU per
+  server of its engine's cache size (``NumOfGPUBlocks``: the pod's ``CacheNumBlocks`` with AutoTune,
+  else 31,250 blocks): ours with ``scheduler.prefix_residency``.
 
 Differences: llm-d hashes 64-character blocks of the prompt text (256 blocks at
 most); we use the request's 16-token block hashes, all of them.  Its max-score

@@ -59,7 +59,9 @@ class CacheAware:
 
 
 def sglang_cache_aware(settings: SchedulerSettings) -> Profile:
-    return rule_profile("sglang-cache-aware", CacheAware())
+    p = rule_profile("sglang-cache-aware", CacheAware())
+    p.prefix_residency = False  # the router's radix tree evicts by its own size and age, not the engines'
+    return p
 
 
 POLICIES.register("sglang-cache-aware", sglang_cache_aware)

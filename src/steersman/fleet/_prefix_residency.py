@@ -1,0 +1,118 @@
+"""What each replica's KV cache still holds, for :class:`~steersman.fleet.prefix_index.PrefixIndex`.
+
+A mixin (the index sets the attributes read here).  An engine's prefix cache evicts its least recently used
+free blocks; the index, left to its own memory budget, remembers many times what the engines keep.  Given each
+replica's KV capacity (:meth:`Residency.set_capacity`), it credits a replica only with its newest generations
+that fit in that cache (:func:`resident_mask`): a bit per replica and generation that
+:func:`~steersman.fleet._prefix_table.match_pass` ands with each block's holders.  Generations then take at
+most a quarter of the fleet's cache, so the cut is that fine.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
+
+__all__ = ["Residency", "resident_mask", "warm_up"]
+
+#: with every replica's KV capacity known: a generation takes at most this share of the fleet's cache
+_RESIDENCY_GEN = 0.25
+_MIN_GEN = 256  # blocks: the smallest generation (a few prompts)
+_ONE = np.uint64(1)
+
+
+@njit(cache=True, nogil=True)
+def resident_mask(counts, order, caps, resident, resident_total):
+    """Which generations each replica's KV cache still holds, as an engine's LRU would: from the newest
+    generation back, a generation counts while the replica's blocks in the newer ones and half of its own fit
+    in ``caps[r]`` blocks (inf: no limit).  Bit ``r % 64`` of ``resident[g, r // 64]``; ``resident_total[r]``:
+    the blocks of the generations it holds.  ``order``: the generations in use, oldest first."""
+    resident[:] = 0
+    for r in range(counts.shape[1]):
+        cap = caps[r]
+        before = 0.0
+        kept = 0
+        bit = _ONE << np.uint64(r & 63)
+        w = r >> 6
+        for k in range(order.size - 1, -1, -1):
+            g = order[k]
+            c = counts[g, r]
+            if before + 0.5 * c <= cap:
+                resident[g, w] |= bit
+                kept += c
+            before += c
+        resident_total[r] = kept
+
+
+def warm_up() -> None:
+    """Compile (or load) the kernel with the argument types the index passes."""
+    resident_mask(np.zeros((8, 1), dtype=np.int64), np.zeros(1, dtype=np.int64), np.full(1, np.inf),
+                  np.zeros((8, 1), dtype=np.uint64), np.zeros(1, dtype=np.int64))
+
+
+class Residency:
+    """Per-replica KV capacities and the resident mask of the prefix index."""
+
+    n: int
+    _words: int
+    _counts: np.ndarray
+    _total: np.ndarray
+    _order: list[int]
+    _memo: tuple | None
+    _max_gen_cap: int
+    gen_cap: int
+
+    def _init_residency(self) -> None:
+        # each replica's KV cache, in blocks (inf: unknown): what an engine's LRU still holds (set_capacity)
+        self._caps = np.full(self.n, np.inf)
+        self._capped = False
+        self._resident = np.full((self._counts.shape[0], self._words), ~np.uint64(0), dtype=np.uint64)
+        self._resident_total = np.zeros(self.n, dtype=np.int64)
+        self._resident_view = self._resident_total.view()
+        self._resident_view.flags.writeable = False
+        self._resident_at: object = None  # the match memo the resident mask was computed for
+        self._all_resident = True  # the mask is all ones (and the resident blocks are all the indexed ones)
+
+    def set_capacity(self, replica: int, blocks: float) -> None:
+        """``replica``'s KV cache holds ``blocks`` blocks (NaN, inf or <= 0: unknown).  The index then credits the
+        replica only with the generations its cache still holds, as the engine's LRU eviction would keep them:
+        from the newest back, while the replica's blocks in them fit (:func:`resident_mask`).
+        Without it the index remembers what the gateway sent each replica as long as its own memory budget lets it,
+        which on a long trace is many times what the engines keep: on the Mooncake trace a fifth of the requests
+        were predicted to find ~22,000 prompt tokens cached that their replica had long evicted."""
+        cap = float(blocks) if blocks == blocks and blocks > 0 else np.inf
+        if self._caps[replica] == cap:
+            return
+        self._caps[replica] = cap
+        self._capped = bool(np.isfinite(self._caps).any())
+        # a generation of about a quarter of the fleet's KV cache, so a replica's cache spans several of them and
+        # the eviction the mask models is that fine (the default budget's generations, ~260,000 blocks each, are
+        # each larger than the whole cache of a small fleet); with a replica of unknown size, the budget's size
+        total = float(self._caps.sum())
+        self.gen_cap = self._max_gen_cap if not math.isfinite(total) else max(
+            min(self._max_gen_cap, int(total * _RESIDENCY_GEN)), _MIN_GEN)
+        if not self._capped:
+            self._resident[:] = ~np.uint64(0)
+            self._all_resident = True
+        self._memo = None
+        self._resident_at = None
+
+    def _refresh_resident(self) -> None:
+        """The resident mask for the index as it is now (once per write: keyed by the match memo).  While every
+        replica's indexed blocks fit in its cache (a large fleet under the index's budget), everything is resident."""
+        memo = self._memo
+        if memo is not None and memo is self._resident_at:
+            return
+        self._resident_at = memo
+        if not (self._total > self._caps).any():
+            if not self._all_resident:
+                self._resident[:] = ~np.uint64(0)
+                self._all_resident = True
+            return
+        self._all_resident = False
+        resident_mask(self._counts, np.asarray(self._order, dtype=np.int64), self._caps, self._resident,
+                        self._resident_total)

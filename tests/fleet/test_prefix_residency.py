@@ -1,0 +1,132 @@
+"""The prefix index credits a replica only with what its KV cache can still hold (``scheduler.prefix_residency``).
+
+An engine's prefix cache evicts its least recently used free blocks; the index, left to its own memory budget,
+remembers many times more than the engines keep.  With a capacity per replica it counts, from the newest
+generation back, the generations whose blocks still fit in that replica's cache (half a straddling one counts).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from steersman.config import DEFAULTS
+from steersman.engines.base import EngineMetrics
+from steersman.fleet.prefix_index import PrefixIndex
+from steersman.fleet.state import Fleet, Replica
+from steersman.testing.clock import FakeClock
+
+MiB = 1 << 20
+
+
+def chain(tag: object, n: int) -> list[int]:
+    return [hash((tag, i)) for i in range(n)]
+
+
+def test_a_replica_is_credited_only_with_the_generations_its_cache_holds():
+    idx = PrefixIndex(2, 4 * MiB)
+    for r in (0, 1):
+        idx.set_capacity(r, 1000.0)  # fleet cache 2,000 blocks: generations of 500 (a quarter)
+    assert idx.gen_cap == 500
+    old = chain("old", 400)
+    idx.record(0, old)
+    idx.record(1, old)
+    assert idx.match(old).tolist() == [400, 400]
+    # replica 0 then computes 2,000 other blocks (4 generations): its cache has evicted ``old`` since
+    for k in range(4):
+        idx.record(0, chain(("new", k), 500))
+    got = idx.match(old).tolist()
+    assert got[0] == 0, "evicted by the replica's own later work"
+    assert got[1] == 400, "replica 1 did nothing since: still held there"
+    # what the replica holds: its newest generations only (the view the predictions' residency discount reads)
+    assert idx.blocks_view()[0] <= 1000 + 250
+    assert idx.blocks_per_replica()[0] == 2400  # the index itself still remembers them all
+    assert idx.match(chain(("new", 3), 500)).tolist() == [500, 0]
+
+
+def test_without_capacities_the_index_is_unchanged():
+    a, b = PrefixIndex(2, 4 * MiB), PrefixIndex(2, 4 * MiB)
+    b.set_capacity(0, math.nan)  # unknown: no limit
+    b.set_capacity(1, 0.0)
+    assert a.gen_cap == b.gen_cap
+    for idx in (a, b):
+        idx.record(0, chain("x", 300))
+        for k in range(20):
+            idx.record(0, chain(("y", k), 400))
+    assert a.match(chain("x", 300)).tolist() == b.match(chain("x", 300)).tolist()
+    assert a.blocks_view().tolist() == b.blocks_view().tolist()
+
+
+def test_a_capacity_removed_credits_everything_again():
+    idx = PrefixIndex(1, 4 * MiB)
+    idx.set_capacity(0, 400.0)
+    idx.record(0, chain("x", 100))
+    for k in range(8):
+        idx.record(0, chain(("y", k), 100))
+    assert idx.match(chain("x", 100)).tolist() == [0]
+    idx.set_capacity(0, math.inf)
+    assert idx.match(chain("x", 100)).tolist() == [100]
+
+
+def test_the_mask_follows_every_write_between_matches():
+    """The match memo and the mask are refreshed together: a record between two matches of the same prompt
+    is seen by the second."""
+    idx = PrefixIndex(1, 4 * MiB)
+    idx.set_capacity(0, 400.0)  # generations of 256 blocks (the smallest)
+    p = chain("p", 100)
+    idx.record(0, p)
+    assert idx.match(p).tolist() == [100]
+    seen = []
+    for k in range(6):
+        idx.record(0, chain(("q", k), 200))
+        seen.append(int(idx.match(p)[0]))
+    assert seen[0] == 100 and seen[-1] == 0 and seen == sorted(seen, reverse=True)
+
+
+def _fleet(kv_blocks_total=None, residency=True) -> Fleet:
+    settings = DEFAULTS.scheduler if residency else replace(DEFAULTS.scheduler, prefix_residency=False)
+    reps = [Replica(i, f"r{i}", f"http://r{i}.invalid", "engine-sim", "H100", ("llama-3.1-8b",), "p", 2.0, 1,
+                    adapter=None) for i in range(2)]
+    fleet = Fleet(reps, FakeClock(start=1.0), settings)
+    fleet.prefix = PrefixIndex(2, 8 * MiB)
+    return fleet
+
+
+def test_the_fleet_gives_the_index_each_replicas_modelled_then_reported_cache():
+    fleet = _fleet()
+    modelled = fleet.statics.kv_blocks
+    assert np.isfinite(modelled).all()
+    assert fleet.prefix._caps.tolist() == modelled.tolist()  # noqa: SLF001
+    fleet.update_metrics(1, EngineMetrics(num_running=0, num_waiting=0, kv_usage=0.0, prefix_queries=0,
+                                          prefix_hits=0, kv_blocks_total=1234.0))
+    assert fleet.prefix._caps.tolist() == [modelled[0], 1234.0]  # noqa: SLF001
+    fleet.prefix_residency = False  # a profile modelling a router that knows nothing of evictions
+    assert np.isinf(fleet.prefix._caps).all()  # noqa: SLF001
+    fleet.prefix_residency = True
+    assert fleet.prefix._caps.tolist() == [modelled[0], 1234.0]  # noqa: SLF001
+
+
+def test_the_setting_turns_it_off():
+    fleet = _fleet(residency=False)
+    assert np.isinf(fleet.prefix._caps).all()  # noqa: SLF001
+    fleet.update_metrics(0, EngineMetrics(num_running=0, num_waiting=0, kv_usage=0.0, prefix_queries=0,
+                                          prefix_hits=0, kv_blocks_total=99.0))
+    assert np.isinf(fleet.prefix._caps).all()  # noqa: SLF001
+
+
+@pytest.mark.parametrize("policy, on", [("steersman", True), ("llm-d", True), ("sglang-cache-aware", False)])
+def test_each_profile_sees_the_index_as_its_router_would(policy, on):
+    """sglang-router's radix tree evicts by its own size, not the engines' (the twin's baseline must not know
+    better); llm-d (GIE caps each server's LRU), Dynamo (KV events) and steersman know what engines hold."""
+    from steersman.fleet.config import parse_fleet
+    from steersman.policy import make_policy
+    from steersman.twin.core import Twin
+    from steersman.twin.fleet import TwinFleet
+
+    cfg = parse_fleet({"simulated": {"replicas": [{"gpu": "H100", "model": "llama-3.1-8b", "count": 2}]}})
+    twin = Twin(TwinFleet.from_config(cfg), iter(()), make_policy(policy, cfg.scheduler))
+    assert twin.fleet.prefix_residency is on
+    assert bool(np.isfinite(twin.fleet.prefix._caps).all()) is on  # noqa: SLF001
