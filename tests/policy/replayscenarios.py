@@ -29,8 +29,8 @@ changed, all of the steersman profile, from "no replica passes filter 'fits-kv'"
 scenarios' requests is larger than every replica's cache, which is now a 400), and when the prediction came
 to count the attention work of the prefill queued ahead at the context its chunks attend to (the fleet's
 ``pending_pairs``, here the pending prefill as whole uncached prompts) instead of at the newcomer's own
-context (1,447 changed, all of the steersman profile, 13 of them to another replica or reason, the rest in their
-predicted TTFT only; the plugin-by-plugin
+context (1,449 changed, all of the steersman profile, 14 of them to another replica or reason, the rest in their
+predicted TTFT or the last bit of their TPOT; the plugin-by-plugin
 path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record

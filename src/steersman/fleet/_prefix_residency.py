@@ -101,6 +101,13 @@ class Residency:
         self._memo = None
         self._resident_at = None
 
+    def set_capacities(self, modelled: np.ndarray, reported: np.ndarray, on: bool = True) -> None:
+        """Every replica's capacity: its engine's ``reported`` blocks where known (not NaN), else the ``modelled``
+        ones; ``on`` False: none (every replica credited with all it was sent)."""
+        for i in range(self.n):
+            r = reported[i]
+            self.set_capacity(i, (float(r) if r == r else float(modelled[i])) if on else math.inf)
+
     def _refresh_resident(self) -> None:
         """The resident mask for the index as it is now (once per write: keyed by the match memo).  While every
         replica's indexed blocks fit in its cache (a large fleet under the index's budget), everything is resident."""

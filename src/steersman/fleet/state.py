@@ -119,20 +119,15 @@ class Fleet:
 
     @property
     def prefix_residency(self) -> bool:
-        """Whether the prefix index credits each replica only with what its KV cache still holds
-        (``SchedulerSettings.prefix_residency``; a profile modelling a router that does not know, e.g.
-        sglang-router's own tree, turns it off: ``Profile.prefix_residency``)."""
+        """The prefix index credits each replica only with what its KV cache still holds (``Profile.prefix_residency``
+        False: a router whose own tree knows nothing of the engines' evictions)."""
         return self._residency
 
     @prefix_residency.setter
     def prefix_residency(self, on: bool) -> None:
         self._residency = on
-        index = self._prefix
-        if index is None:
-            return
-        kv, scraped = self.statics.kv_blocks, self.live[S.KV_BLOCKS_TOTAL]
-        for i in range(len(self.replicas)):
-            index.set_capacity(i, (float(scraped[i]) if scraped[i] == scraped[i] else float(kv[i])) if on else math.inf)
+        if self._prefix is not None:
+            self._prefix.set_capacities(self.statics.kv_blocks, self.live[S.KV_BLOCKS_TOTAL], on)
 
     def _static(self) -> None:
         reps = self.replicas

@@ -83,12 +83,11 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
                 Dn = D + samples
                 t_dec = (max(lin_c * Dn + lin_c0, lin_m) + (dec_kv * c + per_tok) * Dn
                          + max(matrix[8, i] * Dn, matrix[9, i]) + fixed)
-            t_full = (max(lin_c * B + lin_c0, lin_m) + max(attn_c * (P * (c / 2.0) + P * P / 2.0), kv_m * (P + c / 2.0))
-                      + dec_kv * (D * c) + per_tok * B + shared)
-            # the prefill steps ahead of its first token, at the context their chunks attend to: a step of P
-            # prompt tokens at offset o computes P o + P^2 / 2 pairs, so the mean offset of ``work`` tokens
-            # carrying ``pairs`` is pairs / work - P / 2 (``c / 2`` in t_full's terms)
+            # a full step at context ``c``; the prefill steps ahead of its first token at the context their chunks
+            # attend to: a step of P prompt tokens at offset o computes P o + P^2 / 2 pairs, so the mean offset
+            # of ``work`` tokens carrying ``pairs`` is pairs / work - P / 2 (``c / 2`` in t_full's terms)
             linear = max(lin_c * B + lin_c0, lin_m) + dec_kv * (D * c) + per_tok * B + shared
+            t_full = linear + _attention(attn_c, kv_m, P, 0.0, 0.0, c)
             t_queue = linear + _attention(attn_c, kv_m, P, pairs, work, c)
             t_alone = linear + _attention(attn_c, kv_m, P, mine_pairs, mine, c)
             steps = work / P
