@@ -17,7 +17,7 @@ from numba import njit
 
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
-__all__ = ["Residency", "resident_mask", "warm_up"]
+__all__ = ["Residency", "resident_mask", "over_capacity", "warm_up"]
 
 #: with every replica's KV capacity known: a generation takes at most this share of the fleet's cache
 _RESIDENCY_GEN = 0.25
@@ -48,8 +48,18 @@ def resident_mask(counts, order, caps, resident, resident_total):
         resident_total[r] = kept
 
 
+@njit(cache=True, nogil=True)
+def over_capacity(total, caps):
+    """Whether some replica has more blocks indexed than its cache holds (else every generation is resident)."""
+    for r in range(total.size):
+        if total[r] > caps[r]:
+            return True
+    return False
+
+
 def warm_up() -> None:
-    """Compile (or load) the kernel with the argument types the index passes."""
+    """Compile (or load) the kernels with the argument types the index passes."""
+    over_capacity(np.zeros(1, dtype=np.int64), np.full(1, np.inf))
     resident_mask(np.zeros((8, 1), dtype=np.int64), np.zeros(1, dtype=np.int64), np.full(1, np.inf),
                   np.zeros((8, 1), dtype=np.uint64), np.zeros(1, dtype=np.int64))
 
@@ -115,7 +125,7 @@ class Residency:
         if memo is not None and memo is self._resident_at:
             return
         self._resident_at = memo
-        if not (self._total > self._caps).any():
+        if not over_capacity(self._total, self._caps):
             if not self._all_resident:
                 self._resident[:] = ~np.uint64(0)
                 self._all_resident = True
