@@ -130,3 +130,51 @@ def test_each_profile_sees_the_index_as_its_router_would(policy, on):
     twin = Twin(TwinFleet.from_config(cfg), iter(()), make_policy(policy, cfg.scheduler))
     assert twin.fleet.prefix_residency is on
     assert bool(np.isfinite(twin.fleet.prefix._caps).all()) is on  # noqa: SLF001
+
+
+def _evicted_on_replica_0() -> tuple[PrefixIndex, list[int]]:
+    """An index where replica 0 was sent ``old`` and has since computed four generations of other work."""
+    idx = PrefixIndex(2, 4 * MiB)
+    for r in (0, 1):
+        idx.set_capacity(r, 1000.0)
+    old = chain("old", 400)
+    idx.record(0, old)
+    for k in range(4):
+        idx.record(0, chain(("new", k), 500))
+    return idx, old
+
+
+def test_the_raw_match_still_credits_what_the_replica_was_sent():
+    idx, old = _evicted_on_replica_0()
+    assert idx.match(old).tolist() == [0, 0]
+    assert idx.match_raw(old).tolist() == [400, 0]
+    assert idx.match_raw(old) is idx.match_raw(old)  # memoised until the next write
+    fresh = chain(("new", 3), 500)
+    assert idx.match_raw(fresh).tolist() == idx.match(fresh).tolist() == [500, 0]
+    roomy = PrefixIndex(2, 4 * MiB)
+    roomy.record(0, old)
+    assert roomy.match_raw(old) is roomy.match(old)  # nothing evicted: one match
+
+
+def test_a_workflow_goes_back_to_the_replica_that_evicted_its_context_and_is_predicted_to_compute_it():
+    """The holders-first rule reads the raw match (the request's later calls will find there what this one
+    computes), the prediction the resident one (the whole prompt is computed again): both decision paths."""
+    from steersman.policy import make_policy
+    from steersman.policy.base import Route
+    from steersman.testing.snapshots import fleet_snapshot, sched_request
+
+    idx, old = _evicted_on_replica_0()
+    snap = fleet_snapshot(["H100", "H100"], prefix=idx, in_flight=[1, 0])
+    req = sched_request(hashes=old, expected_output=50)
+    profile = make_policy("steersman")
+    fused, plugins = profile.pick(snap, req), profile.decide(profile.context(snap, req))
+    assert isinstance(fused, Route) and fused == plugins
+    assert fused.replica == 0
+    def ttft0(index) -> float:  # the predicted TTFT on replica 0
+        return float(profile.context(fleet_snapshot(["H100", "H100"], prefix=index, in_flight=[1, 0]), req)
+                     .feature("prediction").ttft[0])
+
+    roomy = PrefixIndex(2, 4 * MiB)
+    roomy.record(0, old)
+    assert ttft0(idx) == pytest.approx(ttft0(None))  # evicted: predicted as computed again
+    assert ttft0(roomy) < 0.5 * ttft0(None)  # held: its prefill mostly skipped

@@ -35,6 +35,8 @@ class PrefixReads:
     _resident_view: np.ndarray
     _resident_at: object
     _all_resident: bool
+    _all_ones: np.ndarray
+    _raw_memo: tuple | None
     _refresh_resident: Callable[[], None]  # steersman.fleet._prefix_residency.Residency
     _shift: np.uint64
     _mask: int
@@ -64,6 +66,25 @@ class PrefixReads:
             return self._total_view
         self._refresh_resident()
         return self._total_view if self._all_resident else self._resident_view
+
+    def match_raw(self, hashes: Sequence[int]) -> np.ndarray:
+        """:meth:`match` crediting every replica with all it was sent, whatever its KV cache still holds (the
+        same array while every replica's cache holds all it was sent).  Memoised like :meth:`match`."""
+        held = self.match(hashes)  # flushes; the resident mask is the index's as it is now
+        if self._all_resident:
+            return held
+        memo = self._raw_memo
+        if memo is not None and memo[0] is hashes and memo[1] == len(hashes) and memo[3] is self._memo:
+            return memo[2]
+        out = np.zeros(self.n, dtype=np.int64)
+        if len(hashes) and self._entries and self._readable and len(self.slots) < self.n:
+            T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
+                         self._mask, self._all_ones)
+        for r, mirror in self.slots.items():
+            out[r] = mirror.match(hashes)
+        out.setflags(write=False)
+        self._raw_memo = (hashes, len(hashes), out, self._memo)
+        return out
 
     def match(self, hashes: Sequence[int]) -> np.ndarray:
         """Leading blocks of ``hashes`` each replica probably holds (int64, one per replica).

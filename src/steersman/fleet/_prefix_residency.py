@@ -86,6 +86,8 @@ class Residency:
         self._resident_view.flags.writeable = False
         self._resident_at: object = None  # the match memo the resident mask was computed for
         self._all_resident = True  # the mask is all ones (and the resident blocks are all the indexed ones)
+        self._all_ones = np.full((self._counts.shape[0], self._words), ~np.uint64(0), dtype=np.uint64)
+        self._raw_memo: tuple | None = None  # PrefixReads.match_raw's (hashes, length, result, the match memo)
 
     def set_capacity(self, replica: int, blocks: float) -> None:
         """``replica``'s KV cache holds ``blocks`` blocks (NaN, inf or <= 0: unknown).  The index then credits the

@@ -110,7 +110,7 @@ def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
 
 
 @njit(cache=True, nogil=True)
-def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
+def prediction_pass(idx, held, raw, live, kv_blocks, indexed, block_size, matrix, batch_tokens, price, modelled,
                     prompt_tokens, expected_output, samples, ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now,
                     recent_tau, blocks, own, out, t_ttft, t_tpot, t_left, margin, protected, cost_tie, latency_tie,
                     late_tie, exploit, exploit_slowdown, cached, resident, pool, default_prefill, default_step, pooled,
@@ -131,7 +131,7 @@ def prediction_pass(idx, held, live, kv_blocks, indexed, block_size, matrix, bat
     unprofiled = 0
     for j in range(idx.size):
         # the picker's holders-first rule reads the index's raw match (see slo_pool_kernel)
-        cached[j] = prompt_tokens - P.uncached(float(held[idx[j]]), block_size, prompt_tokens) if held.size else 0.0
+        cached[j] = prompt_tokens - P.uncached(float(raw[idx[j]]), block_size, prompt_tokens) if raw.size else 0.0
         resident[j] = live[_RESIDENT, idx[j]]
         if not modelled[idx[j]]:
             unprofiled += 1
@@ -269,7 +269,7 @@ class _Fused:
         protected = req.priority == _CRITICAL or req.protection > 0
         margin = p.safety_margin if protected else 1.0
         unprofiled, count, feasible, stay = prediction_pass(
-            idx, held, snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
+            idx, held, _held(snap, req, raw=True), snap.live, st.kv_blocks, snap.prefix.blocks_view() if held.size else _NO_MATCH,
             float(st.block_size), st.matrix, st.batch_tokens, st.price_per_hour, st.modelled, pt, eo, float(req.samples),
             float(req.prompt_tokens + req.expected_output / 2) or _CTX_FALLBACK, snap.ttft_prior, snap.tpot_prior,
             REFERENCE_BATCH, snap.recent_at if snap.recent_at is not None else np.full(snap.live.shape[1], snap.time),
@@ -319,8 +319,8 @@ class _Fused:
         return total
 
 
-def _held(snap, req) -> np.ndarray:
-    """The ``prefix_held`` feature."""
+def _held(snap, req, raw: bool = False) -> np.ndarray:
+    """The ``prefix_held`` feature (``raw``: ``prefix_held_raw``)."""
     if snap.prefix is None or not req.block_hashes:
         return _NO_MATCH
-    return snap.prefix.match(req.block_hashes)
+    return snap.prefix.match_raw(req.block_hashes) if raw else snap.prefix.match(req.block_hashes)

@@ -135,8 +135,9 @@ def _reason(feasible: bool, stayed: bool) -> str:
 
 def raw_cached(ctx: DecisionContext) -> np.ndarray:
     """Prompt tokens the prefix index credits each candidate with (its raw match, at most prompt - 1),
-    undiscounted: what the picker's holders-first rule compares with ``exploit_share``."""
-    held = ctx.feature("prefix_held")
+    undiscounted, whatever the replica's cache still holds: what the picker's holders-first rule compares with
+    ``exploit_share``."""
+    held = ctx.feature("prefix_held_raw")
     pt = float(ctx.request.prompt_tokens)
     if held.size == 0:
         return np.zeros(ctx.candidates.size)

@@ -110,11 +110,23 @@ class Prediction:
 
 @feature("prefix_held", per_replica=True)
 def prefix_held(ctx: DecisionContext) -> np.ndarray:
-    """The prefix index's raw match for every replica (not only candidates): leading blocks held."""
+    """The prefix index's match for every replica (not only candidates): leading blocks held (those its KV cache
+    still holds, with ``scheduler.prefix_residency``)."""
     snap, req = ctx.snapshot, ctx.request
     if snap.prefix is None or not req.block_hashes:
         return _NO_MATCH
     return snap.prefix.match(req.block_hashes)
+
+
+@feature("prefix_held_raw", per_replica=True)
+def prefix_held_raw(ctx: DecisionContext) -> np.ndarray:
+    """``prefix_held`` crediting every replica with all the gateway sent it, whatever its KV cache still holds
+    (``scheduler.prefix_residency``): the holders-first rule's, so a workflow whose context its replica evicted
+    still goes back there (where its later calls find what this one computes) unless that replica is slower."""
+    snap, req = ctx.snapshot, ctx.request
+    if snap.prefix is None or not req.block_hashes:
+        return _NO_MATCH
+    return snap.prefix.match_raw(req.block_hashes)
 
 
 @feature("prefix_blocks")
