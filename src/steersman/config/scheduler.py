@@ -56,7 +56,8 @@ class SchedulerSettings:
         "the Gateway API Inference Extension's approximate prefix plugin keeps an LRU per server of the engine's "
         "own cache size (NumOfGPUBlocks: CacheNumBlocks with AutoTune, else DefaultLRUCapacityPerServer 31,250, an "
         "H100's for Llama 3 8B): the index credits a replica only with the generations its KV cache (the engine's "
-        "reported or modelled blocks) still holds.  Whole "
+        "reported or modelled blocks) still holds (predictions, saturation, accounting; the holders-first rule "
+        "keeps the raw match: a workflow goes back where its context was sent).  Whole "
         "Mooncake trace (bench/policies): without it a fifth of the requests were predicted to find ~22,000 prompt "
         "tokens cached that the engine had evicted (the gateway's pending prefill 44% under the engines' real one)"
     )
