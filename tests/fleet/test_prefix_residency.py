@@ -178,3 +178,16 @@ def test_a_workflow_goes_back_to_the_replica_that_evicted_its_context_and_is_pre
     roomy.record(0, old)
     assert ttft0(idx) == pytest.approx(ttft0(None))  # evicted: predicted as computed again
     assert ttft0(roomy) < 0.5 * ttft0(None)  # held: its prefill mostly skipped
+
+
+def test_a_match_of_no_blocks_after_a_write_leaves_no_stale_mask():
+    idx = PrefixIndex(1, 4 * MiB)
+    idx.set_capacity(0, 400.0)
+    idx.record(0, chain("x", 100))
+    assert idx.blocks_view().tolist() == [100]
+    for k in range(8):
+        idx.record(0, chain(("y", k), 100))
+    idx.match(())  # nothing to look up: the mask must still follow the writes before it
+    assert idx.blocks_per_replica().tolist() == [900]
+    assert idx.blocks_view()[0] < 600
+    assert idx.match(chain("x", 100)).tolist() == [0]

@@ -97,6 +97,8 @@ def test_one_trace_runs_from_the_client_through_the_gateway_to_every_engine_it_t
                 assert raw.headers["x-request-id"] == f"req-{i}"
                 if i % 2 == 0:  # the engine names the answer by the id (as vLLM's _base_request_id does)
                     assert raw.parse().id == f"chatcmpl-req-{i}"
+                else:  # read the stream to its end: a client that leaves before it is a 499 (a race on a busy VM)
+                    assert sum(len(c.choices) for c in raw.parse()) >= 1
     spans = otlp.spans
     servers = [s for s in spans if s["service"] == "steersman" and s["kind"] == 2]
     attempts = {s["id"]: s for s in spans if s["service"] == "steersman" and s["kind"] == 3}

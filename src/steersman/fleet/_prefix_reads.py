@@ -101,10 +101,10 @@ class PrefixReads:
         if memo is not None and memo[0] is hashes and memo[1] == len(hashes):
             return memo[2]
         out = np.zeros(self.n, dtype=np.int64)
+        if self._capped:
+            self._refresh_resident()  # (with every match after a write: blocks_view and match_raw then read it)
         # (every replica mirrored: theirs alone; the table being rewritten in the background: nothing)
         if len(hashes) and self._entries and self._readable and len(self.slots) < self.n:
-            if self._capped:
-                self._refresh_resident()
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask, self._resident)
         for r, mirror in self.slots.items():

@@ -80,13 +80,13 @@ class Residency:
         # each replica's KV cache, in blocks (inf: unknown): what an engine's LRU still holds (set_capacity)
         self._caps = np.full(self.n, np.inf)
         self._capped = False
-        self._resident = np.full((self._counts.shape[0], self._words), ~np.uint64(0), dtype=np.uint64)
+        self._all_ones = np.full((self._counts.shape[0], self._words), ~np.uint64(0), dtype=np.uint64)
+        self._resident = self._all_ones.copy()
         self._resident_total = np.zeros(self.n, dtype=np.int64)
         self._resident_view = self._resident_total.view()
         self._resident_view.flags.writeable = False
         self._resident_at: object = None  # the match memo the resident mask was computed for
         self._all_resident = True  # the mask is all ones (and the resident blocks are all the indexed ones)
-        self._all_ones = np.full((self._counts.shape[0], self._words), ~np.uint64(0), dtype=np.uint64)
         self._raw_memo: tuple | None = None  # PrefixReads.match_raw's (hashes, length, result, the match memo)
 
     def set_capacity(self, replica: int, blocks: float) -> None:
@@ -108,7 +108,7 @@ class Residency:
         self.gen_cap = self._max_gen_cap if not math.isfinite(total) else max(
             min(self._max_gen_cap, int(total * _RESIDENCY_GEN)), _MIN_GEN)
         if not self._capped:
-            self._resident[:] = ~np.uint64(0)
+            self._resident[:] = self._all_ones
             self._all_resident = True
         self._memo = None
         self._resident_at = None
@@ -129,7 +129,7 @@ class Residency:
         self._resident_at = memo
         if not over_capacity(self._total, self._caps):
             if not self._all_resident:
-                self._resident[:] = ~np.uint64(0)
+                self._resident[:] = self._all_ones
                 self._all_resident = True
             return
         self._all_resident = False
