@@ -14,6 +14,11 @@ it; ``record`` moves the blocks it touches into the newest one (in place: a byte
 the newest has taken ``gen_cap`` blocks a new one starts; with eight generations in use the oldest is
 dropped whole.  That is LRU at the granularity of an eighth of the capacity.
 
+**What the engines still hold** (:mod:`steersman.fleet._prefix_residency`, ``scheduler.prefix_residency``): with
+each replica's KV capacity set, :meth:`match` credits a replica only with the newest generations its cache can
+hold (an engine's LRU, at generation granularity; generations then take at most a quarter of the fleet's cache),
+and :meth:`match_raw` with everything it was sent.
+
 Holder sets of several replicas are interned: each distinct set is a row of bits shared by every
 block it holds (and a Python int for the interning), counted in the budget; if the sets push the
 total over it, the oldest generation goes early and the sets no block uses any more are freed.
