@@ -64,6 +64,11 @@ def warm_up() -> None:
                   np.zeros((8, 1), dtype=np.uint64), np.zeros(1, dtype=np.int64))
 
 
+def _cap(blocks: float) -> float:
+    """A capacity in blocks: NaN, inf or <= 0 (unknown) is no limit."""
+    return float(blocks) if blocks == blocks and blocks > 0 else math.inf
+
+
 class Residency:
     """Per-replica KV capacities and the resident mask of the prefix index."""
 
@@ -96,10 +101,20 @@ class Residency:
         Without it the index remembers what the gateway sent each replica as long as its own memory budget lets it,
         which on a long trace is many times what the engines keep: on the Mooncake trace a fifth of the requests
         were predicted to find ~22,000 prompt tokens cached that their replica had long evicted."""
-        cap = float(blocks) if blocks == blocks and blocks > 0 else np.inf
-        if self._caps[replica] == cap:
-            return
-        self._caps[replica] = cap
+        cap = _cap(blocks)
+        if self._caps[replica] != cap:
+            self._caps[replica] = cap
+            self._caps_changed()
+
+    def set_capacities(self, modelled: np.ndarray, reported: np.ndarray, on: bool = True) -> None:
+        """Every replica's capacity: its engine's ``reported`` blocks where known (not NaN), else the ``modelled``
+        ones; ``on`` False: none (every replica credited with all it was sent)."""
+        caps = np.array([_cap(r if r == r else m) for r, m in zip(reported, modelled)]) if on else np.full(self.n, np.inf)
+        if not np.array_equal(caps, self._caps):
+            self._caps[:] = caps
+            self._caps_changed()
+
+    def _caps_changed(self) -> None:
         self._capped = bool(np.isfinite(self._caps).any())
         # a generation of about a quarter of the fleet's KV cache, so a replica's cache spans several of them and
         # the eviction the mask models is that fine (the default budget's generations, ~260,000 blocks each, are
@@ -112,13 +127,6 @@ class Residency:
             self._all_resident = True
         self._memo = None
         self._resident_at = None
-
-    def set_capacities(self, modelled: np.ndarray, reported: np.ndarray, on: bool = True) -> None:
-        """Every replica's capacity: its engine's ``reported`` blocks where known (not NaN), else the ``modelled``
-        ones; ``on`` False: none (every replica credited with all it was sent)."""
-        for i in range(self.n):
-            r = reported[i]
-            self.set_capacity(i, (float(r) if r == r else float(modelled[i])) if on else math.inf)
 
     def _refresh_resident(self) -> None:
         """The resident mask for the index as it is now (once per write: keyed by the match memo).  While every
