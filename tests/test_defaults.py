@@ -86,7 +86,7 @@ PINNED = {
     "scheduler.exploit_slowdown": 4.0,
     "scheduler.shed_infeasible": ("sheddable",),
     "scheduler.demote_late": True,
-    "scheduler.hold_late": False,
+    "scheduler.hold_late": True,
     "scheduler.slot_wait": True,
     "scheduler.slot_wait_gain": 0.8,
     "scheduler.slot_wait_overrun": 0.5,

@@ -42,7 +42,7 @@ def serve(log: str, argv: list[str]) -> None:
     out = open(log, "a", buffering=1)
     dispatch = lifecycle.RequestLifecycle.start_dispatch
 
-    def logged(self, ctx, d):
+    def logged(self, ctx, d, *earlier):
         snap, now = self.fleet.snapshot(), self.clock.now()
         live = snap.live
         req = ctx.sched
@@ -56,7 +56,7 @@ def serve(log: str, argv: list[str]) -> None:
             "match": [] if snap.prefix is None else [int(x) for x in snap.prefix.match(req.block_hashes)],
             "pred": {str(k): v for k, v in pred.items()},
         }) + "\n")
-        return dispatch(self, ctx, d)
+        return dispatch(self, ctx, d, *earlier)
 
     lifecycle.RequestLifecycle.start_dispatch = logged
     sys.argv = ["steersman", *argv]

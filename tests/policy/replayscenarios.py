@@ -31,7 +31,11 @@ to count the attention work of the prefill queued ahead at the context its chunk
 ``pending_pairs``, here the pending prefill as whole uncached prompts) instead of at the newcomer's own
 context (1,449 changed, all of the steersman profile, 14 of them to another replica or reason, the rest in their
 predicted TTFT or the last bit of their TPOT; the plugin-by-plugin
-path gives every recorded decision)::
+path gives every recorded decision), and when the saturation detector came to count the requests a step's token
+budget leaves waiting and late requests came to wait in the gateway unless a replica holds their prompt
+(``scheduler.hold_late`` on: 141 changed, all of the steersman profile: 59 late routes now held in the gateway, 32
+routes now queued as every candidate is saturated, 50 to another replica or prediction among the candidates left;
+the plugin-by-plugin path gives every recorded decision)::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

@@ -1,6 +1,7 @@
-"""Holding back late work (``scheduler.hold_late``, an opt-in): an unprotected request that no replica is predicted to serve
-within its TTFT now, but one could once the prefill queued ahead of it has drained, waits in the gateway queue;
-the queue serves first the requests whose TTFT budget has time left.  Fused and plugin paths alike."""
+"""Holding back late work (``scheduler.hold_late``, on by default): an unprotected request that no replica is predicted
+to serve within its TTFT now, but one could once the prefill queued ahead of it has drained, waits in the gateway
+queue, unless a replica holds most of its prompt (its place is in that replica's queue); the queue serves first
+the requests whose TTFT budget has time left.  Fused and plugin paths alike."""
 
 from dataclasses import replace
 
@@ -12,12 +13,14 @@ from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig
 from steersman.control.plane import ControlPlane, Dispatch, Wait
 from steersman.policy import Queue, Route, make_policy
 from steersman.policy.request import LatencyBudget, PriorityClass
-from steersman.testing.snapshots import fleet_snapshot, sched_request
+from steersman.testing.snapshots import chain, fleet_snapshot, prefix_index, sched_request
 
 STANDARD = LatencyBudget(ttft_s=2.0, tpot_s=0.2)
-#: both replicas have ~150k prompt tokens queued for prefill (several seconds of work on an H100), nothing waiting
-HOLD = replace(DEFAULTS.scheduler, hold_late=True)
-BACKLOG = dict(pending_prefill=[150_000, 150_000], in_flight=[20, 20], running=[20, 20], decoding=[2, 2])
+HOLD = DEFAULTS.scheduler
+OFF = replace(DEFAULTS.scheduler, hold_late=False)
+#: both replicas have ~150k prompt tokens queued for prefill in three long prompts (several seconds of work on an H100;
+#: the first admitted, two waiting: under the saturation depth)
+BACKLOG = dict(pending_prefill=[150_000, 150_000], in_flight=[20, 20], running=[20, 20], decoding=[17, 17])
 
 
 def _plane(settings=DEFAULTS.scheduler) -> ControlPlane:
@@ -54,9 +57,26 @@ def test_a_request_the_backlog_would_make_late_waits_for_a_replica_that_can_serv
     idle = fleet_snapshot(2, time=10.0, pending_prefill=[150_000, 0], in_flight=[20, 0], running=[20, 0])
     ok = policy.pick(idle, short)
     assert isinstance(ok, Route) and ok.replica == 1 and not ok.late
-    # off (the default): routed late at once
-    assert not DEFAULTS.scheduler.hold_late
-    assert isinstance(_policy(fused, DEFAULTS.scheduler).pick(snap, short), Route)
+    # off: routed late at once
+    assert DEFAULTS.scheduler.hold_late
+    assert isinstance(_policy(fused, OFF).pick(snap, short), Route)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_request_whose_prompt_a_replica_holds_joins_that_replicas_queue_rather_than_wait(fused):
+    """The holder's queue is its place: held in the gateway it would go wherever capacity frees first and compute
+    its prompt again.  A prompt held below exploit_share is no such tie: held back as any other."""
+    policy = _policy(fused)
+    hashes = chain("tenant-prompt", 64)  # 1,024 tokens
+    for share, held_back in ((1.0, False), (0.25, True)):
+        index = prefix_index(2, {0: hashes[: int(64 * share)]})
+        snap = fleet_snapshot(2, time=10.0, prefix=index, **BACKLOG)
+        req = sched_request(1, hashes=hashes, expected_output=50, budget=STANDARD, arrival=10.0)
+        d = policy.pick(snap, req)
+        if held_back:
+            assert isinstance(d, Queue), d
+        else:
+            assert isinstance(d, Route) and d.replica == 0 and d.late, d
 
 
 def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their_place():

@@ -21,6 +21,7 @@ from steersman.testing.snapshots import fleet_snapshot, sched_request
 from steersman.text.tokenizer import block_hashes
 
 QUEUED = 40_000
+_NO_SATURATION = dataclasses.replace(DEFAULTS.scheduler, saturation_queue_depth=1_000_000)
 
 
 def _engine_ttft(prompts: list[int]) -> float:
@@ -45,7 +46,8 @@ def _predicted_ttft(prompts: list[int]) -> float:
     # ours, routed since the last scrape (which saw an idle engine: not saturated)
     snap = fleet_snapshot(["H100"], in_flight=k, waiting=0, running=0, decoding=0, pending_prefill=sum(prompts),
                           pending_pairs=sum(attention_pairs(n, n) for n in prompts))
-    d = make_policy("steersman").pick(snap, sched_request(prompt_tokens=16, expected_output=1))
+    # the prediction, not the saturation detector (forty prompts past a step's token budget wait: saturated)
+    d = make_policy("steersman", _NO_SATURATION).pick(snap, sched_request(prompt_tokens=16, expected_output=1))
     assert isinstance(d, Route)
     return d.predicted_ttft_s
 

@@ -52,3 +52,35 @@ def test_more_finished_than_routed_counts_as_room_for_the_waiting_ones():
     for _ in range(3):
         f.begin(0)
     assert _sat(f) == [True, False]
+
+
+def test_a_burst_past_the_step_token_budget_waits_in_an_engine_with_free_slots():
+    """vLLM admits a waiting request only while the step's token budget lasts (max_num_batched_tokens, 8,192 on an
+    H100): a burst of prompts routed since the scrape queues there however many sequence slots are free.  Of our
+    requests awaiting a first token, those past what one step admits at their mean size count as waiting."""
+    f = _fleet()  # replica 1: 32 running of 1,024 slots, none waiting at the scrape
+    burst = [f.begin(1, 2_000) for _ in range(2 * DEPTH)]  # 20,000 tokens: a step admits ~4 of the 10
+    assert _sat(f) == [False, True]
+    for t in burst[: DEPTH + 1]:  # their first tokens: the rest fit a step or two
+        f.first_token(t)
+    assert _sat(f) == [False, False]
+    g = _fleet()
+    for _ in range(2 * DEPTH):
+        g.begin(1, 400)  # 4,000 tokens: one step admits them all
+    assert _sat(g) == [False, False]
+    h = _fleet()
+    for _ in range(DEPTH):
+        h.begin(1, 40_000)  # long prompts, one at a time: DEPTH - 1 wait behind the one admitted
+    assert _sat(h) == [False, False]
+    h.begin(1, 40_000)
+    assert _sat(h) == [False, True]
+
+
+def test_an_engine_of_unknown_step_budget_is_judged_by_its_counts_alone():
+    """llama.cpp reports no max_num_batched_tokens (NaN): the budget estimate does not apply there."""
+    from steersman.policy.kernels import is_saturated
+
+    # a fresh scrape of an idle engine with free slots; 20 of our prompts (1M tokens) await their first token
+    args = (10.0, 0.0, 0.0, 0.0, 0.1, 20.0, 0.0, 1024.0, 10.0, 5.0, float(DEPTH), 0.8, 1e6)
+    assert is_saturated(*args, 8192.0)
+    assert not is_saturated(*args, float("nan"))

@@ -36,7 +36,7 @@ from steersman.policy import plugin_kernels as P
 from steersman.policy import unprofiled_kernels as U
 from steersman.policy.base import Decision, Queue, Reject, Route
 from steersman.policy.framework import Profile
-from steersman.policy.model_based import SloCheapest, _reason, corrections, hold, shed
+from steersman.policy.model_based import SloCheapest, _holder, _reason, corrections, hold, shed
 from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled_inputs
 from steersman.policy.reliability import _NONE, ReliabilityFilter, excluded_array
 from steersman.policy.request import PriorityClass
@@ -68,7 +68,8 @@ def gate_pass(mask, routable, blocked_until, now, in_flight, limits, excluded, o
 
 
 @njit(cache=True, nogil=True)
-def saturation_pass(idx, n, live, max_seqs, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor):
+def saturation_pass(idx, n, live, max_seqs, budget, now, staleness, depth, kv_threshold, held, affine_blocks,
+                    affine_factor):
     """Keeps (in order) the first ``n`` of ``idx`` not saturated for the request
     (:func:`~steersman.policy.kernels.thresholds_for`, holders exempt only when some candidate is not one);
     returns how many."""
@@ -80,7 +81,7 @@ def saturation_pass(idx, n, live, max_seqs, now, staleness, depth, kv_threshold,
         d, kv = K.thresholds_for(held[i] if some else 0, affine_blocks, affine_factor, depth, kv_threshold)
         if not K.is_saturated(live[S.SCRAPED_AT, i], live[S.RUNNING, i], live[S.WAITING, i], live[S.SINCE_SCRAPE, i],
                               live[S.KV_USAGE, i], live[S.IN_FLIGHT, i], live[S.DECODING, i], max_seqs[i], now,
-                              staleness, d, kv):
+                              staleness, d, kv, live[S.PENDING_PREFILL, i], budget[i]):
             idx[kept] = i
             kept += 1
     return kept
@@ -227,8 +228,8 @@ class _Fused:
             t0 = clock()
             held = _held(snap, req)
             affine = affine_blocks(req, snap.statics.block_size, settings) if held.size else np.inf
-            n = saturation_pass(idx, n, snap.live, snap.statics.max_seqs, snap.time, staleness, depth, kv, held,
-                                affine, settings.saturation_affinity_factor)
+            n = saturation_pass(idx, n, snap.live, snap.statics.max_seqs, snap.statics.max_batched_tokens, snap.time,
+                                staleness, depth, kv, held, affine, settings.saturation_affinity_factor)
             hist.observe(clock() - t0)
             if not n:
                 return Queue("every candidate replica is saturated")
@@ -279,7 +280,7 @@ class _Fused:
             float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool, *_unprofiled_inputs(snap))
         if not feasible and not stay and (p.shed or p.hold):
             late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
-                hold(req, protected, out[5], ttft, snap.time) if p.hold else None)
+                hold(req, protected, out[5], ttft, snap.time, _holder(cached, p.exploit_share, req)) if p.hold else None)
             if late is not None:
                 return late
         if unprofiled and p.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:

@@ -142,14 +142,21 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
 
 @njit(cache=True, nogil=True, inline="always")
 def is_saturated(scraped_at, running, waiting, since_scrape, kv_usage, in_flight, decoding, max_seqs, now, staleness,
-                 depth, kv_threshold):
-    """One replica's saturation from its live values (see :mod:`steersman.policy.saturation`).  Scalars only: a
-    helper called per replica with array arguments pays reference counting on each call."""
+                 depth, kv_threshold, pending, budget):
+    """One replica's saturation from its live values (see :mod:`steersman.policy.saturation`); ``pending``: the
+    uncached prompt tokens of this gateway's requests there that await their first token, ``budget``: the engine's
+    tokens per step (``max_num_batched_tokens``; NaN unknown).  Scalars only: a helper called per replica with
+    array arguments pays reference counting on each call."""
     if now - scraped_at <= staleness:
         slots = max_seqs - running
         if not slots > 0.0 or waiting > 0.0:  # NaN (unknown engine), full, or already queueing:
             slots = 0.0  # an engine with waiting requests has no free slot, whatever its max_num_seqs
-        return max(waiting + since_scrape - slots, 0.0) >= depth or kv_usage >= kv_threshold
+        if max(waiting + since_scrape - slots, 0.0) >= depth or kv_usage >= kv_threshold:
+            return True
+        # free sequence slots do not admit a prompt the step's token budget has no room for: of our requests
+        # awaiting a first token, those past what one step admits (at their mean pending size) wait there
+        ours = in_flight - decoding
+        return ours > 0.0 and pending > budget and ours - max(1.0, budget * ours / pending) >= depth
     return in_flight - decoding >= depth
 
 
@@ -178,8 +185,8 @@ def affinity_threshold(idx, n, held, affine_blocks):
 
 
 @njit(cache=True, nogil=True)
-def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, held, affine_blocks, affine_factor,
-                      out):
+def saturation_kernel(idx, live, max_seqs, budget, now, staleness, depth, kv_threshold, held, affine_blocks,
+                      affine_factor, out):
     """``out[j]`` = replica ``idx[j]`` is saturated for the request (:func:`thresholds_for`, holders exempt only
     when some candidate is not one: :func:`affinity_threshold`)."""
     affine_blocks = affinity_threshold(idx, idx.size, held, affine_blocks)
@@ -189,7 +196,7 @@ def saturation_kernel(idx, live, max_seqs, now, staleness, depth, kv_threshold, 
         d, kv = thresholds_for(held[i] if some else 0, affine_blocks, affine_factor, depth, kv_threshold)
         out[j] = is_saturated(live[_SCRAPED_AT, i], live[_RUNNING, i], live[_WAITING, i], live[_SINCE, i],
                               live[_KV_USAGE, i], live[_IN_FLIGHT, i], live[_DECODING, i], max_seqs[i], now, staleness,
-                              d, kv)
+                              d, kv, live[_PENDING, i], budget[i])
     return out
 
 
@@ -411,7 +418,7 @@ def warm_up() -> None:
     held = np.zeros(1, dtype=np.int64)
     matched = held.copy()
     matched.flags.writeable = False  # as the prefix index's match results are
-    saturation_kernel(idx, live, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
+    saturation_kernel(idx, live, one, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
     frozen = live.copy()

@@ -56,7 +56,7 @@ def saturated(snap, idx: np.ndarray, settings: SchedulerSettings, held: np.ndarr
     """Boolean mask over replicas ``idx``; with ``held`` (the prefix index's match, per replica of the fleet),
     holders of at least ``affine`` blocks use the affinity thresholds.  Without: for no request in particular."""
     return saturation_kernel(
-        idx, snap.live, snap.statics.max_seqs, snap.time, settings.saturation_staleness_s,
+        idx, snap.live, snap.statics.max_seqs, snap.statics.max_batched_tokens, snap.time, settings.saturation_staleness_s,
         float(settings.saturation_queue_depth), settings.saturation_kv_usage, held, float(affine),
         float(settings.saturation_affinity_factor), np.empty(idx.size, dtype=np.bool_),
     )
