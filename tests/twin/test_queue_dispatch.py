@@ -42,3 +42,18 @@ def test_queued_requests_are_routed_one_at_a_time_on_the_state_their_predecessor
     # every routed decision sees the one before it in flight (nothing ends between two decisions at one instant)
     same = [(a, b) for a, b in zip(policy.seen, policy.seen[1:]) if a[0] == b[0]]
     assert same and all(b[1] >= a[1] + 1 for a, b in same), [(a, b) for a, b in same if b[1] < a[1] + 1][:5]
+
+
+def test_requests_held_for_a_prefill_to_drain_go_when_one_does():
+    """Late work held in the gateway (``scheduler.hold_late``) waits for the prefill queued ahead of it to drain: a
+    first token (a prefill done) wakes the queue, not only a request's end or the 50 ms expiry tick."""
+    fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(3)])
+    # a burst of long prompts with long answers: prefills end long before any request does
+    burst = [A(0.0, i, prompt_tokens=6000, output_tokens=400, max_tokens=400) for i in range(90)]
+    rec = Twin(fleet, ReplayWorkload(burst), make_policy("steersman"), cfg=TwinConfig()).run()
+    c = rec.arrays()
+    held = c["dispatch"][c["dispatch"] > c["arrival"]].tolist()
+    assert len(held) > 20, "the burst must be held back for this test to mean anything"
+    firsts, finishes = set(c["first"].tolist()), set(c["finish"].tolist())
+    at_prefill = [t for t in held if t in firsts and t not in finishes]
+    assert len(at_prefill) > len(held) / 2, (len(at_prefill), len(held))

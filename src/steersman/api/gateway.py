@@ -144,6 +144,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             log.warning("no API keys configured: the gateway is OPEN, every request runs as tenant %r", self.tenants.open_tenant.name)
         await self._discover_models()
         self.scraper = Scraper(self.fleet, self.settings, self.clock, on_update=self.kick)
+        self.fleet.on_first_token = self.kick  # a prefill done: requests held back for one may go
         await asyncio.gather(*(self.scraper.scrape_once(r) for r in replicas))
         if self.settings.calibrate_unprofiled:
             await calibrate(self.fleet, self.scraper, self.settings.calibrate_timeout_s)

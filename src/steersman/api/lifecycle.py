@@ -3,7 +3,7 @@
 The :class:`~steersman.control.plane.ControlPlane` decides; this mixin makes
 its decisions happen on the event loop: it starts dispatches (replica
 accounting, prefix-index learning), wakes queued requests when capacity frees
-(after a request ends or a scrape arrives), expires queued requests whose
+(after a request ends, a prefill completes: its first token, or a scrape arrives), expires queued requests whose
 deadline became infeasible, and settles every request exactly once at the end
 (tokens, spend, workflow state, the engine's reported cache hits).
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import MappingProxyType
 
 import numpy as np
@@ -73,6 +73,7 @@ class Fleet:
         self._residency = settings.prefix_residency
         self._guard = None  # a steersman.reliability.ReplicaGuard (ejection, breakers, limits), attached likewise
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
+        self.on_first_token: Callable[[], None] | None = None  # a prefill done (the gateway wakes its queue)
         self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
         self._static()
         #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): the gateway mirrors their slots
@@ -80,9 +81,7 @@ class Fleet:
         self.slots = {i: SlotMirror(ll.parallel, DEFAULTS.engine.block_size, ll.slot_prompt_similarity)
                       for i, c in enumerate(self.caches_after_prefill) if c}
 
-    @property
-    def guard(self):
-        return self._guard
+    guard = property(lambda self: self._guard)
 
     @guard.setter
     def guard(self, guard) -> None:
@@ -104,9 +103,7 @@ class Fleet:
         waiting = self._awaiting[index]
         return self._expected[index].get(next(iter(waiting)), 0.0) if waiting else 0.0
 
-    @property
-    def prefix(self):
-        return self._prefix
+    prefix = property(lambda self: self._prefix)
 
     @prefix.setter
     def prefix(self, index) -> None:
@@ -215,6 +212,8 @@ class Fleet:
         self._progress(t, now)
         if t.replica in self.slots:
             self.slots[t.replica].first_token(t.key, now)
+        if self.on_first_token is not None:
+            self.on_first_token()
         if not t.streamed:
             return  # the whole response, not a first token: no TTFT to learn from
         ttft = now - t.started

@@ -304,7 +304,8 @@ class Twin(DrillActions):
         if nxt is not None:
             self._push(nxt, _WAKE, (i, rep.generation))
         self._scrape(i)
-        if res.finished and self.plane.waiting:
+        if (res.finished or res.first_tokens) and self.plane.waiting:  # a request ended, or a prefill did:
+            # capacity freed (late work held in the gateway waits for the prefill queued ahead to drain)
             self._dispatch_queued()
 
     def _scrape(self, i: int) -> None:
