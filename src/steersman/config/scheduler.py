@@ -138,9 +138,10 @@ class SchedulerSettings:
         "the queue serves first the requests whose TTFT budget has not run out (the rest when none can use the "
         "capacity), and a held one goes where it finishes soonest once its budget is spent.  A request whose prompt "
         "a replica mostly holds (exploit_share) is not held: its place is in that replica's queue (held, it had "
-        "cost the whole Mooncake trace -9%..+2.5% over five loads).  Goodput over 0.92-1.08x of each calibrated "
-        "load, with the saturation detector's token-budget estimate: Azure code 43.5 -> 46.6 req/s (dynamo-kv 46.4), "
-        "Mooncake 8.48 -> 8.55, the agentic mix unchanged (its late requests are protected or hold their prompt)"
+        "cost the whole Mooncake trace -9%..+2.5% over five loads); a first token (a prefill done) wakes the "
+        "queue.  With the saturation detector's token-budget estimate, goodput over 0.96-1.04x of each calibrated "
+        "load (spread.py): Azure code 0.920x -> 1.002x dynamo-kv, Mooncake 1.250x -> 1.265x, the agentic mix "
+        "unchanged (its late requests are protected or hold their prompt)"
     )
     slot_wait: bool = setting(
         True, "llama.cpp reuses a prompt only from a free slot (steersman.fleet.slots): a request whose prompt a "
