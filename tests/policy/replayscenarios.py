@@ -98,6 +98,7 @@ def _live(rng: np.random.Generator, n: int, now: float) -> np.ndarray:
     put("scraped_at", now - rng.choice([0.05, 0.5, 5.0], n))
     put("kv_blocks_total", rng.choice([500.0, 4000.0, 30000.0], n), nan_share=0.4)
     put("pending_prefill", (in_flight - decoding) * rng.uniform(0, 3000, n))
+    put("awaiting", in_flight - decoding)  # all streamed (no draw: the scenarios' earlier draws stay as they were)
     pending = live[S.PENDING_PREFILL]  # its attention work as whole uncached prompts of equal length (no draw)
     put("pending_pairs", pending * (pending / np.maximum(in_flight - decoding, 1.0)) / 2.0)
     put("active_blocks", in_flight * rng.uniform(50, 250, n))

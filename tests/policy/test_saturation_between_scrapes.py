@@ -5,6 +5,7 @@ import numpy as np
 
 from steersman.config import DEFAULTS
 from steersman.engines.base import EngineMetrics
+from steersman.fleet import snapshot as S
 from steersman.fleet.state import Fleet, Replica
 from steersman.policy.saturation import saturated
 from steersman.testing.clock import FakeClock
@@ -76,11 +77,30 @@ def test_a_burst_past_the_step_token_budget_waits_in_an_engine_with_free_slots()
     assert _sat(h) == [False, True]
 
 
+
+def test_whole_responses_are_not_counted_as_waiting_once_their_prefill_may_be_done():
+    """A non-streamed request shows no first token (its whole response comes at the end), so the gateway cannot
+    tell its prefill done: only streams awaiting a first token count for the budget estimate."""
+    f = _fleet()
+    for _ in range(2 * DEPTH):
+        f.begin(1, 2_000, streamed=False)
+    assert _sat(f) == [False, False]
+    streams = [f.begin(1, 2_000) for _ in range(DEPTH)]  # 5 streams, 15 requests sharing 30,000 pending tokens
+    assert _sat(f) == [False, False]  # a step admits ~4 of the 15: only 1 of the 5 streams waits by the estimate
+    streams += [f.begin(1, 2_000) for _ in range(2 * DEPTH)]
+    assert _sat(f) == [False, True]
+    live = f.snapshot().live
+    assert live[S.AWAITING, 1] == 3 * DEPTH  # the streams awaiting a first token, as the fleet counts them
+    f.first_token(streams[0])
+    f.end(streams[1])  # one left before its first token
+    assert f.snapshot().live[S.AWAITING, 1] == 3 * DEPTH - 2
+
+
 def test_an_engine_of_unknown_step_budget_is_judged_by_its_counts_alone():
     """llama.cpp reports no max_num_batched_tokens (NaN): the budget estimate does not apply there."""
     from steersman.policy.kernels import is_saturated
 
     # a fresh scrape of an idle engine with free slots; 20 of our prompts (1M tokens) await their first token
-    args = (10.0, 0.0, 0.0, 0.0, 0.1, 20.0, 0.0, 1024.0, 10.0, 5.0, float(DEPTH), 0.8, 1e6)
+    args = (10.0, 0.0, 0.0, 0.0, 0.1, 20.0, 0.0, 1024.0, 10.0, 5.0, float(DEPTH), 0.8, 1e6, 20.0)
     assert is_saturated(*args, 8192.0)
     assert not is_saturated(*args, float("nan"))

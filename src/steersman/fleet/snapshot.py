@@ -56,12 +56,12 @@ LIVE_FIELDS = (
     "in_flight", "running", "waiting", "kv_usage", "prefix_queries", "prefix_hits", "weights", "scraped_at",
     "kv_blocks_total", "pending_prefill", "decoding", "active_blocks", "recent_tokens", "ttft_ewma", "tpot_ewma",
     "ttft_ratio", "tpot_ratio", "since_scrape", "prefix_accuracy", "stalled_since", "resident_tpot",
-    "prefill_s_token", "decode_s_token", "fail_share", "pending_pairs",
+    "prefill_s_token", "decode_s_token", "fail_share", "pending_pairs", "awaiting",
 )
 (IN_FLIGHT, RUNNING, WAITING, KV_USAGE, PREFIX_QUERIES, PREFIX_HITS, WEIGHTS, SCRAPED_AT,
  KV_BLOCKS_TOTAL, PENDING_PREFILL, DECODING, ACTIVE_BLOCKS, RECENT_TOKENS, TTFT_EWMA, TPOT_EWMA,
  TTFT_RATIO, TPOT_RATIO, SINCE_SCRAPE, PREFIX_ACCURACY, STALLED_SINCE, RESIDENT_TPOT,
- PREFILL_S_TOKEN, DECODE_S_TOKEN, FAIL_SHARE, PENDING_PAIRS) = range(len(LIVE_FIELDS))
+ PREFILL_S_TOKEN, DECODE_S_TOKEN, FAIL_SHARE, PENDING_PAIRS, AWAITING) = range(len(LIVE_FIELDS))
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # the fleet tracks its latest snapshot (copy on write)

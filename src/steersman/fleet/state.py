@@ -35,13 +35,9 @@ def _or_one(x: float) -> float:
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a``, read-only (``_frozen(a.view())``: a read-only view of it, no copy)."""
     a.flags.writeable = False
     return a
-
-
-def _view(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a`` (no copy)."""
-    return _frozen(a.view())
 
 
 class Fleet:
@@ -65,7 +61,7 @@ class Fleet:
         self.routable = np.ones(n, dtype=bool)
         self._recent_at = np.zeros(n)
         # read-only views lent to every snapshot (made once: the arrays above are changed in place only)
-        self._views = tuple(_view(a) for a in (self.healthy, self.routable, self.live, self._recent_at))
+        self._views = tuple(_frozen(a.view()) for a in (self.healthy, self.routable, self.live, self._recent_at))
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self._expected: list[dict[int, float]] = [{} for _ in range(n)]  # awaiting ticket key -> predicted TTFT
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
@@ -185,11 +181,12 @@ class Fleet:
             res[tpot_target] = res.get(tpot_target, 0) + 1
             if not 0.0 < live[S.RESIDENT_TPOT, index] <= tpot_target:
                 live[S.RESIDENT_TPOT, index] = tpot_target
-        if streamed:
+        if streamed:  # it awaits a first token (a whole response shows none: its prefill's end is not seen)
             waiting = self._awaiting[index]
             if not waiting:
                 live[S.STALLED_SINCE, index] = now
             waiting[t.key] = now
+            live[S.AWAITING, index] = len(waiting)
         if self.guard is not None:
             self.guard.dispatched(index, t.key, now)
         return t
@@ -278,6 +275,7 @@ class Fleet:
         if waiting.pop(t.key, None) is None:
             return
         self._expected[t.replica].pop(t.key, None)
+        self.live[S.AWAITING, t.replica] = len(waiting)
         row = self.live[S.STALLED_SINCE]
         if not waiting:
             row[t.replica] = math.nan

@@ -81,7 +81,7 @@ def saturation_pass(idx, n, live, max_seqs, budget, now, staleness, depth, kv_th
         d, kv = K.thresholds_for(held[i] if some else 0, affine_blocks, affine_factor, depth, kv_threshold)
         if not K.is_saturated(live[S.SCRAPED_AT, i], live[S.RUNNING, i], live[S.WAITING, i], live[S.SINCE_SCRAPE, i],
                               live[S.KV_USAGE, i], live[S.IN_FLIGHT, i], live[S.DECODING, i], max_seqs[i], now,
-                              staleness, d, kv, live[S.PENDING_PREFILL, i], budget[i]):
+                              staleness, d, kv, live[S.PENDING_PREFILL, i], live[S.AWAITING, i], budget[i]):
             idx[kept] = i
             kept += 1
     return kept

@@ -26,6 +26,7 @@ __all__ = ["predict_kernel", "saturation_kernel", "is_saturated", "prefix_kernel
 
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
+_AWAITING = S.AWAITING
 _TTFT_R, _TPOT_R = S.TTFT_RATIO, S.TPOT_RATIO
 _RECENT, _STALLED, _FAIL, _PAIRS = S.RECENT_TOKENS, S.STALLED_SINCE, S.FAIL_SHARE, S.PENDING_PAIRS
 
@@ -142,21 +143,23 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
 
 @njit(cache=True, nogil=True, inline="always")
 def is_saturated(scraped_at, running, waiting, since_scrape, kv_usage, in_flight, decoding, max_seqs, now, staleness,
-                 depth, kv_threshold, pending, budget):
+                 depth, kv_threshold, pending, awaiting, budget):
     """One replica's saturation from its live values (see :mod:`steersman.policy.saturation`); ``pending``: the
-    uncached prompt tokens of this gateway's requests there that await their first token, ``budget``: the engine's
-    tokens per step (``max_num_batched_tokens``; NaN unknown).  Scalars only: a helper called per replica with
-    array arguments pays reference counting on each call."""
+    uncached prompt tokens of this gateway's requests there whose first token has not come (``in_flight -
+    decoding`` of them), ``awaiting``: the streamed ones among them (a whole response shows no first token, so
+    one decoding still counts in the others), ``budget``: the engine's tokens per step (``max_num_batched_tokens``;
+    NaN unknown).  Scalars only: a helper called per replica with array arguments pays reference counting on
+    each call."""
     if now - scraped_at <= staleness:
         slots = max_seqs - running
         if not slots > 0.0 or waiting > 0.0:  # NaN (unknown engine), full, or already queueing:
             slots = 0.0  # an engine with waiting requests has no free slot, whatever its max_num_seqs
         if max(waiting + since_scrape - slots, 0.0) >= depth or kv_usage >= kv_threshold:
             return True
-        # free sequence slots do not admit a prompt the step's token budget has no room for: of our requests
-        # awaiting a first token, those past what one step admits (at their mean pending size) wait there
-        ours = in_flight - decoding
-        return ours > 0.0 and pending > budget and ours - max(1.0, budget * ours / pending) >= depth
+        # free sequence slots do not admit a prompt the step's token budget has no room for: of our streams
+        # awaiting a first token, those past what one step admits (at the mean pending size) wait there
+        admits = max(1.0, budget * (in_flight - decoding) / pending) if pending > budget else awaiting
+        return awaiting - admits >= depth
     return in_flight - decoding >= depth
 
 
@@ -196,7 +199,7 @@ def saturation_kernel(idx, live, max_seqs, budget, now, staleness, depth, kv_thr
         d, kv = thresholds_for(held[i] if some else 0, affine_blocks, affine_factor, depth, kv_threshold)
         out[j] = is_saturated(live[_SCRAPED_AT, i], live[_RUNNING, i], live[_WAITING, i], live[_SINCE, i],
                               live[_KV_USAGE, i], live[_IN_FLIGHT, i], live[_DECODING, i], max_seqs[i], now, staleness,
-                              d, kv, live[_PENDING, i], budget[i])
+                              d, kv, live[_PENDING, i], live[_AWAITING, i], budget[i])
     return out
 
 

@@ -20,9 +20,10 @@ so a lagging scraper cannot freeze the fleet.
 **The step's token budget.**  Free sequence slots do not admit a prompt that the engine's step has no token
 budget left for (vLLM schedules a waiting request only while ``max_num_batched_tokens`` lasts: 8,192 on an
 H100, 2,048 on an A100), so a burst of prompts waits in an engine with a thousand free slots.  Of this gateway's
-requests awaiting a first token on a replica, those past what one step admits at their mean pending size count
-as waiting too (a long prompt is one request, not a queue; an engine that reports no budget, llama.cpp, is judged
-by its counts alone).  Counted by slots alone, a burst of the Azure code trace went to the one H100 that had
+streams awaiting a first token on a replica, those past what one step admits at the mean pending size count
+as waiting too (a long prompt is one request, not a queue; a whole, non-streamed response shows no first token,
+so the gateway cannot tell its prefill done and does not count it; an engine that reports no budget, llama.cpp,
+is judged by its counts alone).  Counted by slots alone, a burst of the Azure code trace went to the one H100 that had
 been idle at its last scrape while seven replicas idled behind their stale queues (TTFT p99 17 s).
 
 **Affinity.**  For a request, a replica holding most of its prompt (the prefix index's
