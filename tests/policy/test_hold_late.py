@@ -132,3 +132,20 @@ def test_the_first_pass_looks_at_a_bounded_number_of_entries():
     assert isinstance(p.arrive("fresh", fresh, t, full, 2.9)[0], Wait)
     free = fleet_snapshot(2, time=3.0)
     assert [item for item, _ in p.dispatch(lambda: free, 3.0, limit=1)] == ["stale0"]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_the_time_a_request_waited_is_spent_from_its_ttft_budget(fused):
+    """The TTFT budget is the client's, from its arrival: a request released from the gateway queue 1.99 s after it
+    came is judged on the 0.01 s it has left (late, where it finishes soonest), not on the whole 2 s; a stream
+    under way keeps its target (its first token was sent long ago)."""
+    policy = _policy(fused)
+    # replica 0 has ~0.5 s of prefill queued; replica 1 is idle (~0.02 s)
+    snap = fleet_snapshot(2, time=10.0, pending_prefill=[20_000, 0], in_flight=[2, 0], running=[2, 0])
+    fresh = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=10.0)
+    d = policy.pick(snap, fresh)
+    assert isinstance(d, Route) and not d.late
+    waited = policy.pick(snap, replace(fresh, arrival=8.01))
+    assert isinstance(waited, Route) and waited.late and waited.replica == 1, waited
+    resumed = policy.pick(snap, replace(fresh, arrival=0.0, resumed=True))
+    assert isinstance(resumed, Route) and not resumed.late

@@ -16,9 +16,9 @@ STANDARD = LatencyBudget(ttft_s=2.0, tpot_s=0.2)
 IMPOSSIBLE = LatencyBudget(ttft_s=1e-6, tpot_s=1e-6)
 
 
-def _req(hashes, extra_tokens=0, budget=STANDARD, seq=0):
+def _req(hashes, extra_tokens=0, budget=STANDARD, seq=0, arrival=0.0):
     return sched_request(seq, prompt_tokens=len(hashes) * 16 + extra_tokens, hashes=hashes, expected_output=100,
-                         budget=budget)
+                         budget=budget, arrival=arrival)
 
 
 def test_a_feasible_holder_of_most_of_the_prompt_wins_over_a_cheaper_idle_replica():
@@ -41,7 +41,7 @@ def test_a_holder_that_cannot_meet_the_budget_gives_way_to_one_that_can():
     # the holder has stalled for 5 s (hang signal): its TTFT cannot meet 2 s
     snap = fleet_snapshot(["H100", "H100"], prefix=prefix_index(2, {0: hashes}), in_flight=[2, 0],
                           stalled_since=[5.0, np.nan], time=10.0)
-    d = POLICY.pick(snap, _req(hashes, 100))
+    d = POLICY.pick(snap, _req(hashes, 100, arrival=10.0))  # it arrives now
     assert d.replica == 1 and d.reason.startswith("cheapest")
 
 

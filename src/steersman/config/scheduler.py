@@ -139,9 +139,10 @@ class SchedulerSettings:
         "capacity), and a held one goes where it finishes soonest once its budget is spent.  A request whose prompt "
         "a replica mostly holds (exploit_share) is not held: its place is in that replica's queue (held, it had "
         "cost the whole Mooncake trace -9%..+2.5% over five loads); a first token (a prefill done) wakes the "
-        "queue.  With the saturation detector's token-budget estimate, goodput over 0.96-1.04x of each calibrated "
-        "load (spread.py): Azure code 0.920x -> 1.002x dynamo-kv, Mooncake 1.250x -> 1.265x, the agentic mix "
-        "unchanged (its late requests are protected or hold their prompt)"
+        "queue; a released request is judged on the TTFT budget it has left.  With the saturation detector's "
+        "token-budget estimate, goodput over 0.96-1.04x of each calibrated load (spread.py): Azure code 0.923x -> "
+        "1.087x dynamo-kv, Mooncake 1.250x -> 1.262x, the agentic mix unchanged (its late requests are protected or "
+        "hold their prompt)"
     )
     slot_wait: bool = setting(
         True, "llama.cpp reuses a prompt only from a free slot (steersman.fleet.slots): a request whose prompt a "

@@ -280,7 +280,7 @@ class _Fused:
             float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool, *_unprofiled_inputs(snap))
         if not feasible and not stay and (p.shed or p.hold):
             late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
-                hold(req, protected, out[5], ttft, snap.time, _holder(cached, p.exploit_share, req)) if p.hold else None)
+                hold(req, protected, out[5], ttft, _holder(cached, p.exploit_share, req)) if p.hold else None)
             if late is not None:
                 return late
         if unprofiled and p.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:

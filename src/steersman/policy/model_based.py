@@ -70,8 +70,7 @@ class SloCheapest:
                                                 self.late_latency_tie, pool, failure_shares(ctx.candidates, snap.live))
         if not feasible and not stay:
             late = shed(self.shed, req, protected, p.ttft, ttft) or (
-                hold(req, protected, p.ttft_alone, ttft, ctx.snapshot.time, _holder(cached, self.exploit_share, req))
-                if self.hold else None)
+                hold(req, protected, p.ttft_alone, ttft, _holder(cached, self.exploit_share, req)) if self.hold else None)
             if late is not None:
                 return late
         if self.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:
@@ -112,18 +111,17 @@ def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft
                   "refused early then (scheduler.shed_infeasible)", max(1.0, late), "slo_infeasible")
 
 
-def hold(req, protected: bool, ttft_alone: np.ndarray, target_ttft: float, now: float,
-         holder: bool = False) -> Queue | None:
+def hold(req, protected: bool, ttft_alone: np.ndarray, left: float, holder: bool = False) -> Queue | None:
     """A request no replica is predicted to serve within its TTFT now: it waits in the gateway queue when it is
     not protected (a critical or sunk-cost request goes where it finishes soonest at once), not a stream under
     way, no replica holds most of its prompt (``holder``: its place is in that replica's queue, where its prefill
     is mostly skipped, not in the gateway's, from which it would go wherever capacity frees first and compute its
     prompt again: the saturation detector's affinity rule), its TTFT budget has time left, and some replica could
     still meet it once the prefill queued ahead of it there has drained (``ttft_alone``); else None (routed,
-    late).  ``SchedulerSettings.hold_late``."""
-    if protected or holder or req.resumed or not target_ttft < np.inf:
+    late).  ``left``: its TTFT budget left (:func:`~steersman.policy.scorers.targets`).
+    ``SchedulerSettings.hold_late``."""
+    if protected or holder or req.resumed or not left < np.inf:
         return None
-    left = target_ttft - (now - req.arrival)
     if not left > 0.0 or not ttft_alone.size or not float(ttft_alone.min()) <= left:
         return None
     return Queue(f"no replica is predicted to give its first token within its TTFT budget now ({left:.2f} s left); "

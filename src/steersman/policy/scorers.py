@@ -31,9 +31,13 @@ __all__ = ["FitsKv", "kv_shortfall", "KvHeadroom", "PrefixAffinity", "SloHeadroo
 
 
 def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
-    """(ttft, tpot, time left until the deadline); inf where the request sets no target."""
+    """(TTFT budget left, TPOT, time left until the deadline); inf where the request sets no target.  The TTFT
+    budget is the client's, from its arrival: the time a request waited in the gateway queue (or on a failed
+    attempt) is spent (a stream under way sent its first token long ago: its target stands as set)."""
     b = req.budget
     ttft = b.ttft_s if b.ttft_s is not None else np.inf
+    if not req.resumed and now > req.arrival:
+        ttft -= now - req.arrival
     tpot = b.tpot_s if b.tpot_s is not None else np.inf
     left = (b.deadline - now) if b.deadline is not None else np.inf
     return ttft, tpot, left
