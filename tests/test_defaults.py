@@ -87,6 +87,7 @@ PINNED = {
     "scheduler.shed_infeasible": ("sheddable",),
     "scheduler.demote_late": True,
     "scheduler.hold_late": True,
+    "scheduler.kv_events": False,
     "scheduler.slot_wait": True,
     "scheduler.slot_wait_gain": 0.8,
     "scheduler.slot_wait_overrun": 0.5,

@@ -22,7 +22,8 @@ baseline; on the agentic mix successful tasks per $ >= 1.5x the best baseline.  
 ``steersman+reject``, is steersman with Mooncake's early rejection extended to standard requests
 (``scheduler.shed_infeasible``, an opt-in: by default only 'sheddable' requests are refused when no replica
 can meet their SLO); it is reported beside the others, never a baseline or the verdicts' subject.
-Writes bench/policies/results.json.
+Writes bench/policies/results.json (with ``--kv-events``: every engine publishes its KV events and the prefix
+index reads them, for every profile; results-kv-events.json).
 """
 
 from __future__ import annotations
@@ -59,10 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", action="append", help="only these profiles (repeat; round-robin is always run)")
     ap.add_argument("--target", type=float, default=0.9, help="offered load as a share of the measured capacity")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=HERE / "results.json")
+    ap.add_argument("--out", type=Path, default=None, help="default: results.json (results-kv-events.json)")
     ap.add_argument("--engine-scheduling", choices=["fcfs", "priority"], default="fcfs",
                     help="every replica's engine scheduling policy (priority: vLLM --scheduling-policy priority; "
                          "each profile's requests carry their band, steersman's also its late flag)")
+    ap.add_argument("--kv-events", action="store_true",
+                    help="every simulated engine publishes its KV events and the prefix index reads each replica's "
+                         "cache from them (scheduler.kv_events: what NVIDIA Dynamo's KV router and llm-d's precise "
+                         "prefix scorer see), for every profile; writes results-kv-events.json unless --out")
     ap.add_argument("--no-opt-in", action="store_true",
                     help=f"skip the {EARLY_REJECT} row (steersman with early rejection of standard requests)")
     args = ap.parse_args(argv)
@@ -77,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         policies = [p for p in policies if p in args.policy or p == "round-robin"]
     probes = [p for p in (QUICK_PROBES if args.quick else policies) if p in policies]
     fleet = bench_fleet(args.engine_scheduling)
+    if args.kv_events:
+        fleet = msgspec.structs.replace(fleet, scheduler=replace(fleet.scheduler, kv_events=True))
+    if args.out is None:
+        args.out = HERE / ("results-kv-events.json" if args.kv_events else "results.json")
     # the opt-in row: Mooncake's early rejection for standard requests too (the default sheds only 'sheddable')
     rejecting = msgspec.structs.replace(fleet, scheduler=replace(fleet.scheduler, shed_infeasible=("standard", "sheddable")))
     chosen = [w for w in workloads(requests, agentic_s, mooncake) if not args.workload or w.name in args.workload]
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict = {"meta": {"fleet": str(FLEET.relative_to(HERE.parents[1])), "quick": args.quick, "seed": args.seed,
                           "target_share_of_capacity": args.target, "trace_requests": requests, "mooncake_requests": mooncake or "all",
                           "agentic_duration_s": agentic_s, "policies": policies, "probe_policies": probes,
-                          "engine_scheduling": args.engine_scheduling,
+                          "engine_scheduling": args.engine_scheduling, "kv_events": args.kv_events,
                           "python": platform.python_version(), "machine": platform.machine()},
                  "workloads": {}}
     for wl in chosen:

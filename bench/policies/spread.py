@@ -11,6 +11,8 @@ steersman's and the baseline's TTFT p99 (the tail that goodput does not show).
     .venv/bin/python bench/policies/run.py                       # first: calibrate (writes results.json)
     .venv/bin/python bench/policies/spread.py                    # ~2 min on one core
     .venv/bin/python bench/policies/spread.py --workload mooncake --factors 0.9,1.0,1.1
+    .venv/bin/python bench/policies/run.py --kv-events && .venv/bin/python bench/policies/spread.py \
+        --results bench/policies/results-kv-events.json          # the engines publishing KV events
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
@@ -46,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = doc["meta"]
     mooncake = None if meta.get("mooncake_requests", "all") == "all" else int(meta["mooncake_requests"])
     fleet = bench_fleet(meta.get("engine_scheduling", "fcfs"))  # the engines of the run that calibrated the loads
+    if meta.get("kv_events"):  # a run.py --kv-events calibration: its engines publish KV events
+        fleet = msgspec.structs.replace(fleet, scheduler=replace(fleet.scheduler, kv_events=True))
     for wl in workloads(meta["trace_requests"], meta["agentic_duration_s"], mooncake):
         w = doc["workloads"].get(wl.name)
         if w is None or (args.workload and wl.name not in args.workload):

@@ -31,6 +31,7 @@ from steersman.control.tenants import AuthError
 from steersman.control.accounting import Accounting
 from steersman.control.plane import ControlPlane
 from steersman.engines import EngineAdapter, UpstreamError, adapter_for
+from steersman.engines.kv_events import subscribe_all
 from steersman.fleet.config import EndpointConfig, FleetConfig, make_profile
 from steersman.fleet.embedded import SimulatedFleet
 from steersman.fleet.prefix_index import PrefixIndex
@@ -87,10 +88,12 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.workflows = WorkflowTracker(cfg.admission)
         self.plane = ControlPlane(self.policy, DefaultAdmitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)
         RequestLifecycle.__init__(self)
-        self.sim_fleet = SimulatedFleet(cfg.simulated, self.settings.host) if cfg.simulated else None
+        self.sim_fleet = SimulatedFleet(cfg.simulated, self.settings.host, kv_events=cfg.scheduler.kv_events) \
+            if cfg.simulated else None
         self.adapters: dict[str, EngineAdapter] = {}
         self.fleet: Fleet | None = None
         self.scraper: Scraper | None = None
+        self.kv_events: list = []  # steersman.engines.kv_events.KvEventSubscriber, one per endpoint naming kv_events
         self.pipeline: Pipeline | None = None
         self._seq = 0
         self.port = self.settings.port
@@ -133,6 +136,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         if not getattr(self.policy, "prefix_residency", True):
             self.fleet.prefix_residency = False
         self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)
+        self.kv_events, kv_counts = subscribe_all(self.fleet, endpoints, self.block_size)
+        self.metrics.registry.register(kv_counts)
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))
         self.metrics.gc.install()
@@ -215,6 +220,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         await self.response_store.close()
         if self.scraper is not None:
             await self.scraper.stop()
+        for sub in self.kv_events:
+            await sub.stop()
         for a in self.adapters.values():
             await a.close()
         if self.fleet is not None and self.fleet.prefix is not None:

@@ -41,6 +41,10 @@ def register(app: typer.Typer) -> None:
                                                     help="Require the key with this SHA-256 hex as bearer key on /admin."),
         otlp_traces_endpoint: str | None = typer.Option(
             None, help="Export an llm_request span per request (vLLM's flag): an OTLP/HTTP traces URL."),
+        kv_events_endpoint: str | None = typer.Option(
+            None, help="Publish the prefix cache's changes as vLLM's KV events on a ZMQ PUB socket bound here "
+                       "(tcp://HOST:PORT; PORT * takes a free one, printed in the ready line)."),
+        kv_events_topic: str = typer.Option("", help="Topic of the KV event messages (vLLM's default: none)."),
     ) -> None:
         """Serve one simulated GPU replica over an OpenAI-compatible HTTP API."""
         from steersman.cli._run import exit_if_cannot_listen, run_service
@@ -63,6 +67,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--port must be 0 to 65535 (0: any free port), got {port}")
         if otlp_traces_endpoint is not None and not otlp_traces_endpoint.startswith(("http://", "https://")):
             raise typer.BadParameter(f"--otlp-traces-endpoint must be an http(s) URL, got {otlp_traces_endpoint!r}")
+        if kv_events_endpoint is not None and not kv_events_endpoint.startswith(("tcp://", "ipc://")):
+            raise typer.BadParameter(f"--kv-events-endpoint must be a tcp:// or ipc:// ZMQ endpoint, got {kv_events_endpoint!r}")
         if scheduling_policy not in ("fcfs", "priority"):
             raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
         engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
@@ -71,6 +77,7 @@ def register(app: typer.Typer) -> None:
             gpu=gpu, model=model, host=host, port=port, speedup=speedup, served_model_name=served_model_name,
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
             admin_key_sha256=admin_key_sha256, exit_on_crash=True, otlp_traces_endpoint=otlp_traces_endpoint,
+            kv_events_endpoint=kv_events_endpoint, kv_events_topic=kv_events_topic,
         )
         try:
             server = SimServer(cfg)
@@ -84,7 +91,8 @@ def register(app: typer.Typer) -> None:
                 import asyncio
 
                 asyncio.get_running_loop().create_task(server.refuse(refuse_for))
-            print(f"engine-sim ready {server.url} model={server.model_name} gpu={gpu} speedup={speedup}", flush=True)
+            events = f" kv_events={server.kv_events.endpoint}" if server.kv_events is not None else ""
+            print(f"engine-sim ready {server.url} model={server.model_name} gpu={gpu} speedup={speedup}{events}", flush=True)
 
         try:
             run_service(start, server.stop, freeze=DEFAULTS.gateway.gc_freeze)  # the gateway's process policy

@@ -61,6 +61,14 @@ class SchedulerSettings:
         "Mooncake trace (bench/policies): without it a fifth of the requests were predicted to find ~22,000 prompt "
         "tokens cached that the engine had evicted (the gateway's pending prefill 44% under the engines' real one)"
     )
+    kv_events: bool = setting(
+        False, "vLLM publishes its prefix cache's changes only when started with --kv-events-config (off by "
+        "default; NVIDIA Dynamo's KV router and llm-d's precise-prefix-cache-scorer consume them): True makes every "
+        "simulated replica publish them (the twin's; engine-sims a fleet file's simulated: section starts, over "
+        "ZMQ) and the prefix index take each replica's match from them (steersman.fleet.kv_events): what it holds "
+        "now, not a guess from what was routed there; in the twin, for a profile that reads them (steersman's; "
+        "dynamo-kv's, as Dynamo's router does).  A real engine's endpoint names its own (endpoints[].kv_events)"
+    )
     decode_picker: str = setting(
         "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "
         "not finished (steersman.policy.decode); NVIDIA Dynamo's router routes the decode stage without "

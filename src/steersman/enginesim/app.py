@@ -21,6 +21,7 @@ from steersman.clock import Clock, ScaledClock
 from steersman.config import DEFAULTS, EngineSettings
 from steersman.enginesim.faults import Faults, FaultSpec
 from steersman.enginesim.generate import Generator
+from steersman.enginesim.kv_events import KvEventPublisher
 from steersman.enginesim.metrics import SimMetrics, wanted
 from steersman.enginesim.runner import EngineRunner
 from steersman.http.server import HttpRequest, HttpServer
@@ -47,6 +48,10 @@ class SimServerConfig:
     admin_key_sha256: str | None = None  # SHA-256 hex of the key /admin needs (the key itself is never stored)
     exit_on_crash: bool = False
     otlp_traces_endpoint: str | None = None  # vLLM's --otlp-traces-endpoint: export an llm_request span per request
+    #: vLLM's --kv-events-config ZMQ publisher: bind a PUB socket here (tcp://127.0.0.1:* takes a free port) and
+    #: publish the prefix cache's changes after every step (steersman.enginesim.kv_events); None: off (vLLM's default)
+    kv_events_endpoint: str | None = None
+    kv_events_topic: str = ""  # vLLM KVEventsConfig.topic default
 
 
 class SimServer:
@@ -78,6 +83,11 @@ class SimServer:
                                    cfg.engine.scheduling_policy == "priority", self.spans)
         self.generator.vocab = self.engine.model.vocab
         self.embedder = Embedder(self.generator, self.engine.model.hidden)
+        self.kv_events: KvEventPublisher | None = None
+        if cfg.kv_events_endpoint:
+            self.kv_events = KvEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_topic, cfg.engine.block_size)
+            self.engine.kv.listener = self.kv_events
+            self.runner.after_step = self.kv_events.flush
         self.port = cfg.port
         self.http = HttpServer(error_body, DEFAULTS.gateway.max_body_bytes)
         for method, path, handler in (
@@ -107,6 +117,8 @@ class SimServer:
     async def stop(self) -> None:
         await self.runner.stop()
         await self.http.stop()
+        if self.kv_events is not None:
+            self.kv_events.close()
         if self.spans is not None:
             await asyncio.to_thread(self.spans.shutdown)  # what is buffered is exported
 

@@ -9,6 +9,7 @@ model's time.  A ``slowdown`` fault multiplies each step's duration.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import asyncio
@@ -61,6 +62,7 @@ class EngineRunner:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._end: float | None = None  # end of the last step while busy
+        self.after_step: Callable[[float], None] | None = None  # called with each step's end (KV events' flush)
 
     def start(self) -> None:
         if self._task is None:
@@ -141,6 +143,8 @@ class EngineRunner:
             if self.faults.hung:
                 continue  # a hang freezes the step's results too
             self._deliver(res, end)
+            if self.after_step is not None:
+                self.after_step(end)
 
     def _deliver(self, res, end: float) -> None:
         m = self.metrics

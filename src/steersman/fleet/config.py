@@ -17,6 +17,7 @@ api_keys:                                      # SHA-256 of each key (`steersman
   - {sha256: "<64 hex>", tenant: acme}
 endpoints:                                     # engines already running
   - {name: h100-0, url: "http://10.0.0.5:8000", engine: vllm, gpu: H100, models: [llama-3.1-8b], pool: main}
+    # kv_events: "tcp://10.0.0.5:5557"   # the engine's KV events (vLLM --kv-events-config): exact prefix matches
 simulated:                                     # engine-sim replicas started for you
   speedup: 1.0
   replicas:
@@ -69,6 +70,10 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: "priority": the engine runs vLLM's --scheduling-policy priority and takes a per-request ``priority``
     #: (steersman sends control.accounting.engine_priority); "fcfs" (vLLM's default): none is sent
     scheduling: str = "fcfs"
+    #: the engine's KV events (vLLM --kv-events-config, ZMQ publisher): the gateway subscribes here and takes the
+    #: replica's prefix match from them (steersman.engines.kv_events); None: the approximate index
+    kv_events: str | None = None
+    kv_events_topic: str = ""  # vLLM KVEventsConfig.topic default
 
 
 class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -170,6 +175,8 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
         at = f"{where}: endpoints[{i}]"
         if not ep.url.startswith(("http://", "https://")):
             raise FleetConfigError(f"{at}.url must be an http(s) URL, got {ep.url!r}")
+        if ep.kv_events is not None and not ep.kv_events.startswith(("tcp://", "ipc://")):
+            raise FleetConfigError(f"{at}.kv_events must be a tcp:// or ipc:// ZMQ endpoint, got {ep.kv_events!r}")
         if ep.scheduling not in _SCHEDULING:
             raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {ep.scheduling!r}")
         if ep.tp < 1:

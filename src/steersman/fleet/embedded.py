@@ -27,9 +27,11 @@ def twin_only_roles(cfg: SimulatedFleetConfig) -> list[str]:
 
 
 class SimulatedFleet:
-    def __init__(self, cfg: SimulatedFleetConfig, host: str = "127.0.0.1", ready_timeout_s: float = 60.0) -> None:
+    def __init__(self, cfg: SimulatedFleetConfig, host: str = "127.0.0.1", ready_timeout_s: float = 60.0,
+                 kv_events: bool = False) -> None:
         self.cfg = cfg
         self.host = host
+        self.kv_events = kv_events  # each replica publishes its KV events (scheduler.kv_events); the gateway reads them
         self.ready_timeout_s = ready_timeout_s
         self.procs: list[asyncio.subprocess.Process] = []
         self.endpoints: list[EndpointConfig] = []
@@ -70,6 +72,8 @@ class SimulatedFleet:
             args += ["--scheduling-policy", spec.scheduling]
         if self.cfg.otlp_traces_endpoint:
             args += ["--otlp-traces-endpoint", self.cfg.otlp_traces_endpoint]
+        if self.kv_events:
+            args += ["--kv-events-endpoint", f"tcp://{self.host}:*"]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL)
         self.procs.append(proc)
         assert proc.stdout is not None
@@ -79,7 +83,9 @@ class SimulatedFleet:
                 if not line:
                     raise RuntimeError(f"engine-sim {name} exited before it was ready (code {await proc.wait()})")
                 if line.startswith(_READY):
-                    url = line[len(_READY):].split()[0]
+                    words = line[len(_READY):].split()
+                    url = words[0]
+                    events = next((w.split("=", 1)[1] for w in words if w.startswith("kv_events=")), None)
                     break
         except TimeoutError:
             raise RuntimeError(f"engine-sim {name} was not ready within {self.ready_timeout_s:.0f} s") from None
@@ -87,7 +93,7 @@ class SimulatedFleet:
         return EndpointConfig(
             url=url, name=name, engine="engine-sim", gpu=gpu.name, pool=spec.pool, tp=spec.tp,
             models=[spec.served_model_name or spec.model], price_per_hour=gpu.price_per_hour * spec.tp,
-            scheduling=spec.scheduling,
+            scheduling=spec.scheduling, kv_events=events,
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -61,6 +61,7 @@ from steersman.fleet._prefix_jobs import BackgroundPasses
 from steersman.fleet._prefix_reads import PrefixReads
 from steersman.fleet._prefix_residency import Residency
 from steersman.fleet._prefix_sets import _MEMO, HolderSets
+from steersman.fleet.kv_events import KvEventMirror
 from steersman.fleet.slots import SlotMirror
 
 __all__ = ["PrefixIndex"]
@@ -128,7 +129,8 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._later: list[tuple[int, Sequence[int]]] = []  # records to apply before the next access (record_later)
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
         #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): their match is the mirror's
-        self.slots: dict[int, SlotMirror] = {}
+        self.slots: dict[int, SlotMirror | KvEventMirror] = {}
+        self.events: dict[int, KvEventMirror] = {}  # replicas whose KV events say what they hold (also in slots)
         # background passes (see the module doc): the worker, the pass running, what finishes it on the caller's thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefix-index") if background else None
         self._background_from = background_from_slots  # smaller tables: passes inline
@@ -140,11 +142,17 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._tab = np.full((slots, 2), T.EMPTY, dtype=np.int64)
         self._shift, self._mask = _geometry(slots)
 
-    def mirror_slots(self, replica: int, mirror: SlotMirror) -> None:
+    def mirror_slots(self, replica: int, mirror: SlotMirror | KvEventMirror) -> None:
         """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
         self.slots[replica] = mirror
         mirror.on_change = self._stale
         self._memo = None
+
+    def mirror_events(self, replica: int, mirror: KvEventMirror) -> None:
+        """``replica``'s match comes from its engine's KV events (:mod:`steersman.fleet.kv_events`): what it
+        holds now, exactly; what is routed there is not recorded."""
+        self.events[replica] = mirror
+        self.mirror_slots(replica, mirror)
 
     def _stale(self) -> None:
         self._memo = None
@@ -263,8 +271,9 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         """:meth:`record`, applied at :meth:`flush` or before the index is next read or written, whichever
         comes first: every reader sees the index as if it had been recorded now, and the caller chooses when
         the work is done (the gateway: once the request's bytes are on their way to the engine, off its time
-        to first token)."""
-        self._later.append((replica, hashes))
+        to first token).  Nothing for a replica whose KV events say what it holds (:meth:`mirror_events`)."""
+        if replica not in self.events:
+            self._later.append((replica, hashes))
 
     def flush(self) -> None:
         """Apply the records :meth:`record_later` kept, in their order.  With background passes: none while a
@@ -278,7 +287,10 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
                 self._record_now(replica, hashes)
 
     def record(self, replica: int, hashes: Sequence[int]) -> None:
-        """The request was routed to ``replica``: its blocks now live there (and are the most recent)."""
+        """The request was routed to ``replica``: its blocks now live there (and are the most recent); nothing for a
+        replica whose KV events say what it holds."""
+        if replica in self.events:
+            return
         if self._pool is not None:
             self._later.append((replica, hashes))
             self.flush()

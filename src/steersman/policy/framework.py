@@ -187,6 +187,10 @@ class Profile:
     #: the prefix index credits a replica only with what its KV cache still holds (``SchedulerSettings.prefix_residency``);
     #: False for a profile modelling a router whose own prefix tree knows nothing of the engines' evictions
     prefix_residency = True
+    #: the profile reads each replica's cache from its engine's KV events when the engines publish them
+    #: (``SchedulerSettings.kv_events``): NVIDIA Dynamo's KV router does; a router keeping its own approximate
+    #: prefix tree (sglang-router, llm-d's default prefix-cache-scorer, Preble) does not
+    kv_events = False
 
     def __init__(self, name: str, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker,
                  saturation: Callable[[DecisionContext], np.ndarray] | None = None) -> None:

@@ -171,7 +171,7 @@ def corrections(snap, i: int) -> tuple[float, float]:
 
 
 def steersman_profile(settings: SchedulerSettings) -> Profile:
-    return Profile(
+    p = Profile(
         "steersman",
         filters=[Shortlist(), FitsKv()],
         # the picker already weighs latency against the budget and cost; the scores
@@ -184,6 +184,8 @@ def steersman_profile(settings: SchedulerSettings) -> Profile:
         picker=SloCheapest(settings),
         saturation=Saturation(settings),
     )
+    p.kv_events = True  # where the engines publish KV events, the index reads what each holds from them
+    return p
 
 
 POLICIES.register("steersman", steersman_profile)

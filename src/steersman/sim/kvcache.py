@@ -77,7 +77,7 @@ class _Seg:
 
 
 class KVPool(KVPoolExtras):
-    __slots__ = ("num_blocks", "block_size", "caching", "num_free", "_free", "_idx", "_orph", "_ncached")
+    __slots__ = ("num_blocks", "block_size", "caching", "num_free", "_free", "_idx", "_orph", "_ncached", "listener")
 
     def __init__(self, num_blocks: int, block_size: int, caching: bool = True) -> None:
         self.num_blocks = num_blocks
@@ -91,6 +91,9 @@ class KVPool(KVPoolExtras):
         self._idx: dict[int, _Seg] = {}  # hash of a segment's first block -> segment
         self._orph: dict[int, list[_Seg]] = {}  # chain root -> segments registered after a duplicate
         self._ncached = 0
+        #: told of every change of the prefix cache, as vLLM's KV events tell (``stored(hashes)``,
+        #: ``removed(hashes)``, ``cleared()``: steersman.fleet.kv_events.KvEventMirror); None: nobody listens
+        self.listener = None
 
     # -- state ------------------------------------------------------------------
     @property
@@ -137,6 +140,8 @@ class KVPool(KVPoolExtras):
         if self._idx.get(h) is s:
             del self._idx[h]
         self._ncached -= s.hi - s.lo
+        if self.listener is not None and s.hi > s.lo:
+            self.listener.removed(s.hs[s.lo : s.hi])
         s.hi = s.lo
         if s.root is not None:
             lst = self._orph[s.root]
@@ -259,6 +264,8 @@ class KVPool(KVPoolExtras):
                     orph.setdefault(r0, []).append(s)
                 ent.append((s, i))
             self._ncached += j - i
+            if self.listener is not None:
+                self.listener.stored(hs[i:j], hs[i - 1] if i else None)
             cur = None
             i = j
         req._cur = cur
@@ -362,6 +369,8 @@ class KVPool(KVPoolExtras):
                 if size > n:
                     key.hi -= n  # type: ignore[attr-defined]
                     self._ncached -= n
+                    if self.listener is not None:
+                        self.listener.removed(key.hs[key.hi : key.hi + n])  # type: ignore[attr-defined]
                     return
                 free.popitem(last=False)
                 self._drop(key)  # type: ignore[arg-type]
@@ -405,4 +414,8 @@ class KVPool(KVPoolExtras):
 
     def reset(self) -> None:
         """Drop everything (weights unloaded): all blocks free, nothing cached."""
+        listener = self.listener
         self.__init__(self.num_blocks, self.block_size, self.caching)  # type: ignore[misc]
+        self.listener = listener
+        if listener is not None:
+            listener.cleared()

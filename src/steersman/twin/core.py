@@ -101,7 +101,7 @@ class Twin(DrillActions):
         self.cfg = cfg
         self.clock = VirtualClock()
         self.tf = fleet
-        self.fleet = fleet.build_state(self.clock)
+        self.fleet = fleet.build_state(self.clock, fleet.scheduler.kv_events and getattr(policy, "kv_events", False))
         if not getattr(policy, "prefix_residency", True):
             self.fleet.prefix_residency = False
         if cfg.reliability is not None:

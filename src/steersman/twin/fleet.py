@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from steersman.config import DEFAULTS, AdmissionSettings, EngineSettings, SchedulerSettings
 from steersman.fleet.config import FleetConfig, FleetConfigError
+from steersman.fleet.kv_events import KvEventMirror
 from steersman.fleet.prefix_index import PrefixIndex
 from steersman.policy.decode import decode_model
 from steersman.twin.pd import handoff_s_per_token
@@ -83,7 +84,9 @@ class TwinFleet:
         link = cfg.simulated.kv_link_gbit_s if cfg.simulated is not None else None
         return cls(plans, cfg.scheduler, cfg.admission, link if link is not None else DEFAULTS.engine.kv_link_gbit_s)
 
-    def build_state(self, clock) -> Fleet:
+    def build_state(self, clock, kv_events: bool = False) -> Fleet:
+        """The gateway-side fleet state; ``kv_events``: every engine publishes its KV events and the prefix index
+        takes each replica's match from them (:mod:`steersman.fleet.kv_events`)."""
         reps = [Replica(i, p.name, f"http://twin.invalid/{p.name}", "engine-sim", gpu_profile(p.gpu).name,
                         (p.served_model_name or p.model,) if p.role != "decode" else (decode_model(p.served_model_name or p.model),),
                         p.pool, p.price_per_hour, p.tp, adapter=None,
@@ -93,6 +96,11 @@ class TwinFleet:
                 for i, p in enumerate(self.plans)]
         fleet = Fleet(reps, clock, self.scheduler)
         fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)
+        for i, r in enumerate(self.replicas):
+            mirror = KvEventMirror() if kv_events else None
+            if mirror is not None:
+                fleet.prefix.mirror_events(i, mirror)
+            r.engine.kv.listener = mirror
         return fleet
 
     @property

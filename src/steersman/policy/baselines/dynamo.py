@@ -57,7 +57,9 @@ class KvRouterCost:
 
 
 def dynamo_kv(settings: SchedulerSettings) -> Profile:
-    return rule_profile("dynamo-kv", KvRouterCost())
+    p = rule_profile("dynamo-kv", KvRouterCost())
+    p.kv_events = True  # Dynamo's KV router builds its index from the engines' KV events (docs: KV Cache Routing)
+    return p
 
 
 POLICIES.register("dynamo-kv", dynamo_kv)

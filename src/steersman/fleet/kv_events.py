@@ -1,0 +1,82 @@
+"""A replica's prefix cache as its engine's KV events describe it: the blocks it holds, exactly.
+
+vLLM publishes the changes of its prefix cache when started with ``--kv-events-config`` (off by default;
+``vllm/distributed/kv_events.py``): ``BlockStored`` (the hashes of blocks that became cached, with their
+parent's hash and token ids), ``BlockRemoved`` (hashes evicted) and ``AllBlocksCleared``, batched per
+scheduler step.  NVIDIA Dynamo's KV router builds its overlap index from them, and llm-d's
+precise-prefix-cache-scorer too, instead of guessing what each engine still holds from what was routed
+there (the approximate prefix index: :mod:`steersman.fleet.prefix_index`, generations evicted as a whole).
+
+:class:`KvEventMirror` is one replica's cache as those events leave it: a set of block hashes.  The prefix
+index asks it for the replica's match (:meth:`PrefixIndex.mirror_events`) in place of its own table, so
+predictions, saturation and the accounting read what the engine holds now, evictions included.  Hashes are
+chained (equal hashes, equal prefixes), and an engine's cache is prefix-closed along a chain (vLLM frees a
+request's blocks tail first, and a block's holders hold every block before it, so a deeper block never
+outlives a shallower one of the same chain), so a prompt's match is found by binary search.  The
+digital twin feeds it from the engine model's pool (:class:`steersman.sim.kvcache.KVPool`'s ``listener``);
+hashes are the gateway's own (the engine model and engine-sim hash blocks as the gateway does).  Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+__all__ = ["KvEventMirror"]
+
+
+class KvEventMirror:
+    """The block hashes one replica's prefix cache holds, from its KV events."""
+
+    __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events")
+
+    def __init__(self) -> None:
+        self._held: set[int] = set()
+        self.on_change: Callable[[], None] | None = None  # the prefix index's memo goes stale
+        self.stored_events = self.removed_events = self.cleared_events = 0
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._held
+
+    # -- events (vLLM's BlockStored / BlockRemoved / AllBlocksCleared) --------------------------------
+    def stored(self, hashes: Sequence[int], parent: int | None = None) -> None:
+        """``hashes`` became cached (``parent``: the hash of the block before the first, None at a prompt's start)."""
+        self._held.update(hashes)
+        self.stored_events += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def removed(self, hashes: Sequence[int]) -> None:
+        self._held.difference_update(hashes)
+        self.removed_events += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def cleared(self) -> None:
+        self._held.clear()
+        self.cleared_events += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    clear = cleared  # the prefix index's forget_replica (the engine restarted: nothing held)
+
+    # -- reads --------------------------------------------------------------------------------------
+    def match(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the replica holds (binary search: the cache is prefix-closed)."""
+        held = self._held
+        lo, hi = 0, len(hashes)
+        if not hi or hashes[0] not in held:
+            return 0
+        if hashes[hi - 1] in held:
+            return hi
+        lo = 1
+        hi -= 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in held:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo

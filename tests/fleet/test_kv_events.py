@@ -1,0 +1,83 @@
+"""KV events: the mirror, the engine model's pool as their source, the twin reading them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from steersman.fleet.kv_events import KvEventMirror
+from steersman.fleet.prefix_index import PrefixIndex
+from steersman.sim.kvcache import KVPool
+from steersman.sim.request import SimRequest
+
+
+def test_mirror_match_is_the_held_prefix():
+    m = KvEventMirror()
+    chain = list(range(100, 120))
+    assert m.match(chain) == 0
+    m.stored(chain[:7])
+    assert m.match(chain) == 7
+    assert m.match(chain[:3]) == 3
+    m.stored(chain[7:20], chain[6])
+    assert m.match(chain) == 20
+    m.removed(chain[12:])  # evicted from the deep end, as vLLM does
+    assert m.match(chain) == 12
+    assert m.match([999, *chain]) == 0  # another prompt's first block: nothing
+    m.cleared()
+    assert m.match(chain) == 0 and len(m) == 0
+
+
+def test_the_index_takes_a_mirrored_replicas_match_and_records_nothing_for_it():
+    idx = PrefixIndex(2, 1 << 20)
+    m = KvEventMirror()
+    idx.mirror_events(1, m)
+    hashes = tuple(range(1, 11))
+    idx.record(0, hashes)
+    idx.record(1, hashes)  # routed there: the events, not the routing, say what it holds
+    idx.record_later(1, hashes)
+    assert list(idx.match(hashes)) == [10, 0]
+    m.stored(hashes[:4])  # the engine cached the first four blocks: the memo goes stale
+    assert list(idx.match(hashes)) == [10, 4]
+    assert list(idx.match_raw(hashes)) == [10, 4]
+    assert idx.blocks_per_replica()[1] == 0
+
+
+def _cached(pool: KVPool) -> set[int]:
+    return {h for s in pool._segments() for h in s.hs[s.lo : s.hi]}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_pools_events_leave_the_mirror_holding_what_it_caches(seed):
+    """Random admissions, growth, frees and evictions (a pool much smaller than the prompts offered): after every
+    operation the mirror fed by the pool's listener holds exactly the pool's cached hashes."""
+    rng = random.Random(seed)
+    pool = KVPool(num_blocks=64, block_size=16)
+    m = KvEventMirror()
+    pool.listener = m
+    prefixes = [[rng.getrandbits(60) for _ in range(rng.randint(1, 12))] for _ in range(6)]
+    running: list[SimRequest] = []
+    for step in range(300):
+        if running and (rng.random() < 0.45 or len(running) > 5):
+            pool.free(running.pop(rng.randrange(len(running))))
+        else:
+            base = rng.choice(prefixes)
+            tail = [rng.getrandbits(60) for _ in range(rng.randint(0, 6))]
+            ids_blocks = base + tail
+            req = SimRequest(req_id=f"r{step}", prompt_len=16 * len(ids_blocks) + rng.randint(0, 15), max_output=1,
+                             block_hashes=_chain(ids_blocks))
+            if pool.admit(req, budget=10_000, chunked=False) is not None:
+                running.append(req)
+        assert m._held == _cached(pool), f"step {step}"
+        assert len(m) == pool.num_cached
+    assert m.removed_events > 0  # evictions happened (a pool much smaller than what it was offered)
+    pool.reset()
+    assert len(m) == 0 and m.cleared_events == 1
+
+
+def _chain(blocks: list[int]) -> tuple[int, ...]:
+    out, h = [], 0
+    for b in blocks:
+        h = hash((h, b))
+        out.append(h)
+    return tuple(out)
