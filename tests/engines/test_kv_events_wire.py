@@ -55,6 +55,9 @@ def test_gaps_and_garbage_are_counted_not_fatal():
     assert sub.counts.get("r0", "missed") == 2
     assert sub.counts.get("r0", "malformed") == 2
     assert sub.mirror.match([7, 8]) == 2
+    sub.receive([b"", (0).to_bytes(8, "big"), encode_batch(KVEventBatch(0.0, [BlockStored([9], None, [], 16)]))])
+    assert sub.counts.get("r0", "restarted") == 1  # numbered from 0 again: a new engine, an empty cache
+    assert sub.mirror.match([7, 8]) == 0 and sub.mirror.match([9]) == 1
 
 
 def test_engine_sim_publisher_reaches_the_subscriber_over_zmq():

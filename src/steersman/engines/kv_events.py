@@ -14,7 +14,13 @@ for any engine whose token ids are the gateway's (its tokenizer, :mod:`steersman
 token ids is taken to carry the gateway's hashes themselves (engine-sim's, which hashes as the gateway does).
 A block whose parent the subscriber never saw stored (it joined late, or missed messages) cannot be chained:
 it is skipped and counted.  Sequence gaps (a slow subscriber past the publisher's high-water mark) are
-counted and logged; what they held is learnt again as blocks are stored anew.
+counted and logged; what they held is learnt again as blocks are stored anew.  Batches numbered from 0 again
+mean a new engine process (vLLM numbers them per process): its cache starts empty, so the mirror is cleared.
+
+Limits: a subscriber sees what is stored after it connects (a gateway started beside a warm engine credits it
+with nothing until its blocks are stored again: under-credit, never a false hit); a gap loses removals too, so
+the blocks evicted during it stay credited until stored and evicted again.  vLLM's replay socket
+(``replay_endpoint``) is not used.
 """
 
 from __future__ import annotations
@@ -75,9 +81,6 @@ def encode_batch(batch: KVEventBatch) -> bytes:
     return _ENCODER.encode(batch)
 
 
-_KINDS = ("stored", "removed", "cleared", "unchained", "malformed", "missed")
-
-
 class KvEventSubscriber:
     """One replica's KV events (a ZMQ SUB socket on ``endpoint``, ``topic``) into its :class:`KvEventMirror`."""
 
@@ -103,7 +106,13 @@ class KvEventSubscriber:
             self._count("malformed")
             return
         seq = int.from_bytes(frames[1], "big")
-        if self.last_seq is not None and seq > self.last_seq + 1:
+        if self.last_seq is not None and seq <= self.last_seq:  # numbered from 0 again: a new engine process,
+            self.mirror.cleared()  # whose cache starts empty
+            self._gateway.clear()
+            self._count("restarted")
+            log.warning("replica %s: KV events numbered from %d again (after %d): its engine restarted", self.name,
+                        seq, self.last_seq)
+        elif self.last_seq is not None and seq > self.last_seq + 1:
             self._count("missed", seq - self.last_seq - 1)
             log.warning("replica %s: %d KV event batch(es) missed", self.name, seq - self.last_seq - 1)
         self.last_seq = seq
@@ -182,7 +191,8 @@ class KvEventSubscriber:
 def subscribe_all(fleet, endpoints, block_size: int) -> tuple[list[KvEventSubscriber], CounterFamily]:
     """A mirror and a started subscriber for each endpoint that names ``kv_events``; the events counter."""
     counts = CounterFamily("steersman_kv_events", "KV cache events read from the engines, by kind (blocks stored, "
-                           "removed; caches cleared; blocks that could not be chained; batches malformed or missed).",
+                           "removed; caches cleared; blocks that could not be chained; batches malformed or missed; "
+                           "engine restarts seen in the batch numbers).",
                            ["replica", "kind"])
     subs = []
     for i, ep in enumerate(endpoints):
