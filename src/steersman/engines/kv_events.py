@@ -174,7 +174,12 @@ class KvEventSubscriber:
         sock.connect(self.endpoint)
         try:
             while True:
-                self.receive(await sock.recv_multipart())
+                frames = await sock.recv_multipart()
+                try:
+                    self.receive(frames)
+                except Exception:  # one bad batch must not end the replica's events
+                    self._count("malformed")
+                    log.exception("replica %s: a KV event batch could not be applied", self.name)
         finally:
             sock.close(0)
 
