@@ -88,6 +88,7 @@ PINNED = {
     "scheduler.demote_late": True,
     "scheduler.hold_late": True,
     "scheduler.kv_events": False,
+    "scheduler.kv_events_mismatch_after": 32,
     "scheduler.slot_wait": True,
     "scheduler.slot_wait_gain": 0.8,
     "scheduler.slot_wait_overrun": 0.5,

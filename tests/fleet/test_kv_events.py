@@ -81,3 +81,26 @@ def _chain(blocks: list[int]) -> tuple[int, ...]:
         h = hash((h, b))
         out.append(h)
     return tuple(out)
+
+
+def test_events_whose_hashes_are_not_the_gateways_are_dropped_after_enough_unpredicted_hits(caplog):
+    """A real vLLM's token ids are its model's, not the gateway's: its events then never match a prompt, and the
+    replica would look cold for ever; once its engine reported kv_events_mismatch_after hits the events never
+    predicted, the index reads that replica from routing again."""
+    idx = PrefixIndex(2, 1 << 20)
+    for r in (0, 1):
+        idx.mirror_events(r, KvEventMirror(mismatch_after=4))
+    idx.events[1].stored([10**6])  # it confirms once: kept for good
+    idx.observe_hits(1, 3, 3)
+    for _ in range(3):
+        idx.observe_hits(0, 0, 5)
+        idx.observe_hits(1, 0, 5)
+        idx.observe_hits(0, 0, 0)  # no hit reported: no evidence either way
+    assert set(idx.events) == {0, 1}
+    idx.observe_hits(0, 0, 5)
+    idx.observe_hits(1, 0, 5)
+    assert set(idx.events) == {1} and 0 not in idx.slots
+    assert "matched none of 4 prefix hits" in caplog.text
+    hashes = (1, 2, 3)
+    idx.record(0, hashes)  # learnt from routing again
+    assert idx.match(hashes).tolist() == [3, 0]

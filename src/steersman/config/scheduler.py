@@ -69,6 +69,12 @@ class SchedulerSettings:
         "now, not a guess from what was routed there; in the twin, for a profile that reads them (steersman's; "
         "dynamo-kv's, as Dynamo's router does).  A real engine's endpoint names its own (endpoints[].kv_events)"
     )
+    kv_events_mismatch_after: int = setting(
+        32, "design: a replica's KV events whose hashes never match the gateway's prompts (an engine tokenizing "
+        "otherwise: a real vLLM, whose token ids are its model's) would hide every prefix hit there; once its engine "
+        "has reported this many prefix hits the events had not predicted, and they never predicted one, the index "
+        "stops reading them and learns that replica from routing again (logged)", ge=1
+    )
     decode_picker: str = setting(
         "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "
         "not finished (steersman.policy.decode); NVIDIA Dynamo's router routes the decode stage without "

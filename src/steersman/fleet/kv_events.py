@@ -21,18 +21,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from steersman.config import DEFAULTS
+
 __all__ = ["KvEventMirror"]
 
 
 class KvEventMirror:
     """The block hashes one replica's prefix cache holds, from its KV events."""
 
-    __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events")
+    __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events", "confirmed", "unconfirmed",
+                 "mismatch_after")
 
-    def __init__(self) -> None:
+    def __init__(self, mismatch_after: int = DEFAULTS.scheduler.kv_events_mismatch_after) -> None:
         self._held: set[int] = set()
         self.on_change: Callable[[], None] | None = None  # the prefix index's memo goes stale
         self.stored_events = self.removed_events = self.cleared_events = 0
+        self.confirmed = self.unconfirmed = 0  # engine-reported prefix hits the mirror had / had not predicted
+        self.mismatch_after = mismatch_after
 
     def __len__(self) -> int:
         return len(self._held)
@@ -61,6 +66,17 @@ class KvEventMirror:
             self.on_change()
 
     clear = cleared  # the prefix index's forget_replica (the engine restarted: nothing held)
+
+    def observe(self, predicted_blocks: int, reported_blocks: int) -> bool:
+        """The engine reported a request's prefix hit; True once its hashes are evidently not the gateway's: it
+        reported ``mismatch_after`` hits that the mirror had not predicted and the mirror never predicted one
+        (``SchedulerSettings.kv_events_mismatch_after``)."""
+        if reported_blocks > 0:
+            if predicted_blocks > 0:
+                self.confirmed += 1
+            else:
+                self.unconfirmed += 1
+        return not self.confirmed and self.unconfirmed >= self.mismatch_after
 
     # -- reads --------------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> int:

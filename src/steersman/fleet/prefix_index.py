@@ -54,6 +54,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import logging
 import numpy as np
 
 from steersman.fleet import _prefix_table as T
@@ -65,6 +66,8 @@ from steersman.fleet.kv_events import KvEventMirror
 from steersman.fleet.slots import SlotMirror
 
 __all__ = ["PrefixIndex"]
+
+log = logging.getLogger("steersman.fleet")
 
 #: Share of the budget the index's own structures may use.  The rest is left to the allocators.
 _STRUCTURES = 0.9
@@ -153,6 +156,17 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         holds now, exactly; what is routed there is not recorded."""
         self.events[replica] = mirror
         self.mirror_slots(replica, mirror)
+
+    def observe_hits(self, replica: int, predicted_blocks: int, reported_blocks: int) -> None:
+        """The engine reported a request's prefix hit: a replica whose KV events never predict its hits (their hashes
+        are not the gateway's) is read from routing again (:meth:`KvEventMirror.observe`)."""
+        ev = self.events.get(replica)
+        if ev is not None and ev.observe(predicted_blocks, reported_blocks):
+            del self.events[replica], self.slots[replica]
+            self._memo = None
+            log.warning("replica %d: its KV events matched none of %d prefix hits its engine reported (its block hashes "
+                        "are not the gateway's: another tokenizer?); the index learns it from routing instead",
+                        replica, ev.unconfirmed)
 
     def _stale(self) -> None:
         self._memo = None
