@@ -30,10 +30,11 @@ def test_the_gateway_mirrors_what_the_engine_caches():
             SimServerConfig(gpu="H100", model="llama-3.1-8b", speedup=50.0, port=0,
                             kv_events_endpoint="tcp://127.0.0.1:*"),
             SimServerConfig(gpu="H100", model="llama-3.1-8b", speedup=50.0, port=0)]
-    with LiveFleet(sims=sims, policy="steersman") as lf:
+    with LiveFleet(sims=sims, policy="steersman", extra={"scheduler": {"kv_events_mismatch_after": 7}}) as lf:
         gw = lf.gateway
         index = gw.fleet.prefix
         assert set(index.events) == {0, 1}  # the replicas that publish
+        assert {m.mismatch_after for m in index.events.values()} == {7}  # the fleet file's setting
         client = OpenAI(base_url=lf.url + "/v1", api_key="unused", max_retries=0, timeout=30)
         system = "You are a careful assistant. " * 60
         for k in range(6):

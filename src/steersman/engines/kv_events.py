@@ -193,8 +193,9 @@ class KvEventSubscriber:
                 pass
 
 
-def subscribe_all(fleet, endpoints, block_size: int) -> tuple[list[KvEventSubscriber], CounterFamily]:
-    """A mirror and a started subscriber for each endpoint that names ``kv_events``; the events counter."""
+def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int) -> tuple[list[KvEventSubscriber], CounterFamily]:
+    """A mirror and a started subscriber for each endpoint that names ``kv_events``; the events counter.
+    ``mismatch_after``: ``SchedulerSettings.kv_events_mismatch_after``."""
     counts = CounterFamily("steersman_kv_events", "KV cache events read from the engines, by kind (blocks stored, "
                            "removed; caches cleared; blocks that could not be chained; batches malformed or missed; "
                            "engine restarts seen in the batch numbers).",
@@ -203,7 +204,7 @@ def subscribe_all(fleet, endpoints, block_size: int) -> tuple[list[KvEventSubscr
     for i, ep in enumerate(endpoints):
         if not getattr(ep, "kv_events", None) or fleet.prefix is None:
             continue
-        mirror = KvEventMirror()
+        mirror = KvEventMirror(mismatch_after)
         fleet.prefix.mirror_events(i, mirror)
         sub = KvEventSubscriber(fleet.replicas[i].name, ep.kv_events, ep.kv_events_topic, mirror, block_size, counts)
         sub.start()

@@ -14,7 +14,9 @@ chained (equal hashes, equal prefixes), and an engine's cache is prefix-closed a
 request's blocks tail first, and a block's holders hold every block before it, so a deeper block never
 outlives a shallower one of the same chain), so a prompt's match is found by binary search.  The
 digital twin feeds it from the engine model's pool (:class:`steersman.sim.kvcache.KVPool`'s ``listener``);
-hashes are the gateway's own (the engine model and engine-sim hash blocks as the gateway does).  Pure.
+hashes are the gateway's own (the engine model and engine-sim hash blocks as the gateway does).  An engine that
+tokenizes otherwise publishes hashes no prompt of the gateway's has: :meth:`KvEventMirror.observe` tells, from the
+engine's own reports of prefix hits, when to stop reading them.  Pure.
 """
 
 from __future__ import annotations

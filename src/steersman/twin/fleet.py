@@ -97,7 +97,7 @@ class TwinFleet:
         fleet = Fleet(reps, clock, self.scheduler)
         fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)
         for i, r in enumerate(self.replicas):
-            mirror = KvEventMirror() if kv_events else None
+            mirror = KvEventMirror(self.scheduler.kv_events_mismatch_after) if kv_events else None
             if mirror is not None:
                 fleet.prefix.mirror_events(i, mirror)
             r.engine.kv.listener = mirror
