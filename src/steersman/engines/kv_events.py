@@ -142,8 +142,10 @@ class KvEventSubscriber:
 
     def _stored(self, ev: BlockStored) -> list[int]:
         n = len(ev.block_hashes)
-        if not ev.token_ids:  # the gateway's own hashes (engine-sim)
-            return [h for h in ev.block_hashes if isinstance(h, int)]
+        if not ev.token_ids:  # the gateway's own hashes (engine-sim); bytes (vLLM's own) cannot be without ids
+            ours = [h for h in ev.block_hashes if isinstance(h, int)]
+            self._count("unchained", n - len(ours))
+            return ours
         bs = ev.block_size
         if bs != self.block_size or len(ev.token_ids) != n * bs:
             self._count("unchained", n)

@@ -131,7 +131,8 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._arr_memo: tuple | None = None
         self._later: list[tuple[int, Sequence[int]]] = []  # records to apply before the next access (record_later)
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
-        #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): their match is the mirror's
+        #: replicas whose match is a mirror's: a llama.cpp engine's slots (it reuses a prompt only from a free slot)
+        #: or an engine's KV events (those also in ``events``)
         self.slots: dict[int, SlotMirror | KvEventMirror] = {}
         self.events: dict[int, KvEventMirror] = {}  # replicas whose KV events say what they hold (also in slots)
         # background passes (see the module doc): the worker, the pass running, what finishes it on the caller's thread
@@ -146,7 +147,8 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._shift, self._mask = _geometry(slots)
 
     def mirror_slots(self, replica: int, mirror: SlotMirror | KvEventMirror) -> None:
-        """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
+        """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now, or what
+        its KV events say it holds)."""
         self.slots[replica] = mirror
         mirror.on_change = self._stale
         self._memo = None

@@ -11,7 +11,8 @@ default 1.0, ``--router-temperature`` default 0.0 = deterministic) and the selec
 where ``new_blocks`` counts the request's blocks not already among the worker's
 active (in-flight) blocks.  With temperature 0 the router takes the minimum logit.
 
-On our snapshot: ``overlap_blocks`` is the prefix index's match for the replica;
+On our snapshot: ``overlap_blocks`` is the prefix index's match for the replica (read from the engines' KV
+events when they publish them, ``scheduler.kv_events``, as Dynamo's indexer does; else the approximate index);
 ``active_blocks`` is the KV blocks of this gateway's requests in flight there
 (prompt + expected output each, not de-duplicated across requests as Dynamo's
 per-worker sequence tracker does).  We approximate ``new_blocks`` by the request's
