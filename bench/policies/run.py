@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--workload: none of {args.workload} is known")
 
     t_all = time.perf_counter()
+    if args.kv_events:
+        print("every engine publishes its KV events; steersman and dynamo-kv read each replica's cache from them, "
+              "the other profiles the approximate index", flush=True)
     doc: dict = {"meta": {"fleet": str(FLEET.relative_to(HERE.parents[1])), "quick": args.quick, "seed": args.seed,
                           "target_share_of_capacity": args.target, "trace_requests": requests, "mooncake_requests": mooncake or "all",
                           "agentic_duration_s": agentic_s, "policies": policies, "probe_policies": probes,
