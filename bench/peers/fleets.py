@@ -36,7 +36,9 @@ class FleetSpec:
     sim_speedup: float = 10.0
 
 
-def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str) -> list[str]:
+def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str, kv_events: list[str] | None = None) -> list[str]:
+    """The fleet's engines, started fresh; their URLs.  ``kv_events`` (a list, engine-sim only): each engine also
+    publishes its KV events on a port of its own, appended to it."""
     urls, procs = [], []
     lf = LlamaServerFleet(1) if spec.name == "llamacpp" else None
     if lf is not None and (lf.binary is None or lf.model is None):
@@ -48,6 +50,9 @@ def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str) -> list[str]:
         else:
             argv = [BIN / "steersman", "engine-sim", "--gpu", spec.sim_gpu, "--model", spec.model,
                     "--port", port, "--speedup", spec.sim_speedup]
+            if kv_events is not None:
+                kv_events.append(f"tcp://127.0.0.1:{free_port()}")
+                argv += ["--kv-events-endpoint", kv_events[-1]]
         procs.append(pg.start(f"{tag}-engine{i}", argv, role="engine"))
         urls.append(f"http://127.0.0.1:{port}")
     for p, u in zip(procs, urls):
@@ -56,7 +61,7 @@ def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str) -> list[str]:
 
 
 def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str], peers: Path,
-                 steersman_bin: str | None = None) -> str:
+                 steersman_bin: str | None = None, kv_events: list[str] | None = None) -> str:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     if setup.startswith("steersman"):
@@ -66,7 +71,8 @@ def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str],
         lines = [f"gateway: {{host: 127.0.0.1, port: {port}{poll}}}", "endpoints:"]
         for i, u in enumerate(urls):
             gpu = f", gpu: {spec.sim_gpu}" if spec.name == "sim" else ""
-            lines.append(f'  - {{name: e{i}, url: "{u}", engine: {spec.engine_kind}, models: [{spec.model}]{gpu}}}')
+            events = f', kv_events: "{kv_events[i]}"' if kv_events else ""
+            lines.append(f'  - {{name: e{i}, url: "{u}", engine: {spec.engine_kind}, models: [{spec.model}]{gpu}{events}}}')
         cfg.write_text("\n".join(lines) + "\n")
         if setup.startswith("steersman@base") and not steersman_bin:
             raise SkipSetup("steersman@base needs --baseline-bin")

@@ -26,6 +26,8 @@ relaying round-robin with no pipeline (bench/overhead/stack_proxies.py ``steersm
 added latency less this row's is what its request path (parsing, admission, prompt shape, decision,
 accounting) costs.  ``steersman+busy-poll`` (opt-in) is the default steersman with ``gateway.busy_poll_s: 0.05``
 (HAProxy-style busy polling, off by default: it spends a core while traffic flows; steersman/http/busypoll.py).
+``steersman+kv-events`` (opt-in, engine-sim fleet only) is the default steersman with every engine publishing its KV
+events and the gateway reading each replica's cache from them (``endpoints[].kv_events``).
 """
 
 from __future__ import annotations
@@ -142,10 +144,15 @@ def fleet_workload(a, fleet: str) -> tuple[FleetSpec, list[Request], int, int]:
 def run_setup(setup: str, spec: FleetSpec, reqs: list[Request], a, conc: int, max_tokens: int, log) -> dict:
     pg = ProcessGroup(Path(tempfile.mkdtemp(prefix=f"peers-{spec.name}-")))
     try:
-        urls = start_engines(spec, pg, spec.name)
+        if setup == "steersman+kv-events" and spec.name != "sim":
+            log(f"  skip {setup}: only engine-sim publishes KV events here (llama-server has none)")
+            return {"setup": setup, "skipped": "no KV events from llama-server"}
+        events: list[str] | None = [] if setup == "steersman+kv-events" else None
+        urls = start_engines(spec, pg, spec.name, events)
         try:
             base = start_router(setup, spec, pg, urls, Path(a.peers_venv),
-                                steersman_bin=a.baseline_bin if setup.startswith("steersman@base") else None)
+                                steersman_bin=a.baseline_bin if setup.startswith("steersman@base") else None,
+                                kv_events=events)
         except SkipSetup as e:
             log(f"  skip {setup}: {e}")
             return {"setup": setup, "skipped": str(e)}
