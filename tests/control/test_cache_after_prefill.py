@@ -72,3 +72,20 @@ def test_a_prompt_that_never_ran_is_never_credited():
     s = _dispatch(acc, 1, 2)
     fleet.end(s.ticket, 0)  # the client left before a first token
     assert fleet.prefix.match(HASHES).tolist() == [0, 0]
+
+
+def test_an_engine_publishing_kv_events_is_credited_from_dispatch_to_first_token_then_by_its_events():
+    from steersman.fleet.kv_events import KvEventMirror
+
+    fleet, acc = _setup()
+    m = KvEventMirror()
+    fleet.prefix.mirror_events(0, m)
+    s = _dispatch(acc, 0, 1)
+    assert fleet.prefix.match(HASHES).tolist() == [40, 0]  # routed there: its blocks count until they are cached
+    assert fleet.prefix.blocks_per_replica().tolist() == [0, 0]  # nothing recorded from routing
+    m.stored(HASHES[:30])  # the engine scheduled 30 blocks of it so far
+    acc.first_token(s)
+    assert fleet.prefix.match(HASHES).tolist() == [30, 0]  # from now on its events alone
+    s2 = _dispatch(acc, 0, 2)
+    fleet.report(s2.ticket, False)  # a failed attempt is let go too
+    assert fleet.prefix.match(HASHES).tolist() == [30, 0]

@@ -104,3 +104,21 @@ def test_events_whose_hashes_are_not_the_gateways_are_dropped_after_enough_unpre
     hashes = (1, 2, 3)
     idx.record(0, hashes)  # learnt from routing again
     assert idx.match(hashes).tolist() == [3, 0]
+
+
+def test_a_prompt_routed_there_counts_until_its_first_token():
+    """The engine publishes a prompt's blocks once it has scheduled it: until then the replica is credited with
+    the prompts routed there (a burst of one prefix would otherwise spread before its first request is cached)."""
+    idx = PrefixIndex(2, 1 << 20)
+    m = KvEventMirror()
+    idx.mirror_events(0, m)
+    hashes = tuple(range(1, 9))
+    assert idx.expect(0, 7, hashes) is True and idx.expect(1, 8, hashes) is False  # replica 1 records as before
+    assert idx.match(hashes[:5] + (99,)).tolist()[0] == 5
+    m.stored(hashes[:3])
+    idx.settle_expected(0, 7)  # its first token: the events tell from now on
+    assert idx.match(hashes).tolist()[0] == 3
+    idx.expect(0, 9, (42, 43))
+    assert idx.match(hashes).tolist()[0] == 3  # a prompt that begins otherwise shares nothing
+    m.cleared()
+    assert idx.match((42, 43)).tolist()[0] == 0

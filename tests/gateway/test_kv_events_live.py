@@ -57,10 +57,15 @@ def test_the_gateway_mirrors_what_the_engine_caches():
         got = lf.call(_match, index, hashes)
         assert max(got) >= shared > 10, (got, shared)
         assert set(index.events) == {0, 1}  # their hashes are the gateway's: still read from the events
+        assert lf.call(_pending, index) == 0  # prompts routed there count only until their first token
         lines = [ln for ln in httpx.get(lf.url + "/metrics").text.splitlines() if ln.startswith("steersman_kv_events_total")]
         assert any('kind="stored"' in ln and float(ln.split()[-1]) > 0 for ln in lines)
         assert not any('replica="sim-2"' in ln for ln in lines)  # the replica without events has no subscriber
         client.close()
+
+
+async def _pending(index):
+    return sum(len(m._pending) for m in index.events.values())
 
 
 async def _match(index, hashes):

@@ -38,6 +38,7 @@ def test_profiles_that_read_kv_events_see_the_engines_caches(policy, reads):
         if reads:
             mirror = index.events[i]
             assert mirror._held == _cached(r.engine.kv)
+            assert not mirror._pending  # every prompt routed there was credited until its first token, then let go
             assert mirror.removed_events > 0  # evictions reached the index
             assert index.blocks_per_replica()[i] == 0  # nothing recorded from routing
         else:

@@ -76,6 +76,8 @@ class Accounting:
         if fleet.prefix is not None and hashes:
             if fleet.caches_after_prefill[i]:
                 ticket.cache_at_end = hashes  # not reusable there until it has run and its slot is free
+            elif fleet.prefix.expect(i, ticket.key, hashes):
+                pass  # its engine's KV events say when it is cached; credited there until its first token
             elif defer_record:
                 fleet.prefix.record_later(i, hashes)
             else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from steersman.config import DEFAULTS
+from steersman.fleet.slots import common_blocks
 
 __all__ = ["KvEventMirror"]
 
@@ -32,7 +33,7 @@ class KvEventMirror:
     """The block hashes one replica's prefix cache holds, from its KV events."""
 
     __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events", "confirmed", "unconfirmed",
-                 "mismatch_after")
+                 "mismatch_after", "_pending")
 
     def __init__(self, mismatch_after: int = DEFAULTS.scheduler.kv_events_mismatch_after) -> None:
         self._held: set[int] = set()
@@ -40,6 +41,7 @@ class KvEventMirror:
         self.stored_events = self.removed_events = self.cleared_events = 0
         self.confirmed = self.unconfirmed = 0  # engine-reported prefix hits the mirror had / had not predicted
         self.mismatch_after = mismatch_after
+        self._pending: dict[int, Sequence[int]] = {}  # ticket key -> prompt hashes routed here, no first token yet
 
     def __len__(self) -> int:
         return len(self._held)
@@ -63,11 +65,26 @@ class KvEventMirror:
 
     def cleared(self) -> None:
         self._held.clear()
+        self._pending.clear()
         self.cleared_events += 1
         if self.on_change is not None:
             self.on_change()
 
     clear = cleared  # the prefix index's forget_replica (the engine restarted: nothing held)
+
+    # -- prompts routed here, not cached yet ----------------------------------------------------------
+    def expect(self, key: int, hashes: Sequence[int]) -> None:
+        """A prompt was routed here: credit its blocks until its first token (by then its engine has scheduled
+        it, and its events show what it cached).  Without this a burst of one prefix spread over the fleet before
+        its first request was cached (bench/peers, engine-sim fleet: hit rate 84.3% against 85.4% from routing
+        alone)."""
+        self._pending[key] = hashes
+        if self.on_change is not None:
+            self.on_change()
+
+    def settle(self, key: int) -> None:
+        if self._pending.pop(key, None) is not None and self.on_change is not None:
+            self.on_change()
 
     def observe(self, predicted_blocks: int, reported_blocks: int) -> bool:
         """The engine reported a request's prefix hit; True once its hashes are evidently not the gateway's: it
@@ -82,6 +99,16 @@ class KvEventMirror:
 
     # -- reads --------------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the replica holds, or will once a prompt routed here is scheduled."""
+        m = self.held(hashes)
+        if self._pending and len(hashes):
+            first = hashes[0]
+            for p in self._pending.values():
+                if len(p) and p[0] == first:  # chained hashes: a prompt that begins otherwise shares nothing
+                    m = max(m, common_blocks(hashes, p))
+        return m
+
+    def held(self, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` the replica holds (binary search: the cache is prefix-closed)."""
         held = self._held
         lo, hi = 0, len(hashes)

@@ -159,6 +159,20 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self.events[replica] = mirror
         self.mirror_slots(replica, mirror)
 
+    def expect(self, replica: int, key: int, hashes: Sequence[int]) -> bool:
+        """A prompt routed to ``replica`` (ticket ``key``): True if its KV events will say when it is cached (it is
+        credited there until :meth:`settle_expected`), False if the index should record it."""
+        ev = self.events.get(replica)
+        if ev is not None:
+            ev.expect(key, hashes)
+        return ev is not None
+
+    def settle_expected(self, replica: int, key: int) -> None:
+        """The prompt of ticket ``key`` got its first token (or left): its replica's events tell from now on."""
+        ev = self.events.get(replica)
+        if ev is not None:
+            ev.settle(key)
+
     def observe_hits(self, replica: int, predicted_blocks: int, reported_blocks: int) -> None:
         """The engine reported a request's prefix hit: a replica whose KV events never predict its hits (their hashes
         are not the gateway's) is read from routing again (:meth:`KvEventMirror.observe`)."""

@@ -1,8 +1,7 @@
 """The live, mutable state of the fleet, owned by the gateway's IO edge.
 
-Writers: the request path (what this gateway routed: in flight, pending prefill,
-decoding, KV blocks held, observed latencies), the metrics scraper and health
-checks.  Readers: policies, through :meth:`Fleet.snapshot` only.
+Writers: the request path (what this gateway routed: in flight, pending prefill, decoding, KV blocks held,
+observed latencies), the metrics scraper and health checks.  Readers: policies, through :meth:`Fleet.snapshot` only.
 """
 
 from __future__ import annotations
@@ -271,6 +270,8 @@ class Fleet:
 
         The ``stalled_since`` row this keeps is the one stall signal: the policies read it in snapshots
         and the reliability guard's sweep ejects a replica stalled far longer than its peers' TTFT."""
+        if self.prefix is not None and self.prefix.events:
+            self.prefix.settle_expected(t.replica, t.key)  # its engine's KV events tell what it cached from now on
         waiting = self._awaiting[t.replica]
         if waiting.pop(t.key, None) is None:
             return
@@ -319,7 +320,7 @@ class Fleet:
         self._own()
         if predicted_blocks > 0:
             self._ewma(S.PREFIX_ACCURACY, index, min(reported_blocks / predicted_blocks, 1.0), self.clock.now())
-        if self.prefix is not None and self.prefix.events:
+        if self.prefix is not None:
             self.prefix.observe_hits(index, predicted_blocks, reported_blocks)
 
     def _ratio(self, row: int, i: int, value: float, now: float) -> None:
