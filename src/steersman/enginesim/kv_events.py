@@ -38,7 +38,6 @@ class KvEventPublisher:
         self.topic = topic.encode()
         self.block_size = block_size
         self.seq = 0
-        self.dropped = 0
         self._pending: list = []
 
     # -- the pool's listener ------------------------------------------------------------------------
@@ -61,7 +60,7 @@ class KvEventPublisher:
         try:
             self.sock.send_multipart([self.topic, self.seq.to_bytes(8, "big"), payload], flags=self._zmq.NOBLOCK)
         except self._zmq.Again:
-            self.dropped += 1  # past the high-water mark: the subscriber sees the gap in seq
+            pass  # past the high-water mark: dropped, and the subscriber sees the gap in seq (as with vLLM)
         self.seq += 1
 
     def close(self) -> None:

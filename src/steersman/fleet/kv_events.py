@@ -46,9 +46,6 @@ class KvEventMirror:
     def __len__(self) -> int:
         return len(self._held)
 
-    def __contains__(self, block_hash: object) -> bool:
-        return block_hash in self._held
-
     # -- events (vLLM's BlockStored / BlockRemoved / AllBlocksCleared) --------------------------------
     def stored(self, hashes: Sequence[int], parent: int | None = None) -> None:
         """``hashes`` became cached (``parent``: the hash of the block before the first, None at a prompt's start)."""

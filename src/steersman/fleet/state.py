@@ -320,7 +320,7 @@ class Fleet:
         self._own()
         if predicted_blocks > 0:
             self._ewma(S.PREFIX_ACCURACY, index, min(reported_blocks / predicted_blocks, 1.0), self.clock.now())
-        if self.prefix is not None:
+        if self.prefix is not None and self.prefix.events:
             self.prefix.observe_hits(index, predicted_blocks, reported_blocks)
 
     def _ratio(self, row: int, i: int, value: float, now: float) -> None:
