@@ -91,6 +91,7 @@ def test_events_whose_hashes_are_not_the_gateways_are_dropped_after_enough_unpre
     for r in (0, 1):
         idx.mirror_events(r, KvEventMirror(mismatch_after=4))
     idx.events[1].stored([10**6])  # it confirms once: kept for good
+    assert idx.match((10**6,)).tolist() == [0, 1]  # a prompt matched what its events stored
     idx.observe_hits(1, 3, 3)
     for _ in range(3):
         idx.observe_hits(0, 0, 5)
@@ -122,3 +123,19 @@ def test_a_prompt_routed_there_counts_until_its_first_token():
     assert idx.match(hashes).tolist()[0] == 3  # a prompt that begins otherwise shares nothing
     m.cleared()
     assert idx.match((42, 43)).tolist()[0] == 0
+
+
+def test_credit_for_routed_prompts_does_not_vouch_for_events_that_never_matched():
+    """With mismatched hashes the only predicted hits come from the prompts routed there (expect): those must not
+    count as the events being right."""
+    idx = PrefixIndex(1, 1 << 20)
+    m = KvEventMirror(mismatch_after=3)
+    idx.mirror_events(0, m)
+    m.stored([777, 778])  # the engine's blocks, in hashes no prompt here has
+    hashes = (1, 2, 3)
+    for k in range(3):
+        idx.expect(0, k, hashes)
+        assert idx.match(hashes).tolist() == [3]  # credited from routing, not from the events
+        idx.observe_hits(0, 3, 3)
+        idx.settle_expected(0, k)
+    assert not idx.events  # three engine-reported hits, none from what the events stored: dropped

@@ -33,13 +33,14 @@ class KvEventMirror:
     """The block hashes one replica's prefix cache holds, from its KV events."""
 
     __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events", "confirmed", "unconfirmed",
-                 "mismatch_after", "_pending")
+                 "mismatch_after", "_pending", "_hit")
 
     def __init__(self, mismatch_after: int = DEFAULTS.scheduler.kv_events_mismatch_after) -> None:
         self._held: set[int] = set()
         self.on_change: Callable[[], None] | None = None  # the prefix index's memo goes stale
         self.stored_events = self.removed_events = self.cleared_events = 0
         self.confirmed = self.unconfirmed = 0  # engine-reported prefix hits the mirror had / had not predicted
+        self._hit = False  # a prompt ever matched blocks its events stored (not only ones routed here)
         self.mismatch_after = mismatch_after
         self._pending: dict[int, Sequence[int]] = {}  # ticket key -> prompt hashes routed here, no first token yet
 
@@ -86,9 +87,11 @@ class KvEventMirror:
     def observe(self, predicted_blocks: int, reported_blocks: int) -> bool:
         """The engine reported a request's prefix hit; True once its hashes are evidently not the gateway's: it
         reported ``mismatch_after`` hits that the mirror had not predicted and the mirror never predicted one
-        (``SchedulerSettings.kv_events_mismatch_after``)."""
+        (``SchedulerSettings.kv_events_mismatch_after``).  A prediction counts only once some prompt has matched
+        what the events stored: the credit for prompts routed here (:meth:`expect`) would otherwise confirm events
+        that never matched anything."""
         if reported_blocks > 0:
-            if predicted_blocks > 0:
+            if predicted_blocks > 0 and self._hit:
                 self.confirmed += 1
             else:
                 self.unconfirmed += 1
@@ -111,6 +114,7 @@ class KvEventMirror:
         lo, hi = 0, len(hashes)
         if not hi or hashes[0] not in held:
             return 0
+        self._hit = True
         if hashes[hi - 1] in held:
             return hi
         lo = 1
