@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import json
 import pstats
 import sys
@@ -36,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from steersman.config import DEFAULTS  # noqa: E402
 from steersman.policy import make_policy  # noqa: E402
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize  # noqa: E402
 from steersman.twin.workload import load_workload  # noqa: E402
@@ -183,11 +185,14 @@ def main() -> None:
     ap.add_argument("--gc", choices=("tuned", "default"), default="tuned")
     ap.add_argument("--profile", action="store_true", help="cProfile the run (slower) and print the breakdown")
     ap.add_argument("--breakdown", action="store_true", help="time the twin's calls into each part (~5%% slower)")
+    ap.add_argument("--kv-events", action="store_true",
+                    help="every engine publishes its KV events and the policy reads them (scheduler.kv_events)")
     ap.add_argument("--out", help="write the numbers as JSON here")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
-    fleet = TwinFleet([ReplicaPlan(f"h100-{i}", "H100", "llama-3.1-8b") for i in range(args.gpus)])
+    scheduler = dataclasses.replace(DEFAULTS.scheduler, kv_events=args.kv_events)
+    fleet = TwinFleet([ReplicaPlan(f"h100-{i}", "H100", "llama-3.1-8b") for i in range(args.gpus)], scheduler)
     wl = Capped(load_workload(spec(args.gpus, args.load), args.seed), args.requests)
     twin = Twin(fleet, wl, make_policy(args.policy, fleet.scheduler),
                 cfg=TwinConfig(seed=args.seed, tune_gc=args.gc == "tuned"))
@@ -213,13 +218,14 @@ def main() -> None:
     steps = sum(r.engine.num_steps for r in fleet.replicas)
     out = {
         "requests": n, "gpus": args.gpus, "policy": args.policy, "gc": args.gc, "profiled": args.profile,
+        "kv_events": args.kv_events,
         "wall_s": wall, "cpu_s": cpu, "setup_s": setup, "cpu_us_per_request": cpu / n * 1e6, "requests_per_wall_s": n / wall, "us_per_request": wall / n * 1e6,
         "simulated_s": rec.duration, "completed": s["completed"], "gpu_utilisation": s["gpu_utilisation"],
         "engine_steps": steps, "ttft_p50_s": s["ttft_s"]["p50"], "tpot_p50_s": s["tpot_s"]["p50"],
         "extrapolated_1M_s": wall / n * 1_000_000,
     }
     print(f"twin: {n:,} requests over {args.gpus:,} x H100 (policy {args.policy}, gc {args.gc}"
-          f"{', PROFILED' if args.profile else ''})")
+          f"{', KV events' if args.kv_events else ''}{', PROFILED' if args.profile else ''})")
     print(f"  wall {wall:8.2f} s   {n / wall:10,.0f} requests/wall-s   {wall / n * 1e6:7.1f} us/request"
           f"   (setup {setup:.2f} s; 1M requests at this rate: {wall / n * 1e6:.0f} s)")
     print(f"  CPU  {cpu:8.2f} s   {n / cpu:10,.0f} requests/CPU-s    {cpu / n * 1e6:7.1f} us/request"

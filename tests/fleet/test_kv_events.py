@@ -8,6 +8,7 @@ import pytest
 
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.fleet.prefix_index import PrefixIndex
+from steersman.fleet.slots import common_blocks
 from steersman.sim.kvcache import KVPool
 from steersman.sim.request import SimRequest
 
@@ -139,3 +140,89 @@ def test_credit_for_routed_prompts_does_not_vouch_for_events_that_never_matched(
         idx.observe_hits(0, 3, 3)
         idx.settle_expected(0, k)
     assert not idx.events  # three engine-reported hits, none from what the events stored: dropped
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_index_asks_only_the_mirrors_that_may_share_a_prompts_first_block(seed):
+    """Three pools publishing to one index, random admissions, frees, evictions, prompts routed and settled, a reset
+    and a mirror dropped: after every operation the index's match equals every mirror asked one by one, and the
+    first-block index names exactly the replicas holding a chain's root or a pending prompt beginning with it (fails
+    if a root's eviction or a settle is not told: a replica would be asked in vain, or a holder missed)."""
+    rng = random.Random(seed)
+    idx = PrefixIndex(4, 1 << 20)
+    pools = [KVPool(num_blocks=48, block_size=16) for _ in range(3)]
+    mirrors = [KvEventMirror() for _ in pools]
+    for r, (pool, m) in enumerate(zip(pools, mirrors)):
+        pool.listener = m
+        idx.mirror_events(r, m)
+    prefixes = [[rng.getrandbits(60) for _ in range(rng.randint(1, 10))] for _ in range(5)]
+    firsts = {_chain(p)[0] for p in prefixes}
+    running: list[tuple[int, SimRequest]] = []
+    pending: dict[int, int] = {}  # ticket key -> replica
+    for step in range(400):
+        op = rng.random()
+        base = rng.choice(prefixes)
+        prompt = _chain(base + [rng.getrandbits(60) for _ in range(rng.randint(0, 5))])
+        if op < 0.3 and running:
+            r, req = running.pop(rng.randrange(len(running)))
+            pools[r].free(req)
+        elif op < 0.45:
+            r = rng.randrange(4)
+            if idx.expect(r, step, prompt):
+                pending[step] = r
+            else:
+                idx.record(r, prompt)  # replica 3 learns from routing
+        elif op < 0.55 and pending:
+            key = rng.choice(list(pending))
+            idx.settle_expected(pending.pop(key), key)
+        elif op < 0.56:
+            pools[rng.randrange(3)].reset()
+        else:
+            r = rng.randrange(3)
+            req = SimRequest(req_id=f"r{step}", prompt_len=16 * len(prompt), max_output=1, block_hashes=prompt)
+            if pools[r].admit(req, budget=10_000, chunked=False) is not None:
+                running.append((r, req))
+        if step == 300:  # its events never predicted a hit: read from routing again, and out of the first-block index
+            mirrors[2].mismatch_after = 0
+            idx.observe_hits(2, 0, 1)
+            assert 2 not in idx.events
+        got = idx.match(prompt).tolist()
+        for r, m in enumerate(mirrors):
+            if r not in idx.events:
+                continue
+            held = [h in m._held for h in prompt]
+            lead = held.index(False) if False in held else len(prompt)
+            routed = max((common_blocks(prompt, p) for p in m._pending.values()), default=0)
+            if not any(held[lead:]):  # what it holds of the prompt is a prefix (the engine model leaves holes rarely)
+                assert got[r] == max(lead, routed), f"step {step} replica {r}"
+            else:  # a hole: the binary search lands past it or before it
+                assert max(lead, routed) <= got[r] <= len(prompt), f"step {step} replica {r}"
+        for r, m in enumerate(mirrors):  # every prompt's first block is one of the prefixes' first blocks
+            for h in firsts:
+                named = r in (idx.first.holders(h) or {})
+                may_share = h in m._held or any(p[0] == h for p in m._pending.values())
+                assert named == (r in idx.events and may_share), f"step {step} replica {r}"
+    assert sum(m.removed_events for m in mirrors) > 0
+
+
+def test_events_mirrors_are_not_slot_mirrors():
+    """Slot waiting (llama.cpp: a prompt reused only from a free slot) asks its mirrors for running copies; a
+    replica with KV events has none of that, so an unprofiled vLLM publishing events must not be taken for one
+    (it raised AttributeError in the decision when event mirrors were kept with the slot mirrors)."""
+    import types
+
+    import numpy as np
+
+    from steersman.policy.slot_wait import wait_for_slot
+
+    idx = PrefixIndex(2, 1 << 20)
+    m = KvEventMirror()
+    idx.mirror_events(0, m)
+    hashes = (5, 6, 7)
+    m.stored(hashes)
+    assert 0 not in idx.slots and idx.match(hashes).tolist() == [3, 0]
+    snap = types.SimpleNamespace(prefix=idx, time=0.0,
+                                 statics=types.SimpleNamespace(block_size=16, modelled=np.zeros(2, dtype=bool)))
+    req = types.SimpleNamespace(block_hashes=hashes, resumed=False, prompt_tokens=48, slot_waiters_ahead=0)
+    assert wait_for_slot(snap, req, np.array([0, 1]), np.array([0.5, 0.5]), idx.match(hashes), False, 1.0, 0.8,
+                         0.5) is None

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from steersman.fleet import _prefix_table as T
+from steersman.fleet.kv_events import match_holders
 
 __all__ = ["PrefixReads"]
 
@@ -44,6 +45,8 @@ class PrefixReads:
     _job: object  # a background pass running (see the index's module doc)
     _readable: bool  # False while a background pass rewrites the table (see the index's module doc)
     slots: dict  # replica -> steersman.fleet.slots.SlotMirror (llama.cpp replicas: the match is the mirror's)
+    events: dict  # replica -> steersman.fleet.kv_events.KvEventMirror (the match is what its KV events say it holds)
+    first: object  # steersman.fleet.kv_events.FirstBlocks: which of those may share a prompt's first block
 
     def flush(self) -> None:  # pragma: no cover - the index defines it
         raise NotImplementedError
@@ -77,14 +80,25 @@ class PrefixReads:
         if memo is not None and memo[0] is hashes and memo[1] == len(hashes) and memo[3] is self._memo:
             return memo[2]
         out = np.zeros(self.n, dtype=np.int64)
-        if len(hashes) and self._entries and self._readable and len(self.slots) < self.n:
+        if len(hashes) and self._entries and self._readable and len(self.slots) + len(self.events) < self.n:
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask, self._all_ones)
-        for r, mirror in self.slots.items():
-            out[r] = mirror.match(hashes)
+        self._mirrored(hashes, out)
         out.setflags(write=False)
         self._raw_memo = (hashes, len(hashes), out, self._memo)
         return out
+
+    def _mirrored(self, hashes: Sequence[int], out: np.ndarray) -> None:
+        """The mirrored replicas' matches into ``out``: a slot mirror's each, and an events mirror's only where
+        ``first`` says it may share the prompt's first block (the rest share nothing of it)."""
+        for r, mirror in self.slots.items():
+            out[r] = mirror.match(hashes)
+        events = self.events
+        if events:  # (the table holds nothing of theirs: PrefixIndex.mirror_events)
+            holders = self.first.holders(hashes[0]) if len(hashes) else None  # type: ignore[attr-defined]
+            if holders:
+                rs, vs = match_holders(events, holders, hashes)
+                out[rs] = vs
 
     def match(self, hashes: Sequence[int]) -> np.ndarray:
         """Leading blocks of ``hashes`` each replica probably holds (int64, one per replica).
@@ -104,11 +118,10 @@ class PrefixReads:
         if self._capped:
             self._refresh_resident()  # (with every match after a write: blocks_view and match_raw then read it)
         # (every replica mirrored: theirs alone; the table being rewritten in the background: nothing)
-        if len(hashes) and self._entries and self._readable and len(self.slots) < self.n:
+        if len(hashes) and self._entries and self._readable and len(self.slots) + len(self.events) < self.n:
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask, self._resident)
-        for r, mirror in self.slots.items():
-            out[r] = mirror.match(hashes)
+        self._mirrored(hashes, out)
         out.setflags(write=False)  # half the cost of going through ``out.flags``
         self._memo = memo = (hashes, len(hashes), out)
         if self._capped:

@@ -62,7 +62,7 @@ from steersman.fleet._prefix_jobs import BackgroundPasses
 from steersman.fleet._prefix_reads import PrefixReads
 from steersman.fleet._prefix_residency import Residency
 from steersman.fleet._prefix_sets import _MEMO, HolderSets
-from steersman.fleet.kv_events import KvEventMirror
+from steersman.fleet.kv_events import FirstBlocks, KvEventMirror
 from steersman.fleet.slots import SlotMirror
 
 __all__ = ["PrefixIndex"]
@@ -132,9 +132,10 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._later: list[tuple[int, Sequence[int]]] = []  # records to apply before the next access (record_later)
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
         #: replicas whose match is a mirror's: a llama.cpp engine's slots (it reuses a prompt only from a free slot)
-        #: or an engine's KV events (those also in ``events``)
-        self.slots: dict[int, SlotMirror | KvEventMirror] = {}
-        self.events: dict[int, KvEventMirror] = {}  # replicas whose KV events say what they hold (also in slots)
+        self.slots: dict[int, SlotMirror] = {}
+        #: or an engine's KV events (what it holds, exactly); ``first``: which of them may share a prompt's first block
+        self.events: dict[int, KvEventMirror] = {}
+        self.first = FirstBlocks()
         # background passes (see the module doc): the worker, the pass running, what finishes it on the caller's thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefix-index") if background else None
         self._background_from = background_from_slots  # smaller tables: passes inline
@@ -146,9 +147,8 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._tab = np.full((slots, 2), T.EMPTY, dtype=np.int64)
         self._shift, self._mask = _geometry(slots)
 
-    def mirror_slots(self, replica: int, mirror: SlotMirror | KvEventMirror) -> None:
-        """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now, or what
-        its KV events say it holds)."""
+    def mirror_slots(self, replica: int, mirror: SlotMirror) -> None:
+        """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
         self.slots[replica] = mirror
         mirror.on_change = self._stale
         self._memo = None
@@ -156,8 +156,12 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
     def mirror_events(self, replica: int, mirror: KvEventMirror) -> None:
         """``replica``'s match comes from its engine's KV events (:mod:`steersman.fleet.kv_events`): what it
         holds now, exactly; what is routed there is not recorded."""
+        if self._entries and replica not in self.events:
+            self.forget_replica(replica)  # what routing taught the table about it
         self.events[replica] = mirror
-        self.mirror_slots(replica, mirror)
+        mirror.attach(replica, self.first)
+        mirror.on_change = self._stale
+        self._memo = None
 
     def expect(self, replica: int, key: int, hashes: Sequence[int]) -> bool:
         """A prompt routed to ``replica`` (ticket ``key``): True if its KV events will say when it is cached (it is
@@ -178,7 +182,9 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         are not the gateway's) is read from routing again (:meth:`KvEventMirror.observe`)."""
         ev = self.events.get(replica)
         if ev is not None and ev.observe(predicted_blocks, reported_blocks):
-            del self.events[replica], self.slots[replica]
+            del self.events[replica]
+            ev.detach()
+            ev.on_change = None
             self._memo = None
             log.warning("replica %d: its KV events matched none of %d prefix hits its engine reported (its block hashes "
                         "are not the gateway's: another tokenizer?); the index learns it from routing instead",
@@ -393,7 +399,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         background passes: once the pass is done; reads match nothing meanwhile)."""
         self.settle()
         self._memo = None
-        mirror = self.slots.get(replica)
+        mirror = self.slots.get(replica) or self.events.get(replica)
         if mirror is not None:
             mirror.clear()
         bit = 1 << replica
