@@ -30,6 +30,61 @@ def test_vllm_format_round_trips():
     assert decode_batch(raw) == batch
 
 
+def _vllm_structs(array_like: bool):
+    """vLLM's event structs as later versions declare them (lora_name, extra_keys, group_idx added; from 0.28 the
+    events are maps, ``array_like`` False), written here independently of steersman's."""
+    import msgspec
+
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+        ts: float
+        events: list
+        data_parallel_rank: int | None = None
+
+    class KVCacheEvent(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list
+        parent_block_hash: int | bytes | None
+        token_ids: list
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None
+        extra_keys: list | None = None
+        group_idx: int | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list
+        medium: str | None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    return EventBatch, BlockStored, BlockRemoved, AllBlocksCleared
+
+
+def test_both_of_vllms_layouts_are_read():
+    """Up to vLLM 0.27 an event is a tagged array; 0.28 made it a map tagged by ``type`` (and versions added
+    fields): every batch of a 0.28 engine was counted malformed before both were read."""
+    import msgspec
+
+    for array_like in (True, False):
+        EventBatch, Stored, Removed, Cleared = _vllm_structs(array_like)
+        raw = msgspec.msgpack.encode(EventBatch(2.0, [
+            Stored([11, 12], None, [], 16, None, "GPU", None, [None, None], 0), Removed([12], "GPU"), Cleared(),
+            Stored([13], 11, [], 16, None, "GPU", None)], 0))
+        got = decode_batch(raw)
+        assert got == KVEventBatch(2.0, [BlockStored([11, 12], None, [], 16, None, "GPU"), BlockRemoved([12], "GPU"),
+                                         AllBlocksCleared(), BlockStored([13], 11, [], 16, None, "GPU")], 0)
+        sub = _sub()
+        sub.receive([b"", (0).to_bytes(8, "big"), raw])
+        assert sub.counts.get("r0", "malformed") == 0 and sub.mirror.match([11, 13]) == 0  # (cleared in between)
+        sub.receive([b"", (1).to_bytes(8, "big"), msgspec.msgpack.encode(EventBatch(3.0, [
+            Stored([11, 12], None, [], 16, None, "GPU", None)]))])
+        assert sub.mirror.match([11, 12]) == 2
+
+
 def test_token_ids_are_hashed_the_gateways_way_and_removals_mapped_back():
     sub = _sub(block_size=4)
     ids = list(range(100, 112))  # three blocks of 4
@@ -94,5 +149,124 @@ def test_engine_sim_publisher_reaches_the_subscriber_over_zmq():
         finally:
             await sub.stop()
             pub.close()
+
+    asyncio.run(main())
+
+
+async def _until(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+def test_a_late_subscriber_replays_what_was_stored_before_it_joined():
+    """vLLM's replay socket: a gateway that starts beside a warm engine asks for the batches it kept, so the
+    mirror holds what was cached before it connected (without replay: nothing until stored again)."""
+    async def main() -> None:
+        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
+        pub.start()
+        counts = CounterFamily("t_kv_replay", "test", ["replica", "kind"])
+        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
+        try:
+            chain = list(range(1, 41))
+            for k in range(4):  # published before anyone listens: lost on the PUB socket, kept for replay
+                pub.stored(chain[10 * k:10 * k + 10], chain[10 * k - 1] if k else None)
+                pub.flush(time.time())
+            pub.removed(chain[30:])
+            pub.flush(time.time())
+            sub.start()
+            other = 1000
+            while sub.last_seq is None:  # a new batch shows the subscriber where the engine is
+                other += 1
+                pub.stored([other])
+                pub.flush(time.time())
+                await asyncio.sleep(0.05)
+            await _until(lambda: sub.mirror.match(chain) == 30, "the replayed batches were not applied")
+            assert counts.get("r0", "replayed") >= 5 and counts.get("r0", "missed") == 0
+        finally:
+            await sub.stop()
+            await pub.stop()
+
+    asyncio.run(main())
+
+
+class _Dropping:
+    """A PUB socket past its high-water mark: what is sent is lost (the publisher still keeps it for replay)."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.dropping = sock, False
+
+    def send_multipart(self, frames, flags=0):
+        if not self.dropping:
+            self.sock.send_multipart(frames, flags=flags)
+
+    def close(self, linger=None):
+        self.sock.close(linger)
+
+
+def test_a_gap_is_asked_for_again_and_its_removals_applied():
+    async def main() -> None:
+        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
+        pub.start()
+        counts = CounterFamily("t_kv_gap", "test", ["replica", "kind"])
+        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
+        sub.start()
+        chain = list(range(1, 21))
+        try:
+            while sub.mirror.match(chain) < 20:  # until the subscriber has joined
+                pub.stored(chain)
+                pub.flush(time.time())
+                await asyncio.sleep(0.05)
+            before = counts.get("r0", "replayed")
+            pub.sock = dropping = _Dropping(pub.sock)
+            dropping.dropping = True
+            pub.removed(chain[5:])  # lost in the gap: without replay chain[5:] would stay credited
+            pub.flush(time.time())
+            pub.stored([500, 501])
+            pub.flush(time.time())
+            dropping.dropping = False
+            pub.stored([900])
+            pub.flush(time.time())
+            await _until(lambda: sub.mirror.match([900]) == 1, "the batch after the gap did not arrive")
+            assert sub.mirror.match(chain) == 5 and sub.mirror.match([500, 501]) == 2
+            assert counts.get("r0", "replayed") - before == 2 and counts.get("r0", "missed") == 0
+        finally:
+            await sub.stop()
+            await pub.stop()
+
+    asyncio.run(main())
+
+
+def test_a_replay_that_never_ends_is_given_up_and_the_events_go_on():
+    async def main() -> None:
+        import zmq
+        import zmq.asyncio
+
+        deaf = zmq.asyncio.Context.instance().socket(zmq.ROUTER)  # takes replay requests, never answers
+        deaf.setsockopt(zmq.LINGER, 0)
+        deaf.bind("tcp://127.0.0.1:*")
+        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16)
+        counts = CounterFamily("t_kv_deaf", "test", ["replica", "kind"])
+        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts,
+                                replay=deaf.getsockopt(zmq.LAST_ENDPOINT).decode(), replay_timeout_s=0.2)
+        pub.stored([0])
+        pub.flush(time.time())  # seq 0 before it listens: the first it sees is later, so it asks for a replay
+        sub.start()
+        try:
+            k = 0
+            while sub.last_seq is None:
+                k += 1
+                pub.stored([k])
+                pub.flush(time.time())
+                await asyncio.sleep(0.05)
+            await _until(lambda: counts.get("r0", "replay_failed") >= 1, "the replay was not given up")
+            pub.stored([777])
+            pub.flush(time.time())
+            await _until(lambda: sub.mirror.match([777]) == 1, "the events stopped after a failed replay")
+        finally:
+            await sub.stop()
+            pub.close()
+            deaf.close(0)
 
     asyncio.run(main())

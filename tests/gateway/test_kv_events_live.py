@@ -125,6 +125,45 @@ def test_bad_kv_events_endpoints_are_clear_errors(tmp_path):
 
     with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events must be a tcp:// or ipc://"):
         parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "http://127.0.0.1:5557"}]})
+    with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events_replay must be a tcp:// or ipc://"):
+        parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "tcp://127.0.0.1:5557",
+                                    "kv_events_replay": "5558"}]})
+    with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events_replay needs endpoints\[0\].kv_events"):
+        parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events_replay": "tcp://127.0.0.1:5558"}]})
     r = subprocess.run([sys.executable, "-m", "steersman", "engine-sim", "--port", "0", "--kv-events-endpoint", "5557"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--kv-events-endpoint" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "steersman", "engine-sim", "--port", "0", "--kv-events-replay-endpoint",
+                        "tcp://127.0.0.1:*"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "needs --kv-events-endpoint" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_simulated_fleet_publishes_with_a_replay_socket_the_gateway_is_told_of():
+    """scheduler.kv_events on a fleet file's simulated: section: each engine-sim binds a replay socket too (vLLM's
+    replay_endpoint), and its endpoint names it, so the gateway recovers what a gap, or its own late start, missed."""
+    import asyncio
+
+    import zmq
+    import zmq.asyncio
+
+    from steersman.engines.kv_events import END_SEQ
+    from steersman.fleet.config import SimReplicaConfig, SimulatedFleetConfig
+    from steersman.fleet.embedded import SimulatedFleet
+
+    async def main() -> None:
+        fleet = SimulatedFleet(SimulatedFleetConfig(speedup=20.0, replicas=[
+            SimReplicaConfig(gpu="H100", model="llama-3.1-8b", count=1)]), kv_events=True)
+        (ep,) = await fleet.start()
+        try:
+            assert ep.kv_events.startswith("tcp://127.0.0.1:") and ep.kv_events_replay.startswith("tcp://127.0.0.1:")
+            dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(ep.kv_events_replay)
+            await dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+            frames = await asyncio.wait_for(dealer.recv_multipart(), 10)  # nothing published yet: the end at once
+            assert frames == [b"", END_SEQ, b""]
+            dealer.close(0)
+        finally:
+            await fleet.stop()
+
+    asyncio.run(main())

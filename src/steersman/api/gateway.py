@@ -137,7 +137,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             self.fleet.prefix_residency = False
         self.fleet.guard = ReplicaGuard(len(replicas), self.cfg.reliability, self.scheduler_settings.latency_ewma_alpha)
         self.kv_events, kv_counts = subscribe_all(self.fleet, endpoints, self.block_size,
-                                                  self.scheduler_settings.kv_events_mismatch_after)
+                                                  self.scheduler_settings.kv_events_mismatch_after,
+                                                  self.scheduler_settings.kv_events_replay_timeout_s)
         self.metrics.registry.register(kv_counts)
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, self.scheduler_settings, self.block_size)
         self.metrics.track_in_flight(lambda: float(self.fleet.in_flight.sum()))

@@ -45,6 +45,9 @@ def register(app: typer.Typer) -> None:
             None, help="Publish the prefix cache's changes as vLLM's KV events on a ZMQ PUB socket bound here "
                        "(tcp://HOST:PORT; PORT * takes a free one, printed in the ready line)."),
         kv_events_topic: str = typer.Option("", help="Topic of the KV event messages (vLLM's default: none)."),
+        kv_events_replay_endpoint: str | None = typer.Option(
+            None, help="Answer replay requests for the last KV event batches (sim_server.kv_events_buffer_steps) on a "
+                       "ZMQ ROUTER socket bound here (vLLM's replay_endpoint; PORT * takes a free one, printed in the ready line)."),
     ) -> None:
         """Serve one simulated GPU replica over an OpenAI-compatible HTTP API."""
         from steersman.cli._run import exit_if_cannot_listen, run_service
@@ -67,8 +70,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--port must be 0 to 65535 (0: any free port), got {port}")
         if otlp_traces_endpoint is not None and not otlp_traces_endpoint.startswith(("http://", "https://")):
             raise typer.BadParameter(f"--otlp-traces-endpoint must be an http(s) URL, got {otlp_traces_endpoint!r}")
-        if kv_events_endpoint is not None and not kv_events_endpoint.startswith(("tcp://", "ipc://")):
-            raise typer.BadParameter(f"--kv-events-endpoint must be a tcp:// or ipc:// ZMQ endpoint, got {kv_events_endpoint!r}")
+        for flag, value in (("--kv-events-endpoint", kv_events_endpoint),
+                            ("--kv-events-replay-endpoint", kv_events_replay_endpoint)):
+            if value is not None and not value.startswith(("tcp://", "ipc://")):
+                raise typer.BadParameter(f"{flag} must be a tcp:// or ipc:// ZMQ endpoint, got {value!r}")
+        if kv_events_replay_endpoint is not None and kv_events_endpoint is None:
+            raise typer.BadParameter("--kv-events-replay-endpoint needs --kv-events-endpoint")
         if scheduling_policy not in ("fcfs", "priority"):
             raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
         engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
@@ -78,6 +85,7 @@ def register(app: typer.Typer) -> None:
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
             admin_key_sha256=admin_key_sha256, exit_on_crash=True, otlp_traces_endpoint=otlp_traces_endpoint,
             kv_events_endpoint=kv_events_endpoint, kv_events_topic=kv_events_topic,
+            kv_events_replay_endpoint=kv_events_replay_endpoint,
         )
         try:
             server = SimServer(cfg)
@@ -91,7 +99,9 @@ def register(app: typer.Typer) -> None:
                 import asyncio
 
                 asyncio.get_running_loop().create_task(server.refuse(refuse_for))
-            events = f" kv_events={server.kv_events.endpoint}" if server.kv_events is not None else ""
+            ev = server.kv_events
+            events = "" if ev is None else f" kv_events={ev.endpoint}" + (
+                f" kv_events_replay={ev.replay_endpoint}" if ev.replay_endpoint else "")
             print(f"engine-sim ready {server.url} model={server.model_name} gpu={gpu} speedup={speedup}{events}", flush=True)
 
         try:

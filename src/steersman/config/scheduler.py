@@ -75,6 +75,11 @@ class SchedulerSettings:
         "has reported this many prefix hits the events had not predicted, and they never predicted one, the index "
         "stops reading them and learns that replica from routing again (logged)", ge=1
     )
+    kv_events_replay_timeout_s: float = setting(
+        2.0, "a KV events replay (endpoints[].kv_events_replay: vLLM's replay_endpoint) that has not ended within "
+        "this is given up (counted replay_failed): the SGLang model gateway's replay client's DEFAULT_REPLAY_TIMEOUT",
+        gt=0
+    )
     decode_picker: str = setting(
         "least-loaded", "prefill/decode disaggregation: the decode replica with the fewest requests handed to it and "
         "not finished (steersman.policy.decode); NVIDIA Dynamo's router routes the decode stage without "

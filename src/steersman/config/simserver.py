@@ -19,6 +19,9 @@ class SimServerSettings:
     )
     gpu: str = setting("H100-SXM", "issue #2 example: --gpu H100")
     model: str = setting("llama-3.1-8b", "issue #2 example: --model llama-3.1-8b")
+    kv_events_hwm: int = setting(100_000, "vLLM KVEventsConfig.hwm: the KV events PUB socket's high-water mark", ge=1)
+    kv_events_buffer_steps: int = setting(
+        10_000, "vLLM KVEventsConfig.buffer_steps: KV event batches kept for replay (--kv-events-replay-endpoint)", ge=1)
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -3,10 +3,11 @@
 The format is vLLM's (``vllm/distributed/kv_events.py``, ``examples/online_serving/kv_events_subscriber.py``):
 a ZMQ PUB socket (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint":
 "tcp://*:5557"}'``) sends multipart messages ``[topic, seq (8 bytes, big-endian), payload]``; the payload is
-a msgpack ``KVEventBatch`` (``ts``, ``events``, ``data_parallel_rank``), arrays with each event tagged by its
-class name: ``BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium)``,
-``BlockRemoved(block_hashes, medium)``, ``AllBlocksCleared()``.  engine-sim publishes the same
-(:mod:`steersman.enginesim.kv_events`).
+a msgpack ``KVEventBatch`` (``ts``, ``events``, ``data_parallel_rank``), an array, with each event tagged by its
+class name: ``BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...)``,
+``BlockRemoved(block_hashes, medium)``, ``AllBlocksCleared()``; up to vLLM 0.27 each event is an array (fields
+later versions add, ``lora_name``, ``extra_keys``, ``group_idx``, are ignored), from 0.28 a map whose ``type`` is
+the class name: both are read.  engine-sim publishes the array layout (:mod:`steersman.enginesim.kv_events`).
 
 Hashes.  A stored block that carries its ``token_ids`` is hashed again the gateway's way (its chained hash of
 the block's ids, the parent's gateway hash first), and the engine's hash is kept as a key to that: this holds
@@ -17,10 +18,13 @@ it is skipped and counted.  Sequence gaps (a slow subscriber past the publisher'
 counted and logged; what they held is learnt again as blocks are stored anew.  Batches numbered from 0 again
 mean a new engine process (vLLM numbers them per process): its cache starts empty, so the mirror is cleared.
 
-Limits: a subscriber sees what is stored after it connects (a gateway started beside a warm engine credits it
-with nothing until its blocks are stored again: under-credit, never a false hit); a gap loses removals too, so
-the blocks evicted during it stay credited until stored and evicted again.  vLLM's replay socket
-(``replay_endpoint``) is not used.
+Replay (an endpoint's ``kv_events_replay``: vLLM's ``replay_endpoint``, a ROUTER socket keeping the last
+``buffer_steps`` batches): on a gap, and when it joins an engine already publishing, the subscriber asks for the
+batches it missed (a DEALER sends ``[b"", start seq]``; one ``[b"", seq, payload]`` comes back per batch kept,
+then ``[b"", END_SEQ, b""]``) and applies them before the batch that showed the gap; what the engine no longer
+keeps stays missed.  Without it, a subscriber sees what is stored after it connects (a gateway started beside a
+warm engine credits it with nothing until its blocks are stored again: under-credit, never a false hit), and a gap
+loses removals too (the blocks evicted during it stay credited until stored and evicted again).
 """
 
 from __future__ import annotations
@@ -31,18 +35,21 @@ from typing import Any
 
 import msgspec
 
+from steersman.config import DEFAULTS
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.obs.histogram import CounterFamily
 from steersman.text.tokenizer import ROOT_HASH, block_hashes
 
-__all__ = ["BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber", "decode_batch",
+__all__ = ["END_SEQ", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber", "decode_batch",
            "encode_batch", "subscribe_all"]
 
 log = logging.getLogger("steersman.kv_events")
 
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # vLLM ZmqEventPublisher.END_SEQ: a replay's last message
+
 
 class _Event(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    """vLLM's KVCacheEvent."""
+    """vLLM's KVCacheEvent (an array tagged by the class name, up to vLLM 0.27; later fields are ignored)."""
 
 
 class BlockStored(_Event):
@@ -69,12 +76,58 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
+# vLLM 0.28 encodes each event as a map tagged by ``type`` (the batch stays an array); msgspec cannot take both
+# layouts in one union, so a batch that is not the first is read as this, then made the first.
+class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class _MapBlockStored(_MapEvent, tag="BlockStored"):
+    block_hashes: list[Any]
+    parent_block_hash: Any | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+
+
+class _MapBlockRemoved(_MapEvent, tag="BlockRemoved"):
+    block_hashes: list[Any]
+    medium: str | None = None
+
+
+class _MapAllBlocksCleared(_MapEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _MapBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[_MapBlockStored | _MapBlockRemoved | _MapAllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+_MAP_DECODER = msgspec.msgpack.Decoder(_MapBatch)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
+def _canonical(ev: _MapBlockStored | _MapBlockRemoved | _MapAllBlocksCleared
+               ) -> BlockStored | BlockRemoved | AllBlocksCleared:
+    if isinstance(ev, _MapBlockStored):
+        return BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_id, ev.medium)
+    if isinstance(ev, _MapBlockRemoved):
+        return BlockRemoved(ev.block_hashes, ev.medium)
+    return AllBlocksCleared()
+
+
 def decode_batch(payload: bytes) -> KVEventBatch:
-    return _DECODER.decode(payload)
+    """A batch in either of vLLM's layouts (events as tagged arrays, or as maps tagged by ``type``: vLLM 0.28);
+    raises ``msgspec.DecodeError`` for anything else."""
+    try:
+        return _DECODER.decode(payload)
+    except msgspec.ValidationError:
+        m = _MAP_DECODER.decode(payload)
+        return KVEventBatch(m.ts, [_canonical(e) for e in m.events], m.data_parallel_rank)
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:
@@ -85,9 +138,12 @@ class KvEventSubscriber:
     """One replica's KV events (a ZMQ SUB socket on ``endpoint``, ``topic``) into its :class:`KvEventMirror`."""
 
     def __init__(self, name: str, endpoint: str, topic: str, mirror: KvEventMirror, block_size: int,
-                 counts: CounterFamily | None = None) -> None:
+                 counts: CounterFamily | None = None, replay: str | None = None,
+                 replay_timeout_s: float = DEFAULTS.scheduler.kv_events_replay_timeout_s) -> None:
         self.name = name
         self.endpoint = endpoint
+        self.replay = replay  # the engine's replay endpoint (vLLM's replay_endpoint): gaps are asked for again
+        self.replay_timeout_s = replay_timeout_s
         self.topic = topic
         self.mirror = mirror
         self.block_size = block_size
@@ -175,16 +231,64 @@ class KvEventSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
         sock.connect(self.endpoint)
+        dealer = self._dealer() if self.replay else None
         try:
             while True:
                 frames = await sock.recv_multipart()
                 try:
+                    if dealer is not None and len(frames) == 3 and len(frames[1]) == 8:
+                        seq, last = int.from_bytes(frames[1], "big"), self.last_seq
+                        if seq > (0 if last is None else last + 1):  # joined late, or a gap: ask for what it missed
+                            dealer = await self._replayed(dealer, 0 if last is None else last + 1, seq - 1)
                     self.receive(frames)
                 except Exception:  # one bad batch must not end the replica's events
                     self._count("malformed")
                     log.exception("replica %s: a KV event batch could not be applied", self.name)
         finally:
             sock.close(0)
+            if dealer is not None:
+                dealer.close(0)
+
+    def _dealer(self):
+        import zmq
+        import zmq.asyncio
+
+        dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.replay)
+        return dealer
+
+    async def _replayed(self, dealer, start: int, upto: int):
+        """Ask the replay socket for batches ``start``..``upto`` and apply those past ``last_seq``, in order (vLLM's
+        protocol: ``[b"", start]`` out, ``[b"", seq, payload]`` back per batch it still keeps, then ``END_SEQ``).
+        Returns the socket to ask next time: a new one after a timeout, so late replies answer nothing."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.replay_timeout_s
+        got = 0
+        try:
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise TimeoutError
+                frames = await asyncio.wait_for(dealer.recv_multipart(), left)
+                if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
+                    self._count("malformed")
+                    continue
+                if frames[1] == END_SEQ:
+                    break
+                seq = int.from_bytes(frames[1], "big")
+                if seq <= upto and (self.last_seq is None or seq > self.last_seq):
+                    self.receive([b"", frames[1], frames[2]])
+                    got += 1
+        except TimeoutError:
+            self._count("replay_failed")
+            log.warning("replica %s: the KV events replay from %s did not end within %.1f s", self.name, self.replay,
+                        self.replay_timeout_s)
+            dealer.close(0)
+            dealer = self._dealer()
+        self._count("replayed", got)
+        return dealer
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -196,12 +300,15 @@ class KvEventSubscriber:
                 pass
 
 
-def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int) -> tuple[list[KvEventSubscriber], CounterFamily]:
+def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int,
+                  replay_timeout_s: float = DEFAULTS.scheduler.kv_events_replay_timeout_s,
+                  ) -> tuple[list[KvEventSubscriber], CounterFamily]:
     """A mirror and a started subscriber for each endpoint that names ``kv_events``; the events counter.
-    ``mismatch_after``: ``SchedulerSettings.kv_events_mismatch_after``."""
+    ``mismatch_after``, ``replay_timeout_s``: ``SchedulerSettings.kv_events_mismatch_after``,
+    ``kv_events_replay_timeout_s``."""
     counts = CounterFamily("steersman_kv_events", "KV cache events read from the engines, by kind (blocks stored, "
                            "removed; caches cleared; blocks that could not be chained; batches malformed or missed; "
-                           "engine restarts seen in the batch numbers).",
+                           "engine restarts seen in the batch numbers; batches replayed, replays given up).",
                            ["replica", "kind"])
     subs = []
     for i, ep in enumerate(endpoints):
@@ -209,7 +316,8 @@ def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int) -> tup
             continue
         mirror = KvEventMirror(mismatch_after)
         fleet.prefix.mirror_events(i, mirror)
-        sub = KvEventSubscriber(fleet.replicas[i].name, ep.kv_events, ep.kv_events_topic, mirror, block_size, counts)
+        sub = KvEventSubscriber(fleet.replicas[i].name, ep.kv_events, ep.kv_events_topic, mirror, block_size, counts,
+                                getattr(ep, "kv_events_replay", None), replay_timeout_s)
         sub.start()
         subs.append(sub)
     return subs, counts

@@ -52,6 +52,8 @@ class SimServerConfig:
     #: publish the prefix cache's changes after every step (steersman.enginesim.kv_events); None: off (vLLM's default)
     kv_events_endpoint: str | None = None
     kv_events_topic: str = ""  # vLLM KVEventsConfig.topic default
+    #: vLLM's KVEventsConfig.replay_endpoint: a ROUTER socket bound here replays the last batches on request
+    kv_events_replay_endpoint: str | None = None
 
 
 class SimServer:
@@ -85,7 +87,8 @@ class SimServer:
         self.embedder = Embedder(self.generator, self.engine.model.hidden)
         self.kv_events: KvEventPublisher | None = None
         if cfg.kv_events_endpoint:
-            self.kv_events = KvEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_topic, cfg.engine.block_size)
+            self.kv_events = KvEventPublisher(cfg.kv_events_endpoint, cfg.kv_events_topic, cfg.engine.block_size,
+                                              cfg.kv_events_replay_endpoint)
             self.engine.kv.listener = self.kv_events
             self.runner.after_step = self.kv_events.flush
         self.port = cfg.port
@@ -111,6 +114,8 @@ class SimServer:
     async def start(self) -> int:
         warm_up_tokenizer()  # compile (or load) the prompt tokenizer before the first request
         self.runner.start()
+        if self.kv_events is not None:
+            self.kv_events.start()
         self.port = await self.http.start(self.cfg.host, self.cfg.port)
         return self.port
 
@@ -118,7 +123,7 @@ class SimServer:
         await self.runner.stop()
         await self.http.stop()
         if self.kv_events is not None:
-            self.kv_events.close()
+            await self.kv_events.stop()
         if self.spans is not None:
             await asyncio.to_thread(self.spans.shutdown)  # what is buffered is exported
 

@@ -18,6 +18,7 @@ api_keys:                                      # SHA-256 of each key (`steersman
 endpoints:                                     # engines already running
   - {name: h100-0, url: "http://10.0.0.5:8000", engine: vllm, gpu: H100, models: [llama-3.1-8b], pool: main}
     # kv_events: "tcp://10.0.0.5:5557"   # the engine's KV events (vLLM --kv-events-config): exact prefix matches
+    # kv_events_replay: "tcp://10.0.0.5:5558"   # its replay_endpoint: what a gap or a late start missed
 simulated:                                     # engine-sim replicas started for you
   speedup: 1.0
   replicas:
@@ -74,6 +75,9 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: replica's prefix match from them (steersman.engines.kv_events); None: the approximate index
     kv_events: str | None = None
     kv_events_topic: str = ""  # vLLM KVEventsConfig.topic default
+    #: the engine's replay socket (vLLM KVEventsConfig.replay_endpoint): batches missed in a gap, or published
+    #: before the gateway joined, are asked for again; None: they stay missed
+    kv_events_replay: str | None = None
 
 
 class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -175,8 +179,12 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
         at = f"{where}: endpoints[{i}]"
         if not ep.url.startswith(("http://", "https://")):
             raise FleetConfigError(f"{at}.url must be an http(s) URL, got {ep.url!r}")
-        if ep.kv_events is not None and not ep.kv_events.startswith(("tcp://", "ipc://")):
-            raise FleetConfigError(f"{at}.kv_events must be a tcp:// or ipc:// ZMQ endpoint, got {ep.kv_events!r}")
+        for field in ("kv_events", "kv_events_replay"):
+            value = getattr(ep, field)
+            if value is not None and not value.startswith(("tcp://", "ipc://")):
+                raise FleetConfigError(f"{at}.{field} must be a tcp:// or ipc:// ZMQ endpoint, got {value!r}")
+        if ep.kv_events_replay is not None and ep.kv_events is None:
+            raise FleetConfigError(f"{at}.kv_events_replay needs endpoints[{i}].kv_events (the events it replays)")
         if ep.scheduling not in _SCHEDULING:
             raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {ep.scheduling!r}")
         if ep.tp < 1:

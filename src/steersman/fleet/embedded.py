@@ -73,7 +73,7 @@ class SimulatedFleet:
         if self.cfg.otlp_traces_endpoint:
             args += ["--otlp-traces-endpoint", self.cfg.otlp_traces_endpoint]
         if self.kv_events:
-            args += ["--kv-events-endpoint", f"tcp://{self.host}:*"]
+            args += ["--kv-events-endpoint", f"tcp://{self.host}:*", "--kv-events-replay-endpoint", f"tcp://{self.host}:*"]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL)
         self.procs.append(proc)
         assert proc.stdout is not None
@@ -86,6 +86,7 @@ class SimulatedFleet:
                     words = line[len(_READY):].split()
                     url = words[0]
                     events = next((w.split("=", 1)[1] for w in words if w.startswith("kv_events=")), None)
+                    replay = next((w.split("=", 1)[1] for w in words if w.startswith("kv_events_replay=")), None)
                     break
         except TimeoutError:
             raise RuntimeError(f"engine-sim {name} was not ready within {self.ready_timeout_s:.0f} s") from None
@@ -93,7 +94,7 @@ class SimulatedFleet:
         return EndpointConfig(
             url=url, name=name, engine="engine-sim", gpu=gpu.name, pool=spec.pool, tp=spec.tp,
             models=[spec.served_model_name or spec.model], price_per_hour=gpu.price_per_hour * spec.tp,
-            scheduling=spec.scheduling, kv_events=events,
+            scheduling=spec.scheduling, kv_events=events, kv_events_replay=replay,
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:
