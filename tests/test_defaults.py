@@ -29,6 +29,7 @@ PINNED = {
     "gateway.calibrate_timeout_s": 30.0,
     "gateway.connect_timeout_s": 2.0,
     "gateway.upstream_idle_timeout_s": 4.0,
+    "gateway.upstream_preconnect": True,
     "gateway.client_idle_timeout_s": 75.0,
     "gateway.client_request_timeout_s": 60.0,
     "gateway.unhealthy_after_failures": 3,

@@ -68,6 +68,9 @@ def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str],
         cfg = pg.log_dir / f"fleet-{spec.name}.yaml"
         # steersman+busy-poll: the same gateway with HAProxy-style busy polling (gateway.busy_poll_s, off by default)
         poll = ", busy_poll_s: 0.05" if setup == "steersman+busy-poll" else ""
+        # steersman+no-preconnect: without a spare upstream connection opened when an engine closes one
+        # (gateway.upstream_preconnect; llama-server closes the connection after every streamed response)
+        poll += ", upstream_preconnect: false" if setup == "steersman+no-preconnect" else ""
         lines = [f"gateway: {{host: 127.0.0.1, port: {port}{poll}}}", "endpoints:"]
         for i, u in enumerate(urls):
             gpu = f", gpu: {spec.sim_gpu}" if spec.name == "sim" else ""

@@ -28,6 +28,9 @@ accounting) costs.  ``steersman+busy-poll`` (opt-in) is the default steersman wi
 (HAProxy-style busy polling, off by default: it spends a core while traffic flows; steersman/http/busypoll.py).
 ``steersman+kv-events`` (opt-in, engine-sim fleet only) is the default steersman with every engine publishing its KV
 events and the gateway reading each replica's cache from them (``endpoints[].kv_events``).
+``steersman+no-preconnect`` (opt-in) is the default steersman without the spare upstream connection opened when an
+engine closes one (``gateway.upstream_preconnect``; llama-server closes the connection after every streamed
+response, so without a spare every request waits for a connect).
 """
 
 from __future__ import annotations

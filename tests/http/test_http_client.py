@@ -168,3 +168,91 @@ async def test_a_broken_exchange_leaves_no_reference_cycle():
     assert cyclic_garbage(ours) == {}
     await pool.close()
     o.srv.close()
+
+
+class _ClosingOrigin(_Origin):
+    """Answers one request per connection, then closes it (llama-server after a streamed response, although it
+    answers Keep-Alive); ``deaf_after``: connections past that many are closed before any request."""
+
+    def __init__(self, deaf_after: int | None = None):
+        super().__init__([])
+        self.deaf_after = deaf_after
+
+    async def handle(self, r, w):
+        self.connections += 1
+        if self.deaf_after is not None and self.connections > self.deaf_after:
+            w.close()
+            return
+        try:
+            head = await r.readuntil(b"\r\n\r\n")
+            length = int([l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")][0].split(b":")[1])
+            await r.readexactly(length)
+            self.requests += 1
+            w.write(b"HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5, max=100\r\nContent-Length: 2\r\n\r\nok")
+            await w.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        w.close()
+
+
+async def _until(cond, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline
+        await asyncio.sleep(0.005)
+
+
+async def test_a_closed_connection_that_served_is_replaced_by_a_spare_before_the_next_request():
+    o = _ClosingOrigin()
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0, preconnect=True)
+    for k in range(1, 4):
+        assert await pool.get(ep, "/x") == (200, b"ok")
+        await _until(lambda: pool.spares_opened == k)  # the origin closed it: a spare is connected at once
+        assert o.connections == k + 1  # ... before any request needs it
+    assert o.requests == 3  # each request after the first went out on the spare
+    await pool.close()
+    o.srv.close()
+
+
+async def test_a_request_waits_for_the_spare_being_opened_rather_than_connecting_again():
+    o = _ClosingOrigin()
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0, preconnect=True)
+    assert await pool.get(ep, "/x") == (200, b"ok")
+    await _until(lambda: bool(pool._spares) or pool.spares_opened == 1)
+    assert await pool.get(ep, "/x") == (200, b"ok")
+    await _until(lambda: pool.spares_opened == 2)
+    assert o.connections == 3  # the first, the spare the second request used, the spare after it: none extra
+    await pool.close()
+    o.srv.close()
+
+
+async def test_a_spare_the_engine_closes_unused_is_not_replaced():
+    o = _ClosingOrigin(deaf_after=2)  # the spare (the second connection) is served; the third is closed unused
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0, preconnect=True)
+    assert await pool.get(ep, "/x") == (200, b"ok")
+    await _until(lambda: pool.spares_opened == 1)
+    assert await pool.get(ep, "/x") == (200, b"ok")  # on the spare
+    await _until(lambda: o.connections == 3)  # the next spare, which the origin closes at once
+    await _until(lambda: not pool._all)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert o.connections == 3 and not pool._spares  # no reconnect loop
+    await pool.close()
+    o.srv.close()
+
+
+async def test_no_spare_without_preconnect():
+    o = _ClosingOrigin()
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0, preconnect=False)
+    assert await pool.get(ep, "/x") == (200, b"ok")
+    await _until(lambda: not pool._all)
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert o.connections == 1 and pool.spares_opened == 0
+    await pool.close()
+    o.srv.close()

@@ -39,6 +39,12 @@ class GatewaySettings:
     upstream_idle_timeout_s: float = setting(
         4.0, "drop idle engine connections before the engine does: uvicorn (vLLM's server) closes them after 5 s", gt=0
     )
+    upstream_preconnect: bool = setting(
+        True, "when an engine closes a connection that served a request, open a spare one at once, so the next "
+        "request does not wait for a connect (Envoy's preconnect_policy opens upstream connections ahead of need); "
+        "llama-server closes the connection after every streamed response although it answers Keep-Alive.  At "
+        "most one spare per engine; a spare the engine closes unused is not replaced"
+    )
     client_request_timeout_s: float = setting(
         60.0, "a whole request (headers and body) must arrive within 60 s of its first byte, else 408: nginx "
         "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)", gt=0

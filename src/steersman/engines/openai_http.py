@@ -102,7 +102,8 @@ class OpenAIHttpAdapter:
         self._needle = next((s for s, f in self.names.samples.items() if f == "num_running"), None)
         self._whole: set[str] = set()  # replicas scraped without the filter (their registry cannot apply it)
         self._settings = settings
-        self.pool = UpstreamPool(settings.connect_timeout_s, settings.upstream_idle_timeout_s)
+        self.pool = UpstreamPool(settings.connect_timeout_s, settings.upstream_idle_timeout_s,
+                                 settings.upstream_preconnect)
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes,
                    sent: Callable[[], None] | None = None, headers: bytes = b"") -> Exchange:

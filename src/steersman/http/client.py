@@ -18,6 +18,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from steersman.config import DEFAULTS
+
 __all__ = ["UpstreamError", "Endpoint", "Exchange", "UpstreamPool"]
 
 
@@ -145,11 +147,14 @@ class Exchange:
 
 
 class _UpConn(asyncio.Protocol):
-    __slots__ = ("pool", "key", "loop", "transport", "parser", "exchange", "reused", "idle_since", "_batch")
+    __slots__ = ("pool", "key", "ep", "loop", "transport", "parser", "exchange", "reused", "idle_since", "served",
+                 "_batch")
 
-    def __init__(self, pool: UpstreamPool, key: tuple) -> None:
+    def __init__(self, pool: UpstreamPool, key: tuple, ep: Endpoint) -> None:
         self.pool = pool
         self.key = key
+        self.ep = ep
+        self.served = False  # a response completed on it (its close then asks for a spare: UpstreamPool.preconnect)
         self.loop = asyncio.get_running_loop()  # made by the loop's protocol factory; a lookup costs a getpid
         self.transport: asyncio.Transport | None = None
         self.parser: httptools.HttpResponseParser | None = None  # made once connected: it references this protocol,
@@ -221,6 +226,7 @@ class _UpConn(asyncio.Protocol):
             ex.last = True  # type: ignore[union-attr]
             self._flush(ex)  # the last bytes reach the sink before the response counts as done
         self.exchange = None
+        self.served = True
         keep = self.parser.should_keep_alive()  # type: ignore[union-attr]
         self.parser = httptools.HttpResponseParser(self)
         ex.complete = True  # type: ignore[union-attr]
@@ -237,14 +243,24 @@ class _UpConn(asyncio.Protocol):
 
 
 class UpstreamPool:
-    """Keep-alive connections per endpoint, most recently used first."""
+    """Keep-alive connections per endpoint, most recently used first.
 
-    def __init__(self, connect_timeout_s: float, idle_timeout_s: float) -> None:
+    ``preconnect`` (``GatewaySettings.upstream_preconnect``): when the engine closes a connection that served a
+    response, a spare is opened at once, so the next request finds one ready; a request arriving while the spare
+    is being connected waits for it rather than connecting again.  A spare the engine closes unused is not
+    replaced (no reconnect loop against an engine that closes idle connections)."""
+
+    def __init__(self, connect_timeout_s: float, idle_timeout_s: float,
+                 preconnect: bool = DEFAULTS.gateway.upstream_preconnect) -> None:
         self.connect_timeout_s = connect_timeout_s
         self.idle_timeout_s = idle_timeout_s
+        self.preconnect = preconnect
         self._idle: dict[tuple, list[_UpConn]] = {}
         self._all: set[_UpConn] = set()
         self._ssl: ssl.SSLContext | None = None
+        self._spares: dict[tuple, asyncio.Task] = {}  # endpoint key -> a spare connection being opened
+        self._closed = False
+        self.spares_opened = 0
 
     async def _connect(self, ep: Endpoint, key: tuple) -> _UpConn:
         loop = asyncio.get_running_loop()
@@ -258,7 +274,7 @@ class UpstreamPool:
             # failed connect's error then held that task in a reference cycle (through wait_for's frame), one
             # per attempt at a dead engine (the scraper tries every metrics interval)
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _UpConn(self, key), ep.host, ep.port, ssl=ctx)
+                _, conn = await loop.create_connection(lambda: _UpConn(self, key, ep), ep.host, ep.port, ssl=ctx)
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise UpstreamError(f"cannot connect to {ep.host}:{ep.port}: {e or type(e).__name__}", connected=False) from None
         self._all.add(conn)
@@ -288,6 +304,37 @@ class UpstreamPool:
         idle = self._idle.get(conn.key)
         if idle and conn in idle:
             idle.remove(conn)
+        if conn.served and self.preconnect and not self._closed:
+            self._spare(conn.ep, conn.key)
+
+    def _spare(self, ep: Endpoint, key: tuple) -> None:
+        if key in self._spares or self._idle.get(key):
+            return
+        self._spares[key] = asyncio.get_running_loop().create_task(self._open_spare(ep, key), name="upstream-spare")
+
+    async def _open_spare(self, ep: Endpoint, key: tuple) -> None:
+        try:
+            conn = await self._connect(ep, key)
+        except UpstreamError:
+            return  # the engine is down: the next request finds out, and the health checks
+        finally:
+            self._spares.pop(key, None)
+        self.spares_opened += 1
+        self._release(conn)
+
+    async def _spare_or_none(self, key: tuple) -> _UpConn | None:
+        """The spare being opened for ``key``, once connected (None if there is none, or it failed)."""
+        task = self._spares.get(key)
+        if task is None:
+            return None
+        try:
+            await asyncio.shield(task)  # (a request cancelled meanwhile leaves the spare to the next)
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if not task.cancelled() or (me is not None and me.cancelling()):
+                raise  # this request was cancelled, not (only) the spare
+            return None  # the pool is closing
+        return self._acquire_idle(key)
 
     async def request(self, ep: Endpoint, method: bytes, path: str, body: bytes = b"", headers: bytes = b"",
                       sent: Callable[[], None] | None = None) -> Exchange:
@@ -306,7 +353,10 @@ class UpstreamPool:
                 if sent is not None:
                     sent, then = None, sent
                     then()
-                conn = await self._connect(ep, key)
+                if self._spares:  # (a stale connection's close asked for one: the retry takes it)
+                    conn = await self._spare_or_none(key)
+                if conn is None:
+                    conn = await self._connect(ep, key)
             ex = Exchange(conn)
             conn.exchange = ex
             conn.transport.write(data)  # type: ignore[union-attr]
@@ -334,6 +384,9 @@ class UpstreamPool:
             ex.abort()
 
     async def close(self) -> None:
+        self._closed = True
+        for task in list(self._spares.values()):
+            task.cancel()
         for conn in list(self._all):
             conn.close()
         self._idle.clear()
