@@ -270,3 +270,40 @@ def test_a_replay_that_never_ends_is_given_up_and_the_events_go_on():
             deaf.close(0)
 
     asyncio.run(main())
+
+
+def test_a_restarted_engines_first_batches_are_replayed_after_its_cache_is_cleared():
+    """A new engine process numbers its batches from 0 again: the mirror is cleared, and the batches of the new
+    process the subscriber did not see are asked for."""
+    async def main() -> None:
+        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
+        pub.start()
+        counts = CounterFamily("t_kv_restart", "test", ["replica", "kind"])
+        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
+        sub.start()
+        try:
+            for k in range(5):
+                pub.stored([100 + k])
+                pub.flush(time.time())
+            while sub.mirror.match([100]) < 1:  # until the subscriber has joined (and replayed)
+                pub.stored([100])
+                pub.flush(time.time())
+                await asyncio.sleep(0.05)
+            pub.seq, old = 0, sub.last_seq  # the engine restarts: numbered from 0, nothing kept
+            pub._buffer.clear()
+            pub.sock = dropping = _Dropping(pub.sock)
+            dropping.dropping = True
+            for k in range(3):  # the new process's first batches, lost on the PUB socket
+                pub.stored([200 + k])
+                pub.flush(time.time())
+            dropping.dropping = False
+            pub.stored([300])
+            pub.flush(time.time())
+            await _until(lambda: sub.mirror.match([300]) == 1, "the new process's batch did not arrive")
+            assert old >= 3 and sub.last_seq == 3 and counts.get("r0", "restarted") == 1
+            assert [sub.mirror.match([h]) for h in (100, 200, 201, 202)] == [0, 1, 1, 1]
+        finally:
+            await sub.stop()
+            await pub.stop()
+
+    asyncio.run(main())

@@ -163,11 +163,7 @@ class KvEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         if self.last_seq is not None and seq <= self.last_seq:  # numbered from 0 again: a new engine process,
-            self.mirror.cleared()  # whose cache starts empty
-            self._gateway.clear()
-            self._count("restarted")
-            log.warning("replica %s: KV events numbered from %d again (after %d): its engine restarted", self.name,
-                        seq, self.last_seq)
+            self._restarted(seq)  # whose cache starts empty
         elif self.last_seq is not None and seq > self.last_seq + 1:
             self._count("missed", seq - self.last_seq - 1)
             log.warning("replica %s: %d KV event batch(es) missed", self.name, seq - self.last_seq - 1)
@@ -179,6 +175,14 @@ class KvEventSubscriber:
             return
         for ev in batch.events:
             self.apply(ev)
+
+    def _restarted(self, seq: int) -> None:
+        log.warning("replica %s: KV events numbered from %d again (after %s): its engine restarted", self.name,
+                    seq, self.last_seq)
+        self.mirror.cleared()
+        self._gateway.clear()
+        self._count("restarted")
+        self.last_seq = None
 
     def apply(self, ev: BlockStored | BlockRemoved | AllBlocksCleared) -> None:
         if isinstance(ev, BlockStored):
@@ -237,7 +241,10 @@ class KvEventSubscriber:
                 frames = await sock.recv_multipart()
                 try:
                     if dealer is not None and len(frames) == 3 and len(frames[1]) == 8:
-                        seq, last = int.from_bytes(frames[1], "big"), self.last_seq
+                        seq = int.from_bytes(frames[1], "big")
+                        if self.last_seq is not None and seq <= self.last_seq:
+                            self._restarted(seq)  # a new engine process: its batches before this one too
+                        last = self.last_seq
                         if seq > (0 if last is None else last + 1):  # joined late, or a gap: ask for what it missed
                             dealer = await self._replayed(dealer, 0 if last is None else last + 1, seq - 1)
                     self.receive(frames)
@@ -261,30 +268,29 @@ class KvEventSubscriber:
     async def _replayed(self, dealer, start: int, upto: int):
         """Ask the replay socket for batches ``start``..``upto`` and apply those past ``last_seq``, in order (vLLM's
         protocol: ``[b"", start]`` out, ``[b"", seq, payload]`` back per batch it still keeps, then ``END_SEQ``).
-        Returns the socket to ask next time: a new one after a timeout, so late replies answer nothing."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.replay_timeout_s
+        Returns the socket to ask next time: a new one after a failure, so late replies answer nothing.  Never
+        raises (but cancellation): a replay that fails leaves the gap missed."""
         got = 0
         try:
-            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
-            while True:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise TimeoutError
-                frames = await asyncio.wait_for(dealer.recv_multipart(), left)
-                if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
-                    self._count("malformed")
-                    continue
-                if frames[1] == END_SEQ:
-                    break
-                seq = int.from_bytes(frames[1], "big")
-                if seq <= upto and (self.last_seq is None or seq > self.last_seq):
-                    self.receive([b"", frames[1], frames[2]])
-                    got += 1
-        except TimeoutError:
+            async with asyncio.timeout(self.replay_timeout_s):
+                await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+                while True:
+                    frames = await dealer.recv_multipart()
+                    if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
+                        self._count("malformed")
+                        continue
+                    if frames[1] == END_SEQ:
+                        break
+                    seq = int.from_bytes(frames[1], "big")
+                    if seq <= upto and (self.last_seq is None or seq > self.last_seq):
+                        self.receive([b"", frames[1], frames[2]])
+                        got += 1
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # TimeoutError, a ZMQ error, a batch that could not be applied
             self._count("replay_failed")
-            log.warning("replica %s: the KV events replay from %s did not end within %.1f s", self.name, self.replay,
-                        self.replay_timeout_s)
+            log.warning("replica %s: the KV events replay from %s failed (%s)", self.name, self.replay,
+                        "no end within %.1f s" % self.replay_timeout_s if isinstance(e, TimeoutError) else repr(e))
             dealer.close(0)
             dealer = self._dealer()
         self._count("replayed", got)
