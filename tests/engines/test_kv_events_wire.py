@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 from steersman.enginesim.kv_events import KvEventPublisher
@@ -160,15 +161,27 @@ async def _until(cond, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
+@contextlib.asynccontextmanager
+async def _replaying(name: str, start_sub: bool = True):
+    """engine-sim's publisher with a replay socket, and a subscriber that asks it (started unless ``start_sub``)."""
+    pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
+    pub.start()
+    counts = CounterFamily(name, "test", ["replica", "kind"])
+    sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
+    if start_sub:
+        sub.start()
+    try:
+        yield pub, sub, counts
+    finally:
+        await sub.stop()
+        await pub.stop()
+
+
 def test_a_late_subscriber_replays_what_was_stored_before_it_joined():
     """vLLM's replay socket: a gateway that starts beside a warm engine asks for the batches it kept, so the
     mirror holds what was cached before it connected (without replay: nothing until stored again)."""
     async def main() -> None:
-        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
-        pub.start()
-        counts = CounterFamily("t_kv_replay", "test", ["replica", "kind"])
-        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
-        try:
+        async with _replaying("t_kv_replay", start_sub=False) as (pub, sub, counts):
             chain = list(range(1, 41))
             for k in range(4):  # published before anyone listens: lost on the PUB socket, kept for replay
                 pub.stored(chain[10 * k:10 * k + 10], chain[10 * k - 1] if k else None)
@@ -184,9 +197,6 @@ def test_a_late_subscriber_replays_what_was_stored_before_it_joined():
                 await asyncio.sleep(0.05)
             await _until(lambda: sub.mirror.match(chain) == 30, "the replayed batches were not applied")
             assert counts.get("r0", "replayed") >= 5 and counts.get("r0", "missed") == 0
-        finally:
-            await sub.stop()
-            await pub.stop()
 
     asyncio.run(main())
 
@@ -207,13 +217,8 @@ class _Dropping:
 
 def test_a_gap_is_asked_for_again_and_its_removals_applied():
     async def main() -> None:
-        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
-        pub.start()
-        counts = CounterFamily("t_kv_gap", "test", ["replica", "kind"])
-        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
-        sub.start()
         chain = list(range(1, 21))
-        try:
+        async with _replaying("t_kv_gap") as (pub, sub, counts):
             while sub.mirror.match(chain) < 20:  # until the subscriber has joined
                 pub.stored(chain)
                 pub.flush(time.time())
@@ -231,9 +236,6 @@ def test_a_gap_is_asked_for_again_and_its_removals_applied():
             await _until(lambda: sub.mirror.match([900]) == 1, "the batch after the gap did not arrive")
             assert sub.mirror.match(chain) == 5 and sub.mirror.match([500, 501]) == 2
             assert counts.get("r0", "replayed") - before == 2 and counts.get("r0", "missed") == 0
-        finally:
-            await sub.stop()
-            await pub.stop()
 
     asyncio.run(main())
 
@@ -276,12 +278,7 @@ def test_a_restarted_engines_first_batches_are_replayed_after_its_cache_is_clear
     """A new engine process numbers its batches from 0 again: the mirror is cleared, and the batches of the new
     process the subscriber did not see are asked for."""
     async def main() -> None:
-        pub = KvEventPublisher("tcp://127.0.0.1:*", "", 16, replay_endpoint="tcp://127.0.0.1:*")
-        pub.start()
-        counts = CounterFamily("t_kv_restart", "test", ["replica", "kind"])
-        sub = KvEventSubscriber("r0", pub.endpoint, "", KvEventMirror(), 16, counts, replay=pub.replay_endpoint)
-        sub.start()
-        try:
+        async with _replaying("t_kv_restart") as (pub, sub, counts):
             for k in range(5):
                 pub.stored([100 + k])
                 pub.flush(time.time())
@@ -302,8 +299,5 @@ def test_a_restarted_engines_first_batches_are_replayed_after_its_cache_is_clear
             await _until(lambda: sub.mirror.match([300]) == 1, "the new process's batch did not arrive")
             assert old >= 3 and sub.last_seq == 3 and counts.get("r0", "restarted") == 1
             assert [sub.mirror.match([h]) for h in (100, 200, 201, 202)] == [0, 1, 1, 1]
-        finally:
-            await sub.stop()
-            await pub.stop()
 
     asyncio.run(main())

@@ -1,6 +1,7 @@
 """The upstream client: pooling, stale-connection retry, streaming sink, failures."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -203,56 +204,57 @@ async def _until(cond, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-async def test_a_closed_connection_that_served_is_replaced_by_a_spare_before_the_next_request():
-    o = _ClosingOrigin()
+@contextlib.asynccontextmanager
+async def _closing(preconnect: bool = True, deaf_after: int | None = None):
+    o = _ClosingOrigin(deaf_after)
     ep = await o.start()
-    pool = UpstreamPool(2.0, 4.0, preconnect=True)
-    for k in range(1, 4):
-        assert await pool.get(ep, "/x") == (200, b"ok")
-        await _until(lambda: pool.spares_opened == k)  # the origin closed it: a spare is connected at once
-        assert o.connections == k + 1  # ... before any request needs it
-    assert o.requests == 3  # each request after the first went out on the spare
-    await pool.close()
-    o.srv.close()
+    pool = UpstreamPool(2.0, 4.0, preconnect=preconnect)
+    try:
+        yield o, ep, pool
+    finally:
+        await pool.close()
+        o.srv.close()
+
+
+async def _settled(pool: UpstreamPool) -> None:
+    """Every connection gone, and a few turns of the loop in which a spare would have started."""
+    await _until(lambda: not pool._all)
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+async def test_a_closed_connection_that_served_is_replaced_by_a_spare_before_the_next_request():
+    async with _closing() as (o, ep, pool):
+        for k in range(1, 4):
+            assert await pool.get(ep, "/x") == (200, b"ok")
+            await _until(lambda: pool.spares_opened == k)  # the origin closed it: a spare is connected at once
+            assert o.connections == k + 1  # ... before any request needs it
+        assert o.requests == 3  # each request after the first went out on the spare
 
 
 async def test_a_request_waits_for_the_spare_being_opened_rather_than_connecting_again():
-    o = _ClosingOrigin()
-    ep = await o.start()
-    pool = UpstreamPool(2.0, 4.0, preconnect=True)
-    assert await pool.get(ep, "/x") == (200, b"ok")
-    await _until(lambda: bool(pool._spares) or pool.spares_opened == 1)
-    assert await pool.get(ep, "/x") == (200, b"ok")
-    await _until(lambda: pool.spares_opened == 2)
-    assert o.connections == 3  # the first, the spare the second request used, the spare after it: none extra
-    await pool.close()
-    o.srv.close()
+    async with _closing() as (o, ep, pool):
+        assert await pool.get(ep, "/x") == (200, b"ok")
+        while not pool._spares:  # the origin's close asked for a spare: catch it while it connects
+            await asyncio.sleep(0)
+        assert pool.spares_opened == 0
+        assert await pool.get(ep, "/x") == (200, b"ok")
+        await _until(lambda: pool.spares_opened == 2)
+        assert o.connections == 3  # the first, the spare the second request used, the spare after it: none extra
 
 
 async def test_a_spare_the_engine_closes_unused_is_not_replaced():
-    o = _ClosingOrigin(deaf_after=2)  # the spare (the second connection) is served; the third is closed unused
-    ep = await o.start()
-    pool = UpstreamPool(2.0, 4.0, preconnect=True)
-    assert await pool.get(ep, "/x") == (200, b"ok")
-    await _until(lambda: pool.spares_opened == 1)
-    assert await pool.get(ep, "/x") == (200, b"ok")  # on the spare
-    await _until(lambda: o.connections == 3)  # the next spare, which the origin closes at once
-    await _until(lambda: not pool._all)
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert o.connections == 3 and not pool._spares  # no reconnect loop
-    await pool.close()
-    o.srv.close()
+    async with _closing(deaf_after=2) as (o, ep, pool):  # the second connection (a spare) is served, the third not
+        assert await pool.get(ep, "/x") == (200, b"ok")
+        await _until(lambda: pool.spares_opened == 1)
+        assert await pool.get(ep, "/x") == (200, b"ok")  # on the spare
+        await _until(lambda: o.connections == 3)  # the next spare, which the origin closes at once
+        await _settled(pool)
+        assert o.connections == 3 and not pool._spares  # no reconnect loop
 
 
 async def test_no_spare_without_preconnect():
-    o = _ClosingOrigin()
-    ep = await o.start()
-    pool = UpstreamPool(2.0, 4.0, preconnect=False)
-    assert await pool.get(ep, "/x") == (200, b"ok")
-    await _until(lambda: not pool._all)
-    for _ in range(20):
-        await asyncio.sleep(0)
-    assert o.connections == 1 and pool.spares_opened == 0
-    await pool.close()
-    o.srv.close()
+    async with _closing(preconnect=False) as (o, ep, pool):
+        assert await pool.get(ep, "/x") == (200, b"ok")
+        await _settled(pool)
+        assert o.connections == 1 and pool.spares_opened == 0

@@ -35,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from steersman._tasks import cancel_and_wait
 from steersman.config import DEFAULTS
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.obs.histogram import CounterFamily
@@ -298,12 +299,7 @@ class KvEventSubscriber:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
 
 
 def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int,

@@ -20,6 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 
+from steersman._tasks import cancel_and_wait
 from steersman.config import DEFAULTS
 from steersman.engines.kv_events import END_SEQ, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, encode_batch
 
@@ -118,12 +119,7 @@ class KvEventPublisher:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(task)
         self.close()
 
     def close(self) -> None:
