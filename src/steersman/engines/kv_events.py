@@ -41,8 +41,8 @@ from steersman.fleet.kv_events import KvEventMirror
 from steersman.obs.histogram import CounterFamily
 from steersman.text.tokenizer import ROOT_HASH, block_hashes
 
-__all__ = ["END_SEQ", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber", "decode_batch",
-           "encode_batch", "subscribe_all"]
+__all__ = ["END_SEQ", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber",
+           "decode_batch", "encode_batch", "subscribe_all"]
 
 log = logging.getLogger("steersman.kv_events")
 
@@ -78,7 +78,7 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 # vLLM 0.28 encodes each event as a map tagged by ``type`` (the batch stays an array); msgspec cannot take both
-# layouts in one union, so a batch that is not the first is read as this, then made the first.
+# layouts in one union, so a batch the array decoder rejects is read with these, then converted.
 class _MapEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
     pass
 

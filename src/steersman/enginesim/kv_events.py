@@ -29,7 +29,6 @@ __all__ = ["KvEventPublisher"]
 log = logging.getLogger("steersman.enginesim.kv_events")
 
 
-
 class KvEventPublisher:
     """A PUB socket bound to ``endpoint`` (``tcp://127.0.0.1:*`` takes a free port: see ``endpoint``), and with
     ``replay_endpoint`` a ROUTER socket answering replay requests (:meth:`serve_replay`; ``replay_endpoint``

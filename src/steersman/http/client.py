@@ -290,6 +290,7 @@ class UpstreamPool:
             if conn.transport is not None and now - conn.idle_since < self.idle_timeout_s:
                 conn.reused = True
                 return conn
+            conn.served = False  # closed here for idling: no spare for it
             conn.close()
         return None
 
