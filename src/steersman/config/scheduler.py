@@ -76,8 +76,9 @@ class SchedulerSettings:
         "stops reading them and learns that replica from routing again (logged)", ge=1
     )
     kv_events_replay_timeout_s: float = setting(
-        2.0, "a KV events replay (endpoints[].kv_events_replay: vLLM's replay_endpoint) that has not ended within "
-        "this is given up (counted replay_failed): the SGLang model gateway's replay client's DEFAULT_REPLAY_TIMEOUT",
+        2.0, "design: a KV events replay (endpoints[].kv_events_replay: vLLM's replay_endpoint) that has not ended "
+        "within this is given up (counted replay_failed; the events go on); vLLM's example subscriber waits 200 ms "
+        "for each reply, and a public Rust replay client for SGLang's publisher (the same protocol) gives a replay 2 s",
         gt=0
     )
     decode_picker: str = setting(
