@@ -9,7 +9,7 @@ import time
 from steersman.enginesim.kv_events import KvEventPublisher
 from steersman.engines.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, KvEventSubscriber,
                                          decode_batch, encode_batch)
-from steersman.fleet.kv_events import FirstBlocks, KvEventMirror
+from steersman.fleet.kv_events import EventHolders, KvEventMirror
 from steersman.obs.histogram import CounterFamily
 from steersman.text.tokenizer import ROOT_HASH, block_hashes
 
@@ -93,11 +93,11 @@ def test_token_ids_are_hashed_the_gateways_way_and_removals_mapped_back():
     sub.apply(BlockStored([b"e1", b"e2"], None, ids[:8], 4))  # vLLM's own (bytes) hashes
     sub.apply(BlockStored([b"e3"], b"e2", ids[8:], 4))  # chained on the parent's gateway hash
     assert sub.mirror.match(ours) == 3
-    first = FirstBlocks()
-    sub.mirror.attach(0, first)  # only the block stored without a parent begins a prompt
-    assert first.holders(ours[0]) == {0: 1} and first.holders(ours[2]) is None
+    index = EventHolders(1)
+    sub.mirror.attach(0, index)  # what it held before is listed too
+    assert [index.holders(h) for h in ours] == [{0}, {0}, {0}]
     sub.apply(BlockRemoved([b"e3"]))
-    assert sub.mirror.match(ours) == 2
+    assert sub.mirror.match(ours) == 2 and index.holders(ours[2]) == set()
     sub.apply(BlockStored([b"x"], b"unknown-parent", [1, 2, 3, 4], 4))  # joined late: cannot chain it
     sub.apply(BlockStored([b"y"], None, [1, 2, 3, 4, 5], 4))  # ids not whole blocks
     sub.apply(BlockStored([b"z"], None, [], 4))  # vLLM's own hash and no ids: nothing to match it with
@@ -118,12 +118,12 @@ def test_gaps_and_garbage_are_counted_not_fatal():
     sub.receive([b"", (0).to_bytes(8, "big"), encode_batch(KVEventBatch(0.0, [BlockStored([9], None, [], 16)]))])
     assert sub.counts.get("r0", "restarted") == 1  # numbered from 0 again: a new engine, an empty cache
     assert sub.mirror.match([7, 8]) == 0 and sub.mirror.match([9]) == 1
-    first = FirstBlocks()
-    sub.mirror.attach(3, first)
-    sub.apply(BlockStored([10, 11], 9, [], 16))  # engine-sim's own hashes, chained on 9: not a prompt's start
-    assert first.holders(9) == {3: 1} and first.holders(10) is None and len(first) == 1
-    sub.apply(BlockRemoved([9]))
-    assert len(first) == 0
+    index = EventHolders(4)
+    sub.mirror.attach(3, index)
+    sub.apply(BlockStored([10, 11], 9, [], 16))  # engine-sim's own hashes, chained on 9
+    assert [index.holders(h) for h in (9, 10, 11)] == [{3}, {3}, {3}]
+    sub.apply(BlockRemoved([9, 10, 11]))
+    assert not index.masks
 
 
 def test_engine_sim_publisher_reaches_the_subscriber_over_zmq():

@@ -199,7 +199,7 @@ def test_the_index_asks_only_the_mirrors_that_may_share_a_prompts_first_block(se
                 assert max(lead, routed) <= got[r] <= len(prompt), f"step {step} replica {r}"
         for r, m in enumerate(mirrors):  # every prompt's first block is one of the prefixes' first blocks
             for h in firsts:
-                named = r in (idx.first.holders(h) or {})
+                named = r in idx.holders.holders(h)
                 may_share = h in m._held or any(p[0] == h for p in m._pending.values())
                 assert named == (r in idx.events and may_share), f"step {step} replica {r}"
     assert sum(m.removed_events for m in mirrors) > 0

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from steersman.fleet import _prefix_table as T
-from steersman.fleet.kv_events import match_holders
 
 __all__ = ["PrefixReads"]
 
@@ -46,7 +45,7 @@ class PrefixReads:
     _readable: bool  # False while a background pass rewrites the table (see the index's module doc)
     slots: dict  # replica -> steersman.fleet.slots.SlotMirror (llama.cpp replicas: the match is the mirror's)
     events: dict  # replica -> steersman.fleet.kv_events.KvEventMirror (the match is what its KV events say it holds)
-    first: object  # steersman.fleet.kv_events.FirstBlocks: which of those may share a prompt's first block
+    holders: object  # steersman.fleet.kv_events.EventHolders: what all of those hold, as one index
 
     def flush(self) -> None:  # pragma: no cover - the index defines it
         raise NotImplementedError
@@ -89,16 +88,12 @@ class PrefixReads:
         return out
 
     def _mirrored(self, hashes: Sequence[int], out: np.ndarray) -> None:
-        """The mirrored replicas' matches into ``out``: a slot mirror's each, and an events mirror's only where
-        ``first`` says it may share the prompt's first block (the rest share nothing of it)."""
+        """The mirrored replicas' matches into ``out``: a slot mirror's each; the events mirrors' all at once from
+        their shared index."""
         for r, mirror in self.slots.items():
             out[r] = mirror.match(hashes)
-        events = self.events
-        if events:  # (the table holds nothing of theirs: PrefixIndex.mirror_events)
-            holders = self.first.holders(hashes[0]) if len(hashes) else None  # type: ignore[attr-defined]
-            if holders:
-                rs, vs = match_holders(events, holders, hashes)
-                out[rs] = vs
+        if self.events:  # (the table holds nothing of theirs: PrefixIndex.mirror_events)
+            self.holders.match_into(hashes, out, self.events)  # type: ignore[attr-defined]
 
     def match(self, hashes: Sequence[int]) -> np.ndarray:
         """Leading blocks of ``hashes`` each replica probably holds (int64, one per replica).

@@ -8,11 +8,13 @@ precise-prefix-cache-scorer too, instead of guessing what each engine still hold
 there (the approximate prefix index: :mod:`steersman.fleet.prefix_index`, generations evicted as a whole).
 
 :class:`KvEventMirror` is one replica's cache as those events leave it: a set of block hashes.  The prefix
-index asks it for the replica's match (:meth:`PrefixIndex.mirror_events`) in place of its own table, so
-predictions, saturation and the accounting read what the engine holds now, evictions included.  Hashes are
-chained (equal hashes, equal prefixes), and an engine's cache is prefix-closed along a chain (vLLM frees a
-request's blocks tail first, and a block's holders hold every block before it, so a deeper block never
-outlives a shallower one of the same chain), so a prompt's match is found by binary search.  The
+index takes the replica's match from it (:meth:`PrefixIndex.mirror_events`) in place of its own table, so
+predictions, saturation and the accounting read what the engine holds now, evictions included; all the mirrors
+also list what they hold in one :class:`EventHolders` (a block hash -> the replicas holding it), which answers a
+decision for every mirrored replica at once.  Hashes are chained (equal hashes, equal prefixes), and an engine's
+cache is prefix-closed along a chain (vLLM frees a request's blocks tail first, and a block's holders hold every
+block before it, so a deeper block never outlives a shallower one of the same chain), so a prompt's match is found
+by binary search.  The
 digital twin feeds it from the engine model's pool (:class:`steersman.sim.kvcache.KVPool`'s ``listener``);
 hashes are the gateway's own (the engine model and engine-sim hash blocks as the gateway does).  An engine that
 tokenizes otherwise publishes hashes no prompt of the gateway's has: :meth:`KvEventMirror.observe` tells, from the
@@ -23,58 +25,124 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+
 from steersman.config import DEFAULTS
 from steersman.fleet.slots import common_blocks
 
-__all__ = ["FirstBlocks", "KvEventMirror", "match_holders"]
+__all__ = ["EventHolders", "KvEventMirror"]
 
 
-class FirstBlocks:
-    """A prompt's first block hash -> the replicas that may share its prefix: those whose KV events stored a chain
-    beginning with it, or with a prompt beginning with it routed there and not yet cached.  Hashes are chained, so
-    a replica missing a prompt's first block shares none of it: a decision asks only these replicas' mirrors, not
-    every replica's (the twin at 1,000 GPUs with KV events: 1,143 -> 592 us a request, bench/README).  References
-    are counted per replica (one per chain root held, one per pending prompt)."""
+class EventHolders:
+    """What every events-mirrored replica holds, as one index: a block hash -> the bitmask of the replicas whose
+    events say they hold it (``masks``), and a prompt's first block -> the replicas with a prompt beginning with it
+    routed there and not yet cached (``pending``, reference counts).  A decision then costs a few lookups per run of
+    blocks with the same holders (:meth:`match_into`), not one binary search per replica: in the twin at 1,000 GPUs
+    ~290 replicas held each prompt's system prompt (bench/README, twenty-fifth session)."""
 
-    __slots__ = ("_by",)
+    __slots__ = ("masks", "pending", "hit", "n")
 
-    def __init__(self) -> None:
-        self._by: dict[int, dict[int, int]] = {}
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.masks: dict[int, int] = {}
+        self.pending: dict[int, dict[int, int]] = {}
+        self.hit = 0  # replicas some prompt matched held blocks of (KvEventMirror.observe)
 
-    def add(self, h: int, replica: int) -> None:
-        d = self._by.get(h)
+    def hold(self, hashes: Iterable[int], bit: int) -> None:
+        masks = self.masks
+        get = masks.get
+        for h in hashes:
+            masks[h] = get(h, 0) | bit
+
+    def drop(self, hashes: Iterable[int], bit: int) -> None:
+        masks = self.masks
+        keep = ~bit
+        for h in hashes:
+            v = masks.get(h)
+            if v is not None:
+                v &= keep
+                if v:
+                    masks[h] = v
+                else:
+                    del masks[h]
+
+    def pend(self, h: int, replica: int) -> None:
+        d = self.pending.get(h)
         if d is None:
-            self._by[h] = {replica: 1}
+            self.pending[h] = {replica: 1}
         else:
             d[replica] = d.get(replica, 0) + 1
 
-    def discard(self, h: int, replica: int) -> None:
-        d = self._by.get(h)
-        if d is None:
+    def unpend(self, h: int, replica: int) -> None:
+        d = self.pending.get(h)
+        if d is None or replica not in d:
             return
-        c = d.get(replica)
-        if c is None:
-            return
-        if c > 1:
-            d[replica] = c - 1
+        if d[replica] > 1:
+            d[replica] -= 1
         else:
             del d[replica]
             if not d:
-                del self._by[h]
+                del self.pending[h]
 
-    def holders(self, h: int) -> dict[int, int] | None:
-        """The replicas that may share a prompt beginning with block ``h`` (read only), or None."""
-        return self._by.get(h)
+    def holders(self, h: int) -> set[int]:
+        """The replicas holding block ``h``, or with a prompt beginning with it pending."""
+        return set(_indices(self.masks.get(h, 0), self.n).tolist()) | set(self.pending.get(h, ()))
 
-    def __len__(self) -> int:
-        return len(self._by)
+    def match_into(self, hashes: Sequence[int], out: np.ndarray, mirrors: dict[int, KvEventMirror]) -> None:
+        """Each mirrored replica's match of ``hashes`` into ``out`` (the others' entries untouched; ``out`` holds
+        zeros for the mirrored ones).  Walks the prompt over runs of blocks with the same holders, the end of each
+        found by binary search (an engine's cache is prefix-closed along a chain; with a hole the walk lands past it
+        or at it, never before a replica's leading run); then the pending prompts."""
+        masks = self.masks
+        n = len(hashes)
+        if not n:
+            return
+        cur = masks.get(hashes[0], 0)
+        if cur:
+            self.hit |= cur
+        pos = 1
+        while cur:
+            last = masks.get(hashes[n - 1], 0) & cur
+            if last == cur:  # (also n == 1)
+                _assign(out, cur, n, self.n)
+                break
+            lo, hi = pos, n - 1  # the first block not held by all of cur is in [lo, hi]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if masks.get(hashes[mid], 0) & cur == cur:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            nxt = masks.get(hashes[lo], 0) & cur
+            _assign(out, cur & ~nxt, lo, self.n)
+            cur, pos = nxt, lo + 1
+        pend = self.pending.get(hashes[0])
+        if pend:
+            for r in pend:
+                routed = mirrors[r].routed(hashes)
+                if routed > out[r]:
+                    out[r] = routed
+
+
+def _indices(mask: int, n: int) -> np.ndarray:
+    if mask & (mask - 1) == 0:
+        return np.array([mask.bit_length() - 1] if mask else [], dtype=np.intp)
+    bits = np.unpackbits(np.frombuffer(mask.to_bytes((n + 7) // 8, "little"), dtype=np.uint8), bitorder="little")
+    return np.flatnonzero(bits[:n])
+
+
+def _assign(out: np.ndarray, mask: int, value: int, n: int) -> None:
+    if mask & (mask - 1) == 0:
+        out[mask.bit_length() - 1] = value
+    else:
+        out[_indices(mask, n)] = value
 
 
 class KvEventMirror:
     """The block hashes one replica's prefix cache holds, from its KV events."""
 
     __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events", "confirmed", "unconfirmed",
-                 "mismatch_after", "_pending", "_hit", "_roots", "_first", "_replica")
+                 "mismatch_after", "_pending", "_hit", "_index", "_replica", "_bit")
 
     def __init__(self, mismatch_after: int = DEFAULTS.scheduler.kv_events_mismatch_after) -> None:
         self._held: set[int] = set()
@@ -84,34 +152,37 @@ class KvEventMirror:
         self._hit = False  # a prompt ever matched blocks its events stored (not only ones routed here)
         self.mismatch_after = mismatch_after
         self._pending: dict[int, Sequence[int]] = {}  # ticket key -> prompt hashes routed here, no first token yet
-        self._roots: set[int] = set()  # held hashes stored at a chain's start (no parent): prompts' first blocks
-        self._first: FirstBlocks | None = None  # the index shared by the fleet's mirrors (attach)
+        self._index: EventHolders | None = None  # the index shared by the fleet's mirrors (attach)
         self._replica = -1
+        self._bit = 0
 
-    def attach(self, replica: int, first: FirstBlocks) -> None:
-        """Tell ``first`` which prompts' first blocks this mirror (replica ``replica``) may share."""
+    def attach(self, replica: int, index: EventHolders) -> None:
+        """List what this mirror (replica ``replica``) holds and expects in ``index``, and keep it listed."""
         self.detach()
-        self._first, self._replica = first, replica
-        for h in self._roots:
-            first.add(h, replica)
+        self._index, self._replica, self._bit = index, replica, 1 << replica
+        index.hold(self._held, self._bit)
         for p in self._pending.values():
             if len(p):
-                first.add(p[0], replica)
+                index.pend(p[0], replica)
 
     def detach(self) -> None:
         self._unlist()
-        self._first = None
+        self._index = None
 
     def _unlist(self) -> None:
-        """Take this mirror's chain roots and pending prompts out of the shared index (if attached)."""
-        first, r = self._first, self._replica
-        if first is None:
+        """Take what this mirror holds and expects out of the shared index (if attached)."""
+        index = self._index
+        if index is None:
             return
-        for h in self._roots:
-            first.discard(h, r)
+        if self._hit_in_index():
+            self._hit = True
+        index.drop(self._held, self._bit)
         for p in self._pending.values():
             if len(p):
-                first.discard(p[0], r)
+                index.unpend(p[0], self._replica)
+
+    def _hit_in_index(self) -> bool:
+        return self._index is not None and bool(self._index.hit & self._bit)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -120,23 +191,16 @@ class KvEventMirror:
     def stored(self, hashes: Sequence[int], parent: int | None = None) -> None:
         """``hashes`` became cached (``parent``: the hash of the block before the first, None at a prompt's start)."""
         self._held.update(hashes)
-        if parent is None and len(hashes) and hashes[0] not in self._roots:
-            self._roots.add(hashes[0])
-            if self._first is not None:
-                self._first.add(hashes[0], self._replica)
+        if self._index is not None:
+            self._index.hold(hashes, self._bit)
         self.stored_events += 1
         if self.on_change is not None:
             self.on_change()
 
     def removed(self, hashes: Sequence[int]) -> None:
         self._held.difference_update(hashes)
-        if self._roots:
-            gone = self._roots.intersection(hashes)
-            if gone:
-                self._roots -= gone
-                if self._first is not None:
-                    for h in gone:
-                        self._first.discard(h, self._replica)
+        if self._index is not None:
+            self._index.drop(hashes, self._bit)
         self.removed_events += 1
         if self.on_change is not None:
             self.on_change()
@@ -145,7 +209,6 @@ class KvEventMirror:
         self._unlist()
         self._held.clear()
         self._pending.clear()
-        self._roots.clear()
         self.cleared_events += 1
         if self.on_change is not None:
             self.on_change()
@@ -160,11 +223,11 @@ class KvEventMirror:
         alone)."""
         old = self._pending.get(key)
         self._pending[key] = hashes
-        if self._first is not None:
+        if self._index is not None:
             if old is not None and len(old):
-                self._first.discard(old[0], self._replica)
+                self._index.unpend(old[0], self._replica)
             if len(hashes):
-                self._first.add(hashes[0], self._replica)
+                self._index.pend(hashes[0], self._replica)
         if self.on_change is not None:
             self.on_change()
 
@@ -172,8 +235,8 @@ class KvEventMirror:
         p = self._pending.pop(key, None)
         if p is None:
             return
-        if self._first is not None and len(p):
-            self._first.discard(p[0], self._replica)
+        if self._index is not None and len(p):
+            self._index.unpend(p[0], self._replica)
         if self.on_change is not None:
             self.on_change()
 
@@ -184,17 +247,21 @@ class KvEventMirror:
         what the events stored: the credit for prompts routed here (:meth:`expect`) would otherwise confirm events
         that never matched anything."""
         if reported_blocks > 0:
-            if predicted_blocks > 0 and self._hit:
+            if predicted_blocks > 0 and (self._hit or self._hit_in_index()):
                 self.confirmed += 1
             else:
                 self.unconfirmed += 1
         return not self.confirmed and self.unconfirmed >= self.mismatch_after
 
     # -- reads --------------------------------------------------------------------------------------
-    def match(self, hashes: Sequence[int], guess: int = 0) -> int:
-        """Leading blocks of ``hashes`` the replica holds, or will once a prompt routed here is scheduled
-        (``guess``: see :meth:`held`)."""
-        m = self.held(hashes, guess)
+    def match(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the replica holds, or will once a prompt routed here is scheduled (the index
+        asks :class:`EventHolders` for every mirror at once; this is one mirror's answer, the same)."""
+        return max(self.held(hashes), self.routed(hashes))
+
+    def routed(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` shared with a prompt routed here and not yet cached."""
+        m = 0
         if self._pending and len(hashes):
             first = hashes[0]
             for p in self._pending.values():
@@ -202,10 +269,8 @@ class KvEventMirror:
                     m = max(m, common_blocks(hashes, p))
         return m
 
-    def held(self, hashes: Sequence[int], guess: int = 0) -> int:
-        """Leading blocks of ``hashes`` the replica holds (binary search: the cache is prefix-closed).  ``guess``:
-        a likely answer (another replica's, for the same prompt: a shared system prompt's length), checked first
-        with two lookups."""
+    def held(self, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` the replica holds (binary search: the cache is prefix-closed)."""
         held = self._held
         n = len(hashes)
         if not n or hashes[0] not in held:
@@ -214,13 +279,6 @@ class KvEventMirror:
         if hashes[n - 1] in held:
             return n
         lo, hi = 1, n - 1  # the answer is in [lo, hi]
-        if 1 < guess < n:
-            if hashes[guess - 1] in held:
-                if hashes[guess] not in held:
-                    return guess
-                lo = guess + 1
-            else:
-                hi = guess - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if hashes[mid - 1] in held:
@@ -228,24 +286,3 @@ class KvEventMirror:
             else:
                 hi = mid - 1
         return lo
-
-
-def match_holders(mirrors: dict[int, KvEventMirror], holders: Iterable[int],
-                  hashes: Sequence[int]) -> tuple[list[int], list[int]]:
-    """``hashes``' match on each of ``holders`` (the replicas :class:`FirstBlocks` names for its first block):
-    their ids and matches.  Hundreds of replicas may hold one system prompt, and most hold as much of the prompt as
-    the one before: that answer is checked first, with three lookups, inline (the twin at 1,000 GPUs asked ~290
-    mirrors a decision)."""
-    guess, n, h0 = 0, len(hashes), hashes[0]
-    rs: list[int] = []
-    vs: list[int] = []
-    for r in holders:
-        m = mirrors[r]
-        held = m._held
-        if 0 < guess < n and not m._pending and h0 in held and hashes[guess - 1] in held and hashes[guess] not in held:
-            m._hit = True  # as KvEventMirror.held says
-        else:
-            guess = m.match(hashes, guess)
-        rs.append(r)
-        vs.append(guess)
-    return rs, vs

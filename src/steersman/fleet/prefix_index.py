@@ -62,7 +62,7 @@ from steersman.fleet._prefix_jobs import BackgroundPasses
 from steersman.fleet._prefix_reads import PrefixReads
 from steersman.fleet._prefix_residency import Residency
 from steersman.fleet._prefix_sets import _MEMO, HolderSets
-from steersman.fleet.kv_events import FirstBlocks, KvEventMirror
+from steersman.fleet.kv_events import EventHolders, KvEventMirror
 from steersman.fleet.slots import SlotMirror
 
 __all__ = ["PrefixIndex"]
@@ -133,9 +133,9 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
         #: replicas whose match is a mirror's: a llama.cpp engine's slots (it reuses a prompt only from a free slot)
         self.slots: dict[int, SlotMirror] = {}
-        #: or an engine's KV events (what it holds, exactly); ``first``: which of them may share a prompt's first block
+        #: or an engine's KV events (what it holds, exactly); ``holders``: what all of them hold, as one index
         self.events: dict[int, KvEventMirror] = {}
-        self.first = FirstBlocks()
+        self.holders = EventHolders(n_replicas)
         # background passes (see the module doc): the worker, the pass running, what finishes it on the caller's thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefix-index") if background else None
         self._background_from = background_from_slots  # smaller tables: passes inline
@@ -159,7 +159,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         if self._entries and replica not in self.events:
             self.forget_replica(replica)  # what routing taught the table about it
         self.events[replica] = mirror
-        mirror.attach(replica, self.first)
+        mirror.attach(replica, self.holders)
         mirror.on_change = self._stale
         self._memo = None
 
