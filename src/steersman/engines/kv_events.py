@@ -187,9 +187,9 @@ class KvEventSubscriber:
 
     def apply(self, ev: BlockStored | BlockRemoved | AllBlocksCleared) -> None:
         if isinstance(ev, BlockStored):
-            hashes, parent = self._stored(ev)
+            hashes = self._stored(ev)
             if hashes:
-                self.mirror.stored(hashes, parent)
+                self.mirror.stored(hashes)
                 self._count("stored", len(hashes))
         elif isinstance(ev, BlockRemoved):
             gw = self._gateway
@@ -201,28 +201,28 @@ class KvEventSubscriber:
             self._gateway.clear()
             self._count("cleared")
 
-    def _stored(self, ev: BlockStored) -> tuple[list[int], int | None]:
-        """The gateway's hashes of the blocks stored, and of their parent (None: they begin a prompt)."""
+    def _stored(self, ev: BlockStored) -> list[int]:
+        """The gateway's hashes of the blocks stored."""
         n = len(ev.block_hashes)
         if not ev.token_ids:  # the gateway's own hashes (engine-sim); bytes (vLLM's own) cannot be without ids
             ours = [h for h in ev.block_hashes if isinstance(h, int)]
             self._count("unchained", n - len(ours))
-            return ours, ev.parent_block_hash if len(ours) == n else -1  # (-1: some dropped, not a prompt's start)
+            return ours
         bs = ev.block_size
         if bs != self.block_size or len(ev.token_ids) != n * bs:
             self._count("unchained", n)
-            return [], None
+            return []
         if ev.parent_block_hash is None:
             parent = ROOT_HASH
         else:
             got = self._gateway.get(ev.parent_block_hash)
             if got is None:
                 self._count("unchained", n)
-                return [], None
+                return []
             parent = got
         ours = block_hashes(ev.token_ids, bs, parent)
         self._gateway.update(zip(ev.block_hashes, ours))
-        return ours, None if ev.parent_block_hash is None else parent
+        return ours
 
     # -- the socket -------------------------------------------------------------------------------
     def start(self) -> None:
