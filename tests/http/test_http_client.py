@@ -149,7 +149,7 @@ async def test_a_broken_exchange_leaves_no_reference_cycle():
         finally:
             ex.release()
 
-    async def before_headers():
+    async def before_headers(pool):
         try:
             await pool.request(ep, b"POST", "/v1/x", b"{}")  # a fresh connection the origin closes: raised
         except UpstreamError as e:
@@ -159,15 +159,16 @@ async def test_a_broken_exchange_leaves_no_reference_cycle():
 
     await mid_stream()
     await pool.close()
+    fresh = UpstreamPool(2.0, 4.0)  # (a closed pool connects no more)
     await asyncio.sleep(0.05)
-    await before_headers()
+    await before_headers(fresh)
     await asyncio.sleep(0.05)
     # only this test's objects: an earlier test's ``pytest.raises`` may leave its own cycle (its frame, held by
     # the traceback it keeps) to be collected now
-    ours = lambda x: (isinstance(x, Exchange) and x.conn.pool is pool) or (  # noqa: E731
+    ours = lambda x: (isinstance(x, Exchange) and x.conn.pool in (pool, fresh)) or (  # noqa: E731
         isinstance(x, UpstreamError) and "engine closed the connection" in str(x))
     assert cyclic_garbage(ours) == {}
-    await pool.close()
+    await fresh.close()
     o.srv.close()
 
 
@@ -258,3 +259,85 @@ async def test_no_spare_without_preconnect():
         assert await pool.get(ep, "/x") == (200, b"ok")
         await _settled(pool)
         assert o.connections == 1 and pool.spares_opened == 0
+
+
+async def test_a_connection_a_slow_client_paused_reads_again_once_pooled():
+    # the relay writes the response's last bytes to the client inside this connection's read; a client whose
+    # buffer is full pauses reading here (Exchange.pause) and the relay lets go of the exchange right after:
+    # pooled still paused, the next request on it never saw its answer
+    o = _Origin([])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    ex = await pool.request(ep, b"POST", "/x", b"{}")
+    ex.pipe(lambda data: ex.pause())  # the client's pause_writing during the last write
+    await ex.done()
+    ex.release()
+    assert ex.conn.transport.is_reading()
+    ex.pause()  # a late pause from the finished stream's client touches nothing: the connection is the pool's
+    assert ex.conn.transport.is_reading()
+    async with asyncio.timeout(2):
+        assert await pool.get(ep, "/x") == (200, b"ok")
+    assert o.connections == 1 and o.requests == 2
+    await pool.close()
+    o.srv.close()
+
+
+@contextlib.asynccontextmanager
+async def _stalled_spare():
+    """A closing origin whose next connect (the spare after the first request) waits on the returned future."""
+    async with _closing() as (o, ep, pool):
+        real, gate, calls = pool._connect, asyncio.get_running_loop().create_future(), []
+
+        async def connect(ep_, key):
+            calls.append(key)
+            if len(calls) == 1:
+                await gate
+            return await real(ep_, key)
+
+        ex = await pool.request(ep, b"POST", "/x", b"{}")
+        pool._connect = connect  # from the spare its close asks for on
+        assert await ex.read() == b"ok"
+        await _until(lambda: bool(calls))  # the origin closed it: the spare is connecting (held at the gate)
+        yield o, ep, pool, gate, calls
+
+
+async def test_a_request_waiting_for_a_spare_whose_connect_fails_fails_with_it():
+    # its connect was the spare's: connecting once more would double its wait before the replica is marked down
+    async with _stalled_spare() as (o, ep, pool, gate, calls):
+        waiting = asyncio.ensure_future(pool.get(ep, "/x"))
+        await asyncio.sleep(0.01)
+        gate.set_exception(UpstreamError("cannot connect to the engine: TimeoutError", connected=False))
+        with pytest.raises(UpstreamError) as e:
+            await waiting
+        assert e.value.connected is False and "TimeoutError" in str(e.value)
+        assert len(calls) == 1 and o.connections == 1
+
+
+async def test_closing_the_pool_while_a_request_waits_for_a_spare_leaves_no_connection_open():
+    async with _stalled_spare() as (o, ep, pool, gate, calls):
+        waiting = asyncio.ensure_future(pool.get(ep, "/x"))
+        await asyncio.sleep(0.01)
+        await pool.close()
+        with pytest.raises(UpstreamError):
+            await waiting
+        assert not pool._all and not pool._idle.get((ep.host, ep.port, ep.tls))
+
+
+async def test_a_connect_finishing_after_the_pool_closed_is_closed_too():
+    o = _Origin([])
+    ep = await o.start()
+    pool = UpstreamPool(2.0, 4.0)
+    connecting = asyncio.ensure_future(pool.get(ep, "/x"))
+    await asyncio.sleep(0)  # the connect has begun
+    await pool.close()
+    with pytest.raises(UpstreamError):
+        await connecting
+    assert not pool._all
+    o.srv.close()
+
+
+async def test_a_connect_timeout_names_itself():
+    pool = UpstreamPool(1e-9, 4.0)
+    with pytest.raises(UpstreamError) as e:
+        await pool.get(Endpoint.parse("http://127.0.0.1:9"), "/")
+    assert "TimeoutError" in str(e.value) or "refused" in str(e.value).lower()

@@ -113,13 +113,15 @@ class Exchange:
         return b"".join(self._buf)
 
     def pause(self) -> None:
+        """Backpressure from the client: stop reading the engine's answer (nothing once it is complete: the
+        connection then belongs to the pool, or to the next request)."""
         t = self.conn.transport
-        if t is not None:
+        if t is not None and not self.complete:
             t.pause_reading()
 
     def resume(self) -> None:
         t = self.conn.transport
-        if t is not None:
+        if t is not None and not self.complete:
             t.resume_reading()
 
     def abort(self) -> None:
@@ -233,6 +235,12 @@ class _UpConn(asyncio.Protocol):
         if not ex._done.done():  # type: ignore[union-attr]
             ex._done.set_result(None)  # type: ignore[union-attr]
         if keep:
+            # the last read's write to a slow client may have paused reading here (Exchange.pause); the relay
+            # lets go of the exchange now, so nothing would resume it: a pooled connection must read (its next
+            # response, or the engine closing it)
+            t = self.transport
+            if t is not None and not t.is_reading():
+                t.resume_reading()
             self.pool._release(self)
         else:
             self.close()
@@ -245,10 +253,12 @@ class _UpConn(asyncio.Protocol):
 class UpstreamPool:
     """Keep-alive connections per endpoint, most recently used first.
 
-    ``preconnect`` (``GatewaySettings.upstream_preconnect``): when the engine closes a connection that served a
-    response, a spare is opened at once, so the next request finds one ready; a request arriving while the spare
-    is being connected waits for it rather than connecting again.  A spare the engine closes unused is not
-    replaced (no reconnect loop against an engine that closes idle connections)."""
+    ``preconnect`` (``GatewaySettings.upstream_preconnect``): when a connection that served a response closes (the
+    engine closed it after the response, or later for idling; the gateway aborted a later exchange on it), a spare
+    is opened at once, so the next request finds one ready; a request arriving while the spare is being connected
+    waits for it rather than connecting again, and fails with it if its connect fails (it was that request's
+    connect).  A spare the engine closes unused is not replaced (no reconnect loop against an engine that closes
+    idle connections).  A closed pool connects no more."""
 
     def __init__(self, connect_timeout_s: float, idle_timeout_s: float,
                  preconnect: bool = DEFAULTS.gateway.upstream_preconnect) -> None:
@@ -276,7 +286,11 @@ class UpstreamPool:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(lambda: _UpConn(self, key, ep), ep.host, ep.port, ssl=ctx)
         except (OSError, TimeoutError, ssl.SSLError) as e:
-            raise UpstreamError(f"cannot connect to {ep.host}:{ep.port}: {e or type(e).__name__}", connected=False) from None
+            raise UpstreamError(f"cannot connect to {ep.host}:{ep.port}: {str(e) or type(e).__name__}",
+                                connected=False) from None
+        if self._closed:  # closed while connecting: nothing may outlive the pool
+            conn.close()
+            raise UpstreamError(f"cannot connect to {ep.host}:{ep.port}: the gateway is stopping", connected=False)
         self._all.add(conn)
         return conn
 
@@ -313,28 +327,36 @@ class UpstreamPool:
             return
         self._spares[key] = asyncio.get_running_loop().create_task(self._open_spare(ep, key), name="upstream-spare")
 
-    async def _open_spare(self, ep: Endpoint, key: tuple) -> None:
+    async def _open_spare(self, ep: Endpoint, key: tuple) -> UpstreamError | None:
+        """Connect a spare and pool it; a failed connect is returned (not raised: nobody may be waiting for it)."""
         try:
             conn = await self._connect(ep, key)
-        except UpstreamError:
-            return  # the engine is down: the next request finds out, and the health checks
+        except UpstreamError as e:
+            return e  # the engine is down: a request waiting for the spare fails with it, the health checks see it
         finally:
             self._spares.pop(key, None)
         self.spares_opened += 1
         self._release(conn)
+        return None
 
     async def _spare_or_none(self, key: tuple) -> _UpConn | None:
-        """The spare being opened for ``key``, once connected (None if there is none, or it failed)."""
+        """The spare being opened for ``key``, once connected (None if there is none, or another request took it).
+
+        Raises the spare's :class:`UpstreamError` if its connect failed: that was this request's connect (begun
+        earlier), and connecting again would make it wait up to twice ``connect_timeout_s`` before the gateway
+        marks the engine down and retries elsewhere."""
         task = self._spares.get(key)
         if task is None:
             return None
         try:
-            await asyncio.shield(task)  # (a request cancelled meanwhile leaves the spare to the next)
+            failed = await asyncio.shield(task)  # (a request cancelled meanwhile leaves the spare to the next)
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if not task.cancelled() or (me is not None and me.cancelling()):
                 raise  # this request was cancelled, not (only) the spare
-            return None  # the pool is closing
+            raise UpstreamError("the gateway is stopping", connected=False) from None  # the pool is closing
+        if failed is not None:
+            raise UpstreamError(str(failed), connected=False)
         return self._acquire_idle(key)
 
     async def request(self, ep: Endpoint, method: bytes, path: str, body: bytes = b"", headers: bytes = b"",
