@@ -76,7 +76,8 @@ def test_both_of_vllms_layouts_are_read():
             Stored([11, 12], None, [], 16, None, "GPU", None, [None, None], 0), Removed([12], "GPU"), Cleared(),
             Stored([13], 11, [], 16, None, "GPU", None)], 0))
         got = decode_batch(raw)
-        assert got == KVEventBatch(2.0, [BlockStored([11, 12], None, [], 16, None, "GPU"), BlockRemoved([12], "GPU"),
+        assert got == KVEventBatch(2.0, [BlockStored([11, 12], None, [], 16, None, "GPU", None, [None, None]),
+                                         BlockRemoved([12], "GPU"),
                                          AllBlocksCleared(), BlockStored([13], 11, [], 16, None, "GPU")], 0)
         sub = _sub()
         sub.receive([b"", (0).to_bytes(8, "big"), raw])
@@ -106,6 +107,88 @@ def test_token_ids_are_hashed_the_gateways_way_and_removals_mapped_back():
     assert sub.mirror.match(ours) == 0 and not sub._gateway
 
 
+def test_a_salted_prompts_blocks_chain_from_its_salted_root():
+    """vLLM hashes a request's ``cache_salt`` into its first block (``extra_keys``); the gateway hashes a salted
+    prompt from :func:`cache_root` of the salt.  Read from the root, every salted prompt missed (and its unsalted
+    twin, which vLLM cannot serve from those blocks, was credited), so with ``isolate_tenant_caches`` the mismatch
+    guard dropped every replica's events."""
+    from steersman.api.prompt import cache_root, prompt_shape
+    from steersman.api.schema import CompletionRequest
+
+    ids = list(range(1000, 1064))  # four blocks of 16
+    _, salted = prompt_shape(CompletionRequest(model="m", prompt=ids, cache_salt="tenant-a"), 16)
+    _, plain = prompt_shape(CompletionRequest(model="m", prompt=ids), 16)
+    assert list(salted) == block_hashes(ids, 16, cache_root("tenant-a"))
+    sub = _sub()
+    sub.apply(BlockStored([b"e0", b"e1", b"e2"], None, ids[:48], 16, None, "GPU", None, [("tenant-a",), None, None]))
+    sub.apply(BlockStored([b"e3"], b"e2", ids[48:], 16, None, "GPU", None, [None]))  # the chain goes on
+    assert sub.mirror.match(salted) == 4 and sub.mirror.match(plain) == 0
+    sub.apply(BlockRemoved([b"e3"]))
+    assert sub.mirror.match(salted) == 3
+
+
+def test_blocks_the_gateways_hashes_do_not_cover_are_not_credited():
+    """An adapter's KV (``lora_name``: vLLM hashes it into every block) and blocks after a multi-modal input or
+    prompt embeddings are not the base model's text the gateway hashes: crediting them is a false hit."""
+    ids = list(range(100, 164))
+    ours = block_hashes(ids, 16, ROOT_HASH)
+    sub = _sub()
+    sub.apply(BlockStored([b"l0", b"l1"], None, ids[:32], 16, None, "GPU", "sql-adapter",
+                          [("sql-adapter",), ("sql-adapter",)]))
+    sub.apply(BlockStored([b"o0"], None, ids[:16], 16, 7, "GPU"))  # vLLM < 0.11: the adapter by its id
+    assert sub.mirror.match(ours) == 0 and sub.counts.get("r0", "unchained") == 3
+    sub.apply(BlockStored([b"m0", b"m1", b"m2", b"m3"], None, ids, 16, None, "GPU", None,
+                          [None, None, (("img-1", 8),), None]))  # an image from the third block on
+    assert sub.mirror.match(ours) == 2 and sub.counts.get("r0", "unchained") == 5
+    sub.apply(BlockStored([b"s0"], None, ids[:16], 16, None, "GPU", None, [("salt", b"embeds")]))  # salt + more
+    assert sub.counts.get("r0", "unchained") == 6
+
+
+def test_a_block_stored_twice_stays_credited_until_its_last_copy_is_removed():
+    """vLLM keeps two blocks with one hash when two requests computed the same prefix at once, and announces the
+    eviction of each; the first removal forgot the block (and the chain after it) while the engine held a copy."""
+    ids = list(range(200, 232))
+    ours = block_hashes(ids, 16, ROOT_HASH)
+    sub = _sub()
+    sub.apply(BlockStored([b"a", b"b"], None, ids, 16))
+    sub.apply(BlockStored([b"a"], None, ids[:16], 16))  # the second copy of the first block
+    sub.apply(BlockRemoved([b"a"]))
+    assert sub.mirror.match(ours) == 2
+    sub.apply(BlockRemoved([b"a"]))
+    assert sub.mirror.match(ours) == 0
+    sim = _sub()  # engine-sim's own hashes (no token ids): the same
+    sim.apply(BlockStored([7, 8], None, [], 16))
+    sim.apply(BlockStored([7], None, [], 16))
+    sim.apply(BlockRemoved([7]))
+    assert sim.mirror.match([7, 8]) == 2
+    sim.apply(AllBlocksCleared())
+    sim.apply(BlockStored([7], None, [], 16))
+    sim.apply(BlockRemoved([7]))  # no copy left over from before the clear
+    assert sim.mirror.match([7]) == 0 and not sim.mirror._copies
+
+
+def test_an_endpoint_that_cannot_be_subscribed_to_falls_back_to_routing_and_stops_cleanly():
+    """libzmq refuses ``tcp://host`` without a port only at connect: the subscriber's task died with the error, the
+    replica stayed mirrored with nothing, and the error came out of ``stop()`` (the gateway's stop then skipped
+    everything after it).  The fleet file refuses such an endpoint; the subscriber survives one anyway."""
+    from steersman.fleet.prefix_index import PrefixIndex
+
+    async def main():
+        index = PrefixIndex(2, 2**20)
+        mirror = KvEventMirror()
+        index.mirror_events(0, mirror)
+        counts = CounterFamily("t_kv_events", "test", ["replica", "kind"])
+        sub = KvEventSubscriber("r0", "tcp://127.0.0.1", "", mirror, 16, counts, "tcp://127.0.0.1",
+                                unreadable=lambda: index.unmirror_events(0))
+        sub.start()
+        await asyncio.sleep(0.05)
+        await sub.stop()  # raises nothing
+        return index, counts
+
+    index, counts = asyncio.run(main())
+    assert 0 not in index.events and counts.get("r0", "failed") == 1
+
+
 def test_gaps_and_garbage_are_counted_not_fatal():
     sub = _sub()
     ok = encode_batch(KVEventBatch(0.0, [BlockStored([7, 8], None, [], 16)]))
@@ -133,13 +216,11 @@ def test_engine_sim_publisher_reaches_the_subscriber_over_zmq():
         sub.start()
         try:
             chain = list(range(1, 33))
-            deadline = time.monotonic() + 10
-            while sub.mirror.match(chain) < 32:  # PUB drops what it sends before the SUB joins: resend until seen
-                assert time.monotonic() < deadline, "no event arrived"
-                pub.stored(chain[:16])
-                pub.stored(chain[16:], chain[15])
-                pub.flush(time.time())
-                await asyncio.sleep(0.05)
+            await _joined(pub, sub)
+            pub.stored(chain[:16])
+            pub.stored(chain[16:], chain[15])
+            pub.flush(time.time())
+            await _until(lambda: sub.mirror.match(chain) == 32, "the chain did not arrive")
             pub.removed(chain[20:])
             pub.flush(time.time())
             deadline = time.monotonic() + 10
@@ -152,6 +233,19 @@ def test_engine_sim_publisher_reaches_the_subscriber_over_zmq():
             pub.close()
 
     asyncio.run(main())
+
+
+async def _joined(pub, sub) -> None:
+    """Until the subscriber receives: PUB drops what it sends before the SUB has joined, so a fresh block is sent
+    until one arrives (the same block sent again would be another copy of it: KvEventMirror counts copies)."""
+    deadline = time.monotonic() + 10
+    probes = []
+    while not any(sub.mirror.holds(h) for h in probes):
+        assert time.monotonic() < deadline, "no event arrived"
+        probes.append(10**9 + len(probes))
+        pub.stored([probes[-1]])
+        pub.flush(time.time())
+        await asyncio.sleep(0.05)
 
 
 async def _until(cond, what: str, timeout: float = 10.0) -> None:
@@ -219,10 +313,10 @@ def test_a_gap_is_asked_for_again_and_its_removals_applied():
     async def main() -> None:
         chain = list(range(1, 21))
         async with _replaying("t_kv_gap") as (pub, sub, counts):
-            while sub.mirror.match(chain) < 20:  # until the subscriber has joined
-                pub.stored(chain)
-                pub.flush(time.time())
-                await asyncio.sleep(0.05)
+            pub.stored(chain)  # before the subscriber joined: it is replayed
+            pub.flush(time.time())
+            await _joined(pub, sub)
+            await _until(lambda: sub.mirror.match(chain) == 20, "the chain was not replayed")
             before = counts.get("r0", "replayed")
             pub.sock = dropping = _Dropping(pub.sock)
             dropping.dropping = True
@@ -282,10 +376,8 @@ def test_a_restarted_engines_first_batches_are_replayed_after_its_cache_is_clear
             for k in range(5):
                 pub.stored([100 + k])
                 pub.flush(time.time())
-            while sub.mirror.match([100]) < 1:  # until the subscriber has joined (and replayed)
-                pub.stored([100])
-                pub.flush(time.time())
-                await asyncio.sleep(0.05)
+            await _joined(pub, sub)
+            await _until(lambda: sub.mirror.match([100]) == 1, "the first batches were not replayed")
             pub.seq, old = 0, sub.last_seq  # the engine restarts: numbered from 0, nothing kept
             pub._buffer.clear()
             pub.sock = dropping = _Dropping(pub.sock)

@@ -123,11 +123,17 @@ def test_bad_kv_events_endpoints_are_clear_errors(tmp_path):
 
     from steersman.fleet.config import FleetConfigError, parse_fleet
 
-    with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events must be a tcp:// or ipc://"):
+    with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events must be a ZMQ endpoint, tcp://HOST:PORT"):
         parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "http://127.0.0.1:5557"}]})
-    with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events_replay must be a tcp:// or ipc://"):
+    with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events_replay must be a ZMQ endpoint"):
         parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": "tcp://127.0.0.1:5557",
                                     "kv_events_replay": "5558"}]})
+    for bad in ("tcp://10.0.0.5", "tcp://:5557", "tcp://host:0", "tcp://host:70000", "tcp://host:port", "ipc://"):
+        # (libzmq refuses these only when the gateway's subscriber connects, after start)
+        with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events must be a ZMQ endpoint"):
+            parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": bad}]})
+    for good in ("tcp://10.0.0.5:5557", "tcp://vllm-0.vllm:5557", "tcp://[::1]:5557", "ipc:///tmp/kv-events"):
+        parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events": good}]})
     with pytest.raises(FleetConfigError, match=r"endpoints\[0\].kv_events_replay needs endpoints\[0\].kv_events"):
         parse_fleet({"endpoints": [{"url": "http://127.0.0.1:1", "kv_events_replay": "tcp://127.0.0.1:5558"}]})
     r = subprocess.run([sys.executable, "-m", "steersman", "engine-sim", "--port", "0", "--kv-events-endpoint", "5557"],

@@ -5,16 +5,24 @@ a ZMQ PUB socket (``--kv-events-config '{"enable_kv_cache_events": true, "publis
 "tcp://*:5557"}'``) sends multipart messages ``[topic, seq (8 bytes, big-endian), payload]``; the payload is
 a msgpack ``KVEventBatch`` (``ts``, ``events``, ``data_parallel_rank``), an array, with each event tagged by its
 class name: ``BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, ...)``,
-``BlockRemoved(block_hashes, medium)``, ``AllBlocksCleared()``; up to vLLM 0.27 each event is an array (fields
-later versions add, ``lora_name``, ``extra_keys``, ``group_idx``, are ignored), from 0.28 a map whose ``type`` is
-the class name: both are read.  engine-sim publishes the array layout (:mod:`steersman.enginesim.kv_events`).
+``BlockRemoved(block_hashes, medium)``, ``AllBlocksCleared()``; up to vLLM 0.27 each event is an array (of the
+fields later versions add, ``lora_name`` and ``extra_keys`` are read, ``group_idx`` and later ones ignored), from
+0.28 a map whose ``type`` is the class name: both are read.  engine-sim publishes the array layout
+(:mod:`steersman.enginesim.kv_events`).
 
 Hashes.  A stored block that carries its ``token_ids`` is hashed again the gateway's way (its chained hash of
 the block's ids, the parent's gateway hash first), and the engine's hash is kept as a key to that: this holds
-for any engine whose token ids are the gateway's (its tokenizer, :mod:`steersman.text`).  An event without
-token ids is taken to carry the gateway's hashes themselves (engine-sim's, which hashes as the gateway does).
-A block whose parent the subscriber never saw stored (it joined late, or missed messages) cannot be chained:
-it is skipped and counted.  Sequence gaps (a slow subscriber past the publisher's high-water mark) are
+for any engine whose token ids are the gateway's (its tokenizer, :mod:`steersman.text`).  What else vLLM hashed
+into a block (``extra_keys``: a LoRA adapter's name on every block, multi-modal inputs, the request's
+``cache_salt`` on its first block, prompt embeddings) is read as the gateway hashes prompts: a ``cache_salt``
+alone on a prompt's first block makes the chain's root the one a request with that salt hashes from
+(:func:`steersman.api.prompt.cache_root`); a block of an adapter's KV (``lora_name``, ``lora_id``) or with other
+extra keys, and the blocks after it, are skipped and counted (``unchained``): the gateway's prompt hashes do not
+cover them, and crediting them would be a false hit.  An event without token ids is taken to carry the
+gateway's hashes themselves (engine-sim's, which hashes as the gateway does).  A block whose parent the
+subscriber never saw stored (it joined late, or missed messages) cannot be chained: it is skipped and counted.
+vLLM may hold two copies of one block (two requests computed the same prefix at once) and evicts each with a
+``BlockRemoved`` of its own: a block stays credited until its last copy is removed.  Sequence gaps (a slow subscriber past the publisher's high-water mark) are
 counted and logged; what they held is learnt again as blocks are stored anew.  Batches numbered from 0 again
 mean a new engine process (vLLM numbers them per process): its cache starts empty, so the mirror is cleared.
 
@@ -30,7 +38,9 @@ loses removals too (the blocks evicted during it stay credited until stored and 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -39,6 +49,7 @@ from steersman._tasks import cancel_and_wait
 from steersman.config import DEFAULTS
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.obs.histogram import CounterFamily
+from steersman.api.prompt import cache_root
 from steersman.text.tokenizer import ROOT_HASH, block_hashes
 
 __all__ = ["END_SEQ", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber",
@@ -60,6 +71,8 @@ class BlockStored(_Event):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None  # vLLM 0.11+: the adapter whose KV this is (hashed into every block)
+    extra_keys: list[Any] | None = None  # vLLM 0.11+: one per block, what else its hash covered (None: nothing)
 
 
 class BlockRemoved(_Event):
@@ -90,6 +103,8 @@ class _MapBlockStored(_MapEvent, tag="BlockStored"):
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
 
 
 class _MapBlockRemoved(_MapEvent, tag="BlockRemoved"):
@@ -115,7 +130,8 @@ _ENCODER = msgspec.msgpack.Encoder()
 def _canonical(ev: _MapBlockStored | _MapBlockRemoved | _MapAllBlocksCleared
                ) -> BlockStored | BlockRemoved | AllBlocksCleared:
     if isinstance(ev, _MapBlockStored):
-        return BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_id, ev.medium)
+        return BlockStored(ev.block_hashes, ev.parent_block_hash, ev.token_ids, ev.block_size, ev.lora_id, ev.medium,
+                           ev.lora_name, ev.extra_keys)
     if isinstance(ev, _MapBlockRemoved):
         return BlockRemoved(ev.block_hashes, ev.medium)
     return AllBlocksCleared()
@@ -140,8 +156,10 @@ class KvEventSubscriber:
 
     def __init__(self, name: str, endpoint: str, topic: str, mirror: KvEventMirror, block_size: int,
                  counts: CounterFamily | None = None, replay: str | None = None,
-                 replay_timeout_s: float = DEFAULTS.scheduler.kv_events_replay_timeout_s) -> None:
+                 replay_timeout_s: float = DEFAULTS.scheduler.kv_events_replay_timeout_s,
+                 unreadable: Callable[[], None] | None = None) -> None:
         self.name = name
+        self.unreadable = unreadable  # called if the events cannot be subscribed to: the replica is learnt from routing
         self.endpoint = endpoint
         self.replay = replay  # the engine's replay endpoint (vLLM's replay_endpoint): gaps are asked for again
         self.replay_timeout_s = replay_timeout_s
@@ -151,6 +169,7 @@ class KvEventSubscriber:
         self.counts = counts
         self.last_seq: int | None = None
         self._gateway: dict[Any, int] = {}  # the engine's hash -> the gateway's, for blocks stored with token ids
+        self._copies: dict[Any, int] = {}  # the engine's hash -> copies beyond the first (its mapping stays till the last)
         self._task: asyncio.Task | None = None
 
     def _count(self, kind: str, n: int = 1) -> None:
@@ -180,37 +199,52 @@ class KvEventSubscriber:
     def _restarted(self, seq: int) -> None:
         log.warning("replica %s: KV events numbered from %d again (after %s): its engine restarted", self.name,
                     seq, self.last_seq)
-        self.mirror.cleared()
-        self._gateway.clear()
+        self._forget_all()
         self._count("restarted")
         self.last_seq = None
 
+    def _forget_all(self) -> None:
+        self.mirror.cleared()
+        self._gateway.clear()
+        self._copies.clear()
+
     def apply(self, ev: BlockStored | BlockRemoved | AllBlocksCleared) -> None:
         if isinstance(ev, BlockStored):
-            hashes = self._stored(ev)
-            if hashes:
-                self.mirror.stored(hashes)
-                self._count("stored", len(hashes))
+            ours = self._stored(ev)
+            if ours:
+                self.mirror.stored(ours)  # (it counts the copies of a block stored twice)
+                self._count("stored", len(ours))
         elif isinstance(ev, BlockRemoved):
             gw = self._gateway
-            hashes = [gw.pop(h, h) if gw else h for h in ev.block_hashes]
+            hashes = [self._unmapped(h) for h in ev.block_hashes] if gw else ev.block_hashes
             self.mirror.removed(hashes)
             self._count("removed", len(hashes))
         else:
-            self.mirror.cleared()
-            self._gateway.clear()
+            self._forget_all()
             self._count("cleared")
 
+    def _unmapped(self, h: Any) -> Any:
+        """The gateway's hash of the engine's block ``h``, one of whose copies was removed (the mapping goes with
+        the last copy)."""
+        extra = self._copies.get(h)
+        if extra is None:
+            return self._gateway.pop(h, h)
+        if extra > 1:
+            self._copies[h] = extra - 1
+        else:
+            del self._copies[h]
+        return self._gateway.get(h, h)
+
     def _stored(self, ev: BlockStored) -> list[int]:
-        """The gateway's hashes of the blocks stored."""
+        """The gateway's hashes of the blocks stored that the gateway's prompt hashes can match."""
         n = len(ev.block_hashes)
         if not ev.token_ids:  # the gateway's own hashes (engine-sim); bytes (vLLM's own) cannot be without ids
             ours = [h for h in ev.block_hashes if isinstance(h, int)]
             self._count("unchained", n - len(ours))
             return ours
         bs = ev.block_size
-        if bs != self.block_size or len(ev.token_ids) != n * bs:
-            self._count("unchained", n)
+        if bs != self.block_size or len(ev.token_ids) != n * bs or ev.lora_name is not None or ev.lora_id is not None:
+            self._count("unchained", n)  # (an adapter's KV: the gateway's hashes of a prompt are the base model's)
             return []
         if ev.parent_block_hash is None:
             parent = ROOT_HASH
@@ -220,8 +254,29 @@ class KvEventSubscriber:
                 self._count("unchained", n)
                 return []
             parent = got
-        ours = block_hashes(ev.token_ids, bs, parent)
-        self._gateway.update(zip(ev.block_hashes, ours))
+        keep = n
+        extra = ev.extra_keys
+        if extra:
+            for j, keys in enumerate(extra[:n]):
+                if not keys:
+                    continue
+                salt = keys[0] if len(keys) == 1 and isinstance(keys[0], str) else None
+                if j == 0 and ev.parent_block_hash is None and salt is not None:
+                    parent = cache_root(salt)  # the request's cache_salt (vLLM hashes it into its first block)
+                    continue
+                keep = j  # multi-modal inputs, prompt embeddings: not in the gateway's hashes, nor what follows
+                break
+            if keep < n:
+                self._count("unchained", n - keep)
+                if not keep:
+                    return []
+        ours = block_hashes(ev.token_ids[: keep * bs], bs, parent)
+        gw, copies = self._gateway, self._copies
+        for e, h in zip(ev.block_hashes, ours):
+            if e in gw:
+                copies[e] = copies.get(e, 0) + 1
+            else:
+                gw[e] = h
         return ours
 
     # -- the socket -------------------------------------------------------------------------------
@@ -233,11 +288,20 @@ class KvEventSubscriber:
         import zmq.asyncio
 
         sock = zmq.asyncio.Context.instance().socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
-        sock.connect(self.endpoint)
-        dealer = self._dealer() if self.replay else None
+        dealer = None
         try:
+            try:
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+                sock.connect(self.endpoint)
+                dealer = self._dealer() if self.replay else None
+            except zmq.ZMQError as e:  # (the fleet file's check lets no such endpoint through)
+                self._count("failed")
+                log.error("replica %s: cannot subscribe to its KV events at %s (replay %s): %s; the index learns it "
+                          "from routing instead", self.name, self.endpoint, self.replay, e)
+                if self.unreadable is not None:
+                    self.unreadable()
+                return
             while True:
                 frames = await sock.recv_multipart()
                 try:
@@ -262,8 +326,12 @@ class KvEventSubscriber:
         import zmq.asyncio
 
         dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
-        dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(self.replay)
+        try:
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(self.replay)
+        except BaseException:
+            dealer.close(0)
+            raise
         return dealer
 
     async def _replayed(self, dealer, start: int, upto: int):
@@ -310,7 +378,8 @@ def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int,
     ``kv_events_replay_timeout_s``."""
     counts = CounterFamily("steersman_kv_events", "KV cache events read from the engines, by kind (blocks stored, "
                            "removed; caches cleared; blocks that could not be chained; batches malformed or missed; "
-                           "engine restarts seen in the batch numbers; batches replayed, replays given up).",
+                           "engine restarts seen in the batch numbers; batches replayed, replays given up; "
+                           "subscriptions that failed).",
                            ["replica", "kind"])
     subs = []
     for i, ep in enumerate(endpoints):
@@ -319,7 +388,8 @@ def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int,
         mirror = KvEventMirror(mismatch_after)
         fleet.prefix.mirror_events(i, mirror)
         sub = KvEventSubscriber(fleet.replicas[i].name, ep.kv_events, ep.kv_events_topic, mirror, block_size, counts,
-                                getattr(ep, "kv_events_replay", None), replay_timeout_s)
+                                getattr(ep, "kv_events_replay", None), replay_timeout_s,
+                                functools.partial(fleet.prefix.unmirror_events, i))
         sub.start()
         subs.append(sub)
     return subs, counts

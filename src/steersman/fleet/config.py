@@ -172,6 +172,17 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
                        MappingProxyType(profiles), reliability)
 
 
+def _zmq_endpoint(value: str) -> bool:
+    """``tcp://HOST:PORT`` (a port libzmq can connect to: 1-65535) or ``ipc://PATH``; libzmq refuses anything
+    else only when the subscriber connects, after the gateway has started."""
+    if value.startswith("ipc://"):
+        return len(value) > len("ipc://")
+    if not value.startswith("tcp://"):
+        return False
+    host, sep, port = value[len("tcp://"):].rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
 def _check_replicas(raw: _FleetFile, where: str) -> None:
     """Every endpoint and simulated replica is one the gateway (and the twin) can run: checked before anything starts,
     so a typo is a FleetConfigError naming its field, not a traceback (or an engine-sim that exits) at startup."""
@@ -181,8 +192,9 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
             raise FleetConfigError(f"{at}.url must be an http(s) URL, got {ep.url!r}")
         for field in ("kv_events", "kv_events_replay"):
             value = getattr(ep, field)
-            if value is not None and not value.startswith(("tcp://", "ipc://")):
-                raise FleetConfigError(f"{at}.{field} must be a tcp:// or ipc:// ZMQ endpoint, got {value!r}")
+            if value is not None and not _zmq_endpoint(value):
+                raise FleetConfigError(f"{at}.{field} must be a ZMQ endpoint, tcp://HOST:PORT or ipc://PATH, "
+                                       f"got {value!r}")
         if ep.kv_events_replay is not None and ep.kv_events is None:
             raise FleetConfigError(f"{at}.kv_events_replay needs endpoints[{i}].kv_events (the events it replays)")
         if ep.scheduling not in _SCHEDULING:

@@ -141,11 +141,14 @@ def _assign(out: np.ndarray, mask: int, value: int, n: int) -> None:
 class KvEventMirror:
     """The block hashes one replica's prefix cache holds, from its KV events."""
 
-    __slots__ = ("_held", "on_change", "stored_events", "removed_events", "cleared_events", "confirmed", "unconfirmed",
-                 "mismatch_after", "_pending", "_hit", "_index", "_replica", "_bit")
+    __slots__ = ("_held", "_copies", "on_change", "stored_events", "removed_events", "cleared_events", "confirmed",
+                 "unconfirmed", "mismatch_after", "_pending", "_hit", "_index", "_replica", "_bit")
 
     def __init__(self, mismatch_after: int = DEFAULTS.scheduler.kv_events_mismatch_after) -> None:
         self._held: set[int] = set()
+        # block -> copies held beyond the first: an engine may cache one block twice (vLLM: two requests computed the
+        # same prefix at once; its BlockPool keeps both and announces the storing and the eviction of each)
+        self._copies: dict[int, int] = {}
         self.on_change: Callable[[], None] | None = None  # the prefix index's memo goes stale
         self.stored_events = self.removed_events = self.cleared_events = 0
         self.confirmed = self.unconfirmed = 0  # engine-reported prefix hits the mirror had / had not predicted
@@ -187,10 +190,21 @@ class KvEventMirror:
     def __len__(self) -> int:
         return len(self._held)
 
+    def holds(self, h: int) -> bool:
+        """Is block ``h`` held (its events stored it and did not remove it)?"""
+        return h in self._held
+
     # -- events (vLLM's BlockStored / BlockRemoved / AllBlocksCleared) --------------------------------
     def stored(self, hashes: Sequence[int], parent: int | None = None) -> None:
-        """``hashes`` became cached (``parent``: the hash of the block before the first, None at a prompt's start)."""
-        self._held.update(hashes)
+        """``hashes`` became cached (``parent``: the hash of the block before the first, None at a prompt's start);
+        a block held already is another copy of it."""
+        held = self._held
+        if not held.isdisjoint(hashes):
+            copies = self._copies
+            for h in hashes:
+                if h in held:
+                    copies[h] = copies.get(h, 0) + 1
+        held.update(hashes)
         if self._index is not None:
             self._index.hold(hashes, self._bit)
         self.stored_events += 1
@@ -198,6 +212,19 @@ class KvEventMirror:
             self.on_change()
 
     def removed(self, hashes: Sequence[int]) -> None:
+        """A copy of each of ``hashes`` was evicted: a block goes with its last copy."""
+        copies = self._copies
+        if copies:
+            gone = []
+            for h in hashes:
+                extra = copies.get(h)
+                if extra is None:
+                    gone.append(h)
+                elif extra > 1:
+                    copies[h] = extra - 1
+                else:
+                    del copies[h]
+            hashes = gone
         self._held.difference_update(hashes)
         if self._index is not None:
             self._index.drop(hashes, self._bit)
@@ -208,6 +235,7 @@ class KvEventMirror:
     def cleared(self) -> None:
         self._unlist()
         self._held.clear()
+        self._copies.clear()
         self._pending.clear()
         self.cleared_events += 1
         if self.on_change is not None:

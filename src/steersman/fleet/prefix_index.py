@@ -163,6 +163,14 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         mirror.on_change = self._stale
         self._memo = None
 
+    def unmirror_events(self, replica: int) -> None:
+        """``replica`` is learnt from routing again (its KV events do not describe its cache, or cannot be read)."""
+        ev = self.events.pop(replica, None)
+        if ev is not None:
+            ev.detach()
+            ev.on_change = None
+            self._memo = None
+
     def expect(self, replica: int, key: int, hashes: Sequence[int]) -> bool:
         """A prompt routed to ``replica`` (ticket ``key``): True if its KV events will say when it is cached (it is
         credited there until :meth:`settle_expected`), False if the index should record it."""
@@ -182,10 +190,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         are not the gateway's) is read from routing again (:meth:`KvEventMirror.observe`)."""
         ev = self.events.get(replica)
         if ev is not None and ev.observe(predicted_blocks, reported_blocks):
-            del self.events[replica]
-            ev.detach()
-            ev.on_change = None
-            self._memo = None
+            self.unmirror_events(replica)
             log.warning("replica %d: its KV events matched none of %d prefix hits its engine reported (its block hashes "
                         "are not the gateway's: another tokenizer?); the index learns it from routing instead",
                         replica, ev.unconfirmed)
