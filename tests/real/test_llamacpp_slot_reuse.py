@@ -49,20 +49,26 @@ def _body(question: str, max_tokens: int, stream: bool) -> dict:
             "messages": [{"role": "system", "content": PREFIX}, {"role": "user", "content": question}]}
 
 
-def _timings(c: httpx.Client, url: str, question: str) -> dict:
+def _post(url: str, body: dict) -> httpx.Response:
+    """On a connection of its own: llama-server closes a connection after a streamed response and an idle one
+    after 5 s, and a pooled POST that meets such a connection fails (httpx does not send a POST again)."""
+    with httpx.Client(timeout=120) as c:
+        return c.post(url + "/v1/chat/completions", json=body)
+
+
+def _timings(url: str, question: str) -> dict:
     """llama-server's own account of one whole request: ``prompt_n`` computed, ``cache_n`` reused."""
-    r = c.post(url + "/v1/chat/completions", json=_body(question, 2, False))
+    r = _post(url, _body(question, 2, False))
     r.raise_for_status()
     return r.json()["timings"]
 
 
-def _stream_in_background(c: httpx.Client, url: str, body: dict) -> tuple[threading.Event, threading.Event,
-                                                                          threading.Thread]:
+def _stream_in_background(url: str, body: dict) -> tuple[threading.Event, threading.Event, threading.Thread]:
     """Stream ``body`` on a thread: (set at its first token, set when it ended, the thread)."""
     first_token, done = threading.Event(), threading.Event()
 
     def run() -> None:
-        with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        with httpx.Client(timeout=120) as c, c.stream("POST", url + "/v1/chat/completions", json=body) as r:
             for line in r.iter_lines():
                 if '"content":"' in line:
                     first_token.set()
@@ -74,14 +80,13 @@ def _stream_in_background(c: httpx.Client, url: str, body: dict) -> tuple[thread
 
 
 def test_a_follower_reuses_nothing_while_the_holder_decodes_and_everything_once_it_ended(url):
-    with httpx.Client(timeout=120) as c:
-        first_token, holder_done, t = _stream_in_background(c, url, _body("Question 1: where is my order?", 40, True))
-        assert first_token.wait(60), "the holder streamed no token"
-        during = _timings(c, url, "Question 2: may I return it?")
-        assert not holder_done.is_set(), "the holder ended before the follower ran: make it decode longer"
-        t.join(120)
-        assert holder_done.is_set()
-        after = _timings(c, url, "Question 3: who pays the courier?")
+    first_token, holder_done, t = _stream_in_background(url, _body("Question 1: where is my order?", 40, True))
+    assert first_token.wait(60), "the holder streamed no token"
+    during = _timings(url, "Question 2: may I return it?")
+    assert not holder_done.is_set(), "the holder ended before the follower ran: make it decode longer"
+    t.join(120)
+    assert holder_done.is_set()
+    after = _timings(url, "Question 3: who pays the courier?")
     prompt = during["prompt_n"] + during["cache_n"]
     assert prompt > 250
     assert during["cache_n"] < 0.2 * prompt, f"a follower reused {during['cache_n']} of {prompt} tokens from a busy slot"
@@ -116,24 +121,23 @@ PREFIX2 = "You are the billing assistant of Acme Tools. " + " ".join(
 )
 
 
-def _ask(c: httpx.Client, url: str, system: str, question: str) -> dict:
-    r = c.post(url + "/v1/chat/completions", json={**_body(question, 2, False), "messages": [
+def _ask(url: str, system: str, question: str) -> dict:
+    r = _post(url, {**_body(question, 2, False), "messages": [
         {"role": "system", "content": system}, {"role": "user", "content": question}]})
     r.raise_for_status()
     return r.json()["timings"]
 
 
 def test_an_idle_slots_prompt_saved_when_another_request_starts_serves_a_follower_beside_a_busy_copy(url):
-    with httpx.Client(timeout=120) as c:
-        _ask(c, url, PREFIX2, "Question 5: when is my invoice due?")  # PREFIX2 now sits in an idle slot
-        _ask(c, url, OTHER, "Question 6: what does class 3 mean?")  # starting, it saves the idle slots' prompts
-        body = {**_body("Question 7: can I pay later?", 40, True),
-                "messages": [{"role": "system", "content": PREFIX2}, {"role": "user", "content": "Question 7: can I pay later?"}]}
-        first_token, done, t = _stream_in_background(c, url, body)
-        assert first_token.wait(60), "the first follower streamed no token"
-        second = _ask(c, url, PREFIX2, "Question 8: is there a discount?")
-        assert not done.is_set(), "the first follower ended before the second ran: make it decode longer"
-        t.join(120)
+    _ask(url, PREFIX2, "Question 5: when is my invoice due?")  # PREFIX2 now sits in an idle slot
+    _ask(url, OTHER, "Question 6: what does class 3 mean?")  # starting, it saves the idle slots' prompts
+    body = {**_body("Question 7: can I pay later?", 40, True),
+            "messages": [{"role": "system", "content": PREFIX2}, {"role": "user", "content": "Question 7: can I pay later?"}]}
+    first_token, done, t = _stream_in_background(url, body)
+    assert first_token.wait(60), "the first follower streamed no token"
+    second = _ask(url, PREFIX2, "Question 8: is there a discount?")
+    assert not done.is_set(), "the first follower ended before the second ran: make it decode longer"
+    t.join(120)
     prompt = second["prompt_n"] + second["cache_n"]
     assert prompt > 250
     assert second["cache_n"] > 0.8 * prompt, f"the second follower reused only {second['cache_n']} of {prompt} tokens"
