@@ -82,6 +82,7 @@ class ResponsesHttp:
     path = _inner("path")
     started = _inner("started")
     closed = _inner("closed")
+    client_paused = _inner("client_paused")
     extra_headers = _inner("extra_headers", writable=True)
     producer = _inner("producer", writable=True)  # the engine exchange paused while the client cannot keep up
 

@@ -44,6 +44,11 @@ class HttpRequest:
         return self._state != 0
 
     @property
+    def client_paused(self) -> bool:
+        """The client's connection cannot take more now (its producer is paused until it drains)."""
+        return self.conn._paused_writing
+
+    @property
     def closed(self) -> bool:
         return self.conn.transport is None or self.conn.transport.is_closing()
 

@@ -47,6 +47,8 @@ class _Delta(msgspec.Struct):
     content: str | None = None
     tool_calls: Any = None
     function_call: Any = None
+    reasoning_content: Any = None  # vLLM's reasoning parsers (and DeepSeek's API)
+    reasoning: Any = None  # vLLM >= 0.10's name for it
 
 
 class _Choice(msgspec.Struct):
@@ -95,7 +97,8 @@ class Continuation(Legs):
     """The emitted-so-far state of one stream (``ctx.continuation``)."""
 
     __slots__ = ("chat", "allowed", "reason", "id", "created", "model", "texts", "tokens", "leg_start",
-                 "finish_reason", "usage", "done", "legs", "include_usage", "limit", "prompt_tokens", "_body", "_head", "_fh", "_ft")
+                 "finish_reason", "usage", "usage_sent", "done", "legs", "include_usage", "limit", "prompt_tokens",
+                 "_body", "_head", "_fh", "_ft")
 
     def __init__(self, req: ChatCompletionRequest | CompletionRequest, body: bytes, prompt_tokens: int | None) -> None:
         self.chat = isinstance(req, ChatCompletionRequest)
@@ -108,6 +111,7 @@ class Continuation(Legs):
         self.leg_start = 0  # tokens relayed before the current leg
         self.finish_reason: str | None = None
         self.usage: dict | None = None
+        self.usage_sent = False  # an event with usage reached the client (the end of a stream sends no second one)
         self.done = False
         self.legs = 0  # replicas that served this stream so far
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -145,7 +149,7 @@ class Continuation(Legs):
             if fh and payload.startswith(fh) and payload.endswith(ft):
                 try:  # same bytes as a validated plain token event around one JSON string: valid iff it is
                     text = _decode_str(payload[len(fh) : len(payload) - len(ft)])
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, UnicodeDecodeError):
                     pass  # the full check below says what is wrong
                 else:
                     if text:
@@ -158,7 +162,7 @@ class Continuation(Legs):
                 return n + 1
             try:
                 c = _decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
                 raise BadEvent(f"the engine sent an event that is not an OpenAI chunk ({e}): {payload[:80]!r}", n) from None
             if c.error is not None:
                 raise BadEvent(f"the engine reported an error mid-stream: {str(c.error)[:200]}", n)
@@ -168,6 +172,7 @@ class Continuation(Legs):
                     self.id, self.created, self.model = self._head
                 if c.usage is not None:
                     self.usage = c.usage
+                    self.usage_sent = True
             for ch in c.choices:
                 if ch.index or ch.logprobs is not None:
                     self._refuse("n > 1" if ch.index else "logprobs")
@@ -179,6 +184,8 @@ class Continuation(Legs):
                         continue
                     if d.tool_calls or d.function_call:
                         self._refuse("a tool call in progress")
+                    if d.reasoning_content or d.reasoning:  # continued as content, the reasoning would start over
+                        self._refuse("reasoning in progress")
                     if d.content:
                         texts.append(d.content)
                     if d.role is None:
@@ -201,7 +208,8 @@ class Continuation(Legs):
             return b"", b""
         if self.chat:
             d = ch.delta
-            if d is None or d.role is not None or d.tool_calls or d.function_call or d.content is None:
+            if (d is None or d.role is not None or d.tool_calls or d.function_call or d.content is None
+                    or d.reasoning_content is not None or d.reasoning is not None):
                 return b"", b""
             key, text = b'"content":', d.content
         else:

@@ -26,7 +26,12 @@ class Legs:
         text = self.text
         rem = self.remaining
         if self.chat:
-            body["messages"] = list(body["messages"]) + [{"role": "assistant", "content": text}]
+            messages = list(body["messages"])
+            if body.get("continue_final_message") and messages and messages[-1].get("role") == "assistant":
+                messages[-1] = _extended(messages[-1], text)  # the client's own prefill: the answer goes on in it
+            else:
+                messages.append({"role": "assistant", "content": text})
+            body["messages"] = messages
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
             key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
@@ -36,8 +41,12 @@ class Legs:
             key = "max_tokens"
         if rem is not None:
             body[key] = rem
+        if isinstance(body.get("min_tokens"), int):  # what is left of it (vLLM refuses min_tokens > max_tokens)
+            body["min_tokens"] = max(0, body["min_tokens"] - self.tokens)
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}  # to report the whole stream's usage at its end
+        options = body.get("stream_options")
+        # usage, to report the whole stream's at its end; the client's other options kept (continuous_usage_stats)
+        body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         return orjson.dumps(body)
 
     def begin_leg(self) -> None:
@@ -70,6 +79,7 @@ class Legs:
             obj["usage"] = self.whole_usage(usage)
             if not choices and not self.include_usage:
                 return None
+            self.usage_sent = True
         elif "usage" in obj and not self.include_usage:
             del obj["usage"]
         return orjson.dumps(obj)
@@ -104,7 +114,7 @@ class Legs:
             else:
                 ch["text"] = ""
             out += _event(self._chunk([ch]))
-        if self.include_usage:
+        if self.include_usage and not self.usage_sent:  # (an engine dying between its usage and [DONE] sent it)
             prompt = self.prompt_tokens
             if prompt is None and isinstance(self.usage, dict):
                 prompt = self.usage.get("prompt_tokens")
@@ -121,6 +131,19 @@ class Legs:
         if usage is not None:
             d["usage"] = usage
         return d
+
+
+def _extended(message: dict, text: str) -> dict:
+    """The client's final assistant message (a prefill) with ``text`` appended to its content."""
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: the text goes on in the last text part, or a new one
+        parts = list(content)
+        if parts and isinstance(parts[-1], dict) and parts[-1].get("type") == "text":
+            parts[-1] = {**parts[-1], "text": (parts[-1].get("text") or "") + text}
+        else:
+            parts.append({"type": "text", "text": text})
+        return {**message, "content": parts}
+    return {**message, "content": (content or "") + text}
 
 
 def _event(obj: dict) -> bytes:

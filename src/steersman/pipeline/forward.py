@@ -45,7 +45,7 @@ def _several_texts(inner: bytes, mid: bytes) -> list[str] | None:
     """
     try:
         return [_decode_str(p) for p in inner.split(mid)]
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None  # not plain token events only: the SSE parser takes the read (and says what is wrong)
 
 
@@ -93,7 +93,7 @@ class _Relay:
             inner = data[len(fp) : len(data) - len(self._fs)]
             try:
                 text = _decode_str(inner)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, UnicodeDecodeError):
                 texts = _several_texts(inner, self._mid)
                 if texts is not None:
                     cont.texts.extend(filter(None, texts))
@@ -188,6 +188,44 @@ class _Relay:
         self.ex.abort()  # stop reading a broken stream; done() then raises
 
 
+class _Producer:
+    """The engine exchange as the client connection's producer: paused while the client cannot keep up.  The engine
+    is silent then because the gateway stopped reading it: the idle sweep (``Pipeline.sweep_streams``) skips a paused
+    stream, and counts its silence from the resume."""
+
+    __slots__ = ("ex", "ctx", "now")
+
+    def __init__(self, ex: Exchange, ctx: RequestContext, now) -> None:
+        self.ex, self.ctx, self.now = ex, ctx, now
+
+    def pause(self) -> None:
+        self.ex.pause()
+
+    def resume(self) -> None:
+        self.ex.resume()
+        if self.ctx.last_event_at is not None:
+            self.ctx.last_event_at = self.now()
+
+    def abort(self) -> None:
+        """Drop the engine connection (an ejected replica, a frozen stream: ``Pipeline._drop_engine``)."""
+        self.ex.abort()
+
+
+def _finish_locally(ctx: RequestContext) -> bool:
+    """The engine failed after the stream's last token (its finish reason relayed, or the token limit reached):
+    end the stream here, as it would have (the finish, usage if asked and not yet sent, ``[DONE]``), without
+    asking another replica for nothing.  True if it was."""
+    cont = ctx.continuation
+    if cont is None or not ctx.bytes_sent or cont.done:
+        return False
+    rem = cont.remaining
+    if cont.finish_reason is None and not (cont.allowed and rem is not None and rem <= 0):
+        return False
+    ctx.http.send(cont.closing_events(ctx.sched.prompt_tokens if ctx.sched is not None else None))
+    ctx.http.end_stream()
+    return True
+
+
 class Forward:
     name = "forward"
 
@@ -212,14 +250,10 @@ class Forward:
         body = ctx.body
         if resuming:
             assert cont is not None
+            if _finish_locally(ctx):  # the engine died after its last token
+                return RESPONDED
             if not cont.allowed:
                 return Fail(_no_continuation(cont.reason), Retry.NEVER)
-            rem = cont.remaining
-            if cont.finish_reason is not None or (rem is not None and rem <= 0):
-                estimate = ctx.sched.prompt_tokens if ctx.sched is not None else None
-                ctx.http.send(cont.closing_events(estimate))  # the engine died after its last token
-                ctx.http.end_stream()
-                return RESPONDED
             body = cont.request_body()
         if rep.priority_scheduling and ctx.started_at is not None:
             body = with_priority(body, ctx.started_at.engine_priority)
@@ -270,12 +304,15 @@ class Forward:
                 ctx.output_tokens = cont.tokens
         except UpstreamError as e:
             self.metrics.upstream_error(rep.name, "broken")
+            if _finish_locally(ctx):
+                return RESPONDED
             retry = Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE
             return Fail(_mid_stream(ctx, upstream_failed(f"Engine {rep.name} failed mid-response: {e}", 502)), retry)
         finally:
             if ex is not None:
                 ex.release()  # aborts it unless the response completed; frees the relay (no reference cycle)
-                if getattr(ctx.http, "producer", None) is ex:
+                p = getattr(ctx.http, "producer", None)
+                if p is not None and p.ex is ex:
                     ctx.http.producer = None
 
     async def _whole(self, ctx: RequestContext, ex: Exchange) -> Outcome:
@@ -313,12 +350,15 @@ class Forward:
         if not req.started:
             req.start_stream(200, b"text/event-stream", b"X-Accel-Buffering: no\r\n", hold=True)
         ctx.status = 200
-        req.producer = ex
+        req.producer = producer = _Producer(ex, ctx, self.clock.now)
+        if req.client_paused:  # a continuation leg under a client that cannot keep up: read only once it can
+            producer.pause()
         ex.pipe(relay)
         try:
             await ex.done()
         except UpstreamError:
-            if relay.error is None:
+            # an engine breaking after its [DONE] (before the response's last bytes) broke nothing the client needs
+            if relay.error is None and not relay.cont.done:
                 raise
         cont = relay.cont
         if relay.error is None and not cont.done:
@@ -328,9 +368,13 @@ class Forward:
                 relay.error = f"malformed event stream: {e}"
         if relay.error is not None:
             self.metrics.upstream_error(name, "malformed")
+            if _finish_locally(ctx):
+                return RESPONDED
             err = upstream_failed(f"Engine {name} sent a malformed stream: {relay.error}", 502, "malformed_stream")
             return Fail(_mid_stream(ctx, err), Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
         if not cont.done:
+            if _finish_locally(ctx):
+                return RESPONDED
             err = ApiError(502, f"Engine {name} ended the stream without finishing it.", "server_error", None, "incomplete_stream")
             return Fail(_mid_stream(ctx, err), Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
         if cont.usage is not None and not relay.resumed:

@@ -281,8 +281,8 @@ class Pipeline:
         for replica, attempts in self._active.items():
             for ctx in attempts:
                 last = ctx.last_event_at
-                if not ctx.bytes_sent or last is None or now - last < idle:
-                    continue
+                if not ctx.bytes_sent or last is None or now - last < idle or ctx.http.client_paused:
+                    continue  # (paused: the client cannot keep up and the gateway stopped reading the engine)
                 if self._drop_engine(ctx):
                     ctx.last_event_at = None  # once
                     self.retrier.counts.inc("stream_idle")
