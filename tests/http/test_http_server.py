@@ -220,3 +220,116 @@ def test_accepted_connections_have_tcp_nodelay(loop_kind):
     else:
         asyncio.run(main())
     assert seen and all(seen)
+
+
+# ---- found by review (twenty-sixth session); each failed before its fix ----------------------------------------
+
+def _post(body: bytes = b"hi", extra: bytes = b"") -> bytes:
+    return b"POST /echo HTTP/1.1\r\nHost: x\r\n%bContent-Length: %d\r\n\r\n%b" % (extra, len(body), body)
+
+
+async def test_pipelined_requests_wait_for_the_client_to_read_the_answers():
+    # a client sending requests and never reading made the server buffer every answer (1.5 GB for 3,000 1 MB ones)
+    srv = HttpServer(error_body, 1000)
+
+    async def big(req):
+        req.respond(200, b"x" * (1 << 20))
+
+    srv.route("GET", "/big", big)
+    await srv.start("127.0.0.1", 0)
+    import socket
+
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", srv.port))
+    s.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_sendall(s, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+    await asyncio.sleep(0.5)
+    (conn,) = srv.connections
+    assert conn.transport.get_write_buffer_size() < 3 * (1 << 20)  # was ~200 MB: every answer written
+    s.close()
+    await srv.stop()
+
+
+async def test_a_header_that_never_ends_is_refused_before_it_grows():
+    srv = await _server()
+    r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+    w.write(b"GET /stream HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    got = b""
+    try:
+        for _ in range(64):  # 4 MB of one header's value, no line end
+            w.write(b"a" * 65536)
+            await w.drain()
+    except ConnectionError:
+        pass
+    try:
+        got = await asyncio.wait_for(r.read(65536), 5)
+    except ConnectionError:
+        pass
+    w.close()
+    assert got.startswith(b"HTTP/1.1 431"), got[:100]
+    await srv.stop()
+
+
+async def test_head_never_gets_a_body_and_405_says_what_is_allowed():
+    srv = await _server()
+    out = await _exchange(srv.port, b"HEAD /nope HTTP/1.1\r\nHost: x\r\n\r\nHEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n"
+                                    b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    heads = out.split(b"\r\n\r\n")
+    assert heads[0].startswith(b"HTTP/1.1 404") and heads[1].startswith(b"HTTP/1.1 405")  # no bodies between them
+    assert heads[2].startswith(b"HTTP/1.1 405") and b"Allow: POST\r\n" in heads[2] + b"\r\n"
+    await srv.stop()
+
+
+async def test_a_bad_request_after_a_good_one_is_answered_after_it():
+    srv = await _server()
+    out = await _exchange(srv.port, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n" + b"GARBAGE\r\n\r\n", until=b"}")
+    assert out.startswith(b"HTTP/1.1 200") and b"data: 2" in out  # was closed with no answer to either
+    assert b"HTTP/1.1 400" in out and out.index(b"HTTP/1.1 400") > out.index(b"data: 2")
+    await srv.stop()
+
+
+async def test_an_upgrade_is_ignored_and_the_request_answered():
+    srv = await _server()
+    out = await _exchange(srv.port, _post(b"hello", b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+                                                    b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n") + _post(b"again"),
+                          until=b'"query":""}')
+    assert out.count(b"HTTP/1.1 200") == 2 and b'"len":5' in out  # was an empty reply
+    await srv.stop()
+
+
+async def test_100_continue_never_lands_inside_another_response():
+    srv = await _server()
+    out = await _exchange(srv.port, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+                          + _post(b"hi", b"Expect: 100-continue\r\n"), until=b'"query":""}')
+    first, _, rest = out.partition(b"0\r\n\r\n")  # the stream's end
+    assert b"100 Continue" not in first and rest.startswith(b"HTTP/1.1 200")
+    out = await _exchange(srv.port, b"POST /echo HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi")
+    assert b"100 Continue" not in out  # (RFC 9110 10.1.1: not to an HTTP/1.0 client)
+    await srv.stop()
+
+
+async def test_chunked_trailers_are_not_request_headers():
+    srv = HttpServer(error_body, 1000)
+    seen = {}
+
+    async def show(req):
+        seen.update(req.headers)
+        req.respond(200, b"{}")
+
+    srv.route("POST", "/show", show)
+    await srv.start("127.0.0.1", 0)
+    await _exchange(srv.port, b"POST /show HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n"
+                              b"\r\n2\r\nhi\r\n0\r\nAuthorization: Bearer smuggled\r\n\r\n")
+    assert seen and "authorization" not in seen
+    await srv.stop()
+
+
+async def test_absolute_form_targets_and_http10_keep_alive():
+    srv = await _server()
+    out = await _exchange(srv.port, b"POST http://gateway.example/echo?q=1 HTTP/1.0\r\nConnection: keep-alive\r\n"
+                                    b"Content-Length: 2\r\n\r\nhi", until=b"}")
+    assert out.startswith(b"HTTP/1.1 200") and b'"path":"/echo"' in out and b'"query":"q=1"' in out
+    assert b"Connection: keep-alive\r\n" in out
+    await srv.stop()

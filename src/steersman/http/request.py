@@ -26,6 +26,8 @@ class HttpRequest:
     def __init__(self, conn: _Connection, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool, http10: bool) -> None:
         self.conn = conn
         self.method = method
+        if url[:1] != b"/" and b"://" in url[:10]:  # absolute-form (RFC 9112 3.2.2): what a proxy-minded client sends
+            url = b"/" + url.split(b"://", 1)[1].partition(b"/")[2]
         path, _, query = url.partition(b"?")
         self.path = path.decode("latin-1")
         self.query = query.decode("latin-1")
@@ -60,7 +62,7 @@ class HttpRequest:
         ka = self.keep_alive
         head = b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
             _status_line(status), content_type, len(body), extra, self.extra_headers,
-            b"" if ka else b"Connection: close\r\n")
+            (b"Connection: keep-alive\r\n" if self.http10 else b"") if ka else b"Connection: close\r\n")
         self.conn.write(head if self.head_only else head + body)
         self.conn.finished(self, ka)
 

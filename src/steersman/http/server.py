@@ -6,8 +6,12 @@ awaits per chunk — upstream bytes are written to the client socket from the
 upstream protocol's ``data_received``.
 
 What it does: keep-alive (one request at a time per connection; pipelined
-requests wait in a short queue), ``Content-Length`` and chunked request bodies
-with a size limit (413), a header size limit (431), ``Expect: 100-continue``,
+requests wait in a short queue, each started once the client has read the
+answers before it; a protocol error among them is answered after them),
+``Content-Length`` and chunked request bodies (trailers are not headers) with
+a size limit (413), a header size limit (431, also for a header still
+arriving), ``Expect: 100-continue`` (never inside another response), ``Upgrade``
+ignored (the request answered over HTTP/1.1), ``Allow`` on a 405, no body for HEAD,
 chunked streaming responses (close-delimited for HTTP/1.0 clients),
 backpressure (a paused client socket pauses the registered producer), an idle
 timeout, and cancellation: a client that disconnects cancels its handler task.
@@ -36,12 +40,14 @@ ErrorBody = Callable[[int, str, str], bytes]
 _MAX_HEADER_BYTES = 64 * 1024
 _MAX_PIPELINED = 8
 _REJECT_GRACE_S = 5.0
+_READ_SLACK = 256 * 1024  # a read's bytes before its message's head began (the end of the one before it)
 
 
 class _Connection(asyncio.Protocol):
     __slots__ = (
         "server", "loop", "transport", "parser", "_url", "_headers", "_hname", "_body", "_size", "_header_bytes",
         "_queue", "_current", "_task", "_paused_writing", "_drain", "_timer", "_timer_at", "_due", "_on_due", "_rejected",
+        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -56,6 +62,10 @@ class _Connection(asyncio.Protocol):
         self._current: HttpRequest | None = None
         self._task: asyncio.Task | None = None
         self._paused_writing = False
+        self._in_message = False  # a request is being received (its headers or body)
+        self._later: tuple[int, str, str] | None = None  # a protocol error to answer once the requests before it are
+        self._upgrading: tuple | None = None  # a request asking for an Upgrade, whose body is read here (see below)
+        self._upgrade_buf = b""
         self._drain: asyncio.Future | None = None
         # one timer for both deadlines (a whole request must arrive in time; an idle connection closes): moving a
         # deadline later only moves ``_due``, and the timer, when it fires early, re-arms itself for the rest
@@ -72,7 +82,9 @@ class _Connection(asyncio.Protocol):
         self._hname = b""
         self._body: list[bytes] = []
         self._size = 0
-        self._header_bytes = 0
+        self._header_bytes = 0  # the message's complete headers so far
+        self._head_raw = 0  # the reads that ended inside its head (so at most one read more than the head itself)
+        self._in_head = False  # its headers are still arriving (anything ``on_header`` gets after them: trailers)
 
     # -- transport events ---------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -105,13 +117,30 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._rejected:
             return
+        if self._upgrading is not None:
+            self._upgrade_body(data)
+            return
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(400, "Protocol upgrades are not supported.", "unsupported_protocol")
+        except httptools.HttpParserUpgrade as e:
+            # ``Upgrade: h2c`` (curl --http2 on http://), websocket: a server may ignore Upgrade (RFC 9110 7.8).
+            # httptools stops at the head: the body (Content-Length) is read here, the request answered over
+            # HTTP/1.1, and the connection goes on with a parser of its own
+            self.parser = httptools.HttpRequestParser(self)
+            rest = data[e.args[0]:] if e.args and isinstance(e.args[0], int) else b""
+            if self._upgrading is not None:
+                self._upgrade_body(rest)
+            elif rest:
+                self.data_received(rest)
+            return
         except httptools.HttpParserError as e:
             if not self._rejected:
                 self._reject(400, f"Malformed HTTP request: {e}.", "bad_http")
+            return
+        if self._in_head:  # the read ended inside the head: httptools keeps a header whole until its line ends
+            self._head_raw += len(data)  # (a header that never ends grew without bound, each read copying it again)
+            if self._head_raw > _MAX_HEADER_BYTES + _READ_SLACK:
+                self._reject(431, "Request headers are too large.", "headers_too_large")
 
     def pause_writing(self) -> None:
         self._paused_writing = True
@@ -127,6 +156,8 @@ class _Connection(asyncio.Protocol):
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
         self._drain = None
+        if cur is None and self.transport is not None:
+            self._next()  # pipelined requests waited for the client to read what was answered
 
     async def drain(self) -> None:
         if self.transport is None:
@@ -144,6 +175,7 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._reset_message()
+        self._in_head = self._in_message = True
         # the whole request (headers and body) must arrive in time: a slow-loris client is cut off with a 408
         self._deadline(self.server.request_timeout_s, self._read_timeout)
 
@@ -172,6 +204,9 @@ class _Connection(asyncio.Protocol):
 
     def _read_timeout(self) -> None:
         s = self.server.request_timeout_s
+        if self._current is not None or self._queue:  # the server is not reading it yet (serving the ones before)
+            self._deadline(s, self._read_timeout)
+            return
         self._reject(408, f"The request was not received completely within {s:g} s.", "request_timeout")
 
     def on_url(self, url: bytes) -> None:
@@ -179,6 +214,8 @@ class _Connection(asyncio.Protocol):
         self._count_header(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_head:
+            return  # a chunked body's trailer: never a request header (a front proxy checked the headers only)
         self._count_header(len(name) + len(value))
         self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
@@ -188,12 +225,15 @@ class _Connection(asyncio.Protocol):
             self._reject(431, "Request headers are too large.", "headers_too_large")
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         length = self._headers.get("content-length")
         limit = self.server.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
             self._reject(413, f"Request body is larger than the limit of {limit} bytes.", "request_too_large")
             return
-        if self._headers.get("expect", "").lower() == "100-continue":
+        # an interim answer only between responses (not inside the one being sent), and not to HTTP/1.0 clients
+        if (self._headers.get("expect", "").lower() == "100-continue" and self._current is None and not self._queue
+                and self.parser.get_http_version() != "1.0"):
             self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
@@ -208,13 +248,39 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._due = None  # the request is in: no deadline while its handler runs
+        self._in_message = False
         if self._rejected:
             return
         p = self.parser
-        req = HttpRequest(
-            self, p.get_method().decode("latin-1"), self._url, self._headers, b"".join(self._body),
-            p.should_keep_alive(), p.get_http_version() == "1.0",
-        )
+        head = (p.get_method().decode("latin-1"), self._url, self._headers, p.should_keep_alive(),
+                p.get_http_version() == "1.0")
+        if p.should_upgrade():  # httptools did not read its body: data_received does
+            length = self._headers.get("content-length", "0")
+            if "transfer-encoding" in self._headers or not length.isdigit():
+                self._reject(400, "An Upgrade request with a chunked body is not supported.", "unsupported_upgrade")
+                return
+            self._reset_message()
+            self._upgrading = (*head, int(length))
+            self._in_message = True
+            self._deadline(self.server.request_timeout_s, self._read_timeout)
+            return
+        self._arrived(HttpRequest(self, head[0], head[1], head[2], b"".join(self._body), head[3], head[4]))
+
+    def _upgrade_body(self, data: bytes) -> None:
+        assert self._upgrading is not None
+        method, url, headers, keep_alive, http10, length = self._upgrading
+        buf = self._upgrade_buf + data
+        if len(buf) < length:
+            self._upgrade_buf = buf
+            return
+        self._upgrading, self._upgrade_buf = None, b""
+        self._due = None
+        self._in_message = False
+        self._arrived(HttpRequest(self, method, url, headers, buf[:length], keep_alive, http10))
+        if len(buf) > length:
+            self.data_received(buf[length:])
+
+    def _arrived(self, req: HttpRequest) -> None:
         self._reset_message()
         if self._current is None:
             self._start(req)
@@ -240,11 +306,25 @@ class _Connection(asyncio.Protocol):
         if not keep_alive:
             t.close()
             return
+        self._next()
+
+    def _next(self) -> None:
+        """Between responses: serve the next queued request, once the client has taken what was answered (a
+        client sending requests and not reading the answers must not make the server buffer them all); or answer
+        a protocol error that came after them; or wait, idle."""
+        t = self.transport
         if self._queue:
-            if len(self._queue) == _MAX_PIPELINED:
+            if self._paused_writing:
+                return  # resume_writing comes back here
+            if len(self._queue) == _MAX_PIPELINED and not self._rejected:
                 t.resume_reading()
             self._start(self._queue.popleft())
-        else:
+        elif self._later is not None:
+            status, message, code = self._later
+            self._later = None
+            self._rejected = False
+            self._reject(status, message, code)
+        elif not self._in_message:  # (a request being received keeps its read deadline)
             self._arm_idle()
 
     def _arm_idle(self) -> None:
@@ -265,12 +345,13 @@ class _Connection(asyncio.Protocol):
         if self._rejected:
             return
         self._rejected = True
-        self._queue.clear()
         t = self.transport
         if t is None:
             return
-        if self._current is not None:
-            t.close()
+        if self._current is not None:  # the requests before it are answered first, in order (RFC 9112 9.3.2)
+            self._later = (status, message, code)
+            self._due = None
+            t.pause_reading()
             return
         body = self.server.error_body(status, message, code)
         t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (_status_line(status), len(body), body))
@@ -307,19 +388,26 @@ class HttpServer:
             handler = next((h for m, p, h in self.prefixes if m == method and path.startswith(p) and path != p), None)
         return handler
 
-    def _known(self, path: str) -> bool:
-        return any(p == path for _, p in self.routes) or any(path.startswith(p) and path != p for _, p, _ in self.prefixes)
+    def _allowed(self, path: str) -> list[str]:
+        """The methods ``path`` has handlers for (HEAD where GET), for a 405's ``Allow`` (RFC 9110 15.5.6)."""
+        methods = {m for m, p in self.routes if p == path}
+        methods |= {m for m, p, _ in self.prefixes if path.startswith(p) and path != p}
+        if "GET" in methods:
+            methods.add("HEAD")
+        return sorted(methods)
 
     async def dispatch(self, req: HttpRequest) -> None:
         handler = self._find(req.method, req.path)
-        if handler is None and req.method == "HEAD":  # a GET's headers alone (RFC 9110 9.3.2): health checks use it
-            handler = self._find("GET", req.path)
-            if handler is not None:
-                req.head_only = True
+        if req.method == "HEAD":  # a GET's headers alone (RFC 9110 9.3.2): health checks use it; never a body
+            req.head_only = True
+            if handler is None:
+                handler = self._find("GET", req.path)
         try:
             if handler is None:
-                if self._known(req.path):
-                    req.respond(405, self.error_body(405, f"Method {req.method} is not allowed on {req.path}.", "method_not_allowed"))
+                allowed = self._allowed(req.path)
+                if allowed:
+                    req.respond(405, self.error_body(405, f"Method {req.method} is not allowed on {req.path}.", "method_not_allowed"),
+                                extra=b"Allow: %b\r\n" % ", ".join(allowed).encode())
                 else:
                     req.respond(404, self.error_body(404, f"No such endpoint: {req.path}.", "not_found"))
                 return
