@@ -11,11 +11,12 @@ import time
 
 import httpx
 import openai
-import orjson
 import pytest
 
 from steersman.enginesim.app import SimServerConfig
 from steersman.testing import LiveFleet
+
+from cont_streams import raw_engines, serve_script
 
 CHUNK = b'data: {"id":"x1","object":"chat.completion.chunk","created":1,"model":"raw","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
 ROLE = b'data: {"id":"x1","object":"chat.completion.chunk","created":1,"model":"raw","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n'
@@ -37,62 +38,14 @@ SCENARIOS = {
 
 
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:  # keep-alive for the gateway's scrapes (GET /metrics every 50 ms); a POST ends the connection
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            body = await reader.readexactly(length) if length else b""
-            if head.startswith(b"POST"):
-                break
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-            await writer.drain()
-        scenario = orjson.loads(body)["messages"][-1]["content"]
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        for step in SCENARIOS[scenario]:
-            if step == "hang":
-                await asyncio.sleep(30)  # the gateway must end the client's stream long before
-                return
-            if step == "reset":
-                writer.transport.abort()
-                return
-            if step == "end":
-                writer.write(b"0\r\n\r\n")
-                await writer.drain()
-                await asyncio.sleep(0.2)
-                return
-            writer.write(b"%x\r\n%s\r\n" % (len(step), step))
-            await writer.drain()
-            await asyncio.sleep(0.005)
-    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        writer.close()
+    await serve_script(reader, writer, lambda body: SCENARIOS[body["messages"][-1]["content"]])
 
 
 @pytest.fixture(scope="module")
 def raw_engine():
     """The broken engine, on its own loop in a thread: its URL."""
-    import threading
-
-    loop = asyncio.new_event_loop()
-    server = loop.run_until_complete(asyncio.start_server(_handle, "127.0.0.1", 0))
-    port = server.sockets[0].getsockname()[1]
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{port}"
-
-    async def shutdown():
-        server.close()
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task():
-                task.cancel()
-
-    asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+    with raw_engines(_handle) as (url,):
+        yield url
 
 
 @pytest.fixture

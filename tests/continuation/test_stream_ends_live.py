@@ -12,7 +12,6 @@ client's assistant prefill continued as a second assistant message; reasoning re
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import httpx
 import openai
@@ -20,6 +19,8 @@ import orjson
 import pytest
 
 from steersman.testing import LiveFleet
+
+from cont_streams import raw_engines, serve_script
 
 SCRIPTS: dict[str, list[list]] = {}  # scenario -> legs; a leg: bytes to send, or "reset" (abort), or "end"
 BODIES: dict[str, list[dict]] = {}  # scenario -> the engine requests it got
@@ -49,61 +50,22 @@ def usage(p: int, c: int, leg: int = 0) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
+def _steps(req: dict) -> list:
+    scenario = next(m["content"] for m in req["messages"] if m["role"] == "user")
+    got = BODIES.setdefault(scenario, [])
+    got.append(req)
+    legs = SCRIPTS[scenario]
+    return legs[min(len(got), len(legs)) - 1]
+
+
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:  # keep-alive for the gateway's scrapes; a POST ends the connection
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            body = await reader.readexactly(length) if length else b""
-            if head.startswith(b"POST"):
-                break
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-            await writer.drain()
-        req = orjson.loads(body)
-        scenario = next(m["content"] for m in req["messages"] if m["role"] == "user")
-        got = BODIES.setdefault(scenario, [])
-        got.append(req)
-        legs = SCRIPTS[scenario]
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                     b"Connection: close\r\n\r\n")
-        for step in legs[min(len(got), len(legs)) - 1]:
-            if step == "reset":
-                await asyncio.sleep(0.02)
-                writer.transport.abort()
-                return
-            writer.write(b"%x\r\n%s\r\n" % (len(step), step))
-            await writer.drain()
-            await asyncio.sleep(0.005)
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(0.1)
-    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        writer.close()
+    await serve_script(reader, writer, _steps)
 
 
 @pytest.fixture(scope="module")
 def engines():
-    loop = asyncio.new_event_loop()
-    servers = [loop.run_until_complete(asyncio.start_server(_handle, "127.0.0.1", 0)) for _ in range(2)]
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield [f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for s in servers]
-
-    async def shutdown():
-        for s in servers:
-            s.close()
-        for task in asyncio.all_tasks():
-            if task is not asyncio.current_task():
-                task.cancel()
-
-    asyncio.run_coroutine_threadsafe(shutdown(), loop).result(5)
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+    with raw_engines(_handle, 2) as urls:
+        yield urls
 
 
 def _fleet(urls: list[str]) -> LiveFleet:

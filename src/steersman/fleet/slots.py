@@ -247,7 +247,9 @@ class SlotMirror:
 
     def release(self, key: int, ran: bool, now: float) -> None:
         """Request ``key`` ended.  ``ran``: its prompt was computed (it had a first token), so its slot holds
-        it; else the slot keeps only what the old and new prompt shared.  A queued request takes the slot."""
+        it; else the slot is credited with nothing (an under-credit: llama-server finishes the batch under way
+        after a cancel, up to ``-b`` tokens of the prompt, and a request that never reached it left the old prompt).
+        A queued request takes the slot."""
         if self._queued.pop(key, None) is not None:
             return
         s = self._where.pop(key, None)
