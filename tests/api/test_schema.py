@@ -42,6 +42,9 @@ def err(body: bytes, chat: bool = True) -> ApiError:
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}, 3]}', "tools[1]"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": "f"}', "tools"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "always"}', "tool_choice"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ""}', "stop"),  # (as [""] is)
+        (b'{"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+         "messages[0].content[0].text"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}', "tool_choice"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function"}}', "tool_choice"),

@@ -181,6 +181,8 @@ def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_to
         raise bad_request("`stream_options` is only allowed when `stream` is true.", "stream_options")
     if isinstance(req.stop, list) and any(not isinstance(s, str) or not s for s in req.stop):
         raise bad_request("`stop` entries must be non-empty strings.", "stop")
+    if req.stop == "":
+        raise bad_request("`stop` must be a non-empty string or a list of them.", "stop")
 
 
 def _check_sampling(req: _Common) -> None:
@@ -218,6 +220,11 @@ def decode_chat(body: bytes, max_tokens_limit: int,
         if m.role not in _ROLES:
             raise bad_request(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES))}, got {m.role[:40]!r}.",
                               f"messages[{i}].role")
+        if isinstance(m.content, list):
+            for j, part in enumerate(m.content):
+                if isinstance(part, dict) and part.get("type") == "text" and not isinstance(part.get("text"), str):
+                    raise bad_request(f"`messages[{i}].content[{j}].text` must be a string.",
+                                      f"messages[{i}].content[{j}].text")
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
     if req.tools is not None or req.tool_choice is not None:
