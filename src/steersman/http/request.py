@@ -6,7 +6,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from steersman.http.server import _Connection
+    from steersman.http._connection import _Connection
 
 __all__ = ["HttpRequest"]
 
