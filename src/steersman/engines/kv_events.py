@@ -22,7 +22,8 @@ cover them, and crediting them would be a false hit.  An event without token ids
 gateway's hashes themselves (engine-sim's, which hashes as the gateway does).  A block whose parent the
 subscriber never saw stored (it joined late, or missed messages) cannot be chained: it is skipped and counted.
 vLLM may hold two copies of one block (two requests computed the same prefix at once) and evicts each with a
-``BlockRemoved`` of its own: a block stays credited until its last copy is removed.  Sequence gaps (a slow subscriber past the publisher's high-water mark) are
+``BlockRemoved`` of its own: a block stays credited until its last copy is removed.  Sequence gaps (a slow
+subscriber past the publisher's high-water mark) are
 counted and logged; what they held is learnt again as blocks are stored anew.  Batches numbered from 0 again
 mean a new engine process (vLLM numbers them per process): its cache starts empty, so the mirror is cleared.
 
