@@ -170,7 +170,6 @@ class KvEventSubscriber:
         self.counts = counts
         self.last_seq: int | None = None
         self._gateway: dict[Any, int] = {}  # the engine's hash -> the gateway's, for blocks stored with token ids
-        self._copies: dict[Any, int] = {}  # the engine's hash -> copies beyond the first (its mapping stays till the last)
         self._task: asyncio.Task | None = None
 
     def _count(self, kind: str, n: int = 1) -> None:
@@ -207,7 +206,6 @@ class KvEventSubscriber:
     def _forget_all(self) -> None:
         self.mirror.cleared()
         self._gateway.clear()
-        self._copies.clear()
 
     def apply(self, ev: BlockStored | BlockRemoved | AllBlocksCleared) -> None:
         if isinstance(ev, BlockStored):
@@ -217,24 +215,17 @@ class KvEventSubscriber:
                 self._count("stored", len(ours))
         elif isinstance(ev, BlockRemoved):
             gw = self._gateway
-            hashes = [self._unmapped(h) for h in ev.block_hashes] if gw else ev.block_hashes
-            self.mirror.removed(hashes)
+            hashes = [gw.get(h, h) for h in ev.block_hashes] if gw else ev.block_hashes
+            self.mirror.removed(hashes)  # (a block held twice stays: the mirror counts its copies)
+            if gw:
+                held = self.mirror.holds
+                for h, g in zip(ev.block_hashes, hashes):
+                    if not held(g):
+                        gw.pop(h, None)  # the engine's hash is mapped while the gateway's block is held
             self._count("removed", len(hashes))
         else:
             self._forget_all()
             self._count("cleared")
-
-    def _unmapped(self, h: Any) -> Any:
-        """The gateway's hash of the engine's block ``h``, one of whose copies was removed (the mapping goes with
-        the last copy)."""
-        extra = self._copies.get(h)
-        if extra is None:
-            return self._gateway.pop(h, h)
-        if extra > 1:
-            self._copies[h] = extra - 1
-        else:
-            del self._copies[h]
-        return self._gateway.get(h, h)
 
     def _stored(self, ev: BlockStored) -> list[int]:
         """The gateway's hashes of the blocks stored that the gateway's prompt hashes can match."""
@@ -272,12 +263,7 @@ class KvEventSubscriber:
                 if not keep:
                     return []
         ours = block_hashes(ev.token_ids[: keep * bs], bs, parent)
-        gw, copies = self._gateway, self._copies
-        for e, h in zip(ev.block_hashes, ours):
-            if e in gw:
-                copies[e] = copies.get(e, 0) + 1
-            else:
-                gw[e] = h
+        self._gateway.update(zip(ev.block_hashes, ours))
         return ours
 
     # -- the socket -------------------------------------------------------------------------------

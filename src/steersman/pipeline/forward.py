@@ -299,9 +299,11 @@ class Forward:
             ctx.last_event_at = self.clock.now()  # a resumed leg's prefill counts towards the idle timeout
             relay = _Relay(ctx, self.fleet, self.clock, self.metrics, cont, resuming, self.max_event_bytes, ex)
             try:
-                return await self._relay(ctx, ex, relay, rep.name)
+                out = await self._relay(ctx, ex, relay, rep.name)
             finally:
                 ctx.output_tokens = cont.tokens
+            # a broken or malformed end after the stream's last token: closed here, not continued elsewhere
+            return RESPONDED if isinstance(out, Fail) and _finish_locally(ctx) else out
         except UpstreamError as e:
             self.metrics.upstream_error(rep.name, "broken")
             if _finish_locally(ctx):
@@ -368,13 +370,9 @@ class Forward:
                 relay.error = f"malformed event stream: {e}"
         if relay.error is not None:
             self.metrics.upstream_error(name, "malformed")
-            if _finish_locally(ctx):
-                return RESPONDED
             err = upstream_failed(f"Engine {name} sent a malformed stream: {relay.error}", 502, "malformed_stream")
             return Fail(_mid_stream(ctx, err), Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
         if not cont.done:
-            if _finish_locally(ctx):
-                return RESPONDED
             err = ApiError(502, f"Engine {name} ended the stream without finishing it.", "server_error", None, "incomplete_stream")
             return Fail(_mid_stream(ctx, err), Retry.CONTINUE_ONLY if ctx.bytes_sent else Retry.SAFE)
         if cont.usage is not None and not relay.resumed:
