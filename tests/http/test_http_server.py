@@ -333,3 +333,37 @@ async def test_absolute_form_targets_and_http10_keep_alive():
     assert out.startswith(b"HTTP/1.1 200") and b'"path":"/echo"' in out and b'"query":"q=1"' in out
     assert b"Connection: keep-alive\r\n" in out
     await srv.stop()
+
+
+async def test_a_request_arriving_behind_one_being_served_keeps_its_read_deadline_until_it_is_read():
+    # the read deadline of a request received behind one still being answered ran while the server was busy: with
+    # the first answer taking longer than request_timeout_s, the second (sent in full soon after) got a 408
+    srv = HttpServer(error_body, 1000, request_timeout_s=0.2)
+    gate = asyncio.Event()
+
+    async def held(req):
+        await gate.wait()
+        req.respond(200, b"{}")
+
+    async def echo(req):
+        req.respond(200, orjson.dumps({"len": len(req.body)}))
+
+    srv.route("GET", "/held", held)
+    srv.route("POST", "/echo", echo)
+    await srv.start("127.0.0.1", 0)
+    r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+    second = _post(b"hello")
+    w.write(b"GET /held HTTP/1.1\r\nHost: x\r\n\r\n" + second[:20])  # the second's head begins
+    await w.drain()
+    await asyncio.sleep(0.6)  # three of its read deadlines pass while the first is answered
+    w.write(second[20:])
+    await w.drain()
+    gate.set()
+    out = b""
+    while out.count(b"HTTP/1.1 ") < 2 or not out.endswith(b"}"):
+        chunk = await asyncio.wait_for(r.read(65536), 5)
+        assert chunk, out
+        out += chunk
+    w.close()
+    assert out.count(b"HTTP/1.1 200") == 2 and b'"len":5' in out, out
+    await srv.stop()
