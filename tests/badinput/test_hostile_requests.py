@@ -13,8 +13,9 @@ import pytest
 from steersman.enginesim.app import SimServerConfig
 from steersman.testing import LiveFleet
 
-CHAT, CMPL = "/v1/chat/completions", "/v1/completions"
+CHAT, CMPL, RESP = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 G = {"model": "llama-3.1-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+R = {"model": "llama-3.1-8b", "input": "hi", "max_output_tokens": 3}
 C = {"model": "llama-3.1-8b", "prompt": "hi", "max_tokens": 3}
 JSON = {"Content-Type": "application/json"}
 LIMIT = 200_000
@@ -33,6 +34,13 @@ def _case(name, path, body, status, param=None, headers=JSON):
 
 def _j(base, **kw):
     return json.dumps({**base, **kw}).encode()
+
+
+def _nested(depth: int) -> list:
+    v: list = []
+    for _ in range(depth - 1):
+        v = [v]
+    return v
 
 
 WRONG_TYPES = [
@@ -72,6 +80,25 @@ CASES = [
     _case("text/plain body", CHAT, _j(G), 415, "Content-Type", {"Content-Type": "text/plain"}),
     _case("form body (curl -d)", CMPL, _j(C), 415, "Content-Type", {"Content-Type": "application/x-www-form-urlencoded"}),
     _case("bad deadline header", CHAT, _j(G), 400, "x-steersman-deadline-ms", {**JSON, "x-steersman-deadline-ms": "soon"}),
+    # found by review (twenty-seventh session); each failed before its fix
+    _case("invalid UTF-8 in an unknown field", CHAT, b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi"}],'
+          b'"zz":"\xff"}', 400),
+    _case("responses: 300 levels in an unknown field", RESP, _j(R, x=_nested(300)), 400),
+    _case("responses: 300 levels in a tool's parameters", RESP,
+          _j(R, tools=[{"type": "function", "name": "f", "parameters": {"a": _nested(300)}}]), 400),
+    _case("responses: 300 levels in an input item", RESP, _j(R, input=[{"role": "user", "content": "hi", "x": _nested(300)}]), 400),
+    _case("responses: an integer beyond 64 bits", RESP, _j(R, x=10**30), 400),
+    _case("responses: metadata []", RESP, _j(R, metadata=[]), 400, "metadata"),
+    _case("responses: truncation 0", RESP, _j(R, truncation=0), 400, "truncation"),
+    _case("response_format without its schema", CHAT, _j(G, response_format={"type": "json_schema"}), 400,
+          "response_format.json_schema"),
+    _case("response_format schema not an object", CHAT,
+          _j(G, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": "nope"}}), 400,
+          "response_format.json_schema.schema"),
+    _case("response_format of unknown type", CHAT, _j(G, response_format={"type": "bogus"}), 400, "response_format.type"),
+    _case("response_format {}", CHAT, _j(G, response_format={}), 400, "response_format.type"),
+    _case("gzip body", CHAT, _j(G), 415, "Content-Encoding", {**JSON, "Content-Encoding": "gzip"}),
+    _case("responses: gzip body", RESP, _j(R), 415, "Content-Encoding", {**JSON, "Content-Encoding": "gzip"}),
 ] + [_case(f"chat {f}={v!r}", CHAT, _j(G, **{f: v}), 400, f) for f, v in WRONG_TYPES] + [
     _case(f"completion {f}={v!r}", CMPL, _j(C, **{f: v}), 400, f)
     for f, v in (("prompt", 5), ("prompt", None), ("max_tokens", "5"), ("echo", "x"), ("stream", 1), ("n", 1.5))

@@ -21,6 +21,13 @@ from cont_streams import Seen, chat, completion, migrations, sims
 MODEL = "llama-3.1-8b"
 
 
+def _nested(depth: int) -> list:
+    v: list = []
+    for _ in range(depth - 1):
+        v = [v]
+    return v
+
+
 def _die(lf: LiveFleet, index: int, after: int) -> None:
     async def f():
         lf.sims[index].faults.apply(FaultSpec(die_after_tokens=after))
@@ -82,6 +89,10 @@ def test_kill_a_replica_mid_stream_every_stream_continues_token_exact(openai_cli
     ("chat", dict(max_tokens=60, messages=[{"role": "user", "content": "Tell me about replicas."}], stop=["yellow"])),
     ("completion", dict(max_tokens=30, prompt="A prompt that ends in whitespace\n\n", stream_options={"include_usage": True})),
     ("completion", dict(max_tokens=30, prompt=["Once upon a time "], stream_options={"include_usage": True})),
+    # fields the gateway does not know, which the typed decode accepts and orjson could not read or write again
+    # (an integer beyond 64 bits, 300 levels): the continuation ended with an internal error
+    ("chat", dict(max_tokens=30, messages=[{"role": "user", "content": "Odd extras."}],
+                  extra_body={"zz": 10**30, "deep": _nested(300)})),
 ])
 def test_one_stream_migrates_with_exact_tokens_and_usage(openai_client, kind, kw):
     with LiveFleet(sims=sims(2), policy="round-robin") as lf:

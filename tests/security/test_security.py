@@ -146,6 +146,15 @@ def test_refusals_do_not_echo_keys_or_name_other_tenants(fleet):
     assert r.status_code == 429 and "acme" not in r.text and KEY_B not in r.text and hash_key(KEY_B) not in r.text
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"])
+def test_a_request_without_a_valid_key_is_refused_before_its_body_is_read(fleet, path):
+    # the chat, completion and embedding paths parsed the body first: malformed JSON was a 400, another media type a
+    # 415, for anyone (and the body decoded and validated for a client with no key)
+    for body, headers in ((b"{nope", {}), (b"{}", {"Content-Type": "text/plain"}), (b"{nope", _auth("sk-wrong"))):
+        r = httpx.post(fleet.url + path, content=body, headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+
+
 # ---- tenant isolation ------------------------------------------------------------------------------
 def test_one_tenant_cannot_touch_another_tenants_workflow_state(fleet):
     wf = {"x-steersman-workflow-id": "shared-name", "x-steersman-workflow-step": "2", "x-steersman-workflow-steps": "4"}

@@ -23,7 +23,6 @@ from steersman.api.calibrate import calibrate
 from steersman.api.admin import AdminGuard, fleet_view
 from steersman.api.openapi import openapi_document
 from steersman.api.prompt import with_cache_salt
-from steersman.api.schema import content_type_error
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
@@ -158,8 +157,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.scraper.start()
         self.pipeline = Pipeline(
             [
+                Authenticate(self.tenants),  # a request without a valid key is refused before its body is read
                 ParseRequest(self.settings),
-                Authenticate(self.tenants),
                 ResolveModel(self.fleet),
                 Describe(self),
                 Brownout(self),
@@ -264,11 +263,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         if self.busy_poll is not None:
             self.busy_poll.kick()
         try:
-            bad_type = content_type_error(request.headers.get("content-type"))
-            if bad_type is not None:
-                send_error(ctx, bad_type)
-            else:
-                await self.pipeline.handle(ctx)
+            await self.pipeline.handle(ctx)
         except asyncio.CancelledError:
             ctx.status = 499  # client closed the request
             raise

@@ -34,7 +34,8 @@ def _common(models: Sequence[str], max_tokens: int) -> dict[str, Any]:
         "stream": {"type": "boolean"},
         "stream_options": _nullable(_ref("StreamOptions")),
         "max_tokens": tokens,
-        "stop": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4},
+        # (no maxItems: OpenAI takes 4 stop sequences, the engines behind the gateway more)
+        "stop": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": {"type": "string", "minLength": 1}},
                            {"type": "null"}]},
         "n": {"type": "integer", "minimum": 1, "maximum": 128},
         "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),

@@ -21,6 +21,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 
 from steersman.api.errors import ApiError, bad_request
@@ -271,12 +272,14 @@ def translate_request(body: bytes, history: list[dict[str, Any]] | None = None) 
     store = doc.get("store", True)
     if not isinstance(store, bool):
         raise bad_request(f"Invalid type for 'store': expected a boolean, but got {_kind(store)}.", "store", "invalid_type")
-    metadata = doc.get("metadata") or {}
+    metadata = doc.get("metadata")
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise bad_request("Invalid type for 'metadata': expected an object of string values.", "metadata", "invalid_type")
     if len(metadata) > 16:
         raise bad_request(f"'metadata' has {len(metadata)} keys: at most 16 are allowed.", "metadata")
-    truncation = doc.get("truncation") or "disabled"
+    truncation = doc.get("truncation")
+    truncation = "disabled" if truncation is None else truncation
     if truncation not in ("auto", "disabled"):
         raise bad_request(f"Invalid value for 'truncation': {truncation!r}. Supported values are: 'auto' and 'disabled'.",
                           "truncation")
@@ -317,12 +320,28 @@ def input_items(items: Any) -> list[dict[str, Any]]:
     return out
 
 
+#: levels the gateway adds around the request's values when it writes them again (the chat request's tool
+#: ``function``, a stored response's record, an event's ``response``): orjson writes at most 254 in all
+_WRAPPING = 4
+
+
+def _wrapped(doc: Any) -> Any:
+    for _ in range(_WRAPPING):
+        doc = [doc]
+    return doc
+
+
 def parse_body(body: bytes) -> dict[str, Any]:
     try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as e:
+        doc = msgspec.json.decode(body)  # (orjson reads 1,024 levels but writes 254, and reads big integers as floats)
+        orjson.dumps(_wrapped(doc))  # what cannot be written again is refused now, not after the engine answered
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"We could not parse the JSON body of your request: {e}.", "invalid_request_error",
                        None, "invalid_json") from None
+    except (RecursionError, TypeError) as e:
+        why = "has a number out of range" if "Integer" in str(e) else "is nested too deeply"
+        raise ApiError(400, f"We could not parse the JSON body of your request: it {why}.",
+                       "invalid_request_error", None, "invalid_json") from None
     if not isinstance(doc, dict):
         raise bad_request(f"The request body must be a JSON object, not {_kind(doc)}.", None, "invalid_type")
     return doc

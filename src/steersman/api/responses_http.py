@@ -7,6 +7,7 @@ events, an error) is written to the client as the Responses API's (:mod:`steersm
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from typing import Any
@@ -19,12 +20,14 @@ from steersman.api.headers import tag_request_id
 from steersman.api.response_store import ResponseStore, StoreUnavailable, make_response_store
 from steersman.api.responses import chat_param, parse_body, previous_id, translate_request
 from steersman.api.responses_out import ResponseBuilder, ResponseEvents
-from steersman.api.schema import content_type_error
+from steersman.api.schema import body_headers_error
 from steersman.control.tenants import AuthError
 from steersman.http.server import HttpRequest
 from steersman.obs.histogram import CounterFamily
 
 __all__ = ["ResponsesHttp", "ResponsesEndpoints"]
+
+log = logging.getLogger(__name__)
 
 
 def _mapped_error(body: bytes) -> bytes:
@@ -160,11 +163,11 @@ class ResponsesEndpoints:
 
     async def responses(self, request: HttpRequest) -> None:
         rid = tag_request_id(request)
-        bad = content_type_error(request.headers.get("content-type"))
-        tenant = self._tenant_or_refuse(request) if bad is None else None
-        if tenant is None:
-            if bad is not None:
-                request.respond(bad.status, bad.body())
+        tenant = self._tenant_or_refuse(request)  # a request without a valid key is refused before its body is read
+        bad = body_headers_error(request.headers) if tenant is not None else None
+        if bad is not None:
+            request.respond(bad.status, bad.body())
+        if tenant is None or bad is not None:
             self.metrics.count("_unknown", bad.status if bad is not None else 401)
             return
         try:
@@ -188,7 +191,11 @@ class ResponsesEndpoints:
 
         def done(response: dict[str, Any], assistant: dict[str, Any]) -> None:
             if call.store:
-                store.put(tenant, response, call.history + [assistant], call.input_items)
+                try:
+                    store.put(tenant, response, call.history + [assistant], call.input_items)
+                except Exception:  # (a bug) keeping it must not cost the client the response being sent
+                    log.exception("response %s could not be stored", response.get("id"))
+                    self.store_ops.inc("write", "error")
 
         builder = ResponseBuilder(call, call.chat["model"], int(self.clock.wall()))
         # truncation "auto": a conversation over the context is sent again without its oldest turns, dropping 1, 2,

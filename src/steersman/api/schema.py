@@ -29,6 +29,7 @@ __all__ = [
     "StreamOptions",
     "decode_chat",
     "decode_completion",
+    "body_headers_error",
     "content_type_error",
     "decode_with",
 ]
@@ -143,6 +144,8 @@ def _param_of(msg: str) -> str | None:
 
 def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     try:
+        if not body.isascii():
+            body.decode("utf-8")  # the typed decode skips the fields it does not know unread, and they are forwarded
         return decoder.decode(body)
     except msgspec.ValidationError as e:
         msg = str(e)
@@ -210,6 +213,18 @@ def content_type_error(content_type: str | None) -> ApiError | None:
                     "invalid_request_error", "Content-Type", "unsupported_media_type")
 
 
+def body_headers_error(headers: dict[str, str]) -> ApiError | None:
+    """A body the gateway cannot read as it is declared: another media type, or encoded (gzip...): a 415 naming
+    the header."""
+    bad = content_type_error(headers.get("content-type"))
+    if bad is None:
+        coding = headers.get("content-encoding")
+        if coding is not None and coding.strip().lower() not in ("", "identity"):
+            bad = ApiError(415, f"Header `Content-Encoding` {coding[:40]!r} is not supported: send the body "
+                           "unencoded.", "invalid_request_error", "Content-Encoding", "unsupported_media_type")
+    return bad
+
+
 def decode_chat(body: bytes, max_tokens_limit: int,
                 max_logprobs: int = DEFAULTS.gateway.max_logprobs) -> ChatCompletionRequest:
     """Decode and validate a ``/v1/chat/completions`` body or raise :class:`ApiError`."""
@@ -227,6 +242,8 @@ def decode_chat(body: bytes, max_tokens_limit: int,
                                       f"messages[{i}].content[{j}].text")
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
+    if req.response_format is not None:
+        _check_response_format(req.response_format)
     if req.tools is not None or req.tool_choice is not None:
         chosen_tool(req.tools, req.tool_choice)
     if req.top_logprobs is not None:
@@ -251,6 +268,29 @@ def decode_completion(body: bytes, max_tokens_limit: int,
     if req.logprobs is not None:
         _check_logprobs(req.logprobs, "logprobs", max_logprobs)
     return req
+
+
+#: ``response_format.type``: OpenAI's three and vLLM's ``structural_tag``
+_FORMATS = ("text", "json_object", "json_schema", "structural_tag")
+
+
+def _check_response_format(rf: dict[str, Any]) -> None:
+    kind = rf.get("type")
+    if kind not in _FORMATS:
+        raise bad_request(f"`response_format.type` must be one of {', '.join(_FORMATS)}, got {str(kind)[:40]!r}.",
+                          "response_format.type")
+    if kind != "json_schema":
+        return
+    js = rf.get("json_schema")
+    if not isinstance(js, dict):
+        raise bad_request("`response_format.json_schema` must be an object (with `name` and `schema`).",
+                          "response_format.json_schema")
+    if not isinstance(js.get("name"), str) or not js["name"]:
+        raise bad_request("`response_format.json_schema.name` must be a non-empty string.",
+                          "response_format.json_schema.name")
+    if "schema" in js and not isinstance(js["schema"], (dict, bool)):
+        raise bad_request("`response_format.json_schema.schema` must be a JSON Schema object.",
+                          "response_format.json_schema.schema")
 
 
 def _check_logprobs(k: int, field: str, most: int) -> None:

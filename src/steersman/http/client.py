@@ -10,6 +10,7 @@ retried once on a fresh one (nothing had reached the engine's application).
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import ssl
 from collections.abc import Callable
@@ -21,6 +22,8 @@ import httptools
 from steersman.config import DEFAULTS
 
 __all__ = ["UpstreamError", "Endpoint", "Exchange", "UpstreamPool"]
+
+log = logging.getLogger(__name__)
 
 
 class UpstreamError(Exception):
@@ -193,6 +196,9 @@ class _UpConn(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._batch.clear()
             self.exchange = None
+            if isinstance(e, httptools.HttpParserCallbackError) and e.__context__ is not None:
+                # not the engine's bytes: the sink (a relay) raised while it was handed them (a bug to see)
+                log.error("a response's sink failed", exc_info=e.__context__)
             ex._fail(UpstreamError(f"malformed HTTP response from engine: {e}", connected=True))
             self.close()
             return

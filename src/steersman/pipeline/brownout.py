@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import msgspec
-import orjson
 
 from steersman.api.errors import ApiError
 from steersman.obs.histogram import CounterFamily
@@ -54,9 +53,9 @@ class Brownout:
                                  act.retry_after), Retry.NEVER)
         if isinstance(act, MoveTo):
             self.counts.inc(ctx.model, "moved")
-            data = orjson.loads(ctx.body)
+            data = msgspec.json.decode(ctx.body)  # (as the request was decoded: orjson refuses some of what it took)
             data["model"] = act.model
-            ctx.http.body = orjson.dumps(data)
+            ctx.http.body = msgspec.json.encode(data)
             if ctx.request is not None:
                 ctx.request = msgspec.structs.replace(ctx.request, model=act.model)
             ctx.model = act.model

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 
 from steersman.engines.sse import DONE
@@ -22,7 +23,7 @@ class Legs:
 
     def request_body(self) -> bytes:
         """The request that continues this stream on another replica."""
-        body = orjson.loads(self._body)
+        body = msgspec.json.decode(self._body)  # (msgspec: as the request was decoded; orjson refuses some)
         text = self.text
         rem = self.remaining
         if self.chat:
@@ -47,7 +48,7 @@ class Legs:
         options = body.get("stream_options")
         # usage, to report the whole stream's at its end; the client's other options kept (continuous_usage_stats)
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-        return orjson.dumps(body)
+        return msgspec.json.encode(body)
 
     def begin_leg(self) -> None:
         """A replica starts serving this stream (the first, or a continuation)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from steersman.api.embeddings import decode_embedding
 from steersman.api.errors import ApiError, not_found_model
-from steersman.api.schema import decode_chat, decode_completion
+from steersman.api.schema import body_headers_error, decode_chat, decode_completion
 from steersman.config import GatewaySettings
 from steersman.fleet.state import Fleet
 from steersman.pipeline.context import RequestContext
@@ -23,6 +23,9 @@ class ParseRequest:
         self.max_logprobs = settings.max_logprobs
 
     async def run(self, ctx: RequestContext) -> Outcome:
+        bad = body_headers_error(ctx.http.headers)
+        if bad is not None:
+            return Fail(bad, Retry.NEVER)
         try:
             if ctx.kind == "chat":
                 ctx.request = decode_chat(ctx.body, self.max_tokens, self.max_logprobs)
