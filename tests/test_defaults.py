@@ -89,6 +89,7 @@ PINNED = {
     "scheduler.exploit_slowdown": 4.0,
     "scheduler.shed_infeasible": ("sheddable",),
     "scheduler.demote_late": True,
+    "scheduler.queue_without_replica_s": 5.0,
     "scheduler.hold_late": True,
     "scheduler.kv_events": False,
     "scheduler.kv_events_mismatch_after": 32,

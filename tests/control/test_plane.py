@@ -130,3 +130,57 @@ def test_a_requeued_retry_can_be_shed_and_can_shed_like_an_arrival():
     x = sched_request(seq=2, priority=PriorityClass.BATCH, tenant="b")
     out, shed = p.requeue("x", x, p.admitter.admit(x, batch, 0.3), 1.0, 0.4)
     assert isinstance(out, Refuse) and out.code == "shed" and not shed and p.waiting == 1
+
+
+# ---- found by review (twenty-seventh session); each failed before its fix ----------------------------------------
+DOWN = fleet_snapshot(2, routable=[False, False])
+
+
+def test_requests_queued_for_a_model_whose_replicas_all_left_are_refused_after_a_grace():
+    p, t = plane(requests_per_minute=2)
+    assert isinstance(p.arrive("A", sched_request(seq=1), t, FULL, 0.0)[0], Wait)
+    # every replica leaves rotation: a new arrival is refused at once (it was queued behind A, skipping the policy)
+    out, _ = p.arrive("B", sched_request(seq=2), t, DOWN, 1.0)
+    assert isinstance(out, Refuse) and out.status == 503 and out.retry_after == 1.0
+    grace = DEFAULTS.scheduler.queue_without_replica_s
+    assert p.expire(DOWN, 1.0) == [] and p.expire(DOWN, 1.0 + grace / 2) == [] and p.waiting == 1
+    (item, refused), = p.expire(DOWN, 1.0 + grace)  # A waited for ever
+    assert item == "A" and refused.status == 503 and refused.code == "no_capacity" and refused.retry_after == 1.0
+    assert p.waiting == 0 and p.admitter.limiter.levels("t", 1.0 + grace)[0] == 2.0  # both admissions back
+
+
+def test_a_replica_coming_back_within_the_grace_keeps_the_queue():
+    p, t = plane()
+    p.arrive("A", sched_request(seq=1), t, FULL, 0.0)
+    grace = DEFAULTS.scheduler.queue_without_replica_s
+    assert p.expire(DOWN, 1.0) == [] and p.expire(FULL, 1.0 + grace / 2) == []  # back (saturated) ...
+    assert p.expire(DOWN, 1.0 + grace) == [] and p.waiting == 1  # ... so the grace starts again
+
+
+def test_a_deadline_request_with_no_replica_in_rotation_is_told_when_to_retry():
+    p, t = plane()
+    out, _ = p.arrive("a", sched_request(budget=LatencyBudget(deadline=30.0)), t, DOWN, 0.0)
+    # was 503 deadline_infeasible without Retry-After ("retrying cannot help") where one without a deadline gets 1 s
+    assert isinstance(out, Refuse) and out.status == 503 and out.retry_after == 1.0
+
+
+def test_an_expiry_pass_predicts_a_bounded_number_of_deadlines():
+    from steersman.control import plane as plane_mod
+
+    p, t = plane()
+    for i in range(3 * plane_mod.EXPIRE_CHECKS):
+        p.arrive(f"r{i}", sched_request(seq=i, budget=LatencyBudget(deadline=1e6 - i)), t, FULL, 0.0)
+    asked = []
+    real = plane_mod._earliest_finish
+
+    def counted(snapshot, req):
+        asked.append(req.budget.deadline)
+        return real(snapshot, req)
+
+    plane_mod._earliest_finish = counted
+    try:
+        p.expire(FULL, 1.0)
+    finally:
+        plane_mod._earliest_finish = real
+    # every queued request was predicted each pass (every 50 ms: ~25 ms for 1,024); the earliest deadlines first
+    assert sorted(asked) == sorted(1e6 - i for i in range(3 * plane_mod.EXPIRE_CHECKS))[:plane_mod.EXPIRE_CHECKS]

@@ -189,3 +189,21 @@ def test_a_minutes_worth_of_tokens_is_never_too_large():
     for tpm in (999, 7, 1e5 - 1, 12345):
         got = RateLimiter().reserve(_tenant(rpm=10, tpm=tpm), int(tpm), 0.0)
         assert isinstance(got, Reservation), (tpm, got)
+
+
+@pytest.mark.parametrize("rpm, burst_s", [(0.5, 60.0), (30.0, 1.0)])
+def test_a_request_bucket_holds_at_least_one_request(rpm, burst_s):
+    # it held rpm x burst / 60 < 1 request: the tenant was refused forever, with Retry-After infinite (a 500)
+    rl = RateLimiter(AdmissionSettings(rate_burst_s=burst_s))
+    t = _tenant(rpm=rpm)
+    assert isinstance(rl.reserve(t, 0, 0.0), Reservation)
+    thr = rl.reserve(t, 0, 0.0)
+    assert isinstance(thr, Throttle) and thr.retry_after == pytest.approx(60.0 / rpm)
+    assert isinstance(rl.reserve(t, 0, 60.0 / rpm), Reservation)
+
+
+def test_an_infinite_retry_after_sends_no_header():
+    from steersman.api.errors import ApiError
+
+    assert ApiError(429, "x", "rate_limit_error", None, "c", math.inf).headers() == {}
+    assert ApiError(429, "x", "rate_limit_error", None, "c", 0.2).headers() == {"Retry-After": "1"}

@@ -43,8 +43,8 @@ class ApiError(Exception):
         return orjson.dumps(self.payload())
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after is None:
-            return {}
+        if self.retry_after is None or not math.isfinite(self.retry_after):
+            return {}  # (never: a retry that cannot succeed; a refusal names no time then)
         return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
     def header_lines(self) -> bytes:

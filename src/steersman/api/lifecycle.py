@@ -59,6 +59,10 @@ class RequestLifecycle:
                 if isinstance(out, Dispatch):  # a retry that waited again carries its failed attempt (Schedule)
                     self.start_dispatch(ctx, out, ctx.started_at)
                 w.set_result(out)
+            elif isinstance(out, Dispatch) and ctx.started_at is None:
+                # its client left in the loop turn that dispatched it (its task is cancelled, it no longer waits and
+                # abandon() finds nothing queued): the admission goes back here (a retry's is settled at its end)
+                self.plane.admitter.release(out.admit, self.clock.now())
 
     def kick(self) -> None:
         """Capacity may have freed: dispatch queued requests soon (coalesced)."""

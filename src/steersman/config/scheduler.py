@@ -151,6 +151,12 @@ class SchedulerSettings:
         "shed first (issue #3); add 'standard' for Mooncake's policy (bench/policies, whole Mooncake trace at "
         "90% load: SLO met 70.6% -> 81.8%, 7% refused)"
     )
+    queue_without_replica_s: float = setting(
+        5.0, "steersman (twenty-seventh session's review): requests queued for a model whose replicas all left "
+        "rotation (crashed, ejected, restarting) wait this long for one to come back, then get the 503 no_capacity "
+        "(Retry-After 1 s) a new arrival gets at once; without it a queued request without a deadline waited for "
+        "its client to give up (the OpenAI SDK: 600 s).  A few scrape intervals plus a restart's worth", gt=0,
+    )
     hold_late: bool = setting(
         True, "bench/policies (twenty-third session): an unprotected request that no replica is predicted to serve "
         "within its TTFT now, but one could once the prefill queued ahead of it has drained, waits in the gateway "

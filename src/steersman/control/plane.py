@@ -47,6 +47,10 @@ DISPATCH_PICKS = 32
 #: entries the first pass (requests with TTFT budget left) looks at per pop before the queue's plain order takes
 #: over: the oldest entries, which a long overload makes stale, come first in it, so this bounds the walk
 DISPATCH_FIRST_LOOKS = 256
+#: queued requests with a deadline whose feasibility one expiry pass (every 50 ms) predicts, earliest deadlines
+#: first: a prediction each (~25 us), 1,024 queued took ~25 ms of every 50 (review, twenty-seventh session); the
+#: later ones are judged when they come up, and expire when their deadline passes
+EXPIRE_CHECKS = 64
 
 
 def _first(req: SchedRequest, now: float) -> bool:
@@ -108,6 +112,7 @@ class ControlPlane:
         self._held_at: float | None = None  # the ``now`` of the last dispatch pass ...
         self._held: set[int] = set()  # ... and the queued requests the policy held back in it (by id)
         self._kept: set[int] = set()  # queued requests waiting for a slot (Queue.keeps_place), by id: first pass
+        self._no_replica: dict[str, float] = {}  # a model waited for that has had no replica in rotation since
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
@@ -115,12 +120,13 @@ class ControlPlane:
         a = self.admitter.admit(req, tenant, now)
         if not isinstance(a, Admit):
             return Refuse(a.status, a.code, a.reason, a.retry_after), []
-        if req.budget.deadline is not None:  # rejected at once, not queued or sent to time out
+        if req.budget.deadline is not None and snapshot.candidates(req.model).size:  # (none: the policy's 503 says
+            # when to retry; refused at once, not queued or sent to time out)
             late = check_deadline(req.budget.deadline, _earliest_finish(snapshot, req), now)
             if late is not None:
                 self.admitter.release(a, now)
                 return Refuse(late.status, late.code, late.reason, late.retry_after), []
-        if len(self.queue) and self.queue.waiting_models().get(req.model):
+        if len(self.queue) and self.queue.waiting_models().get(req.model) and snapshot.candidates(req.model).size:
             # requests already wait for this model: capacity that frees goes to them in queue order (band,
             # fairness, value, deadline), not to whoever arrives at that moment (issue #5: a critical request
             # queued behind a stream of new standard arrivals missed its SLO)
@@ -279,13 +285,37 @@ class ControlPlane:
             return q is None or check_deadline(q.req.budget.deadline, _earliest_finish(snapshot, q.req), t) is None
 
         out = []
-        for item in self.queue.expire(now, feasible):
+        for item in self.queue.expire(now, feasible, EXPIRE_CHECKS):
             q = self._waiting.pop(item, None)
             self._kept.discard(id(item))
             if q is not None:
                 self._release(q, now)
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
                 out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
+        for model in self._orphaned(snapshot, now):
+            gone = Refuse(503, "no_capacity", f"no replica of model {model!r} has been in rotation for "
+                          f"{self.settings.queue_without_replica_s:g} s", 1.0)
+            for item in [it for it, q in self._waiting.items() if q.req.model == model]:
+                self.abandon(item, now)
+                out.append((item, gone))
+        return out
+
+    def _orphaned(self, snapshot: FleetSnapshot, now: float) -> list[str]:
+        """Models waited for whose replicas have all been out of rotation for ``queue_without_replica_s``."""
+        since = self._no_replica
+        waited = self.queue.waiting_models()
+        out = []
+        for model in list(since):
+            if not waited.get(model):
+                del since[model]
+        for model, n in waited.items():
+            if not n:
+                continue
+            if snapshot.candidates(model).size:
+                since.pop(model, None)
+            elif now - since.setdefault(model, now) >= self.settings.queue_without_replica_s:
+                del since[model]
+                out.append(model)
         return out
 
     # ---- endings -------------------------------------------------------------------------

@@ -281,12 +281,14 @@ class GatewayQueue:
         self._discard(e)
         return True
 
-    def expire(self, now: float, feasible: Callable[[Any, float], bool] | None = None) -> list[Any]:
+    def expire(self, now: float, feasible: Callable[[Any, float], bool] | None = None,
+               checks: int | None = None) -> list[Any]:
         """Drop and return entries whose deadline has passed (``deadline <= now``) or, when ``feasible`` is
         given, can no longer be met (``feasible(item, now)`` False); earliest deadline first.
 
         Entries without a deadline never expire.  Cost: O(k log n) for k expired,
-        plus one ``feasible`` call per entry with a deadline when it is given.
+        plus one ``feasible`` call per entry with a deadline when it is given (``checks``: only for that many,
+        the earliest deadlines).
         """
         out: list[_Entry] = []
         while self._deadlines and self._deadlines[0][0] <= now:
@@ -295,7 +297,9 @@ class GatewayQueue:
                 out.append(e)
                 self._discard(e)  # may compact (replace) self._deadlines
         if feasible is not None:
-            late = sorted((d, n, e) for d, n, e in self._deadlines if e.alive and not feasible(e.item, now))
+            alive = [t for t in self._deadlines if t[2].alive]
+            asked = sorted(alive) if checks is None or checks >= len(alive) else heapq.nsmallest(checks, alive)
+            late = [(d, n, e) for d, n, e in asked if not feasible(e.item, now)]
             for _, _, e in late:
                 out.append(e)
                 self._discard(e)

@@ -121,7 +121,9 @@ class _Buckets:
         self.rpm, self.tpm = rpm, tpm
         # capacity = L x burst / 60, multiplied first: (L / 60) x 60 is not always L in floating point (999 ->
         # 998.9999999999999), which refused a request of exactly a minute's worth of tokens as too large
-        self.requests = None if rpm is None else TokenBucket(rpm / 60.0, rpm * burst_s / 60.0, now)
+        # ... and it holds at least one request (below 60 a minute with a 1 s burst, or 0.5 a minute, it held less
+        # and never admitted one)
+        self.requests = None if rpm is None else TokenBucket(rpm / 60.0, max(1.0, rpm * burst_s / 60.0), now)
         self.tokens = None if tpm is None else TokenBucket(tpm / 60.0, tpm * burst_s / 60.0, now)
 
 
