@@ -31,7 +31,10 @@ def test_the_concurrency_limit_holds_new_work_but_not_a_resumed_stream(name, fus
     d = policy.pick(snap, replace(new, resumed=True))
     assert isinstance(d, Route) and d.replica == 1  # not the excluded one
     ejected = replace(snap, blocked_until=np.array([0.0, 1e9]))
-    assert isinstance(policy.pick(ejected, replace(new, resumed=True)), Reject)  # ejection still holds
+    # the one replica not excluded is ejected: panic (the reliability filter), the exclusion still holds
+    d = policy.pick(ejected, replace(new, resumed=True))
+    assert isinstance(d, Route) and d.replica == 1
+    assert isinstance(policy.pick(ejected, replace(new, resumed=True, excluded=frozenset({0, 1}))), Reject)
 
 
 @pytest.mark.parametrize("fused", [True, False])

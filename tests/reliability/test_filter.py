@@ -26,11 +26,14 @@ def test_every_profile_avoids_blocked_and_excluded_replicas(name):
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES.names()))
-def test_concurrency_limited_fleet_queues_and_a_blocked_one_is_refused(name):
+def test_concurrency_limited_fleet_queues_and_a_blocked_one_panics(name):
     policy = make_policy(name)
     d = policy.pick(_snap(in_flight=[3.0, 5.0, 4.0], limits=np.array([3.0, 5.0, 4.0])), sched_request(1))
     assert isinstance(d, Queue), (name, d)
     d = policy.pick(_snap(in_flight=[3.0, 1.0, 4.0], limits=np.array([3.0, 5.0, 4.0])), sched_request(1))
     assert isinstance(d, Route) and d.replica == 1
-    d = policy.pick(_snap(blocked_until=np.array([130.0, 104.0, np.inf])), sched_request(1))
+    # every replica out of rotation: panic (Envoy's), the guard's blocks are ignored, a retry's exclusions are not
+    d = policy.pick(_snap(blocked_until=np.array([130.0, 104.0, np.inf])), replace(sched_request(1), excluded=frozenset({0})))
+    assert isinstance(d, Route) and d.replica in (1, 2), (name, d)
+    d = policy.pick(_snap(blocked_until=np.array([130.0, 104.0, np.inf])), replace(sched_request(1), excluded=frozenset({0, 1, 2})))
     assert isinstance(d, Reject) and d.retry_after == pytest.approx(4.0)

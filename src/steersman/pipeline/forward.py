@@ -344,7 +344,9 @@ class Forward:
         # the engine refused the request itself (e.g. context too long): relay its error, in OpenAI's format
         ctx.status = status
         field = PROMPT_FIELD.get(ctx.sched.kind if ctx.sched is not None else ctx.kind, "prompt")
-        ctx.http.respond(status, engine_error_body(ex.status, body, field), b"application/json")
+        after = ex.headers.get("retry-after", "").strip() if status == 429 else ""  # the engine's own, relayed
+        extra = b"Retry-After: %b\r\n" % after.encode() if after.isdigit() and len(after) < 10 else b""
+        ctx.http.respond(status, engine_error_body(ex.status, body, field), b"application/json", extra)
         return RESPONDED
 
     async def _relay(self, ctx: RequestContext, ex: Exchange, relay: _Relay, name: str) -> Outcome:

@@ -141,18 +141,22 @@ class Pipeline:
                 if holding[0] and ticket is not None:
                     ticket.on_first = lambda: self._release(holding)
                 out = await self._attempt(ctx, forward)
-                r.attempt_ended(isinstance(out, Respond))
                 if isinstance(out, Respond):
+                    r.attempt_ended(True)
                     self._verdict(ticket, True)
                     return out
                 if not isinstance(out, Fail) or out.retry is Retry.NEVER:
+                    # (a deadline that passed, an engine's refusal: no verdict on the engines for the throttle,
+                    # which counted 20 tight-deadline 504s as a failing fleet and refused healthy requests)
                     return out
-                self._verdict(ticket, False)
+                r.attempt_ended(False)
+                evicted = ctx in self._evicted
+                self._evicted.discard(ctx)
+                if not evicted:  # the gateway's own abandoning of an ejected replica's attempts is no verdict on it
+                    self._verdict(ticket, False)
                 last = out
                 if ctx.replica is not None:
                     ctx.excluded.add(ctx.replica)
-                evicted = ctx in self._evicted
-                self._evicted.discard(ctx)
                 cont = ctx.continuation
                 continue_only = out.retry is Retry.CONTINUE_ONLY
                 # a retry away from a replica that is now out of rotation (a failed connect marked it unhealthy,
@@ -243,8 +247,14 @@ class Pipeline:
         try:
             await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            task.cancel()
             timer.cancel()
+            if task.done() and not task.cancelled() and ctx in self._cancelling:
+                # evicted in the loop turn the attempt ended in (its answer may be written): the answer stands
+                self._cancelling.discard(ctx)
+                self._evicted.discard(ctx)
+                if self._tasks[ctx].uncancel() == 0:
+                    return task.result()
+            task.cancel()
             raise
         if task.done():
             timer.cancel()

@@ -219,6 +219,12 @@ class _Fused:
                                   excluded_array(req.excluded), idx)
         if not candidates:
             return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
+        if not n and snap.blocked_until is not None and not gate_pass(
+                mask, snap.routable, snap.blocked_until, snap.time, snap.live[S.IN_FLIGHT], _NONE,
+                excluded_array(req.excluded), idx)[1]:  # panic (the reliability filter's): the guard's blocks ignored
+            candidates, n = gate_pass(mask, snap.routable, _NONE, snap.time, snap.live[S.IN_FLIGHT],
+                                      _NONE if snap.limits is None or req.resumed else snap.limits,
+                                      excluded_array(req.excluded), idx)
         self.gate_hist.observe(clock() - t0)
         if not n:
             return self.profile.gate.empty(self.profile.context(snap, req))

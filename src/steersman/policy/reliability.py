@@ -7,6 +7,12 @@ breaker (``snapshot.blocked_until``), under their adaptive concurrency limit
 resumed elsewhere, whose load was admitted already), and not excluded
 for this request (replicas a retry must avoid, ``request.excluded``).
 
+When the guard has taken every replica of the model that would pass out of rotation (ejected, breaker open;
+none merely at its concurrency limit), the request goes to those replicas anyway: Envoy's panic mode (``healthy_panic_threshold``: below it the load
+balancer ignores health and routes to all hosts).  An outage of the guard's making (a 1 s blip ejecting a
+model's only replica for 30 s, or its two replicas one ejected and one behind an open breaker) is not
+the whole model's; a dead replica fails fast and the request's retry budget decides the rest.
+
 When nothing passes, :meth:`ReliabilityFilter.empty` says why: *queue* when
 some replica is only at its concurrency limit (capacity frees as requests
 finish), else *reject* with ``Retry-After`` = the time until the first blocked
@@ -44,14 +50,16 @@ def excluded_array(excluded: frozenset[int]) -> np.ndarray:
     return a
 
 
-def _keep(ctx: DecisionContext, limits: bool) -> np.ndarray:
-    """One compiled pass over the candidates (see :func:`~steersman.policy.kernels.reliability_kernel`)."""
+def _keep(ctx: DecisionContext, limits: bool, blocked: bool = True) -> np.ndarray:
+    """One compiled pass over the candidates (see :func:`~steersman.policy.kernels.reliability_kernel`);
+    ``blocked`` False: ejections and open breakers ignored (panic)."""
     snap, c = ctx.snapshot, ctx.candidates
     ex = ctx.request.excluded
-    if snap.blocked_until is None and (not limits or snap.limits is None) and not ex:
+    until = snap.blocked_until if blocked else None
+    if until is None and (not limits or snap.limits is None) and not ex:
         return snap.routable[c]  # nothing else to check (no guard): one gather, a copy
     out = np.empty(c.size, dtype=np.bool_)
-    reliability_kernel(c, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until, snap.time,
+    reliability_kernel(c, snap.routable, _NONE if until is None else until, snap.time,
                        snap.in_flight, _NONE if not limits or snap.limits is None else snap.limits,
                        excluded_array(ex), out)
     return out
@@ -64,7 +72,11 @@ class ReliabilityFilter:
     def filter(self, ctx: DecisionContext) -> np.ndarray:
         """Routable, not blocked, not excluded and (whole limits: the fleet floors them) under the limit (unless
         the request is a stream being resumed: see :attr:`SchedRequest.resumed`)."""
-        return _keep(ctx, limits=not ctx.request.resumed)
+        limits = not ctx.request.resumed
+        keep = _keep(ctx, limits)
+        if ctx.snapshot.blocked_until is not None and not keep.any() and not _keep(ctx, limits=False).any():
+            keep = _keep(ctx, limits, blocked=False)  # panic (nothing to wait for but the guard): see the module doc
+        return keep
 
     def empty(self, ctx: DecisionContext) -> Decision:
         """The decision when no candidate passed :meth:`filter`."""
