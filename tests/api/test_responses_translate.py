@@ -276,3 +276,83 @@ def test_truncation_auto_drops_the_oldest_turns_at_user_messages():
     call = translate_request(orjson.dumps({"model": "m", "truncation": "auto", "input": [
         {"type": "function_call_output", "call_id": "c", "output": "x"}]}), tool_turn)
     assert call.skips() == [0]  # the tool's output keeps the call it answers: no cut inside the turn
+
+
+def test_a_replayed_output_is_the_conversation_previous_response_id_continues():
+    """OpenAI's manual chaining (input += response.output) and previous_response_id send the engine one conversation:
+    a message and the function_call after it are one assistant message with its tool calls."""
+    first = _t(input="Weather in Paris?", tools=[{"type": "function", "name": "w"}])
+    resp, assistant = ResponseBuilder(first, "m", 1).from_chat(orjson.dumps({"choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": "Let me check.",
+                                                               "tool_calls": [{"id": "c1", "type": "function",
+                                                                               "function": {"name": "w", "arguments": "{}"}}]}}]}))
+    assert [o["type"] for o in resp["output"]] == ["message", "function_call"]
+    fco = {"type": "function_call_output", "call_id": "c1", "output": "21C"}
+    by_id = translate_request(orjson.dumps({"model": "m", "input": [fco]}), first.history + [assistant])
+    manual = _t(input=[{"role": "user", "content": "Weather in Paris?"}, *resp["output"], fco])
+    assert manual.chat["messages"] == by_id.chat["messages"]
+    assert [m["role"] for m in manual.chat["messages"]] == ["user", "assistant", "tool"]
+    assert manual.chat["messages"][1] == {"role": "assistant", "content": "Let me check.", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]}
+
+
+@pytest.mark.parametrize("key,value", [("n", 2), ("n", 0), ("n", True), ("best_of", 3)])
+def test_n_and_best_of_other_than_one_are_refused(key, value):
+    e = _refused(key, input="x", **{key: value})
+    assert e.code == "unsupported_value"
+    call = _t(input="x", n=1, best_of=1)  # one answer: what a response is anyway
+    assert "n" not in call.chat and "best_of" not in call.chat
+
+
+def test_a_stream_of_several_choices_is_translated_from_the_first_only():
+    ev = ResponseEvents(ResponseBuilder(_t(input="x", stream=True), "m", 1))
+    two = lambda i, text: {"id": "c", "object": "chat.completion.chunk", "choices": [  # noqa: E731
+        {"index": i, "delta": {"content": text}, "finish_reason": None}]}
+    raw = ev.feed(_sse(two(0, "a"), two(1, "X"), two(0, "b"), two(1, "Y"), _chunk(finish="stop"), "[DONE]"))
+    got = _events(raw)
+    assert "".join(e["delta"] for e in got if e["type"] == "response.output_text.delta") == "ab"
+    assert got[-1]["response"]["output"][0]["content"][0]["text"] == "ab" and ev.assistant["content"] == "ab"
+
+
+def test_chunks_a_chat_client_takes_do_not_break_the_translation():
+    tc = {"tool_calls": [{"index": 0, "id": "c", "type": "function", "function": {"name": "w",
+                                                                                  "arguments": {"city": "Paris"}}}]}
+    ev = ResponseEvents(ResponseBuilder(_t(input="x", stream=True), "m", 1))
+    got = _events(ev.feed(_sse(_chunk(tc), _chunk(finish="tool_calls"), _chunk(usage={
+        "prompt_tokens": "n/a", "completion_tokens": 2.0, "prompt_tokens_details": {"cached_tokens": -1}}), "[DONE]")))
+    assert got[-1]["type"] == "response.completed"
+    call = got[-1]["response"]["output"][0]
+    assert call["type"] == "function_call" and orjson.loads(call["arguments"]) == {"city": "Paris"}
+    assert got[-1]["response"]["usage"]["input_tokens"] == 0 and got[-1]["response"]["usage"]["output_tokens"] == 2
+    assert ev.assistant["tool_calls"][0]["function"]["arguments"] == call["arguments"]
+    resp, assistant = ResponseBuilder(_t(input="x"), "m", 1).from_chat(orjson.dumps({"choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None,
+                                                               "tool_calls": [tc["tool_calls"][0]]}}],
+        "usage": {"prompt_tokens": None, "completion_tokens": "2"}}))
+    assert orjson.loads(resp["output"][0]["arguments"]) == {"city": "Paris"} and resp["usage"]["total_tokens"] == 0
+    assert assistant["tool_calls"][0]["function"]["arguments"] == resp["output"][0]["arguments"]
+
+
+@pytest.mark.parametrize("chunk", [
+    {"id": "c", "object": "chat.completion.chunk", "choices": ["not a choice"]},
+    {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": [0], "function": {"name": "w"}}]}, "finish_reason": None}]},
+])
+def test_a_chunk_the_translation_cannot_read_fails_the_response_and_ends_the_stream(chunk):
+    ev = ResponseEvents(ResponseBuilder(_t(input="x", stream=True), "m", 1))
+    got = _events(ev.feed(_sse(_chunk({"content": "a"}), chunk, _chunk({"content": "b"}))))
+    assert [e["type"] for e in got][-2:] == ["error", "response.failed"] and got[-2]["code"] == "server_error"
+    assert got[-1]["response"]["status"] == "failed" and ev.assistant is None
+    assert ev.feed(_sse(_chunk({"content": "c"}), "[DONE]")) == b""  # nothing after the failure
+
+
+def test_a_tool_call_without_an_id_is_given_one_the_response_and_the_conversation_share():
+    resp, assistant = ResponseBuilder(_t(input="x"), "m", 1).from_chat(orjson.dumps({"choices": [{
+        "index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [
+            {"type": "function", "function": {"name": "w", "arguments": "{}"}}]}}]}))
+    call_id = resp["output"][0]["call_id"]
+    assert call_id.startswith("call_") and assistant["tool_calls"][0]["id"] == call_id
+    nxt = translate_request(orjson.dumps({"model": "m", "input": [
+        {"type": "function_call_output", "call_id": call_id, "output": "sunny"}]}), [{"role": "user", "content": "x"},
+                                                                                    assistant])
+    assert nxt.chat["messages"][1]["tool_calls"][0]["id"] == nxt.chat["messages"][2]["tool_call_id"]

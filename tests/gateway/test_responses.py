@@ -123,6 +123,7 @@ def test_json_schema_output(client):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AA"}]}]},
      "input", 400),  # engine-sim is a text-only model (vLLM's text models answer the same)
     ({"input": "x", "background": True}, "background", 400),
+    ({"input": "x", "extra_body": {"n": 2}}, "n", 400),  # a response is one answer (a stream would mix them)
     ({"input": "word " * 150_000, "truncation": "auto"}, "input", 400),  # over the context: not silently cut
     ({"input": "x", "model": "nope"}, "model", 404),
 ])

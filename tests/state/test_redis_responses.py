@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import threading
+import time
 import uuid
 
 import openai
@@ -107,3 +109,87 @@ def test_a_gateway_whose_store_is_down_answers_503_for_stored_turns():
                 assert e.value.status_code == 503 and e.value.body["code"] == "store_unavailable"
         assert lf.gateway.store_ops.get("read", "error") == 2 and lf.gateway.store_ops.get("delete", "error") == 1
         assert lf.gateway.store_ops.get("write", "error") == 1  # the first answer's write failed (logged)
+
+
+class _SlowProxy:
+    """A TCP proxy to Redis adding ``delay`` to each write toward it (a distant or loaded Redis), on its own thread;
+    ``delay=None``: it accepts connections and never answers (a Redis that hangs)."""
+
+    def __init__(self, delay: float | None) -> None:
+        self.delay = delay
+        self.port = _free_port()
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        started.wait(5)
+
+    def _run(self, started: threading.Event) -> None:
+        server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
+        started.set()
+        self.loop.run_forever()
+        server.close()
+        self.loop.run_until_complete(server.wait_closed())
+
+    async def _handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
+        if self.delay is None:
+            await cr.read()  # until the client gives up
+            cw.close()
+            return
+        ur, uw = await asyncio.open_connection("127.0.0.1", 6379)
+        await asyncio.gather(self._pipe(cr, uw, self.delay), self._pipe(ur, cw, 0.0))
+
+    @staticmethod
+    async def _pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, delay: float) -> None:
+        try:
+            while data := await r.read(65536):
+                await asyncio.sleep(delay)
+                w.write(data)
+                await w.drain()
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            w.close()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def test_a_next_turn_sent_at_once_to_another_gateway_finds_the_response_a_slow_store_is_writing(prefix):
+    """The client gets a Response only once its write landed: the load balancer may give the next turn to another
+    gateway, which finds it in Redis (not only the writing gateway's own pending write)."""
+    proxy = _SlowProxy(0.3)
+    sims = lambda: [SimServerConfig(speedup=50.0, port=0)]  # noqa: E731
+    try:
+        with LiveFleet(sims=sims(), gateway={"response_store_url": f"redis://127.0.0.1:{proxy.port}/0",
+                                             "response_store_prefix": prefix}) as a, \
+                LiveFleet(sims=sims(), gateway={"response_store_url": URL, "response_store_prefix": prefix}) as b, \
+                openai.OpenAI(base_url=a.url + "/v1", api_key="x", max_retries=0, timeout=30) as ca, \
+                openai.OpenAI(base_url=b.url + "/v1", api_key="x", max_retries=0, timeout=30) as cb:
+            with pytest.raises(openai.NotFoundError):
+                ca.responses.retrieve("resp_warm")  # A's connection to Redis is open: its write is the only wait
+            for stream in (False, True, False, True):
+                first = ca.responses.create(model=MODEL, input="What is a replica?", max_output_tokens=3,
+                                            stream=stream)
+                first = list(first)[-1].response if stream else first
+                nxt = cb.responses.create(model=MODEL, input="And a router?", max_output_tokens=3,
+                                          previous_response_id=first.id)
+                assert nxt.previous_response_id == first.id and nxt.output
+    finally:
+        proxy.close()
+
+
+def test_a_hanging_store_delays_the_answer_by_its_timeout_at_most():
+    proxy = _SlowProxy(None)
+    gw = {"response_store_url": f"redis://127.0.0.1:{proxy.port}/0", "response_store_timeout_s": 0.3}
+    try:
+        with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], gateway=gw) as lf, \
+                openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
+            for stream in (False, True):
+                t0 = time.monotonic()
+                got = c.responses.create(model=MODEL, input="Hi", max_output_tokens=3, stream=stream)
+                got = list(got)[-1].response if stream else got
+                assert got.output_text and time.monotonic() - t0 < 0.3 + 0.5
+    finally:
+        proxy.close()

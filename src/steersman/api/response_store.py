@@ -10,13 +10,14 @@ tenant only (another tenant's id reads as unknown, as OpenAI's store answers for
 is sent whole, so the earlier turns are a prompt prefix the scheduler routes to the replica that has it cached.
 
 ``put`` does not wait (a stream's last event is written from the relay's callback): a store with IO writes in the
-background and answers its own ``get`` from the pending write meanwhile.
+background, answers its own ``get`` from the pending write meanwhile, and returns the write, which the gateway awaits
+(bounded) before the answer's last bytes go out, so a next turn sent at once to another gateway finds it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -42,10 +43,10 @@ def encode_stored(response: dict[str, Any], conversation: list[dict[str, Any]],
         orjson.dumps(response), orjson.dumps(conversation), orjson.dumps(list(items)))
 
 
-def decode_stored(raw: bytes) -> Stored:
+def decode_stored(raw: bytes, expires: float = float("inf")) -> Stored:
     doc = orjson.loads(raw)
     return Stored(orjson.dumps(doc["response"]), tuple(doc["conversation"]), len(raw),
-                  input_items=tuple(doc.get("input_items", ())))
+                  input_items=tuple(doc.get("input_items", ())), expires=expires)
 
 
 class StoreUnavailable(Exception):
@@ -55,8 +56,9 @@ class StoreUnavailable(Exception):
 @runtime_checkable
 class ResponseStore(Protocol):
     def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]],
-            items: Sequence[dict[str, Any]] = ()) -> None:
-        """Keep a completed response, its conversation and its input items (without waiting for any IO)."""
+            items: Sequence[dict[str, Any]] = ()) -> Awaitable[None] | None:
+        """Keep a completed response, its conversation and its input items (without waiting for any IO); the write
+        under way when there is IO (never raises: a failed write is counted), else None."""
 
     async def get(self, tenant: str, response_id: str) -> Stored | None:
         """The tenant's stored response, None when unknown or expired; :class:`StoreUnavailable` on IO failure."""
@@ -68,7 +70,9 @@ class ResponseStore(Protocol):
 
 
 class MemoryResponseStore:
-    """In the gateway's memory: least recently used out first past ``max_bytes``."""
+    """In the gateway's memory: least recently used out first past ``max_bytes``.  An entry is its encoded record
+    alone, decoded on read: ``bytes`` is what it holds (orjson's own output over-allocates, and the decoded dicts
+    are several times the JSON's size)."""
 
     def __init__(self, max_bytes: int, ttl_s: float, clock: Clock,
                  count: Callable[[str, str], None] = lambda op, outcome: None) -> None:
@@ -77,43 +81,44 @@ class MemoryResponseStore:
         self.ttl_s = ttl_s
         self.clock = clock
         self.bytes = 0
-        self._items: OrderedDict[tuple[str, str], Stored] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[bytes, float]] = OrderedDict()  # -> (record, expiry)
 
     def __len__(self) -> int:
         return len(self._items)
 
     def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]],
             items: Sequence[dict[str, Any]] = ()) -> None:
-        raw = encode_stored(response, conversation, items)
+        raw = encode_stored(response, conversation, items)  # (built by %: exactly its length)
         if len(raw) > self.max_bytes:
             self.count("write", "too_large")
             return  # larger than the whole store: not kept (a follow-up names an unknown id)
         self.count("write", "written")
         key = (tenant, response["id"])
         self._drop(key)
-        self._items[key] = Stored(orjson.dumps(response), tuple(conversation), len(raw), tuple(items),
-                                  self.clock.now() + self.ttl_s)
+        self._items[key] = (raw, self.clock.now() + self.ttl_s)
         self.bytes += len(raw)
         while self.bytes > self.max_bytes:
-            _, gone = self._items.popitem(last=False)
-            self.bytes -= gone.size
+            _, (gone, _) = self._items.popitem(last=False)
+            self.bytes -= len(gone)
 
-    def _drop(self, key: tuple[str, str]) -> Stored | None:
+    def _drop(self, key: tuple[str, str]) -> bytes | None:
         got = self._items.pop(key, None)
-        if got is not None:
-            self.bytes -= got.size
-        return got
+        if got is None:
+            return None
+        self.bytes -= len(got[0])
+        return got[0]
 
     def lookup(self, tenant: str, response_id: str) -> Stored | None:
         key = (tenant, response_id)
         got = self._items.get(key)
         if got is None:
             return None
-        if got.expires <= self.clock.now():
+        raw, expires = got
+        if expires <= self.clock.now():
             self._drop(key)
             return None
         self._items.move_to_end(key)
-        return got
+        return decode_stored(raw, expires)
 
     async def get(self, tenant: str, response_id: str) -> Stored | None:
         return self.lookup(tenant, response_id)

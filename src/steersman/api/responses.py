@@ -34,7 +34,7 @@ _OWN = frozenset({"model", "input", "instructions", "max_output_tokens", "stream
                   "metadata", "tools", "tool_choice", "text", "parallel_tool_calls", "temperature", "top_p", "user",
                   "truncation", "include", "reasoning", "service_tier", "safety_identifier", "prompt_cache_key",
                   "prompt_cache_retention", "stream_options", "max_tool_calls", "top_logprobs", "background",
-                  "conversation", "prompt"})
+                  "conversation", "prompt", "n", "best_of"})
 # asked for, not doable here: refused with a 400 naming the field (a silent drop would change the answer)
 _REFUSED = {
     "background": "background responses are not supported by this gateway: omit it, or stream instead",
@@ -154,8 +154,9 @@ def _messages(items: Any) -> list[dict[str, Any]]:
                     "function": {"name": _str(it, "name", f"{at}.name", required=True),
                                  "arguments": _str(it, "arguments", f"{at}.arguments", required=True)}}
             last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)  # calls made in one turn: one assistant message
+            if last is not None and last["role"] == "assistant":
+                # a turn's text and calls (a replayed output: message, function_call ...): one assistant message
+                last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
@@ -239,6 +240,11 @@ def translate_request(body: bytes, history: list[dict[str, Any]] | None = None) 
     for key, why in _REFUSED.items():
         if doc.get(key) not in (None, False):
             raise bad_request(f"'{key}': {why}.", key, "unsupported_value")
+    for key in ("n", "best_of"):  # OpenAI's Responses API has none: one answer per response
+        v = doc.get(key)
+        if v is not None and (type(v) is not int or v != 1):
+            raise bad_request(f"'{key}': a response is one answer (OpenAI's Responses API has no '{key}'): omit it, "
+                              "or send several requests.", key, "unsupported_value")
     model = _str(doc, "model", "model", required=True)
     if "input" not in doc:
         raise bad_request("Missing required parameter: 'input'.", "input", "missing_required_parameter")

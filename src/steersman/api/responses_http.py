@@ -7,9 +7,11 @@ events, an error) is written to the client as the Responses API's (:mod:`steersm
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -67,30 +69,37 @@ def _inner(name: str, writable: bool = False) -> property:
 class ResponsesHttp:
     """The client's request as the request path sees it (the chat body), answering in the Responses API."""
 
-    __slots__ = ("inner", "body", "builder", "events", "on_done", "hold", "held")
+    __slots__ = ("inner", "body", "builder", "events", "on_done", "hold", "held", "write", "tail")
 
     def __init__(self, inner: HttpRequest, builder: ResponseBuilder, chat_body: bytes,
-                 on_done: Callable[[dict[str, Any], dict[str, Any]], None], hold_context_error: bool = False) -> None:
+                 on_done: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None] | None],
+                 hold_context_error: bool = False) -> None:
         self.inner = inner
         self.body = chat_body
         self.builder = builder
         self.events = ResponseEvents(builder)
-        self.on_done = on_done  # (the Response object, the assistant's chat message) once it completed
+        # (the Response object, the assistant's chat message) once it completed; returns its store write, if any
+        self.on_done = on_done
         self.hold = hold_context_error  # a refusal for the context's length is kept, not sent (to try shorter)
         self.held: bytes | None = None
+        self.write: Awaitable[None] | None = None  # the stored response's write the answer's last bytes wait for
+        self.tail: list[Callable[[], None]] = []  # what is written to the client once it landed (:meth:`flush`)
 
     # what the stages read of the request: the client's own
     headers = _inner("headers")
     method = _inner("method")
     path = _inner("path")
-    started = _inner("started")
     closed = _inner("closed")
     client_paused = _inner("client_paused")
     extra_headers = _inner("extra_headers", writable=True)
     producer = _inner("producer", writable=True)  # the engine exchange paused while the client cannot keep up
 
+    @property
+    def started(self) -> bool:
+        return self.inner.started or bool(self.tail)  # a held whole answer is an answer
+
     def withdraw(self) -> bool:
-        return self.inner.withdraw()
+        return not self.tail and self.inner.withdraw()  # a held answer is not taken back for an error
 
     async def drain(self) -> None:
         await self.inner.drain()
@@ -105,8 +114,11 @@ class ResponsesHttp:
                                       + body[:200].decode("utf-8", "replace"), 502, "malformed_response")
                 self.inner.respond(err.status, err.body(), content_type, extra)
                 return
-            self.on_done(response, assistant)
+            self.write = self.on_done(response, assistant)
             body = orjson.dumps(response)
+            if self.write is not None:
+                self.tail.append(partial(self.inner.respond, status, body, content_type, extra))
+                return
         else:
             if self.hold and status == 400 and b'"context_length_exceeded"' in body:
                 self.held = body
@@ -122,12 +134,28 @@ class ResponsesHttp:
         ev = self.events
         out = ev.feed(data) if data else b""
         if ev.final is not None and ev.assistant is not None and ev.final["status"] != "failed":
-            self.on_done(ev.final, ev.assistant)
+            self.write = self.on_done(ev.final, ev.assistant)
             ev.assistant = None  # once
+        if self.write is not None:  # the final event and what follows it: once the write landed
+            self.tail.append(partial(self.inner.send, out, last))
+            return
         self.inner.send(out, last)
 
     def end_stream(self) -> None:
-        self.inner.end_stream()
+        self.send(b"", True)
+
+    async def flush(self, bound: Callable[[], Awaitable[None]]) -> None:
+        """Write what waits for the stored response's write: once it landed, or failed, or ``bound()`` returned."""
+        if self.write is None:
+            return
+        timer = asyncio.ensure_future(bound())
+        try:
+            await asyncio.wait({asyncio.ensure_future(self.write), timer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+        tail, self.tail, self.write = self.tail, [], None
+        for write in tail:
+            write()
 
 
 def _not_found(response_id: str) -> ApiError:
@@ -189,13 +217,14 @@ class ResponsesEndpoints:
         request.headers["x-request-id"] = rid
         store = self.response_store
 
-        def done(response: dict[str, Any], assistant: dict[str, Any]) -> None:
+        def done(response: dict[str, Any], assistant: dict[str, Any]) -> Awaitable[None] | None:
             if call.store:
                 try:
-                    store.put(tenant, response, call.history + [assistant], call.input_items)
+                    return store.put(tenant, response, call.history + [assistant], call.input_items)
                 except Exception:  # (a bug) keeping it must not cost the client the response being sent
                     log.exception("response %s could not be stored", response.get("id"))
                     self.store_ops.inc("write", "error")
+            return None
 
         builder = ResponseBuilder(call, call.chat["model"], int(self.clock.wall()))
         # truncation "auto": a conversation over the context is sent again without its oldest turns, dropping 1, 2,
@@ -205,6 +234,9 @@ class ResponsesEndpoints:
             sink = ResponsesHttp(request, builder, call.chat_body(skip), done, hold_context_error=n < len(skips) - 1)
             await self.chat(sink)  # type: ignore[arg-type]
             if sink.held is None:
+                # its last bytes once its write landed (a store with IO): the client's next turn, sent at once to
+                # any gateway, finds it; a slow store delays the answer by at most response_store_timeout_s
+                await sink.flush(lambda: self.clock.sleep(self.settings.response_store_timeout_s))
                 return
 
     async def _stored(self, tenant: str, response_id: str):

@@ -6,11 +6,13 @@ The events follow OpenAI's order: ``response.created``, ``response.in_progress``
 ``response.function_call_arguments.delta`` ..., ``response.function_call_arguments.done``; then
 ``response.output_item.done``; last ``response.completed`` (or ``response.incomplete`` at ``max_output_tokens``),
 each numbered by ``sequence_number``.  An error event of the chat stream (the gateway's, once the stream cannot go
-on) becomes an ``error`` event and ``response.failed``.
+on) becomes an ``error`` event and ``response.failed``; so does a chunk the translation cannot read (the chat relay
+passes what a chat client would take: the stream ends as a failure, not as a 500).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -19,15 +21,28 @@ from steersman.api.responses import ResponsesCall, new_id
 
 __all__ = ["ResponseBuilder", "ResponseEvents", "new_id"]
 
+log = logging.getLogger(__name__)
+
+
+def _count(v: Any) -> int:
+    """A token count as the engine sent it; anything but a non-negative number reads as 0 (usage is reported,
+    not checked: a chat client gets it as sent)."""
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 2**63 else 0
+
+
+def _arguments(args: Any) -> str:
+    """A tool call's arguments as JSON text (some engines send an object)."""
+    return args if isinstance(args, str) else "" if args is None else orjson.dumps(args).decode()
+
 
 def _usage(u: Any) -> dict[str, Any] | None:
     if not isinstance(u, dict):
         return None
-    inp = int(u.get("prompt_tokens") or 0)
-    out = int(u.get("completion_tokens") or 0)
+    inp = _count(u.get("prompt_tokens"))
+    out = _count(u.get("completion_tokens"))
     d = u.get("prompt_tokens_details")
     cached = d.get("cached_tokens") if isinstance(d, dict) else None
-    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": int(cached or 0)},
+    return {"input_tokens": inp, "input_tokens_details": {"cached_tokens": _count(cached)},
             "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": inp + out}
 
 
@@ -61,14 +76,17 @@ class ResponseBuilder:
         msg = choice.get("message") or {}
         output: list[dict[str, Any]] = []
         text = msg.get("content")
-        calls = msg.get("tool_calls") or []
+        calls = []  # the call ids and arguments the Response shows are the ones the conversation keeps
+        for c in msg.get("tool_calls") or ():
+            fn = c.get("function") or {}
+            calls.append({"id": c.get("id") or new_id("call"), "function": {
+                "name": fn.get("name") or "", "arguments": _arguments(fn.get("arguments"))}})
         status, incomplete = _status(choice.get("finish_reason"))
         if text or not calls:
             output.append(_message_item(new_id("msg"), text or "", "completed" if status == "completed" else "incomplete"))
         for c in calls:
-            fn = c.get("function") or {}
-            output.append(_call_item(new_id("fc"), c.get("id") or new_id("call"), fn.get("name", ""),
-                                     fn.get("arguments") or "", "completed"))
+            output.append(_call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
+                                     "completed"))
         return self.response(status, output, _usage(doc.get("usage")), incomplete), _assistant(text, calls)
 
 
@@ -133,6 +151,16 @@ class ResponseEvents:
 
     def feed(self, data: bytes) -> bytes:
         out: list[bytes] = []
+        try:
+            self._feed(data, out)
+        except Exception as e:  # a chunk this cannot translate: the Response fails (its terminal event not yet sent)
+            log.warning("a chat stream chunk could not be translated to Responses events (%r): response %s failed",
+                        e, self.b.id)
+            self._failed(out, {"code": "server_error", "message": "The engine's stream could not be translated "
+                               "to Responses events."})
+        return b"".join(out)
+
+    def _feed(self, data: bytes, out: list[bytes]) -> None:
         for p in _payloads(data):
             if self.finished:
                 break
@@ -152,8 +180,8 @@ class ResponseEvents:
             if doc.get("usage"):
                 self.usage = _usage(doc["usage"])
             for ch in doc.get("choices") or ():
-                self._choice(out, ch)
-        return b"".join(out)
+                if ch.get("index", 0) == 0:  # a response is one answer (an engine's n > 1: the first only)
+                    self._choice(out, ch)
 
     def _start(self, out: list[bytes]) -> None:
         if not self.started:
@@ -197,7 +225,7 @@ class ResponseEvents:
         item = self.items[at]
         if fn.get("name") and not item["name"]:
             item["name"] = fn["name"]
-        args = fn.get("arguments")
+        args = _arguments(fn.get("arguments"))
         if args:
             item["arguments"] += args
             self._ev(out, "response.function_call_arguments.delta", item_id=item["id"], output_index=at, delta=args)

@@ -5,9 +5,10 @@ as one JSON document, written with an expiry (``SET ... PX``): Redis forgets it 
 ``maxmemory`` policy bounds the memory (a response larger than ``response_store_mib`` is not stored).  The tenant
 is part of the key, so another tenant's id is simply not there.
 
-Writes do not hold up the answer: ``put`` keeps the document as pending and writes it on a task; this gateway's
-reads find a pending write first, so a client that sends its next turn as soon as the stream ends is served even
-if the write has not landed yet.  A write that fails is logged and counted (``failed_writes``); a read or delete
+``put`` does not wait: it keeps the document as pending and writes it on a task, which it returns; this gateway's
+reads find a pending write first, and the gateway holds the answer's last bytes until the write landed (at most
+``response_store_timeout_s``), so a client that sends its next turn as soon as the stream ends finds it whichever
+gateway that turn reaches.  A write that fails is logged and counted (``failed_writes``); a read or delete
 that fails raises :class:`StoreUnavailable` (the gateway answers 503, which clients retry).
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -46,14 +47,15 @@ class RedisResponseStore:
         return f"{self.prefix}response:{who}:{response_id}".encode()
 
     def put(self, tenant: str, response: dict[str, Any], conversation: list[dict[str, Any]],
-            items: Sequence[dict[str, Any]] = ()) -> None:
+            items: Sequence[dict[str, Any]] = ()) -> Awaitable[None] | None:
         raw = encode_stored(response, conversation, items)
         if len(raw) > self.max_bytes:
             self.count("write", "too_large")
-            return
+            return None
         key = self.key(tenant, response["id"])
         self._pending[key] = raw
-        self._writing[key] = asyncio.get_running_loop().create_task(self._write(key, raw))
+        task = self._writing[key] = asyncio.get_running_loop().create_task(self._write(key, raw))
+        return task
 
     async def _write(self, key: bytes, raw: bytes) -> None:
         try:
