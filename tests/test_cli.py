@@ -62,6 +62,9 @@ def test_serve_rejects_a_bad_fleet_file_clearly(tmp_path):
     bad.write_text("endpoints:\n  - {url: 'ftp://x', engine: vllm}\n")
     r = subprocess.run(STEERSMAN + ["serve", "--config", str(bad)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "endpoints[0].url" in r.stderr and "Traceback" not in r.stderr
+    bad.write_text("endpoints:\n  - {url: 'http://127.0.0.1:9', engine: vlm, models: [m]}\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(bad)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "endpoints[0].engine: unknown engine 'vlm'" in r.stderr and "Traceback" not in r.stderr
     bad.write_text("gateway: {prot: 1}\nsimulated: {replicas: [{gpu: H100, model: llama-3.1-8b}]}\n")
     r = subprocess.run(STEERSMAN + ["serve", "--config", str(bad)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "prot" in r.stderr
@@ -157,3 +160,66 @@ def test_a_taken_port_or_a_bad_flag_is_a_clear_error(tmp_path):
         r = subprocess.run(STEERSMAN + argv, capture_output=True, text=True, timeout=60,
                            env={**os.environ, "COLUMNS": "200"})
         assert r.returncode == 2 and says in r.stderr and "Traceback" not in r.stderr
+
+
+_SLOW_START_PROBE = """
+import asyncio
+from steersman.cli._run import run_service
+
+async def start():
+    print("starting", flush=True)
+    try:
+        await asyncio.sleep(600)  # engines loading
+    except asyncio.CancelledError:
+        print("start cancelled", flush=True)
+        raise
+    print("started", flush=True)
+
+async def stop():
+    print("stopped", flush=True)
+
+run_service(start, stop, freeze=True)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_a_slow_start_cancels_it_and_stops(sig):
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_START_PROBE], stdout=subprocess.PIPE, text=True)
+    try:
+        _wait_line(proc, "starting")
+        proc.send_signal(sig)
+        assert proc.wait(20) == 0
+        assert proc.stdout.read().split("\n")[:2] == ["start cancelled", "stopped"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ctrl_c_while_engines_load_stops_them_and_exits(tmp_path):
+    # `up --engines llamacpp:1` whose llama-server never gets healthy (a model that loads for minutes)
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    env = {**os.environ, "STEERSMAN_LLAMA_SERVER": str(fake), "STEERSMAN_GGUF": str(gguf)}
+    proc = subprocess.Popen(STEERSMAN + ["up", "--engines", "llamacpp:1", "--port", "0"], stderr=subprocess.PIPE,
+                            text=True, env=env)
+    engines: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not engines:
+            assert proc.poll() is None and time.monotonic() < deadline, "its llama-server was never started"
+            engines = psutil.Process(proc.pid).children()
+            time.sleep(0.05)  # polling another process: no clock to inject
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        _, alive = psutil.wait_procs(engines, timeout=10)
+        assert not alive
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in engines:
+            if p.is_running():
+                p.kill()

@@ -3,7 +3,7 @@ startup, an engine-sim that exits, or a silently different fleet."""
 
 import pytest
 
-from steersman.fleet.config import FleetConfigError, parse_fleet, with_gateway
+from steersman.fleet.config import FleetConfigError, load_fleet, parse_fleet, with_gateway
 from steersman.sim import EngineModel, gpu_profile, model_profile
 from steersman.sim.memory import check_tensor_parallel
 from steersman.config import EngineSettings
@@ -37,6 +37,20 @@ def _ep(**endpoint) -> dict:
     ({**_ep(), "scheduler": {"cost_tie": -1}}, "scheduler.cost_tie", "must be >= 1"),
     ({**_ep(), "reliability": {"breaker_error_percent": 150}}, "reliability.breaker_error_percent", "<= 100"),
     ({**_ep(), "admission": {"rate_burst_s": float("nan")}}, "admission.rate_burst_s", "got nan"),
+    # what Gateway.start failed on with a traceback (its adapter, its connection address)
+    (_ep(engine="vlm"), "endpoints[0].engine", "unknown engine 'vlm'; known: engine-sim, llamacpp"),
+    (_ep(url="http://"), "endpoints[0].url", "has no host"),
+    (_ep(url="http://:8000"), "endpoints[0].url", "has no host"),
+    (_ep(url="http://127.0.0.1:99999"), "endpoints[0].url", "port that is not a number 1 to 65535"),
+    (_ep(url="http://127.0.0.1:80a"), "endpoints[0].url", "port that is not a number 1 to 65535"),
+    (_ep(url="http://127.0.0.1:0"), "endpoints[0].url", "port that is not a number 1 to 65535"),
+    ({"endpoints": [{"url": "http://127.0.0.1:1", "name": "a", "models": ["m"]},
+                    {"url": "http://127.0.0.1:2", "name": "b", "models": ["m"]},
+                    {"url": "http://127.0.0.1:3", "name": "a", "models": ["m"]}]},
+     "endpoints[2].name", "'a' is already the name of endpoints[0]"),
+    ({**_ep(name="h100-sxm-1"), **_sim(count=2)}, "endpoints[0].name",
+     "'h100-sxm-1' is the name of a simulated replica (simulated.replicas[0])"),
+    ({**_ep(name="main-0"), **_sim(pool="main")}, "endpoints[0].name", "'main-0' is the name of a simulated replica"),
 ])
 def test_a_replica_or_setting_that_cannot_run_is_refused_naming_its_field(doc, field, says):
     with pytest.raises(FleetConfigError) as e:
@@ -46,6 +60,8 @@ def test_a_replica_or_setting_that_cannot_run_is_refused_naming_its_field(doc, f
 
 def test_what_can_run_still_loads():
     parse_fleet(_ep(gpu="RTX-4090", price_per_hour=0.7))  # a GPU without a profile, priced by hand
+    parse_fleet(_ep(url="https://engine.example:8443/v1/", engine="vllm"))
+    parse_fleet({**_ep(name="h100-sxm-2"), **_sim(count=2)})  # not one of h100-sxm-0, h100-sxm-1
     parse_fleet(_ep(gpu="h100"))  # priced from the profile (aliases as ever)
     parse_fleet(_sim(model="llama-3.1-70b", gpu="H200", tp=2, count=3))
     parse_fleet(_sim(tp=16))  # 32 heads over 16 GPUs, the 8 KV heads each replicated twice
@@ -106,3 +122,37 @@ def test_every_numeric_default_is_inside_its_bounds_and_every_bound_is_enforced(
                     dataclasses.replace(obj, **{f.name: int(b) if integer and b == b else b})
             checked += 1
     assert checked > 100
+
+
+def test_simulated_replicas_are_started_under_the_names_checked():
+    import asyncio
+
+    from steersman.fleet.config import sim_replica_names
+    from steersman.fleet.embedded import SimulatedFleet
+
+    cfg = parse_fleet({"simulated": {"replicas": [{"gpu": "H100", "model": "llama-3.1-8b", "count": 2},
+                                                  {"gpu": "A100", "model": "llama-3.1-8b", "pool": "cheap"},
+                                                  {"gpu": "H100", "model": "qwen2.5-7b"}]}}).simulated
+    names = [n for n, _ in sim_replica_names(cfg)]
+    assert names == ["h100-sxm-0", "h100-sxm-1", "cheap-0", "h100-sxm-2"]
+    spawned = []
+
+    async def spawn(name, spec, gpu, model):
+        spawned.append(name)
+        return name
+
+    fleet = SimulatedFleet(cfg)
+    fleet._spawn = spawn  # no processes: the names it would start them under
+    assert asyncio.run(fleet.start()) == names == spawned
+
+
+def test_a_fleet_file_with_an_empty_simulated_fleet_is_refused(tmp_path):
+    # the gateway started with no replica at all and failed deep in its set-up ("n_replicas must be >= 1")
+    f = tmp_path / "fleet.yaml"
+    f.write_text("simulated: {replicas: []}\n")
+    with pytest.raises(FleetConfigError, match=r"fleet.yaml: simulated.replicas must list at least one replica"):
+        load_fleet(f)
+    f.write_text("endpoints: [{url: 'http://127.0.0.1:1', models: [m]}]\nsimulated: {replicas: []}\n")
+    with pytest.raises(FleetConfigError, match=r"simulated.replicas"):
+        load_fleet(f)
+    parse_fleet({"simulated": {"replicas": []}})  # what `steersman plan` checks a base fleet's settings with

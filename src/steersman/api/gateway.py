@@ -29,12 +29,12 @@ from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, Wo
 from steersman.control.tenants import AuthError
 from steersman.control.accounting import Accounting
 from steersman.control.plane import ControlPlane
-from steersman.engines import EngineAdapter, UpstreamError, adapter_for
+from steersman.engines import EngineAdapter, adapter_for
 from steersman.engines.kv_events import subscribe_all
 from steersman.fleet.config import EndpointConfig, FleetConfig, make_profile
 from steersman.fleet.embedded import SimulatedFleet
 from steersman.fleet.prefix_index import PrefixIndex
-from steersman.fleet.scraper import Scraper
+from steersman.fleet.scraper import Scraper, discover_models
 from steersman.fleet.state import Fleet, Replica
 from steersman.http.busypoll import BusyPoll
 from steersman.http.server import HttpRequest, HttpServer
@@ -202,33 +202,29 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
     async def _discover_models(self) -> None:
         assert self.fleet is not None
         for rep in self.fleet.replicas:
-            if rep.models:
-                continue
-            try:
-                models = await rep.adapter.list_models(rep.address)
-            except UpstreamError as e:
-                log.warning("cannot list models of %s (%s); it gets no traffic until configured", rep.name, e)
-                continue
-            self.fleet.set_models(rep.index, models)
+            if not rep.models:
+                await discover_models(self.fleet, rep)  # the scraper lists again those down now, once they are up
 
     async def stop(self) -> None:
-        if self.busy_poll is not None:
-            self.busy_poll.stop()
-        self.metrics.gc.uninstall()
-        self.metrics.loop_lag.stop()
-        await self.http.stop()
-        self.stop_lifecycle()
-        await self.response_store.close()
-        if self.scraper is not None:
-            await self.scraper.stop()
-        for sub in self.kv_events:
-            await sub.stop()
-        for a in self.adapters.values():
-            await a.close()
-        if self.fleet is not None and self.fleet.prefix is not None:
-            self.fleet.prefix.close()  # its worker thread (a pass still running finishes first)
-        if self.sim_fleet is not None:
-            await self.sim_fleet.stop()
+        try:
+            if self.busy_poll is not None:
+                self.busy_poll.stop()
+            self.metrics.gc.uninstall()
+            self.metrics.loop_lag.stop()
+            await self.http.stop()
+            self.stop_lifecycle()
+            await self.response_store.close()
+            if self.scraper is not None:
+                await self.scraper.stop()
+            for sub in self.kv_events:
+                await sub.stop()
+            for a in self.adapters.values():
+                await a.close()
+            if self.fleet is not None and self.fleet.prefix is not None:
+                self.fleet.prefix.close()  # its worker thread (a pass still running finishes first)
+        finally:  # a step above that failed (or a start cut short) leaves no engine-sim running
+            if self.sim_fleet is not None:
+                await self.sim_fleet.stop()
         if self.tracer.exporting:
             await asyncio.to_thread(self.tracer.shutdown)  # exports what is buffered (the exporter's timeout bounds it)
 

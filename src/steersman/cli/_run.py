@@ -15,18 +15,32 @@ __all__ = ["run_service", "exit_if_cannot_listen"]
 
 def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]], *, freeze: bool,
                 gc_threshold0: int | None = None) -> None:
-    """Start, wait for SIGINT/SIGTERM, then stop; on uvloop.  ``freeze``: once started, move every object
-    alive then (imports, kernels, configuration) out of the garbage collector's reach (``gc.freeze``), so
-    its full collections walk only what the service allocated since.  ``gc_threshold0``: once started, the
-    young generation's collection threshold (``gateway.gc_threshold0``; None keeps Python's)."""
+    """Start, wait for SIGINT/SIGTERM, then stop; on uvloop.  A signal while starting cancels the start (then
+    stops, at once).  ``freeze``: once started, move every object alive then (imports, kernels, configuration)
+    out of the garbage collector's reach (``gc.freeze``), so its full collections walk only what the service
+    allocated since.  ``gc_threshold0``: once started, the young generation's collection threshold
+    (``gateway.gc_threshold0``; None keeps Python's)."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
+        # a task, so that a signal during a slow start (engines loading, kernels compiling) cuts it short:
+        # what start() began cleans up on the cancellation, stop() the rest
+        starting = asyncio.ensure_future(start())
+
+        def on_signal() -> None:
+            stopping.set()
+            starting.cancel()  # nothing once started
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stopping.set)
+            loop.add_signal_handler(sig, on_signal)
         try:
-            await start()
+            try:
+                await starting
+            except asyncio.CancelledError:
+                if not stopping.is_set():
+                    raise  # not ours: main() itself was cancelled
+                return
             if freeze:
                 gc.collect()  # what start-up left as garbage is freed, not frozen
                 gc.freeze()

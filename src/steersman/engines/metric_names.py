@@ -11,6 +11,12 @@
   ``requests_processing``, ``requests_deferred``, ``prompt_tokens_total`` (processed,
   *excluding* cached) and ``prompt_tokens_cached_total``; it exposes no KV usage,
   which :mod:`steersman.engines.llamacpp` reads from ``/slots``.
+
+One page may speak for several engines with a KV pool each: vLLM's data parallel API server
+labels every sample ``engine="0"``, ``"1"``, ... (``PrometheusStatLogger(engine_indexes)``, the
+cache_config_info gauge too), SGLang ``dp_rank`` (``scheduler_metrics_mixin.init_metrics``, with
+``--dp-size`` > 1).  Counts add up over them; the usage ratio and the capacity do not
+(:func:`steersman.engines.openai_http.parse_metrics`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,13 @@ class MetricNames:
     #: the engine serves ``/metrics`` through prometheus_client, which restricts the page to the samples named
     #: in ``name[]`` query parameters (``exposition._bake_output``): the gateway asks for :meth:`scraped` only
     filterable: bool = False
+    #: the label telling apart the engines (each with its own KV pool) that one page speaks for
+    engine_label: str | None = None
+
+    @property
+    def usage_sample(self) -> str | None:
+        """The sample of the KV usage ratio (averaged over engines, not summed)."""
+        return next((s for s, f in self.samples.items() if f == "kv_usage"), None)
 
     def scraped(self) -> tuple[str, ...]:
         """Every sample name the gateway reads."""
@@ -51,6 +64,7 @@ _VLLM = MetricNames(
     ),
     weights_family="steersman_sim:weights_state",
     cache_info_family="vllm:cache_config_info",
+    engine_label="engine",
     filterable=True,  # vllm/v1/metrics: prometheus_client's make_asgi_app on /metrics; engine-sim does the same
 )
 
@@ -65,6 +79,7 @@ _SGLANG = MetricNames(
         }
     ),
     kv_capacity_tokens="sglang:max_total_num_tokens",
+    engine_label="dp_rank",
     filterable=True,  # prometheus_client's make_asgi_app too (multiprocess mode: an empty page, see the adapter)
 )
 

@@ -25,7 +25,7 @@ import orjson
 from steersman.config import DEFAULTS, GatewaySettings
 from steersman.engines.base import EngineMetrics, Exchange, ReplicaAddress, UpstreamError
 from steersman.engines.metric_names import METRIC_NAMES, MetricNames
-from steersman.engines.promtext import read_labelled, read_samples
+from steersman.engines.promtext import label_value, read_labelled, read_samples, read_series
 from steersman.http.client import UpstreamPool
 
 __all__ = ["OpenAIHttpAdapter", "parse_metrics", "metrics_path"]
@@ -36,19 +36,23 @@ _JSON = b"Content-Type: application/json\r\n"
 
 
 def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engine.block_size) -> EngineMetrics:
-    """An engine's Prometheus page read with one kind's :class:`MetricNames` (pure)."""
+    """An engine's Prometheus page read with one kind's :class:`MetricNames` (pure).
+
+    Counts (running, waiting, the prefix counters) are summed over every label set; with several engines behind
+    the page (data parallel, ``MetricNames.engine_label``) the KV capacity is their sum and the KV usage their
+    mean weighted by capacity: N engines each 45 % full are 45 % full, not 90 %.
+    """
     v = read_samples(text, names.samples)
     weights = None
     if names.weights_family:
         states = read_labelled(text, names.weights_family, "state")
         weights = next((k for k, x in states.items() if x >= 1.0), None)
-    blocks = None
-    if names.cache_info_family:
-        blocks = _capacity_blocks(text, names.cache_info_family, block_size)
-    if names.kv_capacity_tokens:
-        tokens = read_samples(text, {names.kv_capacity_tokens: "t"}).get("t")
-        blocks = tokens / block_size if tokens else blocks
-    kv = v.get("kv_usage", 0.0)
+    caps = _capacities(text, names, block_size)
+    usage = _by_engine(text, names.usage_sample, names.engine_label) if names.usage_sample else {}
+    if usage and all(caps.get(e, 0.0) > 0 for e in usage):
+        kv = sum(u * caps[e] for e, u in usage.items()) / sum(caps[e] for e in usage)
+    else:
+        kv = sum(usage.values()) / len(usage) if usage else 0.0
     if names.kv_usage_is_percent:
         kv /= 100.0
     return EngineMetrics(
@@ -58,7 +62,7 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
         prefix_queries=v.get("prefix_queries", 0.0),
         prefix_hits=v.get("prefix_hits", 0.0),
         weights=weights,
-        kv_blocks_total=blocks,
+        kv_blocks_total=sum(caps.values()) if caps else None,
     )
 
 
@@ -69,24 +73,47 @@ def metrics_path(names: MetricNames) -> str:
     return "/metrics?" + "&".join("name%5B%5D=" + quote(n, safe="") for n in names.scraped())
 
 
-def _info_number(text: str, family: str, label: str) -> float | None:
-    return next((float(k) for k in read_labelled(text, family, label) if k.replace(".", "", 1).isdigit()), None)
+def _engine(labels: str, label: str | None) -> str:
+    return (label_value(labels, label) if label else None) or ""
 
 
-def _capacity_blocks(text: str, family: str, block_size: int) -> float | None:
-    """KV capacity in steersman's blocks of ``block_size`` tokens from vLLM's cache_config_info.
+def _by_engine(text: str, sample: str, label: str | None) -> dict[str, float]:
+    """``{engine: value}`` of a gauge that is one figure per engine (a page without the label: one engine, "").
 
-    vLLM counts ``num_gpu_blocks`` of its own ``block_size`` (16 on CUDA, 128 on CPU); recent
-    versions also give ``kv_cache_size_tokens`` (the real capacity with hybrid/sliding-window layers).
+    Several series of one engine (SGLang's tensor-parallel ranks with --enable-metrics-for-all-schedulers) repeat
+    its figure: their mean."""
+    seen: dict[str, list[float]] = {}
+    for labels, x in read_series(text, sample):
+        seen.setdefault(_engine(labels, label), []).append(x)
+    return {e: sum(xs) / len(xs) for e, xs in seen.items()}
+
+
+def _number(s: str | None) -> float | None:
+    return float(s) if s is not None and s.replace(".", "", 1).isdigit() else None
+
+
+def _capacities(text: str, names: MetricNames, block_size: int) -> dict[str, float]:
+    """KV capacity in steersman's blocks of ``block_size`` tokens, by engine (only those that say).
+
+    A token count (SGLang's max_total_num_tokens) when given, else vLLM's cache_config_info: it counts
+    ``num_gpu_blocks`` of its own ``block_size`` (16 on CUDA, 128 on CPU); recent versions also give
+    ``kv_cache_size_tokens`` (the real capacity with hybrid/sliding-window layers).
     """
-    tokens = _info_number(text, family, "kv_cache_size_tokens")
-    if tokens is not None:
-        return tokens / block_size
-    blocks = _info_number(text, family, "num_gpu_blocks")
-    if blocks is None:
-        return None
-    engine_block = _info_number(text, family, "block_size") or block_size
-    return blocks * engine_block / block_size
+    caps: dict[str, float] = {}
+    if names.cache_info_family:
+        for labels, _ in read_series(text, names.cache_info_family):
+            tokens = _number(label_value(labels, "kv_cache_size_tokens"))
+            if tokens is None:
+                blocks = _number(label_value(labels, "num_gpu_blocks"))
+                if blocks is None:
+                    continue
+                tokens = blocks * (_number(label_value(labels, "block_size")) or block_size)
+            caps[_engine(labels, names.engine_label)] = tokens / block_size
+    if names.kv_capacity_tokens:
+        for e, tokens in _by_engine(text, names.kv_capacity_tokens, names.engine_label).items():
+            if tokens:
+                caps[e] = tokens / block_size
+    return caps
 
 
 class OpenAIHttpAdapter:

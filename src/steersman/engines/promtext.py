@@ -3,14 +3,16 @@
 The gateway scrapes every engine every 50 ms; parsing a whole vLLM page (every
 histogram bucket is a line) costs milliseconds, so this finds only the sample
 names asked for with ``str.find`` and sums their values across label sets (one
-vLLM process may expose several ``engine`` labels).
+vLLM process may expose several ``engine`` labels).  What must not be summed across
+engines (a usage ratio, a capacity given in an info gauge's labels) is read per label
+set with :func:`read_series`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-__all__ = ["read_samples", "read_labelled"]
+__all__ = ["read_samples", "read_labelled", "read_series", "label_value"]
 
 
 def _lines_of(text: str, name: str) -> Iterator[tuple[str, str]]:
@@ -67,16 +69,35 @@ def read_samples(text: str, names: Mapping[str, str]) -> dict[str, float]:
     return out
 
 
+def label_value(labels: str, label: str) -> str | None:
+    """The value of ``label`` in a sample's label text (``a="1",b="2"``); None when absent.
+
+    Matched as a whole name: ``block_size`` is not ``hash_block_size`` (vLLM's cache_config_info has both).
+    """
+    needle = f'{label}="'
+    i = labels.find(needle)
+    while i > 0 and labels[i - 1] not in ", {":
+        i = labels.find(needle, i + 1)
+    if i == -1:
+        return None
+    j = labels.find('"', i + len(needle))
+    return labels[i + len(needle) : j] if j != -1 else None
+
+
 def read_labelled(text: str, name: str, label: str) -> dict[str, float]:
     """``{label value: sample value}`` for one family, e.g. a one-hot state gauge."""
     out: dict[str, float] = {}
-    needle = f'{label}="'
     for labels, rest in _lines_of(text, name):
-        i = labels.find(needle)
-        if i == -1:
-            continue
-        j = labels.find('"', i + len(needle))
+        key = label_value(labels, label)
         v = _value(rest)
-        if j != -1 and v is not None:
-            out[labels[i + len(needle) : j]] = v
+        if key is not None and v is not None:
+            out[key] = v
     return out
+
+
+def read_series(text: str, name: str) -> Iterator[tuple[str, float]]:
+    """``(label text, value)`` of every sample of ``name`` (NaN and unparsable values left out)."""
+    for labels, rest in _lines_of(text, name):
+        v = _value(rest)
+        if v is not None:
+            yield labels, v

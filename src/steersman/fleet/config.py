@@ -39,6 +39,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import yaml
@@ -49,7 +50,8 @@ from steersman.control.tenants import TenantConfigError, TenantDirectory
 from steersman.sim import gpu_profile, model_profile, replica_capacity
 from steersman.sim.memory import check_tensor_parallel
 
-__all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError"]
+__all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError",
+           "sim_replica_names"]
 
 
 class FleetConfigError(ValueError):
@@ -183,13 +185,52 @@ def _zmq_endpoint(value: str) -> bool:
     return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
 
 
+def sim_replica_names(cfg: SimulatedFleetConfig) -> list[tuple[str, SimReplicaConfig]]:
+    """Each engine-sim replica's name, with its group: ``<pool>-<k>``, or ``<gpu>-<k>`` in the default pool
+    (``h100-sxm-0``, ``h100-sxm-1``, ...); raises ``KeyError`` for an unknown GPU."""
+    out = []
+    seen: dict[str, int] = {}
+    for spec in cfg.replicas:
+        stem = spec.pool if spec.pool != "default" else gpu_profile(spec.gpu).name.lower()
+        for _ in range(spec.count):
+            k = seen[stem] = seen.get(stem, -1) + 1
+            out.append((f"{stem}-{k}", spec))
+    return out
+
+
+def _url_problem(url: str) -> str | None:
+    """Why the gateway could not connect to ``url`` (what :meth:`steersman.http.client.Endpoint.parse` reads)."""
+    if not url.startswith(("http://", "https://")):
+        return "must be an http(s) URL"
+    u = urlsplit(url.rstrip("/"))
+    try:
+        port = u.port
+    except ValueError:  # "Port out of range 0-65535", "Port could not be cast to integer value as '80a'"
+        return "has a port that is not a number 1 to 65535"
+    if not u.hostname:
+        return "has no host"
+    if port == 0:
+        return "has a port that is not a number 1 to 65535"
+    return None
+
+
 def _check_replicas(raw: _FleetFile, where: str) -> None:
     """Every endpoint and simulated replica is one the gateway (and the twin) can run: checked before anything starts,
     so a typo is a FleetConfigError naming its field, not a traceback (or an engine-sim that exits) at startup."""
+    from steersman.engines import ADAPTERS
+
+    named: dict[str, int] = {}  # endpoint name -> its index: a replica's name is its identity (metrics, logs, guard)
     for i, ep in enumerate(raw.endpoints):
         at = f"{where}: endpoints[{i}]"
-        if not ep.url.startswith(("http://", "https://")):
-            raise FleetConfigError(f"{at}.url must be an http(s) URL, got {ep.url!r}")
+        problem = _url_problem(ep.url)
+        if problem is not None:
+            raise FleetConfigError(f"{at}.url {problem}, got {ep.url!r}")
+        if ep.engine not in ADAPTERS:
+            raise FleetConfigError(f"{at}.engine: unknown engine {ep.engine!r}; known: {', '.join(ADAPTERS.names())}")
+        if ep.name is not None:
+            if ep.name in named:
+                raise FleetConfigError(f"{at}.name {ep.name!r} is already the name of endpoints[{named[ep.name]}]")
+            named[ep.name] = i
         for field in ("kv_events", "kv_events_replay"):
             value = getattr(ep, field)
             if value is not None and not _zmq_endpoint(value):
@@ -233,6 +274,11 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
             replica_capacity(gpu_profile(r.gpu), model_profile(r.model), engine)
         except ValueError as e:
             raise FleetConfigError(f"{at} ({r.model} on {r.tp} x {r.gpu}): {e}") from None
+    for name, spec in sim_replica_names(sim):
+        if name in named:
+            group = next(i for i, r in enumerate(sim.replicas) if r is spec)
+            raise FleetConfigError(f"{where}: endpoints[{named[name]}].name {name!r} is the name of a simulated replica "
+                                   f"(simulated.replicas[{group}]); name the endpoint otherwise")
     roles = {(r.model, r.role) for r in sim.replicas}
     for model, role in sorted(roles):
         other = "decode" if role == "prefill" else "prefill"
@@ -293,7 +339,11 @@ def load_fleet(path: str | Path) -> FleetConfig:
         raise FleetConfigError(f"cannot read {p}: {e}") from None
     except yaml.YAMLError as e:
         raise FleetConfigError(f"{p}: invalid YAML: {e}") from None
-    return parse_fleet(data, str(p))
+    cfg = parse_fleet(data, str(p))
+    # here, not in parse_fleet: `steersman plan` checks a base fleet's settings with no replicas (twin/plan.py)
+    if cfg.simulated is not None and not cfg.simulated.replicas:
+        raise FleetConfigError(f"{p}: simulated.replicas must list at least one replica (or leave out `simulated`)")
+    return cfg
 
 
 def with_gateway(cfg: FleetConfig, **overrides: Any) -> FleetConfig:

@@ -2,7 +2,10 @@
 
 Each replica is ``python -m steersman engine-sim --port 0 ...``; the parent reads
 the ``engine-sim ready <url>`` line to learn its address, and stops every child
-on exit (SIGTERM, then SIGKILL after a grace period).
+on exit (SIGTERM, then SIGKILL after a grace period).  Each child also gets
+``PR_SET_PDEATHSIG`` as the llama-server ones do (:mod:`steersman.fleet.processes`):
+a gateway killed with SIGKILL (OOM killer, ``kubectl delete --grace-period=0``)
+leaves no engine-sim behind.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import asyncio
 import logging
 import sys
 
-from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig
+from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig, sim_replica_names
+from steersman.fleet.processes import DIE_WITH_PARENT
 from steersman.sim import gpu_profile, model_profile
 
 __all__ = ["SimulatedFleet"]
@@ -41,15 +45,9 @@ class SimulatedFleet:
         if roles:
             log.warning("prefill/decode roles are modelled by `steersman simulate` only: live, every replica "
                         "serves requests whole (%s)", "; ".join(roles))
-        plans = []
-        seen: dict[str, int] = {}
-        for spec in self.cfg.replicas:
-            gpu = gpu_profile(spec.gpu)  # fail fast on a typo, before spawning anything
-            model = model_profile(spec.model)
-            for _ in range(spec.count):
-                stem = spec.pool if spec.pool != "default" else gpu.name.lower()
-                k = seen[stem] = seen.get(stem, -1) + 1
-                plans.append((f"{stem}-{k}", spec, gpu, model))
+        # fail fast on a typo, before spawning anything
+        plans = [(name, spec, gpu_profile(spec.gpu), model_profile(spec.model))
+                 for name, spec in sim_replica_names(self.cfg)]
         try:
             results = await asyncio.gather(*(self._spawn(*p) for p in plans))
         except BaseException:
@@ -74,7 +72,9 @@ class SimulatedFleet:
             args += ["--otlp-traces-endpoint", self.cfg.otlp_traces_endpoint]
         if self.kv_events:
             args += ["--kv-events-endpoint", f"tcp://{self.host}:*", "--kv-events-replay-endpoint", f"tcp://{self.host}:*"]
-        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None, stdin=asyncio.subprocess.DEVNULL)
+        proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None,
+                                                    stdin=asyncio.subprocess.DEVNULL,
+                                                    preexec_fn=DIE_WITH_PARENT)
         self.procs.append(proc)
         assert proc.stdout is not None
         try:

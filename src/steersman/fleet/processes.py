@@ -34,7 +34,7 @@ from typing import Any
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS, LlamaCppSettings
 
-__all__ = ["EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "chat_template_path", "find_llama_server",
+__all__ = ["DIE_WITH_PARENT", "EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "chat_template_path", "find_llama_server",
            "find_gguf", "free_port"]
 
 _PR_SET_PDEATHSIG = 1
@@ -106,6 +106,11 @@ except OSError:  # pragma: no cover
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+#: the ``preexec_fn`` of every engine child steersman starts (llama-server, engine-sim): killed when the thread that
+#: started it ends, i.e. with steersman (None where there is no prctl)
+DIE_WITH_PARENT = _die_with_parent if _LIBC is not None else None
 
 
 @dataclass(slots=True)
@@ -197,7 +202,7 @@ class LlamaServerFleet:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 self.command(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if _LIBC is not None else None,
+                preexec_fn=DIE_WITH_PARENT,
             )
         return EngineProcess(name, self.host, port, proc, log_path)
 

@@ -2,6 +2,11 @@
 
 A replica whose scrapes fail ``unhealthy_after_failures`` times in a row is
 marked unhealthy; one good scrape marks it healthy again.
+
+A replica the fleet file lists without ``models:`` serves what its ``/v1/models`` says
+(:func:`discover_models`, at start).  One whose engine was down then gets no traffic until
+they are known, so the first good scrape after failed ones lists them again: once per
+recovery, not every scrape (an engine without ``/v1/models`` is not asked 20 times a second).
 """
 
 from __future__ import annotations
@@ -14,9 +19,22 @@ from steersman.config import GatewaySettings
 from steersman.engines.base import UpstreamError
 from steersman.fleet.state import Fleet, Replica
 
-__all__ = ["Scraper"]
+__all__ = ["Scraper", "discover_models"]
 
 log = logging.getLogger("steersman.scraper")
+
+
+async def discover_models(fleet: Fleet, rep: Replica) -> bool:
+    """Set ``rep``'s models from its engine's ``/v1/models``; False (logged) when it cannot say."""
+    try:
+        models = await rep.adapter.list_models(rep.address)
+    except UpstreamError as e:
+        log.warning("cannot list models of %s (%s); it gets no traffic until they are listed", rep.name, e)
+        return False
+    fleet.set_models(rep.index, models)
+    if models:
+        log.info("replica %s serves %s", rep.name, ", ".join(models))
+    return True
 
 
 class Scraper:
@@ -27,6 +45,8 @@ class Scraper:
         self.clock = clock
         self._tasks: list[asyncio.Task] = []
         self._failures = [0] * len(fleet.replicas)
+        #: replicas without models whose next good scrape lists them (again)
+        self._unlisted = {r.index for r in fleet.replicas if not r.models}
 
     async def scrape_once(self, rep: Replica) -> bool:
         try:
@@ -36,12 +56,18 @@ class Scraper:
             if self._failures[rep.index] >= self.settings.unhealthy_after_failures and self.fleet.healthy[rep.index]:
                 log.warning("replica %s unhealthy: %s", rep.name, e)
                 self.fleet.set_healthy(rep.index, False)
+            if not rep.models:
+                self._unlisted.add(rep.index)
             return False
         self._failures[rep.index] = 0
         self.fleet.update_metrics(rep.index, m)
         if not self.fleet.healthy[rep.index]:
             log.info("replica %s healthy again", rep.name)
             self.fleet.set_healthy(rep.index, True)
+        if rep.index in self._unlisted:
+            self._unlisted.discard(rep.index)
+            if not rep.models:
+                await discover_models(self.fleet, rep)
         if self.on_update is not None:
             self.on_update()
         return True
