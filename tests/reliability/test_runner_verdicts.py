@@ -20,28 +20,21 @@ from steersman.policy.request import LatencyBudget
 from steersman.testing import FakeClock, LiveFleet
 from steersman.testing.scripted import Script, ScriptedEngine
 from steersman.testing.snapshots import sched_request
+from test_runner import _Http as _RunnerHttp
 
 
-class _Http:
+class _Http(_RunnerHttp):
+    """test_runner's stand-in, keeping every answer and refusing a second one as the real request does."""
+
     def __init__(self) -> None:
-        self.started = False
+        super().__init__()
         self.answers: list[int] = []
-        self.producer = None
 
     def respond(self, status, body, content_type=b"", extra=b""):
         if self.started:
             raise RuntimeError("response already started")
-        self.started = True
+        super().respond(status, body, content_type, extra)
         self.answers.append(status)
-
-    def send(self, data):
-        pass
-
-    def end_stream(self):
-        pass
-
-    def withdraw(self):
-        return False
 
 
 class _Schedule:
