@@ -148,3 +148,19 @@ def test_an_engines_429_reaches_the_client_with_its_retry_after(monkeypatch):
         r = httpx.post(lf.url + "/v1/chat/completions", timeout=10,
                        json={"model": "scripted", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 429 and r.headers.get("retry-after") == "30"
+
+
+def test_a_stream_that_ends_with_an_error_event_is_not_settled_as_served():
+    # its status stays the 200 the stream began with: it was settled ok, its 2 tokens learnt as the tenant's
+    # output length (3 such streams: the estimate fell from ~200 to 2) and its span marked OK
+    pieces = tuple(f" w{i}" for i in range(40))
+    with LiveFleet(scripted=[Script(pieces=pieces, crash_after=2)]) as lf:
+        gw = lf.gateway
+        before = gw.expected_output("scripted", "default")
+        for _ in range(3):
+            with httpx.stream("POST", lf.url + "/v1/chat/completions", timeout=10, json={
+                    "model": "scripted", "stream": True, "max_tokens": 40,
+                    "messages": [{"role": "user", "content": "hi"}]}) as r:
+                body = r.read()
+            assert r.status_code == 200 and b'"error"' in body
+        assert gw.expected_output("scripted", "default") == before

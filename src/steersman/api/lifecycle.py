@@ -103,5 +103,7 @@ class RequestLifecycle:
         ctx.ticket = None
         if started is None:
             return
-        self.accounting.ended(started, ctx.output_tokens, ctx.status == 200, ctx.cached_tokens)
+        cont = ctx.continuation  # a continued stream: its last replica made only the tokens since its leg began
+        leg = ctx.output_tokens - cont.leg_start if cont is not None and cont.legs > 1 else None
+        self.accounting.ended(started, ctx.output_tokens, ctx.status == 200 and not ctx.failed, ctx.cached_tokens, leg)
         self.kick()

@@ -131,8 +131,10 @@ class Accounting:
         """The $ of the ticket's replica time up to ``now``: the whole time divided among the batch it joined."""
         return self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch
 
-    def ended(self, s: Started, output_tokens: int, ok: bool, cached_tokens: int | None = None) -> float:
-        """Settle the request once; returns the $ it cost (its share of the replica's GPU time)."""
+    def ended(self, s: Started, output_tokens: int, ok: bool, cached_tokens: int | None = None,
+              leg_tokens: int | None = None) -> float:
+        """Settle the request once; returns the $ it cost (its share of the replica's GPU time).  ``ok``: served
+        whole; ``leg_tokens``: of ``output_tokens``, those its ticket's replica made (a stream continued there)."""
         now = self.fleet.clock.now()
         t = s.ticket
         cost = s.earlier_cost
@@ -140,7 +142,8 @@ class Accounting:
         # ``n`` samples decode side by side: one sample's tokens make the TPOT and the output length to learn
         per_sample = output_tokens // req.samples if req.samples > 1 else output_tokens
         if t is not None:
-            self.fleet.end(t, per_sample)
+            leg = per_sample if leg_tokens is None else leg_tokens // req.samples if req.samples > 1 else leg_tokens
+            self.fleet.end(t, leg)  # (its TPOT: the tokens it made since its own first)
             cost += self._share(t, now)
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:

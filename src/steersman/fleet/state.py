@@ -250,7 +250,7 @@ class Fleet:
             live[S.DECODING, i] -= 1
             if t.verdict and self._awaiting[i]:  # a stream served to its end is progress (one the client left: not)
                 live[S.STALLED_SINCE, i] = self.clock.now()
-            if output_tokens > 1:
+            if output_tokens > 1 and t.streamed:  # (a whole response's "first token" is its end: no TPOT in it)
                 now = self.clock.now()
                 tpot = (now - t.first_at) / (output_tokens - 1)
                 self._ewma(S.TPOT_EWMA, i, tpot, now)

@@ -161,8 +161,8 @@ class OtlpTracer:
         if ctx.cached_tokens is not None:
             attrs["steersman.cached_tokens"] = ctx.cached_tokens
         span.set_attributes(attrs)
-        if ctx.status >= 500 or ctx.status == 0:
-            self.spans.error(span, f"status {ctx.status}")
+        if ctx.status >= 500 or ctx.status == 0 or ctx.failed:
+            self.spans.error(span, "ended with an error event" if ctx.failed else f"status {ctx.status}")
         span.end()
 
     def shutdown(self) -> None:

@@ -32,6 +32,7 @@ class RequestContext:
     cached_tokens: int | None = None  # engine-reported prompt tokens served from its cache
     bytes_sent: bool = False  # body bytes reached the client: only continuation is allowed from here
     status: int = 0
+    failed: bool = False  # the answer under way ended with an error event (``status`` stays the 200 sent)
     attempts: int = 0  # upstream attempts made (the runner's retry loop)
     excluded: set[int] = field(default_factory=set)  # replicas not to pick again for this request (they failed it)
     continuation: Any = None  # steersman.pipeline.continuation.Continuation once a stream started (H4)

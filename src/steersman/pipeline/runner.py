@@ -67,6 +67,7 @@ def send_error(ctx: RequestContext, err: ApiError) -> None:
     if not req.started:
         req.respond(err.status, err.body(), extra=err.header_lines())
     else:
+        ctx.failed = True  # (served: no; its status is the 200 the stream began with)
         req.send(sse_error_event(err))
         req.end_stream()
 
