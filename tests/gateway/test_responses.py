@@ -220,9 +220,12 @@ def test_truncation_auto_drops_the_oldest_turns_when_the_conversation_outgrows_t
         with pytest.raises(openai.BadRequestError) as e:  # the whole conversation no longer fits
             c.responses.create(model=MODEL, input=words("d"), previous_response_id=turn.id, max_output_tokens=8)
         assert (e.value.body["param"], e.value.body["code"]) == ("input", "context_length_exceeded")
+        counted = lambda: lf.gateway.metrics.requests.get(MODEL, "400")  # noqa: E731
+        refused = counted()
         fit = c.responses.create(model=MODEL, input=words("d"), previous_response_id=turn.id, max_output_tokens=8,
                                  truncation="auto")
         assert fit.status == "incomplete" and 300 < fit.usage.input_tokens <= 504 and fit.truncation == "auto"
+        assert counted() == refused  # the tries refused for their length and sent again: not answers (were 400s)
         events = list(c.responses.create(model=MODEL, input=words("d"), previous_response_id=turn.id,
                                          max_output_tokens=8, truncation="auto", stream=True))
         assert events[-1].response.usage.input_tokens == fit.usage.input_tokens

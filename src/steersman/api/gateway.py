@@ -271,9 +271,11 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             self._serving -= 1
             self.end_request(ctx)
             tracer.end(ctx)
-            label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
-            m.count(label, ctx.status)
-            m.model(label).e2e.observe(self.clock.now() - ctx.started)
+            if getattr(request, "held", None) is None:  # (a Responses try refused for its length, sent again
+                # shorter: not an answer the client saw)
+                label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
+                m.count(label, ctx.status)
+                m.model(label).e2e.observe(self.clock.now() - ctx.started)
 
     def _busy(self) -> int:
         return self._serving
