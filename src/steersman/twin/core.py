@@ -157,6 +157,8 @@ class Twin(DrillActions):
         while heap:
             t, _, kind, data = pop(heap)
             if stop is not None and t > stop and (not drain or kind in (_ARRIVAL, _PULL)):
+                if kind == _ARRIVAL and data.workflow is not None:
+                    self.rec.cut_short.add(data.workflow)  # its task never completes: not a success
                 continue
             clock.t = t
             if kind == _WAKE:
@@ -292,7 +294,8 @@ class Twin(DrillActions):
             r = self._reqs.get(rid)
             if r is not None and r.started is not None and not r.pd:
                 self.accounting.first_token(r.started)
-                if not r.delivered:  # a continued stream's client saw its first token long ago
+                if not r.delivered or self.rec.lacks_first(r.idx):  # a continued stream's client saw its
+                    # first token long ago (none recorded: it never did, NaN would poison the TTFT percentiles)
                     self.rec.first_token(r.idx, self.clock.t)
         for rid in res.finished:
             r = self._reqs.pop(rid, None)
@@ -355,9 +358,9 @@ class Twin(DrillActions):
             self._fail(r)
             return
         r.started = self.accounting.handed_off(r.started, t, r.cached)
-        self.rec.first_token(r.idx, now)
         a = r.arrival
         if a.output_tokens <= 1:
+            self.rec.first_token(r.idx, now)
             self._finished(r)
             return
         p = r.sim
@@ -366,10 +369,13 @@ class Twin(DrillActions):
         self._reqs[p.req_id] = r
         try:
             wake = rep.submit(r.sim, now)
-        except ValueError:  # can never run there
+        except ValueError:  # can never run there: no first token reached the client
             del self._reqs[p.req_id]
             self._failed(r)
+            if rep.wake_at is not None:  # submit may have cut a decode run first: its new end must still wake it
+                self._push(rep.wake_at, _WAKE, (j, rep.generation))
             return
+        self.rec.first_token(r.idx, now)
         if wake is not None:
             self._push(wake, _WAKE, (j, rep.generation))
 

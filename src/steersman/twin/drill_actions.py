@@ -23,10 +23,25 @@ class DrillActions:
         routing there after the failed scrapes (``unhealthy_after_failures`` x the scrape interval), or at
         once on a failed dispatch."""
         rep = self.tf.replicas[i]
-        for rid in rep.kill(self.clock.t):
+        done, lost = rep.kill(self.clock.t)
+        self.rec.replica_time(i, done.busy_s, done.compute_bound_s)
+        for rid in done.first_tokens:  # a run that ended now, its wake not handled yet: as Twin._wake
+            r = self._reqs.get(rid)
+            if r is not None and r.started is not None and not r.pd:
+                self.accounting.first_token(r.started)
+                if not r.delivered or self.rec.lacks_first(r.idx):
+                    self.rec.first_token(r.idx, self.clock.t)
+        for rid in done.finished:
             r = self._reqs.pop(rid, None)
             if r is not None:
-                sent = r.sim.num_output if not r.pd else 0  # tokens its client already has
+                if r.pd == 1:
+                    self._handoff(r, i)
+                else:
+                    self._finished(r)
+        for rid, unsent in lost:
+            r = self._reqs.pop(rid, None)
+            if r is not None:
+                sent = r.sim.num_output - unsent if not r.pd else 0  # tokens its client already has
                 r.delivered += sent
                 self._failed(r, continue_only=r.delivered > 0)
         detect = DEFAULTS.gateway.unhealthy_after_failures * self.cfg.metrics_interval_s

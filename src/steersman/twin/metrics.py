@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from steersman.fleet.statics import ReplicaSpec, build_statics
-from steersman.twin.results import FAILED, OK, REFUSED, Recorder
+from steersman.twin.results import FAILED, OK, PENDING, REFUSED, Recorder
 
 __all__ = ["summarize", "timeline", "per_replica", "window_for", "slo_met", "PERCENTILES"]
 
@@ -53,7 +53,9 @@ def summarize(rec: Recorder) -> dict:
     tasks: dict[str, bool] = {}
     for wf, good in zip(c["workflow"].tolist(), met.tolist()):
         tasks[wf] = tasks.get(wf, True) and good
-    successes = sum(tasks.values())
+    # under way when the run stopped: a later call not sent, or one that never ended (no drain)
+    unfinished = (rec.cut_short | set(c["workflow"][status == PENDING].tolist())) & tasks.keys()
+    successes = sum(tasks.values()) - sum(tasks[wf] for wf in unfinished)
 
     states = rec.engine_states
     queries = sum(s.prefix_queries for s in states)
@@ -85,6 +87,7 @@ def summarize(rec: Recorder) -> dict:
         "cost_per_hour_usd": rec.fleet.price_per_hour,
         "tasks": len(tasks),
         "tasks_succeeded": int(successes),
+        "tasks_unfinished": len(unfinished),
         "task_success_rate": successes / len(tasks) if tasks else None,
         "cost_per_successful_task_usd": cost / successes if successes else None,
         "successful_tasks_per_usd": successes / cost if cost else None,

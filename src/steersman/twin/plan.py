@@ -245,10 +245,10 @@ def _smallest(name: str, meets: Callable[[Fleet], tuple[bool, dict]], plan: Plan
             return None
         last = got
         lo = hi
-        hi *= 2
-        if hi > max_replicas:
+        if hi >= max_replicas:  # max_replicas itself was tried, not just the last power of two below it
             plan.infeasible[name] = f"not enough with {max_replicas} replicas"
             return None
+        hi = min(hi * 2, max_replicas)
     while hi - lo > 1:  # bisection between the last short count and the first enough
         mid = (lo + hi) // 2
         ok, s = meets(((name, mid),))

@@ -15,8 +15,9 @@ needs first tokens, finishes, busy and compute- vs memory-bound time.
 ``macro=False`` steps one by one instead (the reference the macro runs are tested
 against).  Faults for failure drills: :meth:`SimReplica.set_slowdown` stretches
 every step (a degraded GPU, ``EngineModel.set_slowdown``), :meth:`SimReplica.kill`
-drops everything (the process died), ``error_rate`` is applied by the twin when it
-dispatches (the engine answers 5xx).
+drops everything (the process died: the steps that ended by then stand, the one in
+progress is lost), ``error_rate`` is applied by the twin when it dispatches (the
+engine answers 5xx).
 """
 
 from __future__ import annotations
@@ -140,19 +141,43 @@ class SimReplica:
         m = self.engine.commit(plan, k)
         return RunResult(m.end, [], m.finished, m.end - m.start, _compute_bound_s(plan, k), k)
 
-    def kill(self, now: float | None = None) -> list[str]:
-        """The replica dies: every request on it is lost.  Returns their ids.  With ``now``, the decode steps
-        that ended before it count first (a request's ``num_output`` is what it sent before the death)."""
-        if now is not None:
-            self._cut(now)
+    def kill(self, now: float) -> tuple[RunResult, list[tuple[str, int]]]:
+        """The replica dies at ``now``.  Returns what had ended by then (the steps' first tokens and finishes
+        stand; busy time counts until now, the step in progress included) and every request lost, each with
+        the tokens of the step in progress in its ``num_output`` (0 or 1: its client never got them)."""
+        plan, run = self._plan, self._run
+        self._plan = self._run = None
         self.dead = True
         self.generation += 1
         self.wake_at = None
-        self._run = self._plan = None
-        lost = [r.req_id for r in (*self.engine.running(), *self.engine.waiting())]
+        eng = self.engine
+        done, unsent = RunResult(now), set()
+        if plan is not None:  # only the steps that ended apply (steps_before would count the one in progress)
+            k = plan.steps_done_by(now)
+            if k:
+                done = self._apply(plan, k)
+            if k < plan.max_steps and now > plan.start:  # the GPU was busy with the step in progress until now
+                done.busy_s = now - plan.start
+                if plan.compute_s - plan.memory_s + (plan.compute_slope - plan.memory_slope) * k > 0:
+                    done.compute_bound_s += now - plan.end_after(k)
+        elif run is not None:
+            if run.end <= now:  # ended (its wake is due now, after this): its results stand
+                done = run
+            else:  # applied when it started: what its last step produced never reached a client
+                busy = max(run.busy_s - (run.end - now), 0.0)
+                done.busy_s = busy
+                done.compute_bound_s = run.compute_bound_s * busy / run.busy_s if run.busy_s else 0.0  # prorated
+                # a request that produced a token in it has the KV of all but that token computed (a decoder
+                # the step left out reads the same: rare, it then resends one token)
+                unsent = {r.req_id for r in eng.running()
+                          if r.num_output and r.num_computed == r.prompt_len + r.num_output - 1}
+        lost = [r.req_id for r in (*eng.running(), *eng.waiting())]
         for rid in lost:
-            self.engine.abort(rid)
-        return lost
+            eng.abort(rid)
+        if run is None or run.end <= now:
+            return done, [(rid, 0) for rid in lost]
+        # its finishers left the engine when it was applied: lost too, their last token unsent
+        return done, [(rid, 1) for rid in run.finished] + [(rid, int(rid in unsent)) for rid in lost]
 
 
 def _compute_bound_s(plan: DecodePlan, k: int) -> float:

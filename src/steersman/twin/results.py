@@ -5,9 +5,12 @@ Definitions (stable keys of ``results.json``, see the README):
 * **SLO met**: the request completed, its TTFT and TPOT are within its class's
   targets and it finished before its deadline (if any).
 * **goodput**: requests that met their SLO per second of simulated time.
-* **task**: a workflow (or a single request without one); it **succeeds** when all
-  its calls completed and met their SLO.  **cost per successful task** = the
-  fleet's cost (every replica's $/h for the whole run, idle included) / successful tasks.
+* **task**: a workflow (or a single request without one); it **succeeds** when the
+  workload completed it (every call sent) and all its calls completed and met their
+  SLO.  A task still under way when the run stopped (``duration_s``: its next call
+  was not sent, or a call never ended) is **unfinished**: not a success.  **cost per
+  successful task** = the fleet's cost (every replica's $/h for the whole run, idle
+  included) / successful tasks.
 * **utilisation**: engine busy time / run time; **compute-bound share**: the part of
   busy time in steps whose roofline compute side exceeds the memory side.
 * **capacity**: the fleet's roofline decode limit (every replica at its largest
@@ -48,7 +51,8 @@ class Recorder:
     """Per-request rows (one small list each, written in place as the request moves), turned into
     columns once, by :meth:`arrays`."""
 
-    __slots__ = ("fleet", "busy", "compute_bound", "_rows", "_by_idx", "duration", "engine_states", "_arrays")
+    __slots__ = ("fleet", "busy", "compute_bound", "_rows", "_by_idx", "duration", "engine_states", "_arrays",
+                 "cut_short")
 
     def __init__(self, fleet) -> None:
         self.fleet = fleet
@@ -60,6 +64,7 @@ class Recorder:
         self.duration = 0.0
         self.engine_states: list = []
         self._arrays: dict[str, np.ndarray] | None = None
+        self.cut_short: set[str] = set()  # workflows whose next call came after the run stopped (not sent)
 
     def arrived(self, idx: int, a, s: SchedRequest) -> None:
         b = s.budget
@@ -80,6 +85,10 @@ class Recorder:
     def first_token(self, idx: int, t: float) -> None:
         self._by_idx[idx][_FIRST] = t
         self._arrays = None
+
+    def lacks_first(self, idx: int) -> bool:
+        f = self._by_idx[idx][_FIRST]
+        return f != f  # NaN
 
     def finished(self, idx: int, t: float, output: int, cached: int, cost: float) -> None:
         row = self._by_idx[idx]
