@@ -143,7 +143,7 @@ class Accounting:
         per_sample = output_tokens // req.samples if req.samples > 1 else output_tokens
         if t is not None:
             leg = per_sample if leg_tokens is None else leg_tokens // req.samples if req.samples > 1 else leg_tokens
-            self.fleet.end(t, leg)  # (its TPOT: the tokens it made since its own first)
+            self.fleet.end(t, leg, req.stream)  # (its TPOT: the tokens it made since its own first)
             cost += self._share(t, now)
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:

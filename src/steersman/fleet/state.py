@@ -219,7 +219,9 @@ class Fleet:
         if t.predicted_ttft:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft, now)
 
-    def end(self, t: Ticket, output_tokens: int = 0) -> None:
+    def end(self, t: Ticket, output_tokens: int = 0, streamed: bool = True) -> None:
+        """``t`` ended with ``output_tokens`` made there; ``streamed`` False: a whole response, whose first token
+        (its arrival) is its end: no TPOT to learn from."""
         self._own()
         live = self.live
         i = t.replica
@@ -250,7 +252,7 @@ class Fleet:
             live[S.DECODING, i] -= 1
             if t.verdict and self._awaiting[i]:  # a stream served to its end is progress (one the client left: not)
                 live[S.STALLED_SINCE, i] = self.clock.now()
-            if output_tokens > 1 and t.streamed:  # (a whole response's "first token" is its end: no TPOT in it)
+            if output_tokens > 1 and streamed:
                 now = self.clock.now()
                 tpot = (now - t.first_at) / (output_tokens - 1)
                 self._ewma(S.TPOT_EWMA, i, tpot, now)
