@@ -31,6 +31,12 @@ SCHEMAS = {
     "untyped": {"properties": {"a": {}}, "required": ["a"]},
     "array-root": {"type": "array", "items": {"type": "integer", "minimum": 5, "maximum": 5}, "minItems": 1},
     "allof": {"allOf": [{"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"]}]},
+    # one-sided and exclusive bounds (pydantic's lt=0, gt=0): a maximum alone was ignored, exclusive ones too
+    "bounds": {"type": "object", "properties": {
+        "neg": {"type": "integer", "maximum": -1}, "low": {"type": "number", "maximum": -200.5},
+        "pos": {"type": "integer", "exclusiveMinimum": 0, "maximum": 3},
+        "under": {"type": "number", "exclusiveMaximum": -2.5}, "over": {"type": "number", "exclusiveMinimum": 1000}},
+        "required": ["neg", "low", "pos", "under", "over"]},
 }
 
 

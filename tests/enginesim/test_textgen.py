@@ -53,3 +53,34 @@ def test_stop_string_truncates_text():
     assert g.finish_reason == "stop"
     assert word not in g.text and full.text.startswith(g.text)
     assert "".join(g.pieces) == g.text
+
+
+def test_stop_strings_end_the_output_where_vllm_does():
+    """vLLM checks the text after each token: every token up to the one completing the stop string counts, the first
+    stop string to complete wins, and include_stop_str_in_output keeps it."""
+    p = "The river"
+    full = _gen(p, 30, ignore_eos=True)
+    pieces = full.pieces
+    spanning = "".join(pieces[5:8])  # a stop string over tokens 5..7
+    assert full.text.find(spanning) == len("".join(pieces[:5]))
+    g = _gen(p, 30, ignore_eos=True, stop=[spanning])
+    assert (len(g.pieces), g.finish_reason, g.text) == (8, "stop", "".join(pieces[:5]))
+    assert "".join(g.pieces) == g.text
+    late_start_early_end = ["".join(pieces[0:6]), pieces[1]]  # the second completes first (token 1)
+    assert pieces[1] not in pieces[0]
+    g = _gen(p, 30, ignore_eos=True, stop=late_start_early_end)
+    assert (len(g.pieces), g.text) == (2, pieces[0])
+    g = _gen(p, 30, ignore_eos=True, stop=[spanning], include_stop=True)
+    assert (len(g.pieces), g.finish_reason, g.text) == (8, "stop", "".join(pieces[:8])) and "".join(g.pieces) == g.text
+
+
+def test_min_tokens_holds_off_eos_and_stop_strings():
+    p = "The river"
+    full = _gen(p, 30, ignore_eos=True)
+    early = full.pieces[2]
+    assert early not in "".join(full.pieces[:2])
+    assert len(_gen(p, 30, ignore_eos=True, stop=[early]).pieces) == 3
+    g = _gen(p, 30, ignore_eos=True, stop=[early], min_tokens=5)
+    assert len(g.pieces) > 5 and g.text.startswith("".join(full.pieces[:5]))
+    lengths = [len(generate(f"prompt number {i}", "x", 500, 5, min_tokens=20).pieces) for i in range(50)]
+    assert min(lengths) >= 20 and min(len(generate(f"prompt number {i}", "x", 500, 5).pieces) for i in range(50)) < 20

@@ -23,5 +23,8 @@ class SimServerSettings:
     kv_events_buffer_steps: int = setting(
         10_000, "vLLM KVEventsConfig.buffer_steps: KV event batches kept for replay (--kv-events-replay-endpoint)", ge=1)
 
+    completion_max_tokens: int = setting(
+        16, "vLLM CompletionRequest.max_tokens default: what /v1/completions without max_tokens generates at most", ge=1)
+
     def __post_init__(self) -> None:
         check_bounds(self)

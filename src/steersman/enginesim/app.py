@@ -92,6 +92,8 @@ class SimServer:
             self.engine.kv.listener = self.kv_events
             self.runner.after_step = self.kv_events.flush
         self.port = cfg.port
+        self._refusal: asyncio.Task | None = None  # refuse_for_s under way
+        self._stopping = False
         self.http = HttpServer(error_body, DEFAULTS.gateway.max_body_bytes)
         for method, path, handler in (
             ("POST", "/v1/chat/completions", self.generator.chat),
@@ -120,6 +122,8 @@ class SimServer:
         return self.port
 
     async def stop(self) -> None:
+        self._stopping = True
+        self._end_refusal()
         await self.runner.stop()
         await self.http.stop()
         if self.kv_events is not None:
@@ -138,11 +142,28 @@ class SimServer:
             os._exit(17)
 
     async def refuse(self, seconds: float) -> None:
-        """Close the listener for ``seconds`` (real time): connections are refused."""
-        await self.http.stop()
-        await asyncio.sleep(seconds)
-        if not self.faults.dead:
+        """Close the listener for ``seconds`` (real time): new connections are refused, the open ones (streams in
+        flight) go on.  Then listen again and clear ``refuse_for_s`` from the fault spec."""
+        self._end_refusal()  # a new refusal replaces one under way
+        self._refusal = asyncio.current_task()
+        self.http.close_listener()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            if self._refusal is asyncio.current_task():
+                self._refusal = None
+        if not self.faults.dead and not self._stopping:
             await self.http.start(self.cfg.host, self.port)
+        if self.faults.spec.refuse_for_s:
+            self.faults.spec = msgspec.structs.replace(self.faults.spec, refuse_for_s=0.0)
+
+    def _end_refusal(self) -> bool:
+        """Cancel a refusal under way (its listener stays closed); True if there was one."""
+        task, self._refusal = self._refusal, None
+        if task is None or task.done():
+            return False
+        task.cancel()
+        return True
 
     # ---- admin -------------------------------------------------------------
     def _check_admin(self, request: HttpRequest) -> None:
@@ -169,8 +190,7 @@ class SimServer:
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
             request.respond(400, bad_request(f"Invalid fault spec: {e}", None).body())
             return
-        if spec.refuse_for_s > 0:
-            asyncio.get_running_loop().create_task(self.refuse(spec.refuse_for_s))
+        await self._refuse_as(spec)
         await self.get_faults(request)
 
     async def clear_faults(self, request: HttpRequest) -> None:
@@ -180,7 +200,17 @@ class SimServer:
             request.respond(e.status, e.body())
             return
         self.faults.apply(FaultSpec())
+        await self._refuse_as(self.faults.spec)
         await self.get_faults(request)
+
+    async def _refuse_as(self, spec: FaultSpec) -> None:
+        """A new fault spec replaces every fault: a refusal under way ends (the port listens again) and the spec's
+        own, if any, begins."""
+        if self._end_refusal() and spec.refuse_for_s <= 0 and not self.faults.dead:
+            await self.http.start(self.cfg.host, self.port)
+        if spec.refuse_for_s > 0:
+            self.http.close_listener()  # at once: refused from the answer on
+            asyncio.get_running_loop().create_task(self.refuse(spec.refuse_for_s))
 
     # ---- plain endpoints ---------------------------------------------------
     async def health(self, request: HttpRequest) -> None:

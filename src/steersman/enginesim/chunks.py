@@ -56,18 +56,25 @@ class ChunkWriter:
         lp = b"null" if logprobs is None else orjson.dumps(logprobs)
         return head + orjson.dumps(text) + self._mid_lp + lp + b',"finish_reason":' + fr + self._tail
 
-    def tool_start(self, call_id: str, name: str) -> bytes:
-        """vLLM's first tool-call event: the call's id and function, no arguments yet."""
+    def tool_start(self, call_id: str, name: str, index: int = 0) -> bytes:
+        """vLLM's first tool-call event (of choice ``index``): the call's id and function, no arguments yet."""
         call = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": ""}}
-        return self._choice({"tool_calls": [call]}, None)
+        return self._choice({"tool_calls": [call]}, None, index)
 
-    def tool_args(self, text: str, finish_reason: str | None = None) -> bytes:
-        """A piece of the tool call's arguments."""
-        return self._choice({"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason)
+    def tool_args(self, text: str, finish_reason: str | None = None, index: int = 0) -> bytes:
+        """A piece of the tool call's arguments (of choice ``index``)."""
+        return self._choice({"tool_calls": [{"index": 0, "function": {"arguments": text}}]}, finish_reason, index)
 
-    def _choice(self, delta: dict, finish_reason: str | None) -> bytes:
-        d = dict(self._base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+    def _choice(self, delta: dict, finish_reason: str | None, index: int = 0) -> bytes:
+        d = dict(self._base, choices=[{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
         return b"data: " + orjson.dumps(d) + b"\n\n"
+
+    @staticmethod
+    def with_usage(event: bytes, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """``event`` (one chunk) carrying vLLM's continuous usage stats (``stream_options.continuous_usage_stats``):
+        the tokens of its choice so far."""
+        return event[:-3] + b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}\n\n' % (
+            prompt_tokens, completion_tokens, prompt_tokens + completion_tokens)
 
     def usage(self, usage: dict) -> bytes:
         return b"data: " + orjson.dumps(dict(self._base, choices=[], usage=usage)) + b"\n\n"
@@ -78,16 +85,17 @@ class ChunkWriter:
 
 
 def full_response(chat: bool, rid: str, created: int, model: str, choices: list[tuple[str, str, dict | None]],
-                  usage: dict, tool: tuple[str, str] | None = None) -> bytes:
+                  usage: dict, tools: list[tuple[str, str] | None] | None = None) -> bytes:
     """The whole answer; ``choices``: (text, finish reason, logprobs or None) of each sample, in index order;
-    ``tool``: (call id, function name) when the (one) choice is a tool call whose arguments are its text."""
+    ``tools``: each choice's (call id, function name) when it is a tool call whose arguments are its text."""
     if chat:
         out = [{"index": i, "message": {"role": "assistant", "content": text, "tool_calls": []}, "logprobs": lp,
                 "finish_reason": reason} for i, (text, reason, lp) in enumerate(choices)]
-        if tool is not None:
-            msg = out[0]["message"]
-            msg["tool_calls"] = [{"id": tool[0], "type": "function", "function": {"name": tool[1], "arguments": msg["content"]}}]
-            msg["content"] = None
+        for choice, tool in zip(out, tools or ()):
+            if tool is not None:
+                msg = choice["message"]
+                msg["tool_calls"] = [{"id": tool[0], "type": "function", "function": {"name": tool[1], "arguments": msg["content"]}}]
+                msg["content"] = None
         obj = "chat.completion"
     else:
         out = [{"index": i, "text": text, "logprobs": lp, "finish_reason": reason}

@@ -4,10 +4,12 @@ Later reliability work drives every failure mode through these knobs:
 
 * ``die_after_tokens``: after that many more streamed tokens (over all streams)
   the replica crashes: every connection is reset and the port stops listening.
-* ``hang``: the engine stops making progress; connections stay open.
+* ``hang``: the engine stops making progress; connections stay open (a step under way when it lands delivers its
+  tokens once the hang is lifted).
 * ``slowdown``: every engine step takes this factor longer (a degraded GPU).
 * ``error_rate`` / ``error_status``: that share of new requests get a 5xx.
-* ``refuse_for_s``: the listener closes for that many seconds (connection refused).
+* ``refuse_for_s``: the listener closes for that many seconds (connection refused); open connections (streams in
+  flight) go on, and the spec shows 0 again once it listens.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ from __future__ import annotations
 import itertools
 import secrets
 
+import msgspec
+
 from steersman.api.errors import ApiError, bad_request, not_found_model
 from steersman.api.prompt import cache_root
-from steersman.api.schema import ChatCompletionRequest, CompletionRequest, decode_chat, decode_completion
+from steersman.api.schema import ChatCompletionRequest, CompletionRequest, decode_chat, decode_completion, decode_with
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
 from steersman.enginesim.chunks import ChunkWriter, full_response, usage_of
@@ -62,8 +64,8 @@ class Generator:
         if req.priority != 0 and not self.priority_scheduling:  # vLLM's processor refuses it the same way
             raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority")
 
-    def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool,
-              given_id: str | None = None) -> tuple[str, list[Job], list[Prompt]]:
+    def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool, given_id: str | None = None,
+              extras: _Extras | None = None) -> tuple[str, list[Job], list[Prompt]]:
         """The response id, a job per prompt and sample (``n``; choice ``prompt * n + sample``, as vLLM numbers a
         batch's), submitted to the engine, and the prompts.  ``given_id``: the request's ``X-Request-Id``, which
         names the response as vLLM's ``_base_request_id`` does (the engine's own ids stay unique: two requests may
@@ -71,6 +73,9 @@ class Generator:
         self._check(req)
         prompts = read_prompts(req, chat, self.vocab)
         want = req.output_limit
+        if want is None and not chat:  # vLLM's CompletionRequest.max_tokens default (chat's: what the context leaves)
+            want = DEFAULTS.sim_server.completion_max_tokens
+        extras = _NO_EXTRAS if extras is None else extras
         field = "messages" if chat else "prompt"
         rooms = [self.max_model_len - len(pr.ids) for pr in prompts]
         for pr, room in zip(prompts, rooms):
@@ -83,6 +88,9 @@ class Generator:
                     f"Please reduce the length of the `{field}` or completion.",
                     field, "context_length_exceeded",  # OpenAI's code for it
                 )
+            if extras.min_tokens > (want or room):  # vLLM's SamplingParams._verify_args
+                raise bad_request(f"min_tokens must be less than or equal to max_tokens={want or room}, got "
+                                  f"{extras.min_tokens}.", "min_tokens")
         stop = () if req.stop is None else ((req.stop,) if isinstance(req.stop, str) else tuple(req.stop))
         kind = "chatcmpl" if chat else "cmpl"
         sid = self.new_id(kind)
@@ -93,15 +101,15 @@ class Generator:
         many = req.n > 1 or len(prompts) > 1
         for k, (pr, room) in enumerate(zip(prompts, rooms)):
             hashes = block_hashes(pr.ids, self.block_size, cache_root(req.cache_salt))
-            call = plan_tool_call(req, pr.context, want or room) if chat and req.n == 1 else None
             for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
+                call = plan_tool_call(req, pr.context, want or room, i) if chat else None
                 if call is not None:
                     gen = call[1]
                 elif shape is not None:
                     gen = structured(pr.context, *shape, want or room, variant=i)
                 else:
                     gen = generate(pr.context, pr.tail, want or room, self.mean_output_tokens, req.ignore_eos, stop,
-                                   variant=i)
+                                   i, extras.min_tokens, extras.include_stop_str_in_output)
                 sim = SimRequest(req_id=f"{sid}-{k * req.n + i}" if many else sid, prompt_len=len(pr.ids),
                                  max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
                 job = Job(sim=sim, gen=gen, arrival=now, tool=call[0] if call is not None else None, prompt=k)
@@ -131,18 +139,20 @@ class Generator:
             if self.faults.should_error():
                 raise ApiError(self.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
             top = _alternatives(req)
-            rid, jobs, prompts = self._jobs(req, chat, given)
+            rid, jobs, prompts = self._jobs(req, chat, given, _extras(request.body))
             echoes = [prompts[j.prompt].echo for j in jobs]
             created = int(self.clock.wall())
             if req.stream:
-                include_usage = bool(req.stream_options and req.stream_options.include_usage)
+                opts = req.stream_options
+                include_usage = bool(opts and opts.include_usage)
+                every = include_usage and opts.continuous_usage_stats  # vLLM: usage on every chunk too
                 w = ChunkWriter(chat, rid, created, self.model_name)
-                if jobs[0].tool is not None:
-                    await self._stream(request, jobs[0], w, include_usage, tool=jobs[0].tool)
+                if len(jobs) == 1 and jobs[0].tool is not None:
+                    await self._stream(request, jobs[0], w, include_usage, tool=jobs[0].tool, every=every)
                 elif len(jobs) == 1 and top is None:  # the common case, on byte templates
-                    await self._stream(request, jobs[0], w, include_usage, echoes[0])
+                    await self._stream(request, jobs[0], w, include_usage, echoes[0], every=every)
                 else:
-                    await self._stream_samples(request, jobs, w, include_usage, top, echoes)
+                    await self._stream_samples(request, jobs, w, include_usage, top, echoes, every)
                 return
             choices = []
             for job, echo in zip(jobs, echoes):
@@ -152,9 +162,8 @@ class Generator:
                 lp = None if top is None else _logprobs(chat, gen.pieces[: job.produced], 0, top, 0)
                 choices.append((text, gen.finish_reason, lp))
             usage = _usage(jobs, sum(j.produced for j in jobs))
-            tool = jobs[0].tool
-            request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage,
-                                               None if tool is None else (tool.call_id, tool.name)))
+            tools = [None if j.tool is None else (j.tool.call_id, j.tool.name) for j in jobs] if chat else None
+            request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage, tools))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
             if span is not None:
@@ -184,8 +193,9 @@ class Generator:
         span.end()
 
     async def _stream(self, request: HttpRequest, job: Job, w: ChunkWriter, include_usage: bool, echo: str = "",
-                      tool=None) -> None:
-        """One sample's stream: content tokens, or (``tool``) a tool call's id and name, then its arguments."""
+                      tool=None, every: bool = False) -> None:
+        """One sample's stream: content tokens, or (``tool``) a tool call's id and name, then its arguments;
+        ``every``: each chunk carries the usage so far (vLLM's ``continuous_usage_stats``)."""
         request.start_stream()
         # like vLLM, the assistant-role chunk goes out together with the first token; an echoed prompt comes first
         head = w.role() if w.chat else (w.token(echo) if echo else b"")
@@ -193,6 +203,8 @@ class Generator:
         if tool is not None:
             head += w.tool_start(tool.call_id, tool.name)
             event = w.tool_args
+        if every:
+            head, event = _usage_on_every(w, job.sim.prompt_len, head, event)
         pieces = job.gen.pieces
         total = len(pieces)
         last = total - 1
@@ -220,35 +232,46 @@ class Generator:
         request.end_stream()
 
     async def _stream_samples(self, request: HttpRequest, jobs: list[Job], w: ChunkWriter, include_usage: bool,
-                              top: int | None, echoes: list[str]) -> None:
+                              top: int | None, echoes: list[str], every: bool = False) -> None:
         """Several samples (``n`` > 1), or log probabilities: each sample's events as its tokens come, with its
-        choice index (vLLM interleaves the samples) and each token's log probabilities when asked for."""
+        choice index (vLLM interleaves the samples) and each token's log probabilities when asked for; a sample
+        that calls a tool streams the call (its id and name, then its arguments); ``every``: each chunk carries
+        its choice's usage so far (vLLM's ``continuous_usage_stats``)."""
         request.start_stream()
         k = len(jobs)
-        head = b"".join(w.role(c) if w.chat else (w.event(c, echoes[c], None, None) if echoes[c] else b"")
-                        for c in range(k))
+        heads = [w.role(c) if w.chat else (w.event(c, echoes[c], None, None) if echoes[c] else b"") for c in range(k)]
+        for c, job in enumerate(jobs):
+            if job.tool is not None:
+                heads[c] += w.tool_start(job.tool.call_id, job.tool.name, c)
+        if every:
+            heads = [_no_output_yet(w, h, job.sim.prompt_len) for h, job in zip(heads, jobs)]
+        head = b"".join(heads)
         sent, offset = [0] * k, [0] * k
         while True:
-            out, count = [head], 0
+            out, count, held = [head], 0, False
             for c, job in enumerate(jobs):
                 pieces, reason = job.gen.pieces, job.gen.finish_reason
                 last = len(pieces) - 1
                 want = max(min(job.produced, len(pieces)) - sent[c], 0)
                 n = self.faults.tokens_allowed(count + want) - count  # a die-after fault counts every sample's tokens
+                held = held or n < want
                 for i in range(sent[c], sent[c] + n):
                     lp = None
                     if top is not None:
                         offset[c] += len(pieces[i - 1]) if i else 0
                         lp = _logprobs(w.chat, pieces[i : i + 1], i, top, offset[c])
-                    out.append(w.event(c, pieces[i], reason if i == last else None, lp))
+                    fr = reason if i == last else None
+                    ev = w.event(c, pieces[i], fr, lp) if job.tool is None else w.tool_args(pieces[i], fr, c)
+                    out.append(w.with_usage(ev, job.sim.prompt_len, i + 1) if every else ev)
                 sent[c] += n
                 count += n
             if count:
                 request.send(b"".join(out))
                 head = b""
-                if self.faults.streamed(count):
-                    await self.on_die()
-                    return
+            if (count or held) and self.faults.streamed(count):  # held: tokens are ready but the budget is spent
+                await self.on_die()
+                return
+            if count:
                 await request.drain()
             waiting = [c for c, job in enumerate(jobs) if sent[c] < len(job.gen.pieces) and not job.done]
             if not waiting:
@@ -262,6 +285,44 @@ class Generator:
             tail += w.usage(_usage(jobs, sum(sent)))
         request.send(tail + w.done())
         request.end_stream()
+
+
+class _Extras(msgspec.Struct):
+    """vLLM's sampling parameters the shared request schema does not read (the gateway forwards them untouched)."""
+
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+
+
+_NO_EXTRAS = _Extras()
+_extras_decoder = msgspec.json.Decoder(_Extras)
+
+
+def _extras(body: bytes) -> _Extras:
+    """The body's vLLM extensions; a second decode only when a body names one (most do not)."""
+    if b"min_tokens" not in body and b"include_stop_str_in_output" not in body:
+        return _NO_EXTRAS
+    extras = decode_with(_extras_decoder, body)
+    if extras.min_tokens < 0:  # vLLM's SamplingParams._verify_args
+        raise bad_request(f"min_tokens must be greater than or equal to 0, got {extras.min_tokens}.", "min_tokens")
+    return extras
+
+
+def _no_output_yet(w: ChunkWriter, head: bytes, prompt_tokens: int) -> bytes:
+    """A stream's head chunks (role, echo, tool call start) each with the usage before any output token (JSON
+    chunks hold no raw blank line: splitting at one finds each chunk)."""
+    return b"".join(w.with_usage(e + b"\n\n", prompt_tokens, 0) for e in head.split(b"\n\n")[:-1])
+
+
+def _usage_on_every(w: ChunkWriter, prompt_tokens: int, head: bytes, event):
+    """The head chunks (none of the output yet) and a token event maker whose chunks carry the usage so far."""
+    head = _no_output_yet(w, head, prompt_tokens)
+    done = itertools.count(1)
+
+    def counted(text: str, finish_reason: str | None = None) -> bytes:
+        return w.with_usage(event(text, finish_reason), prompt_tokens, next(done))
+
+    return head, counted
 
 
 def _alternatives(req: ChatCompletionRequest | CompletionRequest) -> int | None:

@@ -140,8 +140,10 @@ class EngineRunner:
             delay = end - self.clock.now()
             if delay > 0:
                 await self.clock.sleep(delay)
-            if self.faults.hung:
-                continue  # a hang freezes the step's results too
+            if self.faults.hung:  # a hang freezes the step's results too: they come out once it is lifted
+                await self.faults.unhung.wait()
+                end = max(end, self.clock.now())
+                self._end = None
             self._deliver(res, end)
             if self.after_step is not None:
                 self.after_step(end)
@@ -173,7 +175,7 @@ class EngineRunner:
 
     def _finish_metrics(self, job: Job, end: float) -> None:
         m = self.metrics
-        m.success["stop" if job.gen.finish_reason == "stop" else "length"].inc()
+        m.success["length" if job.gen.finish_reason == "length" else "stop"].inc()  # a tool call ends as "stop"
         m.e2e.observe(end - job.arrival)
         sched = job.sim.first_scheduled_at
         first = job.first_at if job.first_at is not None else end

@@ -120,6 +120,11 @@ def structured(context: str | Sequence[int], kind: str, spec: Any, max_tokens: i
     return Generation(pieces, "stop", text)
 
 
+def _num(v: Any) -> int | float | None:
+    """A schema's numeric keyword, None when absent (or not a number: a boolean is none)."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def _words(rng: random.Random, lo: int, hi: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(lo, hi)))
 
@@ -172,13 +177,21 @@ def _value(schema: Any, root: dict, rng: random.Random, depth: int) -> Any:
         n = lo if depth >= _MAX_DEPTH else rng.randint(max(lo, min(1, hi)), min(hi, lo + 3))
         return [_value(schema.get("items", {}), root, rng, depth + 1) for _ in range(n)]
     if kind in ("integer", "number"):
-        lo, hi = schema.get("minimum", 0), schema.get("maximum")
-        lo = lo if isinstance(lo, (int, float)) else 0
-        hi = hi if isinstance(hi, (int, float)) and hi >= lo else lo + 100
+        # an exclusive bound is an inclusive one a step inside (1 for an integer, the output's 0.001 for a number)
+        step = 1 if kind == "integer" else 0.001
+        lo, hi = _num(schema.get("minimum")), _num(schema.get("maximum"))
+        xlo, xhi = _num(schema.get("exclusiveMinimum")), _num(schema.get("exclusiveMaximum"))
+        if xlo is not None:
+            lo = xlo + step if lo is None else max(lo, xlo + step)
+        if xhi is not None:
+            hi = xhi - step if hi is None else min(hi, xhi - step)
+        if lo is None:
+            lo = 0 if hi is None or hi >= 0 else hi - 100  # only a maximum: a range below it
+        hi = hi if hi is not None and hi >= lo else lo + 100
         if kind == "integer":
             ilo, ihi = int(-(-lo // 1)), int(hi // 1)
             return rng.randint(ilo, ihi) if ihi >= ilo else ilo
-        return round(rng.uniform(lo, hi), 3)
+        return min(max(round(rng.uniform(lo, hi), 3), lo), hi)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "null":

@@ -78,6 +78,8 @@ def generate(
     ignore_eos: bool = False,
     stop: Sequence[str] = (),
     variant: int = 0,
+    min_tokens: int = 0,
+    include_stop: bool = False,
 ) -> Generation:
     """Generate up to ``max_tokens`` pieces after ``context`` (the prompt text, or token ids).
 
@@ -86,20 +88,26 @@ def generate(
     follows punctuation or whitespace; deciding this from the context (not from
     the output position) keeps a continuation identical to the original.
     ``variant`` > 0: the request's other samples (``n`` > 1), each its own answer.
+    Stop strings end the output as vLLM's do: the text is checked after each token, so the first stop string to
+    complete wins and every token up to the one completing it counts; the text ends before it (after it with
+    ``include_stop``, vLLM's ``include_stop_str_in_output``).  As vLLM's ``min_tokens``, neither EOS nor a stop
+    string ends the output before that many tokens.
     """
     h = context_hash(context)
     if variant:  # another sample of the same request (``n`` > 1): another answer, as reproducible
         h = (h + variant * 0x9E3779B97F4A7C15) % _P
     eos_mod = max(1, int(round(mean_output_tokens)))
+    eos_from = max(1, min_tokens)  # EOS never comes first, nor before min_tokens
     pieces: list[str] = []
+    text = ""  # the output so far, kept only to check stop strings
     prev_punct = not prompt_tail or prompt_tail.isspace() or prompt_tail in _PUNCT
     need_space = bool(prompt_tail) and not prompt_tail.isspace()
     words = _WORDS
     nwords = len(words)
     for _ in range(max_tokens):
         z = _scramble(h)
-        if not ignore_eos and pieces and (z >> 17) % eos_mod == 0:
-            return _finish(pieces, "stop", stop)
+        if not ignore_eos and len(pieces) >= eos_from and (z >> 17) % eos_mod == 0:
+            return Generation(pieces, "stop", text if stop else "".join(pieces))
         r = z >> 29
         if not prev_punct and r % 9 == 0:
             piece = _PUNCT[(r >> 4) % len(_PUNCT)]
@@ -111,19 +119,32 @@ def generate(
         need_space = True
         pieces.append(piece)
         h = _extend(h, piece.encode())
-    return _finish(pieces, "length", stop)
+        if stop:
+            text += piece
+            if len(pieces) > min_tokens:  # vLLM's detokenizer checks stop strings past min_tokens only
+                cut = _stop_at(text, len(piece), stop, include_stop)
+                if cut is not None:
+                    return _cut(pieces, text, cut)
+    return Generation(pieces, "length", text if stop else "".join(pieces))
 
 
-def _finish(pieces: list[str], reason: str, stop: Sequence[str]) -> Generation:
-    text = "".join(pieces)
-    if stop:
-        cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
-        if cut >= 0:
-            # keep pieces up to the one holding the stop string's first character,
-            # that one cut short (possibly to ""): the engine did generate it
-            start = 0
-            for j, p in enumerate(pieces):
-                if start + len(p) > cut:
-                    return Generation(pieces[:j] + [p[: cut - start]], "stop", text[:cut])
-                start += len(p)
-    return Generation(pieces, reason, text)
+def _stop_at(text: str, new: int, stop: Sequence[str], include: bool) -> int | None:
+    """Where the output ends if the last ``new`` characters of ``text`` complete a stop string (vLLM's
+    ``check_stop_strings``: the first in the list that does, searched where it can have just completed), else None."""
+    for s in stop:
+        i = text.find(s, max(0, len(text) + 1 - new - len(s)))
+        if i >= 0:
+            return i + len(s) if include else i
+    return None
+
+
+def _cut(pieces: list[str], text: str, cut: int) -> Generation:
+    """The output ends at character ``cut``: every token generated counts, the text past ``cut`` is left out (the
+    piece holding it cut short, the ones after it empty)."""
+    if cut >= len(text):
+        return Generation(pieces, "stop", text)
+    start, out = 0, []
+    for p in pieces:
+        out.append(p[: max(0, cut - start)])
+        start += len(p)
+    return Generation(out, "stop", text[:cut])

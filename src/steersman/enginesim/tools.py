@@ -1,6 +1,6 @@
 """Tool calls in engine-sim, shaped as vLLM's (OpenAI's) so an agent loop can run against the simulated fleet.
 
-Which requests call a tool (chat requests with ``tools``, one sample):
+Which requests call a tool (chat requests with ``tools``; with ``n`` > 1 each choice calls one of its own):
 
 * ``tool_choice: "none"``: never (text);
 * a named function (``{"type": "function", "function": {"name": N}}``): that one, ``finish_reason: "stop"``
@@ -34,8 +34,10 @@ class ToolCall:
     name: str
 
 
-def plan_tool_call(req: Any, context: str | Sequence[int], max_tokens: int) -> tuple[ToolCall, Generation] | None:
-    """The tool call a chat request gets (its id and function, and the arguments as a generation), or None."""
+def plan_tool_call(req: Any, context: str | Sequence[int], max_tokens: int,
+                   variant: int = 0) -> tuple[ToolCall, Generation] | None:
+    """The tool call a chat request gets (its id and function, and the arguments as a generation), or None;
+    ``variant``: the request's sample (``n`` > 1: each choice calls a tool of its own)."""
     tools = getattr(req, "tools", None)
     if not tools:
         return None
@@ -44,11 +46,11 @@ def plan_tool_call(req: Any, context: str | Sequence[int], max_tokens: int) -> t
     if isinstance(choice, dict):
         chosen, reason = choice, "stop"
     elif choice == "required" or (choice == "auto" and req.messages and req.messages[-1].role == "user"):
-        chosen = fns[context_hash(context) % len(fns)]
+        chosen = fns[(context_hash(context) + variant) % len(fns)]
     else:
         return None
     params = chosen.get("parameters") if isinstance(chosen.get("parameters"), dict) else {"type": "object"}
-    gen = structured(context, "json", params, max_tokens)
+    gen = structured(context, "json", params, max_tokens, variant)
     if gen.finish_reason == "stop":
         gen = Generation(gen.pieces, reason, gen.text)
     return ToolCall(f"chatcmpl-tool-{secrets.token_hex(16)}", chosen["name"]), gen

@@ -107,6 +107,11 @@ class HttpServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
+    def close_listener(self) -> None:
+        """Stop listening (new connections are refused) and keep the open ones; :meth:`start` listens again."""
+        if self._server is not None:
+            self._server.close()
+
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop listening, close every connection; after ``grace_s`` reset the ones still open."""
         if self._server is None:
