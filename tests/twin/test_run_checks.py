@@ -88,3 +88,94 @@ def test_plan_refuses_a_bad_tensor_parallel_and_says_when_no_fleet_meets_the_slo
     r = subprocess.run(STEERSMAN + ["plan", "--workload", str(wl), "--fleet", str(bad)], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "bogus" in r.stdout and "Traceback" not in r.stderr
+
+
+def test_a_spec_block_size_other_than_the_engines_is_refused():
+    from steersman.config import DEFAULTS
+
+    fleet, bs = parse_fleet(FLEET), DEFAULTS.engine.block_size
+    Experiment(fleet, {**_spec(), "block_size": bs}).check()
+    for other in (bs // 2, bs * 2):  # half: every request failed; double: half the prefix hits, both silently
+        exp = Experiment(fleet, {**_spec(), "block_size": other})
+        with pytest.raises(WorkloadSpecError, match=rf"block_size must be {bs}, the engines'.*got {other}"):
+            exp.check()
+        with pytest.raises(WorkloadSpecError, match="block_size"):  # a run without check (steersman plan's trials)
+            exp.run("steersman")
+
+
+def test_a_workload_that_never_ends_is_refused_unless_something_ends_it():
+    fleet = parse_fleet(FLEET)
+
+    def spec(**source):
+        return {"model": "llama-3.1-8b", "sources": [{"kind": "chatbot", **source}]}
+
+    with pytest.raises(WorkloadSpecError, match="'chatbot' never ends: set duration_s, end_s, max_tasks or --duration"):
+        Experiment(fleet, spec(tasks_per_s=1)).check()
+    with pytest.raises(WorkloadSpecError, match="never ends: set duration_s, end_s, tasks_per_user or --duration"):
+        Experiment(fleet, spec(users=2)).check()
+    Experiment(fleet, spec(tasks_per_s=1), duration_s=5).check()
+    for ends in (dict(tasks_per_s=1, max_tasks=3), dict(tasks_per_s=1, end_s=5), dict(users=2, tasks_per_user=1)):
+        Experiment(fleet, spec(**ends)).check()
+
+
+def test_duration_replaces_the_specs_duration_s_so_it_can_lengthen_a_run():
+    fleet = parse_fleet(FLEET)
+    spec = {"model": "llama-3.1-8b", "duration_s": 4, "sources": [{"kind": "chatbot", "tasks_per_s": 2, "calls": 1}]}
+    short = Experiment(fleet, spec, seed=0).run("round-robin")["requests"]
+    long = Experiment(fleet, spec, seed=0, duration_s=16).run("round-robin")["requests"]
+    assert long > 2.5 * short
+
+
+def test_the_specs_seed_is_used_unless_one_is_given():
+    fleet = parse_fleet(FLEET)
+    spec = {**_spec(), "seed": 7}
+
+    def arrivals(exp):
+        exp.run("round-robin")
+        return exp.last.arrays()["arrival"].tolist()
+
+    assert Experiment(fleet, spec).used_seed == 7 and Experiment(fleet, _spec()).used_seed == 0
+    assert arrivals(Experiment(fleet, spec)) == arrivals(Experiment(fleet, spec, seed=7)) != arrivals(
+        Experiment(fleet, spec, seed=0))
+
+
+def test_load_scales_users_to_whole_users_and_a_run_says_by_how_much():
+    fleet = parse_fleet(FLEET)
+    spec = {"model": "llama-3.1-8b", "duration_s": 4, "sources": [
+        {"kind": "chatbot", "users": 3, "think_s": 1}, {"kind": "copilot", "tasks_per_s": 1, "max_tasks": 2}]}
+    exp = Experiment(fleet, spec, seed=0)
+    assert exp.run("round-robin", 0.5)["users_rounded"] == [{"source": "chatbot", "users": 2,  # 1.5 users: 2
+                                                              "factor": pytest.approx(2 / 3)}]
+    assert "users_rounded" not in exp.run("round-robin", 2.0)  # 6 users: exactly 2x
+    trace = {"model": "m", "sources": [{"kind": "trace", "path": "t.csv", "speed": None}]}
+    assert scale_spec(trace, 2.0)["sources"][0]["speed"] == 2.0  # null is 1x, scaled like any speed
+    half_user = _spec(users=2.5)
+    del half_user["sources"][0]["tasks_per_s"]
+    assert scale_spec(half_user, 1.0)["sources"][0]["users"] == 2.5  # not rounded into a valid spec
+    with pytest.raises(WorkloadSpecError, match=r"sources\[0\].users must be an integer, got 2.5"):
+        Experiment(fleet, half_user).check()
+
+
+def test_simulate_and_plan_refuse_bad_flags_and_specs_and_record_the_seed(tmp_path):
+    fleet, wl, out = tmp_path / "fleet.yaml", tmp_path / "w.yaml", tmp_path / "out"
+    fleet.write_text(json.dumps(FLEET))
+    wl.write_text(json.dumps({**_spec(), "seed": 7}))
+    sim = STEERSMAN + ["simulate", "--fleet", str(fleet), "--workload", str(wl), "--out", str(out), "--no-plots"]
+    for flags, said in ((["--duration", "-5"], "--duration must be a number of seconds > 0, got -5"),
+                        (["--duration", "nan"], "--duration must be a number of seconds > 0, got nan"),
+                        (["--load", ","], "--load: no multiplier"),
+                        (["--load", "1,0"], "--load multipliers must be finite numbers > 0, got 0"),
+                        (["--load", "inf"], "--load multipliers must be finite numbers > 0, got inf"),
+                        (["--load", "x"], "--load: 'x' is not a number")):
+        r = subprocess.run(sim + flags, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stdout and "Traceback" not in r.stderr, (flags, r.stdout, r.stderr)
+    assert not out.exists()
+    r = subprocess.run(sim, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads((out / "results.json").read_text())["meta"]["seed"] == 7  # the spec's, without --seed
+    for spec, said in (({**_spec(), "block_size": 8}, "block_size must be"),
+                       ({**_spec(), "duration_s": None}, "'chatbot' never ends")):
+        wl.write_text(json.dumps(spec))
+        r = subprocess.run(STEERSMAN + ["plan", "--workload", str(wl), "--gpus", "L40S"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and said in r.stdout and "Traceback" not in r.stderr, (r.stdout, r.stderr)

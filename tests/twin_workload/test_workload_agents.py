@@ -8,7 +8,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from steersman.twin.workload import AgentSource, Arrival, Mix, Workload, preset
+from steersman.twin.workload import AgentSource, Arrival, DailyCurve, Mix, Workload, preset
 from steersman.twin.workload.dists import Const, as_ints, parse_dist
 from wl_helpers import common_prefix, content, drive
 
@@ -317,3 +317,22 @@ def test_continuation_hashes_are_the_next_prompts_blocks():
                 compacted += 1
         pending += fu
     assert checked > 100 and compacted > 0
+
+
+def test_offered_load_is_capped_by_max_tasks_and_tasks_per_user():
+    w = AgentSource("chatbot", tasks_per_s=1.0, max_tasks=10, end_s=600.0, seed=3)
+    assert w.offered_load().tasks_per_s * 600 == pytest.approx(10)  # 10 tasks over the run, not 600
+    assert w.offered_load(0.0, 10.0).tasks_per_s == pytest.approx(1.0)  # ... all of them early on
+    assert w.offered_load(100.0, 200.0).tasks_per_s == 0.0
+    seen, _ = drive(w, latency=0.5)
+    assert len({a.workflow for a in seen}) == 10
+    # no end: the rate while it runs, and all of its tasks over any window that covers them
+    assert AgentSource("chatbot", tasks_per_s=1.0, max_tasks=10).offered_load().tasks_per_s == pytest.approx(1.0)
+    curved = AgentSource("chatbot", tasks_per_s=1.0, max_tasks=100, curve=DailyCurve.sinusoid(0.25, 1.0, 14.0))
+    assert curved.offered_load(0.0, 86400.0).tasks_per_s * 86400 == pytest.approx(100)
+    # a population of 10 users with one task each
+    u = AgentSource(preset("chatbot", calls=1), users=10, think_s=5.0, tasks_per_user=1, end_s=600.0, seed=3)
+    assert u.offered_load(latency_s=0.5).tasks_per_s * 600 == pytest.approx(10)
+    assert u.offered_load(0.0, 1200.0, latency_s=0.5).tasks_per_s * 1200 == pytest.approx(10)
+    seen, _ = drive(u, latency=0.5)
+    assert len({a.workflow for a in seen}) == 10

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import pytest
 
-from steersman.twin.workload import DailyCurve, TraceSource, load_trace
+from steersman.twin.workload import AgentSource, DailyCurve, Mix, TraceSource, load_trace
 from steersman.twin.workload.traces import TraceError
 from wl_helpers import common_prefix, content, drive
 
@@ -193,3 +193,45 @@ def test_bad_trace_inputs(traces, tmp_path):
         TraceSource(traces / "azure-llm-2023-conv.csv", speed=0)
     with pytest.raises(TraceError, match="block_size"):
         TraceSource(traces / "mooncake-synthetic.jsonl", block_size=24)
+
+
+def test_completing_a_trace_arrival_twice_is_an_error_while_others_are_in_flight(traces):
+    w = TraceSource(traces / "azure-llm-2023-conv.csv", limit=10)
+    w.start()
+    sent = w.next_batch(math.inf)
+    w.on_complete(sent[0], 1.0, True)
+    with pytest.raises(ValueError, match="not in flight: seq 0"):
+        w.on_complete(sent[0], 2.0, True)
+    for a in sent[1:]:
+        w.on_complete(a, 3.0, True)
+    assert w.done and w.stats.completed == 10
+    # in a mix, which numbers the arrivals after the trace handed them out
+    m = Mix([AgentSource("chatbot", tasks_per_s=5.0, max_tasks=3),
+             TraceSource(traces / "azure-llm-2023-conv.csv", limit=5)])
+    m.start()
+    (a, *_) = [x for x in m.next_batch(math.inf) if x.workflow is None]
+    m.on_complete(a, a.time + 1, False)
+    with pytest.raises(ValueError, match=f"not in flight: seq {a.seq}"):
+        m.on_complete(a, a.time + 2, True)
+
+
+@pytest.mark.parametrize("ids, got", [("[null]", "None"), ("[{}]", "{}"), ('[1, "a"]', "'a'"), ("[1.7, 2]", "1.7"),
+                                      ("[true]", "True")])
+def test_a_bad_mooncake_hash_id_is_named_with_its_file_and_line(tmp_path, ids, got):
+    good = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+    p = tmp_path / "t.jsonl"
+    p.write_text(good + good.replace("[1, 2]", ids))
+    j = 1 if ids.startswith("[1,") else 0
+    with pytest.raises(TraceError, match=rf"t\.jsonl:2: bad record: hash_ids\[{j}\] must be an integer, got {got}"):
+        load_trace(p)
+
+
+def test_azure_csv_with_a_byte_order_mark_and_blank_lines_loads_and_a_directory_is_named(tmp_path):
+    p = tmp_path / "excel.csv"
+    rows = "2023-11-16 18:17:03.9799600,4808,10\n   \n2023-11-16 18:17:04.0319600,3180,8\n\n"
+    p.write_text("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n" + rows, encoding="utf-8")
+    d = load_trace(p)
+    assert d.prompt.tolist() == [4808, 3180] and d.output.tolist() == [10, 8]
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(TraceError, match=r"dir\.csv: it is a directory"):
+        load_trace(tmp_path / "dir.csv")

@@ -24,19 +24,20 @@ def register(app: typer.Typer) -> None:
         headroom: float = typer.Option(DEFAULTS.twin.plan_headroom, help="Size for the load times (1 + headroom)."),
         policy: str = typer.Option("steersman", help="Routing profile to plan with."),
         tp: int = typer.Option(1, help="Tensor-parallel degree of each replica."),
-        duration: float | None = typer.Option(None, help="Simulated seconds per trial (default: the workload's)."),
+        duration: float | None = typer.Option(None, help="Simulated seconds per trial (default: the workload's duration_s)."),
         fleet: Path | None = typer.Option(None, "--fleet", help="Take scheduler / admission / tenants from this fleet file."),
-        seed: int = typer.Option(0),
+        seed: int | None = typer.Option(None, help="Seed of every random draw (default: the workload's seed, else 0)."),
         workers: int = typer.Option(DEFAULTS.twin.plan_workers, help="GPU types searched in this many processes at once."),
     ) -> None:
         """Find the cheapest fleet (replicas per GPU type) meeting the SLO with headroom; show it per hour."""
         from rich.console import Console
         from rich.table import Table
 
-        from steersman.cli._workload import workload_spec
+        from steersman.cli._workload import check_duration, workload_spec
         from steersman.twin.plan import plan_capacity
         from steersman.twin.plan_mix import label
-        from steersman.twin.workload import WorkloadSpecError
+        from steersman.twin.run import check_workload
+        from steersman.twin.workload import WorkloadSpecError, load_workload
 
         con = Console(width=max(120, Console().width))
         if not 0 < slo <= 1 or headroom < 0:
@@ -44,7 +45,12 @@ def register(app: typer.Typer) -> None:
         if workers < 1:
             raise typer.BadParameter(f"--workers must be >= 1, got {workers}")
         try:
+            check_duration(duration)
             spec, base = workload_spec(workload, trace, speed, limit, model)
+            if duration is not None:  # every source's default end, as in simulate (and the offered load's window)
+                spec = {**spec, "duration_s": duration}
+            # what every trial would run wrongly or forever (plan_capacity would call it infeasible): refused now
+            check_workload(load_workload(spec, seed, base_dir=base), spec.get("duration_s"))
             base_fleet = _fleet_file(fleet) if fleet else None
             p = plan_capacity(spec, [g.strip() for g in gpus.split(",") if g.strip()], target=slo, headroom=headroom,
                               policy=policy, tp=tp, seed=seed, base_dir=base, duration_s=duration, base_fleet=base_fleet,

@@ -20,8 +20,8 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("llama-3.1-8b", help="--trace: the model its requests ask for."),
         policy: list[str] = typer.Option(["steersman"], "--policy", help="A routing profile; repeat to compare."),
         load: str = typer.Option("1", help="Offered-load multipliers, comma separated (e.g. 0.5,1,1.5)."),
-        duration: float | None = typer.Option(None, help="Simulated seconds of arrivals (default: the workload's)."),
-        seed: int = typer.Option(0),
+        duration: float | None = typer.Option(None, help="Simulated seconds of arrivals (default: the workload's duration_s)."),
+        seed: int | None = typer.Option(None, help="Seed of every random draw (default: the workload's seed, else 0)."),
         out: Path = typer.Option(Path("twin-results"), "--out", help="Directory for results.json and plots."),
         plots: bool = typer.Option(True, help="Write PNG plots."),
     ) -> None:
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from steersman.cli._workload import workload_spec
+        from steersman.cli._workload import check_duration, parse_loads, workload_spec
         from steersman.fleet.config import FleetConfigError, load_fleet
         from steersman.twin import report
         from steersman.twin.run import Experiment
@@ -39,9 +39,10 @@ def register(app: typer.Typer) -> None:
 
         con = Console(width=max(180, Console().width))
         try:
+            loads = parse_loads(load)
+            check_duration(duration)
             cfg = load_fleet(fleet)
             spec, base = workload_spec(workload, trace, speed, limit, model)
-            loads = [float(x) for x in load.split(",") if x.strip()]
             exp = Experiment(cfg, spec, base, seed, duration)
             exp.check(policy)  # before the progress bars: what would fail a run fails now, naming its field
         except (FleetConfigError, WorkloadSpecError, OSError, KeyError, ValueError) as e:
@@ -65,9 +66,12 @@ def register(app: typer.Typer) -> None:
                 con.print(f"[red]steersman simulate:[/] {_message(e)}")
                 raise typer.Exit(2) from None
         con.print(report.table(exp.runs))
+        for ld, s in next(iter(exp.runs.values())).items():  # the same for every policy
+            for r in s.get("users_rounded", ()):
+                con.print(f"[yellow]note:[/] at load {ld:g}x, {r['source']} ran {r['users']} users: {r['factor']:.3g}x")
         if spec.get("drills"):
             con.print(report.drill_timeline(exp.runs))
-        meta = {"fleet": str(fleet), "workload": str(workload or trace), "seed": seed, "loads": loads,
+        meta = {"fleet": str(fleet), "workload": str(workload or trace), "seed": exp.used_seed, "loads": loads,
                 "policies": list(policy), "wall_s": time.perf_counter() - t0}
         path = report.write_results(out, meta, exp.runs)
         con.print(f"wrote {path}")

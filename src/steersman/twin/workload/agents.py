@@ -328,6 +328,11 @@ class AgentSource(Source):
     def _idle(self) -> bool:
         return self._next_start == math.inf and not self._tasks
 
+    @property
+    def never_ends(self) -> bool:
+        """No end_s and no cap on its tasks: it runs until the twin stops it."""
+        return self.end_s == math.inf and (self.max_tasks if self.users is None else self.tasks_per_user) is None
+
     def _continuation(self, a) -> tuple[int, ...]:
         task = self._tasks.get(a.workflow) if a.workflow is not None else None
         if task is None or a.step != task.k or a.attempt != task.attempt:
@@ -378,24 +383,43 @@ class AgentSource(Source):
 
     def _load(self, t0: float | None, t1: float | None, latency_s: float) -> OfferedLoad:
         e = self.expectations()
+        start, end = self.start_s, self.end_s
         if self.users is not None:
             cycle = e["gap_s"] + e["calls"] * latency_s + e["think_s"]
             if cycle <= 0:
                 raise ValueError(f"{self.name}: a user population with no gaps, think time or latency offers infinite load")
-            tasks = self.users / cycle
-            if t0 is not None and t1 is not None and t1 > t0:
-                tasks *= max(0.0, min(t1, self.end_s) - max(t0, self.start_s)) / (t1 - t0)
+            rate = self.users / cycle
+            n = self.tasks_per_user
+            cap = math.inf if n is None else self.users * n
+            if (t0 is None or t1 is None) and n is not None:  # over the run, or the users' n tasks if it has no end
+                t0, t1 = start, (end if end < math.inf else start + n * cycle)
+
+            def started(t: float) -> float:  # expected tasks started before t (the ramp aside)
+                return min(rate * max(min(t, end) - start, 0.0), cap)
         else:
+            rate = self.tasks_per_s
+            curve = self.curve
+            cap = math.inf if self.max_tasks is None else self.max_tasks
             if t0 is None or t1 is None:
-                t0 = self.start_s
-                t1 = self.end_s if self.end_s < math.inf else t0 + (self.curve.period_s if self.curve else 86400.0)
-            lo, hi = max(t0, self.start_s), min(t1, self.end_s)
-            if hi <= lo or t1 <= t0:
-                tasks = 0.0
-            elif self.curve is not None:
-                tasks = self.tasks_per_s * (self.curve.cumulative(hi) - self.curve.cumulative(lo)) / (t1 - t0)
-            else:
-                tasks = self.tasks_per_s * (hi - lo) / (t1 - t0)
+                t0 = start
+                if end < math.inf:
+                    t1 = end
+                elif cap < math.inf:  # the rate while it runs: until the expected last start
+                    t1 = curve.warp(curve.cumulative(start) + cap / rate) if curve is not None else start + cap / rate
+                else:
+                    t1 = t0 + (curve.period_s if curve is not None else 86400.0)
+
+            def started(t: float) -> float:  # expected tasks started before t, up to max_tasks
+                x = min(t, end)
+                if x <= start:
+                    return 0.0
+                return min(rate * ((curve.cumulative(x) - curve.cumulative(start)) if curve is not None else x - start),
+                           cap)
+        if t0 is None or t1 is None:  # a population's steady rate
+            tasks = rate
+        elif t1 <= t0:
+            tasks = 0.0
+        else:
+            tasks = (started(t1) - started(t0)) / (t1 - t0)
         return OfferedLoad(tasks * e["calls"], tasks * e["prompt_tokens"], tasks * e["output_tokens"],
                            tasks * e["new_prompt_tokens"], tasks, tasks * e["calls"])
-

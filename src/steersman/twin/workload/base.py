@@ -368,6 +368,11 @@ class Source(WorkloadBase):
     def _on_bind(self) -> None:
         """Set up what depends on the source index (hash namespaces)."""
 
+    @property
+    def never_ends(self) -> bool:
+        """It sends requests until the twin stops it (no end, no cap): a run needs a duration."""
+        return False
+
     def _infos(self) -> Sequence[SourceInfo]:
         return (self._info(),)
 

@@ -3,8 +3,9 @@
 ```yaml
 model: llama-3.1-8b            # default model of every source (required unless each source names one)
 duration_s: 600                # default end_s of every source: no task starts / replayed arrival at or after it
-block_size: 16                 # tokens per hashed block (the engines' KV block size)
-seed: 1                        # used when load_workload gets no seed
+                               # (--duration replaces it); without it, every source needs end_s or a cap
+block_size: 16                 # tokens per hashed block; the twin (simulate, plan) refuses any but its engines' (the default)
+seed: 1                        # used when load_workload gets no seed (steersman simulate / plan without --seed)
 tenants:                       # optional; same fields as the gateway's tenants (priority, requests_per_minute, ...)
   acme: {priority: critical}
   free: {priority: sheddable}
@@ -73,6 +74,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from steersman.config import DEFAULTS
 from steersman.config.scheduler import SchedulerSettings
 from steersman.control.tenants import TenantConfigError, TenantDirectory
 from steersman.twin.drills import DrillError, parse_drills
@@ -139,7 +141,7 @@ def parse_workload(data: Any, seed: int | None = None, *, slo_classes: Iterable[
     f = _Fields(data, "", err)
     model = f.string("model", optional=True)
     duration = f.number("duration_s", positive=True, optional=True)
-    block_size = f.integer("block_size", minimum=1, default=16)
+    block_size = f.integer("block_size", minimum=1, default=DEFAULTS.engine.block_size)
     if seed is None:
         seed = f.integer("seed", minimum=0, default=0)
     elif not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:

@@ -89,7 +89,7 @@ def _azure_seconds(stamp: str, day0: int) -> float:
 
 
 def _load_azure(path: Path) -> TraceData:
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a spreadsheet's byte-order mark is not the header
         rows = csv.reader(f)
         header = next(rows, None)
         want = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
@@ -98,7 +98,7 @@ def _load_azure(path: Path) -> TraceData:
         ts, pr, out = [], [], []
         day0 = None
         for n, r in enumerate(rows, 2):
-            if not r:
+            if not r or (len(r) == 1 and not r[0].strip()):  # a blank or whitespace-only line
                 continue
             try:
                 if day0 is None:
@@ -131,6 +131,9 @@ def _load_mooncake(path: Path) -> TraceData:
                 t, p, o, ids = float(r["timestamp"]), int(r["input_length"]), int(r["output_length"]), r["hash_ids"]
                 if not isinstance(ids, list):
                     raise ValueError("hash_ids must be a list")
+                for j, x in enumerate(ids):
+                    if type(x) is not int:  # not a float (int() would truncate it) nor a bool
+                        raise ValueError(f"hash_ids[{j}] must be an integer, got {x!r}")
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise TraceError(f"{path}:{n}: bad record: {e}") from None
             i = len(ts)
@@ -139,7 +142,7 @@ def _load_mooncake(path: Path) -> TraceData:
             out.append(o)
             parent = -1
             for j, x in enumerate(ids):
-                key = (parent, int(x))
+                key = (parent, x)
                 c = dense.get(key)
                 if c is None:
                     c = dense[key] = len(depth)
@@ -163,7 +166,12 @@ def _load_mooncake(path: Path) -> TraceData:
 @functools.lru_cache(maxsize=16)
 def _load_cached(path: str, fmt: str, mtime: float, size: int) -> TraceData:
     p = Path(path)
-    return _load_azure(p) if fmt == "azure" else _load_mooncake(p)
+    try:
+        return _load_azure(p) if fmt == "azure" else _load_mooncake(p)
+    except OSError as e:  # unreadable (permissions, ...)
+        raise TraceError(f"cannot read trace {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{p}: not UTF-8 text: {e}") from None
 
 
 def load_trace(path: str | os.PathLike, format: str = "auto") -> TraceData:
@@ -180,4 +188,6 @@ def load_trace(path: str | os.PathLike, format: str = "auto") -> TraceData:
         st = p.stat()
     except OSError as e:
         raise TraceError(f"cannot read trace {p}: {e.strerror or e}") from None
+    if p.is_dir():
+        raise TraceError(f"cannot read trace {p}: it is a directory, not a file")
     return _load_cached(str(p.resolve()), format, st.st_mtime, st.st_size)
