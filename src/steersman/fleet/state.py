@@ -220,11 +220,9 @@ class Fleet:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft, now)
 
     def end(self, t: Ticket, output_tokens: int = 0, streamed: bool = True) -> None:
-        """``t`` ended with ``output_tokens`` made there; ``streamed`` False: a whole response, whose first token
-        (its arrival) is its end: no TPOT to learn from."""
+        """``t`` ended, ``output_tokens`` made there; ``streamed`` False: a whole response (no TPOT to learn)."""
         self._own()
-        live = self.live
-        i = t.replica
+        live, i = self.live, t.replica
         if t.cache_at_end is not None:
             if t.first_at is not None and self.prefix is not None:  # its prompt ran: the freed slot holds it
                 self.prefix.record(i, t.cache_at_end)
