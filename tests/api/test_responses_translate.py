@@ -356,3 +356,13 @@ def test_a_tool_call_without_an_id_is_given_one_the_response_and_the_conversatio
         {"type": "function_call_output", "call_id": call_id, "output": "sunny"}]}), [{"role": "user", "content": "x"},
                                                                                     assistant])
     assert nxt.chat["messages"][1]["tool_calls"][0]["id"] == nxt.chat["messages"][2]["tool_call_id"]
+
+
+def test_explicit_nulls_are_the_defaults_and_falsy_wrong_types_are_still_refused():
+    # OpenAI takes `stream: null` / `store: null` as absent; they were 400s
+    call = _t(input="x", stream=None, store=None)
+    assert call.stream is False and call.store is True and "stream" not in call.chat
+    for field in ("stream", "store"):
+        with pytest.raises(ApiError) as e:
+            _t(input="x", **{field: 0})
+        assert e.value.param == field

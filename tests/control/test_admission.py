@@ -117,3 +117,12 @@ def test_hopeless_cases_have_no_retry_after():
 def test_nan_is_an_error():
     with pytest.raises(ValueError, match="predicted_finish"):
         check_deadline(5.0, math.nan, 0.0)
+
+
+def test_a_spent_budget_is_refused_with_openais_quota_error_type():
+    from steersman.control.plane import Refuse
+    from steersman.pipeline.admit import refusal_error
+
+    err = refusal_error(Refuse(429, "insufficient_quota", "tenant 'acme' has spent its budget", None))
+    assert (err.status, err.type, err.code) == (429, "insufficient_quota", "insufficient_quota")  # was rate_limit_error
+    assert refusal_error(Refuse(429, "rate_limited", "over", 1.0)).type == "rate_limit_error"

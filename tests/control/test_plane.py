@@ -67,6 +67,8 @@ def test_infeasible_deadline_refused_at_once_and_queued_ones_expire():
     assert p.expire(FULL, 1.0) == []
     expired = p.expire(FULL, 5.0)
     assert [item for item, _ in expired] == ["y"] and p.waiting == 0
+    # its deadline passed while it waited: the 504 the request path gives then (was a 503 saying "retry in 1 s")
+    assert (expired[0][1].status, expired[0][1].code, expired[0][1].retry_after) == (504, "deadline_exceeded", None)
 
 
 def test_a_queued_request_the_policy_now_refuses_leaves_the_queue_refused_not_stuck_at_its_head():

@@ -257,7 +257,7 @@ def translate_request(body: bytes, history: list[dict[str, Any]] | None = None) 
     chat: dict[str, Any] = {k: v for k, v in doc.items() if k not in _OWN}  # engine extensions, as sent
     chat["model"] = model
     chat["messages"] = messages
-    stream = doc.get("stream", False)
+    stream = False if doc.get("stream") is None else doc["stream"]  # (an explicit null: the default, as OpenAI)
     if not isinstance(stream, bool):
         raise bad_request(f"Invalid type for 'stream': expected a boolean, but got {_kind(stream)}.", "stream", "invalid_type")
     if stream:
@@ -275,7 +275,7 @@ def translate_request(body: bytes, history: list[dict[str, Any]] | None = None) 
     fmt = _text_format(doc["text"]) if doc.get("text") is not None else None
     if fmt is not None:
         chat["response_format"] = fmt
-    store = doc.get("store", True)
+    store = True if doc.get("store") is None else doc["store"]
     if not isinstance(store, bool):
         raise bad_request(f"Invalid type for 'store': expected a boolean, but got {_kind(store)}.", "store", "invalid_type")
     metadata = doc.get("metadata")

@@ -290,6 +290,10 @@ class ControlPlane:
             self._kept.discard(id(item))
             if q is not None:
                 self._release(q, now)
+                if q.req.budget.deadline <= now:  # passed while it waited: the 504 the request path gives then
+                    out.append((item, Refuse(504, "deadline_exceeded", "its deadline passed while it waited in "
+                                             "the gateway queue", None)))
+                    continue
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
                 out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
         for model in self._orphaned(snapshot, now):

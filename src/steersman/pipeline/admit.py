@@ -26,7 +26,8 @@ __all__ = ["Authenticate", "Describe", "Schedule", "refusal_error"]
 
 
 def refusal_error(r: Refuse) -> ApiError:
-    kind = "rate_limit_error" if r.status == 429 else "server_error" if r.status >= 500 else "invalid_request_error"
+    kind = ("insufficient_quota" if r.code == "insufficient_quota" else "rate_limit_error" if r.status == 429
+            else "server_error" if r.status >= 500 else "invalid_request_error")  # (OpenAI's types)
     return ApiError(r.status, r.reason[:1].upper() + r.reason[1:] + ".", kind, r.param, r.code, r.retry_after)
 
 
