@@ -164,3 +164,27 @@ def test_a_stream_that_ends_with_an_error_event_is_not_settled_as_served():
                 body = r.read()
             assert r.status_code == 200 and b'"error"' in body
         assert gw.expected_output("scripted", "default") == before
+
+
+def test_the_gap_a_failover_costs_the_client_is_an_inter_token_latency():
+    # each leg timed its gaps from its own first event: the client's longest stall (the failover and the new
+    # replica's first token) never reached steersman:inter_token_latency_seconds
+    import time
+
+    a = Script(pieces=tuple(f"t{i} " for i in range(6)), gap_s=0.02, crash_after=3)
+    b = Script(pieces=tuple(f"t{i} " for i in range(6)), gap_s=0.25)
+    with LiveFleet(scripted=[a, b], policy="round-robin") as lf:
+        itl = lf.gateway.metrics.model("scripted").itl
+        moved = lf.gateway.pipeline.stages[-1].migrations
+        for _ in range(2):  # round-robin: one of two streams starts on the engine that dies
+            before, sum0, seen = moved.get("scripted"), itl.sum, []
+            with httpx.stream("POST", lf.url + "/v1/chat/completions", timeout=30, json={
+                    "model": "scripted", "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        seen.append(time.monotonic())
+            if moved.get("scripted") > before:
+                break
+        assert moved.get("scripted") > before
+        span = seen[-1] - seen[0]
+        assert itl.sum - sum0 >= 0.9 * span, (itl.sum - sum0, span)  # was ~0.85: the failover's ~0.25 s missing

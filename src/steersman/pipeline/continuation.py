@@ -98,7 +98,7 @@ class Continuation(Legs):
 
     __slots__ = ("chat", "allowed", "reason", "id", "created", "model", "texts", "tokens", "leg_start",
                  "finish_reason", "usage", "usage_sent", "done", "legs", "include_usage", "limit", "prompt_tokens",
-                 "_body", "_head", "_fh", "_ft")
+                 "last_sent", "_body", "_head", "_fh", "_ft")
 
     def __init__(self, req: ChatCompletionRequest | CompletionRequest, body: bytes, prompt_tokens: int | None) -> None:
         self.chat = isinstance(req, ChatCompletionRequest)
@@ -114,6 +114,7 @@ class Continuation(Legs):
         self.usage_sent = False  # an event with usage reached the client (the end of a stream sends no second one)
         self.done = False
         self.legs = 0  # replicas that served this stream so far
+        self.last_sent: float | None = None  # when the last leg's last event was written to the client
         self.include_usage = bool(req.stream_options and req.stream_options.include_usage)
         self.limit = req.output_limit
         self.prompt_tokens = prompt_tokens  # the original prompt's tokens, when the gateway knows them exactly

@@ -180,6 +180,8 @@ class _Relay:
         if not self.ctx.bytes_sent:
             self.ttft.observe(t - self.ctx.started)
             self.ctx.bytes_sent = True
+        elif self.cont.last_sent is not None:  # a continuation's first event: the client's gap includes the failover
+            self.itl.observe(t - self.cont.last_sent)
         if self.ticket is not None:
             self.fleet.first_token(self.ticket, t)
 
@@ -302,6 +304,8 @@ class Forward:
                 out = await self._relay(ctx, ex, relay, rep.name)
             finally:
                 ctx.output_tokens = cont.tokens
+                if relay.last is not None:
+                    cont.last_sent = relay.last  # a next leg's first event times its gap from it
             # a broken or malformed end after the stream's last token: closed here, not continued elsewhere
             return RESPONDED if isinstance(out, Fail) and _finish_locally(ctx) else out
         except UpstreamError as e:
