@@ -182,3 +182,32 @@ def test_the_adaptive_throttle_rejects_attempts_locally_when_the_engines_fail():
     ctx = _ctx()
     asyncio.run(p.handle(ctx))
     assert ctx.http.answer[0] == 503 and b"throttled" in ctx.http.answer[1] and b"Retry-After" in ctx.http.answer[2]
+
+
+def test_a_stream_under_way_is_continued_even_while_the_throttle_refuses_new_work():
+    # (review, twenty-seventh session) the throttle refused the continuation leg: the client's stream was cut
+    clock = FakeClock()
+    retrier = Retrier(DEFAULTS.reliability, clock, random.Random(0))
+
+    class _BreaksMidStream(_Forward):
+        async def run(self, ctx):
+            if self.script[0] == "cont":  # its first tokens reached the client; meanwhile the engines fail a lot
+                ctx.bytes_sent = True
+                for _ in range(1000):
+                    retrier.throttle.result(clock.now(), False)
+            return await super().run(ctx)
+
+    p = Pipeline([_Schedule(3), _BreaksMidStream(["cont", "ok"])], retrier)
+    for _ in range(100):
+        retrier.throttle.result(0.0, True)
+    ctx = _ctx()
+    ctx.continuation = _Cont()
+
+    async def go():
+        task = asyncio.ensure_future(p.handle(ctx))
+        while not task.done():
+            await clock.advance(0.5)
+            await asyncio.sleep(0)
+
+    asyncio.run(go())
+    assert ctx.attempts == 2 and ctx.http.answer is None  # continued on replica 1 (no error event, no 503)

@@ -135,7 +135,7 @@ class Pipeline:
                     continue
                 if not isinstance(out, Continue):
                     return out
-                if not r.admit_attempt():
+                if not r.admit_attempt(ctx.bytes_sent):
                     return last or Fail(_throttled_error(), Retry.NEVER)
                 ticket = ctx.ticket
                 ctx.attempts += 1

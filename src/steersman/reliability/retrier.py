@@ -85,9 +85,10 @@ class Retrier:
             self.budget.end_retry()
         self.budget.end()
 
-    def admit_attempt(self) -> bool:
-        """May the next upstream attempt go (the adaptive throttle)?  Counts it when it may."""
-        if not self.throttle.admit(self.clock.now(), self.rng.random()):
+    def admit_attempt(self, resumed: bool = False) -> bool:
+        """May the next upstream attempt go (the adaptive throttle)?  Counts it when it may.  A stream under way
+        (``resumed``) goes: its continuation is load already admitted, and refusing it cuts the client's stream."""
+        if not resumed and not self.throttle.admit(self.clock.now(), self.rng.random()):
             self.counts.inc("throttled")
             return False
         self.attempts += 1

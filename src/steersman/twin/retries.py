@@ -58,7 +58,7 @@ class TwinRetries:
         if not r.began:
             rt.begin()
             r.began = True
-        if not rt.admit_attempt():
+        if not rt.admit_attempt(r.delivered > 0):  # (a stream under way is continued, as live)
             return False
         r.attempts += 1
         if r.holding:  # the retried attempt's first token gives the budget token back
