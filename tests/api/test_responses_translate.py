@@ -366,3 +366,12 @@ def test_explicit_nulls_are_the_defaults_and_falsy_wrong_types_are_still_refused
         with pytest.raises(ApiError) as e:
             _t(input="x", **{field: 0})
         assert e.value.param == field
+
+
+def test_a_chat_error_is_worded_with_the_responses_fields():
+    from steersman.api.responses_http import _mapped_error
+
+    body = orjson.dumps({"error": {"message": "`messages[3].content` must be a string; see `messages`.",
+                                   "type": "invalid_request_error", "param": "messages[3].content", "code": "x"}})
+    err = orjson.loads(_mapped_error(body))["error"]
+    assert err["param"] == "input" and err["message"] == "`input` must be a string; see `input`."  # kept messages[3]

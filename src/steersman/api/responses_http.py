@@ -44,10 +44,11 @@ def _mapped_error(body: bytes) -> bytes:
     mapped = chat_param(err["param"])
     if mapped == err["param"]:
         return body
-    before, after = _top(err["param"]), _top(mapped)
+    param, before, after = err["param"], _top(err["param"]), _top(mapped)
     err["param"] = mapped
     if isinstance(err.get("message"), str) and before != after:  # "`max_tokens` must be ..." names it too
-        err["message"] = err["message"].replace(f"`{before}`", f"`{after}`").replace(f"'{before}'", f"'{after}'")
+        msg = err["message"].replace(f"`{param}`", f"`{mapped}`").replace(f"'{param}'", f"'{mapped}'")
+        err["message"] = msg.replace(f"`{before}`", f"`{after}`").replace(f"'{before}'", f"'{after}'")
     return orjson.dumps(doc)
 
 
