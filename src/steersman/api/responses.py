@@ -233,10 +233,11 @@ def _text_format(text: Any) -> dict[str, Any] | None:
                       "and 'json_schema'.", "text.format.type")
 
 
-def translate_request(body: bytes, history: list[dict[str, Any]] | None = None) -> ResponsesCall:
-    """The chat completion request for a Responses request's ``body``; ``history``: the chat messages of the
-    conversation ``previous_response_id`` names (looked up by the caller, after :func:`previous_id`)."""
-    doc = parse_body(body)
+def translate_request(body: bytes | dict[str, Any], history: list[dict[str, Any]] | None = None) -> ResponsesCall:
+    """The chat completion request for a Responses request's ``body`` (or the document :func:`parse_body` made of
+    it: not parsed twice); ``history``: the chat messages of the conversation ``previous_response_id`` names
+    (looked up by the caller, after :func:`previous_id`)."""
+    doc = body if isinstance(body, dict) else parse_body(body)
     for key, why in _REFUSED.items():
         if doc.get(key) not in (None, False):
             raise bad_request(f"'{key}': {why}.", key, "unsupported_value")

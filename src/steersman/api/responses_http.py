@@ -209,7 +209,7 @@ class ResponsesEndpoints:
                     raise ApiError(400, f"Previous response with id '{prev}' not found.", "invalid_request_error",
                                    "previous_response_id", "previous_response_not_found")
                 history = list(stored.conversation)
-            call = translate_request(request.body, history)
+            call = translate_request(doc, history)
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
             self.metrics.count("_unknown", e.status)
