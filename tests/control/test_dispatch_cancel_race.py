@@ -41,7 +41,7 @@ class _Accounting:
     def dispatched(self, req, d, defer_record=False, earlier=None):
         return _Started(d.admit)
 
-    def ended(self, started, out, ok, cached=None):
+    def ended(self, started, out, ok, cached=None, leg=None):
         self.plane.finish(started.admit, 0, 0.0, 0.0)
 
 

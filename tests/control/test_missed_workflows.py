@@ -110,3 +110,75 @@ def test_live_a_slow_call_fails_its_task_and_the_next_call_goes_a_band_lower():
             httpx.delete(lf.sims[0].url + "/admin/faults")
             call(3)
         assert seen == [P.STANDARD, P.STANDARD, P.SHEDDABLE]
+
+
+def _missed(flows, clock):
+    return flows.track("t", WorkflowHeaders("job", 3, 5), clock.now()).missed
+
+
+@pytest.mark.parametrize("ttft,tpot,missed", [
+    (2.0, 0.2, False),  # was missed: a "TTFT" of 10.4 s
+    (None, 0.04, True),  # was met: 5 s over all 300 gaps, 17 ms
+])
+def test_a_stream_continued_on_another_replica_is_judged_on_its_clients_first_token(ttft, tpot, missed):
+    """Its client got its first token after 0.1 s, then 200 tokens 50 ms apart; its engine died and the stream went
+    on from another replica (0.2 s to its first token there, 100 more 50 ms apart).  It was judged on the last leg:
+    a "TTFT" of 10.4 s (missed), and a TPOT over that leg's tokens only."""
+    clock, fleet, acc, plane, flows, req, admit = _setup()
+    req = replace(req, max_tokens=400, budget=LatencyBudget(ttft, tpot, None, "standard"))
+    first = _go(acc, req, admit, 0)
+    _advance(clock, 0.1)
+    acc.first_token(first)
+    _advance(clock, 10.0)
+    gone = acc.left(first)
+    assert gone.client_first_at == pytest.approx(100.1)
+    second = _go(acc, req, admit, 1, earlier=gone)
+    assert second.client_first_at == pytest.approx(100.1)
+    _advance(clock, 0.2)
+    acc.first_token(second)
+    _advance(clock, 5.0)
+    acc.ended(second, 301, True, leg_tokens=101)
+    # the client's mean TPOT: 15.2 s over 300 gaps, ~51 ms (the failover gap included)
+    assert _missed(flows, clock) is missed
+
+
+def test_a_stream_whose_first_leg_failed_before_its_first_token_is_judged_on_the_next_legs():
+    clock, fleet, acc, plane, flows, req, admit = _setup()
+    req = replace(req, budget=LatencyBudget(0.5, None, None, "standard"))
+    gone = acc.left(_go(acc, req, admit, 0))
+    assert gone.client_first_at is None
+    second = _go(acc, req, admit, 1, earlier=gone)
+    _advance(clock, 0.6)
+    acc.first_token(second)
+    acc.ended(second, 1, True)
+    assert _missed(flows, clock)  # its client waited 0.6 s for a first token
+
+
+@pytest.mark.parametrize("ttft,tpot,deadline,e2e,missed", [
+    (2.0, 0.2, None, 3.1, False),  # 100 tokens after the first, 30 ms apart: within 2 s + 100 x 0.2 s (was missed)
+    (2.0, 0.01, None, 3.1, True),  # over 2 s + 100 x 10 ms
+    (0.5, 0.01, 200.0, 3.1, False),  # a deadline: judged against it alone
+    (0.5, 0.01, 102.0, 3.1, True),
+    (2.0, None, None, 30.0, False),  # no TPOT target: the decode time is unbounded, the TTFT not seen
+])
+def test_a_whole_response_is_judged_end_to_end(ttft, tpot, deadline, e2e, missed):
+    """A non-streamed call shows its client only its end (the gateway marks its "first token" when the whole body
+    arrived): it was judged on the TTFT target alone, so one meeting its engine timing was marked missed."""
+    clock, fleet, acc, plane, flows, req, admit = _setup()
+    req = replace(req, stream=False, max_tokens=101, budget=LatencyBudget(ttft, tpot, deadline, "standard"))
+    started = _go(acc, req, admit, 0)
+    _advance(clock, e2e)
+    fleet.first_token(started.ticket)  # forward._whole: the whole body arrived
+    acc.ended(started, 101, True)
+    assert _missed(flows, clock) is missed
+
+
+def test_a_whole_one_token_response_is_judged_on_its_ttft():
+    for e2e, missed in ((0.4, False), (0.6, True)):
+        clock, fleet, acc, plane, flows, req, admit = _setup()
+        req = replace(req, stream=False, budget=LatencyBudget(0.5, 0.01, None, "standard"))
+        started = _go(acc, req, admit, 0)
+        _advance(clock, e2e)
+        fleet.first_token(started.ticket)
+        acc.ended(started, 1, True)
+        assert _missed(flows, clock) is missed

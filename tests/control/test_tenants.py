@@ -160,3 +160,18 @@ def test_load_tenants_from_a_file(tmp_path):
 def test_repr_shows_no_digests():
     r = repr(TenantDirectory.from_data(_data()))
     assert hash_key(KEY_A) not in r and hash_key(KEY_A)[:8] not in r and "keys=2" in r
+
+
+def test_a_number_no_float_holds_or_a_weight_whose_inverse_overflows_is_a_config_error(tmp_path):
+    """YAML reads any run of digits as an int: one past a float's range raised OverflowError, not the config error
+    naming the field; a subnormal weight passed and made the fair queue's 1 / weight infinite."""
+    p = tmp_path / "t.yaml"
+    p.write_text("tenants:\n  a: {budget_usd: " + "9" * 400 + "}\n")
+    with pytest.raises(TenantConfigError, match=r"tenants\.a\.budget_usd must be a finite number"):
+        load_tenants(p)
+    with pytest.raises(TenantConfigError, match=r"tenants\.a\.weight must be a finite number"):
+        TenantDirectory.from_data({"tenants": {"a": {"weight": 10**5000}}})  # (more digits than int -> str allows)
+    for tiny in (1e-320, 1e-12):
+        with pytest.raises(TenantConfigError, match=r"tenants\.a\.weight must be >= 1e-09"):
+            TenantDirectory.from_data({"tenants": {"a": {"weight": tiny}}})
+    assert TenantDirectory.from_data({"tenants": {"a": {"weight": 1e-9, "budget_usd": 10**300}}}).get("a").weight == 1e-9

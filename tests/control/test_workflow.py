@@ -119,3 +119,22 @@ def test_record_after_eviction_starts_over_and_bad_usage_is_rejected():
 def test_bad_settings_are_rejected():
     with pytest.raises(ValueError, match="workflow_max_entries"):
         WorkflowTracker(AdmissionSettings(workflow_max_entries=0))
+
+
+def test_peek_reads_a_view_without_making_or_refreshing_an_entry():
+    """What the gateway's describe stage reads before admission: a request its limits refuse must not put its
+    workflow in the shared LRU (evicting another tenant's) nor keep an idle one alive."""
+    t = WorkflowTracker(AdmissionSettings(workflow_max_entries=2, workflow_idle_ttl_s=100.0))
+    t.record("a", "w", tokens=10, cost_usd=1.0, now=0.0)
+    t.admitted("a", "x", 4, 1.0)
+    for i in range(5):
+        v = t.peek("spam", WorkflowHeaders(f"junk-{i}", 2, 3), 2.0)
+        assert (v.calls, v.spent_usd, v.value, v.steps, v.started, v.missed) == (0, 0.0, 0.0, 3, 2.0, False)
+    assert len(t) == 2 and ("a", "w") in t._states
+    v = t.peek("a", WorkflowHeaders("w", None, 5), 50.0)
+    assert (v.step, v.steps, v.calls, v.spent_usd, v.started) == (2, 5, 1, 1.0, 0.0)
+    assert t._states[("a", "w")].steps is None and t._states[("a", "w")].last_seen == 0.0  # unchanged
+    assert t.peek("a", WorkflowHeaders("x", None, None), 2.0).steps == 4  # remembered at admission
+    assert t.peek("a", WorkflowHeaders("w", None, None), 100.0).calls == 0  # idle past its TTL: a new task
+    t.admitted("b", "y", None, 60.0)  # admitted: made, the least recently used goes
+    assert list(t._states) == [("a", "x"), ("b", "y")]

@@ -103,6 +103,11 @@ class RequestLifecycle:
         ctx.ticket = None
         if started is None:
             return
+        if ctx.status == 400 and getattr(ctx.http, "held", None) is not None:
+            # a Responses try refused for its context's length, sent again shorter: not the client's call
+            self.accounting.withdrawn(started)
+            self.kick()
+            return
         cont = ctx.continuation  # a continued stream: its last replica made only the tokens since its leg began
         leg = ctx.output_tokens - cont.leg_start if cont is not None and cont.legs > 1 else None
         self.accounting.ended(started, ctx.output_tokens, ctx.status == 200 and not ctx.failed, ctx.cached_tokens, leg)

@@ -36,6 +36,7 @@ class Started:
     predicted_hit_blocks: int  # prompt blocks the prefix index expected cached there
     engine_priority: int = 0  # for engines with priority scheduling (lower first): see engine_priority()
     earlier_cost: float = 0.0  # $ of the replicas it left (a prefill replica after the hand-off, failed attempts)
+    client_first_at: float | None = None  # its client's first token, from a replica it left (a stream continued)
 
 
 class Accounting:
@@ -82,8 +83,10 @@ class Accounting:
                 fleet.prefix.record_later(i, hashes)
             else:
                 fleet.prefix.record(i, hashes)
+        if earlier is None:
+            return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings))
         return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings),
-                       earlier.earlier_cost if earlier is not None else 0.0)
+                       earlier.earlier_cost, earlier.client_first_at)
 
     def left(self, s: Started) -> Started:
         """The request leaves the attempt's replica before its end (a failed attempt retried or continued
@@ -92,12 +95,13 @@ class Accounting:
         too (issue #4: retries and failed work count as cost).  The record returned holds no ticket:
         :meth:`dispatched` (``earlier``) carries it into the next attempt, :meth:`ended` settles it if none
         comes.  Ending it at once, not when the next attempt starts, also keeps a retry that waits in the gateway
-        queue from counting as in flight on the replica that failed it."""
+        queue from counting as in flight on the replica that failed it.  A stream's first token relayed from there
+        stays its client's first token (``client_first_at``: its SLO is judged as its client saw it)."""
         t = s.ticket
         if t is None:
             return s
-        self.fleet.end(t, 0)
-        return replace(s, ticket=None, earlier_cost=s.earlier_cost + self._share(t, self.fleet.clock.now()))
+        first = s.client_first_at if s.client_first_at is not None else t.first_at
+        return replace(s, ticket=None, earlier_cost=s.earlier_cost + self.fleet.end(t, 0), client_first_at=first)
 
     def first_token(self, s: Started) -> None:
         self.fleet.first_token(s.ticket)
@@ -121,15 +125,20 @@ class Accounting:
         t = s.ticket
         fleet.first_token(t)
         fleet.report(t, True)
-        fleet.end(t, 1)
+        cost = fleet.end(t, 1)
         fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         fleet.first_token(ticket)
-        return Started(s.req, ticket.replica, ticket, s.admit, 0, 0, s.engine_priority,
-                       s.earlier_cost + self._share(t, fleet.clock.now()))
+        first = s.client_first_at if s.client_first_at is not None else t.first_at
+        return Started(s.req, ticket.replica, ticket, s.admit, 0, 0, s.engine_priority, s.earlier_cost + cost, first)
 
-    def _share(self, t: Ticket, now: float) -> float:
-        """The $ of the ticket's replica time up to ``now``: the whole time divided among the batch it joined."""
-        return self.fleet.statics.price_per_hour[t.replica] / 3600.0 * (now - t.started) / t.batch
+    def withdrawn(self, s: Started) -> None:
+        """The try was not its client's call (a Responses try refused for its context's length, sent again
+        shorter): its replica accounting ends and its admission goes back (its rate limits' request and tokens).
+        Nothing is recorded: the tenant's spend, the workflow and the output estimate count the try whose answer
+        the client gets, once (a refusal before any prefill cost next to nothing)."""
+        if s.ticket is not None:
+            self.fleet.end(s.ticket, 0)
+        self.plane.admitter.release(s.admit, self.fleet.clock.now())
 
     def ended(self, s: Started, output_tokens: int, ok: bool, cached_tokens: int | None = None,
               leg_tokens: int | None = None) -> float:
@@ -143,12 +152,12 @@ class Accounting:
         per_sample = output_tokens // req.samples if req.samples > 1 else output_tokens
         if t is not None:
             leg = per_sample if leg_tokens is None else leg_tokens // req.samples if req.samples > 1 else leg_tokens
-            self.fleet.end(t, leg, req.stream)  # (its TPOT: the tokens it made since its own first)
-            cost += self._share(t, now)
+            cost += self.fleet.end(t, leg, req.stream)  # (its TPOT: the tokens it made since its own first)
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:
+            first = s.client_first_at if s.client_first_at is not None else t.first_at if t is not None else None
             self.workflows.record(req.tenant, req.workflow.workflow_id, tokens=req.prompt_tokens + output_tokens,
-                                  cost_usd=cost, now=now, met=ok and _met(req, t, per_sample, now))
+                                  cost_usd=cost, now=now, met=ok and _met(req, first, per_sample, now))
         if ok and per_sample:
             self.outputs.observe(req.model, req.tenant, per_sample)
         if cached_tokens is not None and t is not None:
@@ -156,13 +165,20 @@ class Accounting:
         return cost
 
 
-def _met(req: SchedRequest, t: Ticket | None, per_sample: int, now: float) -> bool:
-    """A served request's SLO as its client saw it: first token within the TTFT target (from its arrival at the
-    gateway), the tokens after it within the TPOT target, the end by its deadline."""
+def _met(req: SchedRequest, first: float | None, per_sample: int, now: float) -> bool:
+    """A served request's SLO as its client saw it: first token (``first``: its client's, on whichever replica)
+    within the TTFT target (from its arrival at the gateway), the tokens after it within the TPOT target, the end
+    by its deadline.  A whole response (not streamed) shows its client only its end: judged against its deadline
+    when it has one, else against the time its tokens were allowed (TTFT + TPOT per token after the first)."""
     b = req.budget
     if b.deadline is not None and now > b.deadline:
         return False
-    first = t.first_at if t is not None else None
+    if not req.stream:
+        if b.deadline is not None or b.ttft_s is None:
+            return True
+        if per_sample <= 1:
+            return now - req.arrival <= b.ttft_s
+        return b.tpot_s is None or now - req.arrival <= b.ttft_s + (per_sample - 1) * b.tpot_s
     if first is None:
         return b.ttft_s is None and b.tpot_s is None
     if b.ttft_s is not None and first - req.arrival > b.ttft_s:

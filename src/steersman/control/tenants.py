@@ -50,6 +50,8 @@ TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
 _TENANT_FIELDS = ("priority", "requests_per_minute", "tokens_per_minute", "budget_usd", "weight")
 _KEY_FIELDS = ("sha256", "tenant")
+#: the least tenant weight: the fair queue's 1 / weight stays finite (a subnormal weight made it inf)
+MIN_WEIGHT = 1e-9
 
 
 class TenantConfigError(ValueError):
@@ -212,6 +214,8 @@ def _parse_tenants(raw: Any, where: str, settings: AdmissionSettings) -> dict[st
         tpm = _number(body, "tokens_per_minute", field, where, positive=True)
         budget = _number(body, "budget_usd", field, where, positive=False)
         weight = _number(body, "weight", field, where, positive=True)
+        if weight is not None and weight < MIN_WEIGHT:  # the fair queue advances a tenant by 1 / weight per service
+            raise TenantConfigError(f"{where}: {field}.weight must be >= {MIN_WEIGHT:g}, got {weight!r}")
         out[name] = TenantConfig(name, priority, rpm, tpm, budget, 1.0 if weight is None else weight)
     return out
 
@@ -220,11 +224,20 @@ def _number(body: Mapping, key: str, field: str, where: str, *, positive: bool) 
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise TenantConfigError(f"{where}: {field}.{key} must be a finite number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+        shown = repr(v) if not isinstance(v, int) or v.bit_length() < 64 else f"an integer of {v.bit_length()} bits"
+        raise TenantConfigError(f"{where}: {field}.{key} must be a finite number, got {shown}")
     if (positive and v <= 0) or v < 0:
         raise TenantConfigError(f"{where}: {field}.{key} must be {'> 0' if positive else '>= 0'}, got {v!r}")
     return float(v)
+
+
+def _finite(v: int | float) -> bool:
+    """``v`` is a finite float, or an int a float holds (YAML reads any run of digits as an int)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _parse_keys(raw: Any, tenants: Mapping[str, TenantConfig], where: str) -> dict[str, str]:

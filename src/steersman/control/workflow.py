@@ -165,22 +165,38 @@ class WorkflowTracker:
         return state
 
     def track(self, tenant: str, headers: WorkflowHeaders, now: float) -> WorkflowView:
-        """A request of this workflow starts: its view, with the protection value."""
-        state = self._touch((tenant, headers.workflow_id), now)
-        if headers.steps is not None:
-            state.steps = headers.steps
-        step = headers.step if headers.step is not None else state.calls + 1
+        """A request of this workflow starts: its view, with the protection value (the entry made or refreshed)."""
+        self.admitted(tenant, headers.workflow_id, headers.steps, now)
+        return self.peek(tenant, headers, now)
+
+    def peek(self, tenant: str, headers: WorkflowHeaders, now: float) -> WorkflowView:
+        """The view :meth:`track` gives, changing nothing: for a request not admitted yet, which its tenant's budget
+        or rate limits may still refuse (the LRU is shared: a throttled tenant's refused requests must not evict
+        other tenants' workflows, nor keep its own alive).  :meth:`admitted` makes the entry once it is let in."""
+        state = self._states.get((tenant, headers.workflow_id))
+        if state is not None and state.last_seen + self._ttl <= now:
+            state = None  # idle too long: a new task under an old id
+        steps = headers.steps if headers.steps is not None or state is None else state.steps
+        calls, spent = (state.calls, state.spent_usd) if state is not None else (0, 0.0)
+        step = headers.step if headers.step is not None else calls + 1
         return WorkflowView(
             workflow_id=headers.workflow_id,
             step=step,
-            steps=state.steps,
-            calls=state.calls,
-            tokens=state.tokens,
-            spent_usd=state.spent_usd,
-            started=state.started,
-            value=protection_value(state.spent_usd, step, state.steps),
-            missed=state.missed,
+            steps=steps,
+            calls=calls,
+            tokens=state.tokens if state is not None else 0,
+            spent_usd=spent,
+            started=state.started if state is not None else now,
+            value=protection_value(spent, step, steps),
+            missed=state.missed if state is not None else False,
         )
+
+    def admitted(self, tenant: str, workflow_id: str, steps: int | None, now: float) -> None:
+        """A request of this workflow was let in (admitted; it may still wait in the queue): its entry is made or
+        refreshed in the LRU, remembering ``steps`` (n) when given."""
+        state = self._touch((tenant, workflow_id), now)
+        if steps is not None:
+            state.steps = steps
 
     def record(self, tenant: str, workflow_id: str, *, tokens: int, cost_usd: float, now: float,
                met: bool = True) -> None:

@@ -70,6 +70,10 @@ class Fleet:
         self._lent = None  # weakref to the latest snapshot, which reads the arrays below without a copy
         self.on_first_token: Callable[[], None] | None = None  # a prefill done (the gateway wakes its queue)
         self._keys = itertools.count(1)  # ticket keys: deterministic (not id(), which depends on allocation)
+        # per replica: the $ of its busy time so far, each moment's price split among our requests in flight then
+        # (see _accrue), and when it was last advanced
+        self._spent = [0.0] * n
+        self._spent_at = [0.0] * n
         self._static()
         #: replicas whose engine reuses a prompt only from a free slot (llama.cpp): the gateway mirrors their slots
         ll = DEFAULTS.llamacpp
@@ -131,6 +135,7 @@ class Fleet:
                                           for r in reps)
         self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour,
                                                   r.handoff_s_per_token, r.engine, r.pool) for r in reps])
+        self._price_s = [p / 3600.0 for p in self.statics.price_per_hour.tolist()]  # $ a second, per replica
         masks: dict[str, np.ndarray] = {}
         for r in reps:
             for m in r.models:
@@ -163,7 +168,6 @@ class Fleet:
         self._own()
         now = self.clock.now()
         live = self.live
-        live[S.IN_FLIGHT, index] += 1
         live[S.SINCE_SCRAPE, index] += 1
         live[S.PENDING_PREFILL, index] += uncached
         pairs = attention_pairs(max(prompt_tokens, uncached), uncached)
@@ -172,9 +176,10 @@ class Fleet:
         decay = math.exp(-(now - self._recent_at[index]) / self.settings.recent_load_tau_s)
         live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
         self._recent_at[index] = now
-        batch = 1.0 + max(live[S.RUNNING, index], live[S.DECODING, index])
-        t = Ticket(index, uncached, blocks, now, batch, predicted_ttft, predicted_tpot, key=next(self._keys),
-                   streamed=streamed, tpot_target=tpot_target, pairs=pairs)
+        # (the Ticket's ``batch`` field holds the replica's cost integral at its start: see end())
+        t = Ticket(index, uncached, blocks, now, self._accrue(index, now), predicted_ttft, predicted_tpot,
+                   key=next(self._keys), streamed=streamed, tpot_target=tpot_target, pairs=pairs)
+        live[S.IN_FLIGHT, index] += 1
         if tpot_target > 0.0:
             res = self._residents[index]
             res[tpot_target] = res.get(tpot_target, 0) + 1
@@ -219,10 +224,25 @@ class Fleet:
         if t.predicted_ttft:
             self._ratio(S.TTFT_RATIO, t.replica, ttft / t.predicted_ttft, now)
 
-    def end(self, t: Ticket, output_tokens: int = 0, streamed: bool = True) -> None:
-        """``t`` ended, ``output_tokens`` made there; ``streamed`` False: a whole response (no TPOT to learn)."""
+    def _accrue(self, i: int, now: float) -> float:
+        """Replica ``i``'s cost integral advanced to ``now`` (at every begin and end, so the requests in flight were
+        the same since the last advance): the $ of its busy time so far, each moment's divided among our requests
+        in flight then.  A request's cost is the integral's rise over its stay; the costs of the requests that
+        shared the replica add up to the replica's own cost over that time, however many joined or left when."""
+        spent = self._spent[i]
+        busy = self.live.item(S.IN_FLIGHT, i)
+        if busy > 0.0:
+            spent += self._price_s[i] * (now - self._spent_at[i]) / busy
+            self._spent[i] = spent
+        self._spent_at[i] = now
+        return spent
+
+    def end(self, t: Ticket, output_tokens: int = 0, streamed: bool = True) -> float:
+        """``t`` ended, ``output_tokens`` made there; ``streamed`` False: a whole response (no TPOT to learn).
+        Returns the $ of its time there: its share of the replica's cost while it was in flight (:meth:`_accrue`)."""
         self._own()
         live, i = self.live, t.replica
+        cost = self._accrue(i, self.clock.now()) - t.batch
         if t.cache_at_end is not None:
             if t.first_at is not None and self.prefix is not None:  # its prompt ran: the freed slot holds it
                 self.prefix.record(i, t.cache_at_end)
@@ -264,6 +284,7 @@ class Fleet:
                 self.guard.succeeded(i, t.key, now, now - t.started, output_tokens, live[S.IN_FLIGHT, i] + 1, tpot)
                 if live[S.FAIL_SHARE, i] > 0.0:  # a success only lowers it (a zero share rises at a failure or scrape)
                     live[S.FAIL_SHARE, i] = self.guard.failure_share(i, now)
+        return cost
 
     def _progress(self, t: Ticket, now: float | None) -> None:
         """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica).

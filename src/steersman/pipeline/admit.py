@@ -66,7 +66,8 @@ class Describe:
             return Fail(e, Retry.NEVER)
         except WorkflowHeaderError as e:
             return Fail(bad_request(str(e), e.header, "invalid_header"), Retry.NEVER)
-        workflow = gw.workflows.track(ctx.tenant.name, wf_headers, now) if wf_headers is not None else None
+        # a view only: the entry is made once the request is admitted (Schedule), not for one its limits refuse
+        workflow = gw.workflows.peek(ctx.tenant.name, wf_headers, now) if wf_headers is not None else None
         tokens, hashes = prompt_shape(req, gw.block_size)
         limit = req.output_limit
         ctx.sched = SchedRequest(
@@ -102,6 +103,9 @@ class Schedule:
         gw.notify(shed)
         if isinstance(out, Refuse):
             return Fail(refusal_error(out), Retry.NEVER)
+        wf = ctx.sched.workflow
+        if wf is not None:  # admitted (dispatched or queued): its workflow's entry is made or refreshed now
+            gw.workflows.admitted(ctx.tenant.name, wf.workflow_id, wf.steps, gw.clock.now())
         if isinstance(out, Wait):
             return await self._wait(ctx)
         assert isinstance(out, Dispatch)
