@@ -271,3 +271,53 @@ def test_the_table_grows_and_keeps_every_block():
         want[k % 5] = 40
         assert idx.match(prompts[k]).tolist() == want
     assert idx.blocks_per_replica().tolist() == [20_000] * 5 == _recount(idx)
+
+
+_OVERFULL = """
+from steersman.fleet.prefix_index import PrefixIndex
+
+idx = PrefixIndex(2, 0.05 * 2**20)
+idx.gen_cap = 10**6  # generations far over what the budget's largest table holds
+idx._gen_limit = [10**6] * 2  # (each replica's share of one too)
+for q in range(300):
+    idx.record(q % 2, [hash(("p", q, i)) for i in range(20)])
+last = [hash(("p", 299, i)) for i in range(20)]
+print(len(idx) <= idx._max_slots // 2, idx.match(last).tolist())
+"""
+
+
+def test_the_largest_table_never_passes_half_full():
+    """Generations over what the budget's table holds (``gen_cap`` raised past it): a record drops the oldest
+    generation rather than fill the table (whose compiled probe then never met a free slot: the loop hung).
+    In a fresh process, so that a hang fails the test instead of freezing the run."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _OVERFULL], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True [0, 20]", out.stdout + out.stderr
+
+
+def test_a_tiny_budget_names_its_setting():
+    with pytest.raises(ValueError, match=r"scheduler\.prefix_index_max_mib: at least ([0-9.]+) MiB") as e:
+        PrefixIndex(4, 10_000)
+    least = float(e.value.args[0].rsplit("least ", 1)[1].split()[0])
+    PrefixIndex(4, least * MiB)  # what it says is enough
+
+
+def test_a_replica_mirrored_twice_is_counted_once():
+    """A llama.cpp endpoint naming ``kv_events`` is mirrored by its slots and by its events: the other replicas
+    are still matched from the table."""
+    from steersman.fleet.kv_events import KvEventMirror
+    from steersman.fleet.slots import SlotMirror
+
+    idx = PrefixIndex(2, 4 * MiB)
+    idx.mirror_slots(0, SlotMirror(4, 16))
+    idx.mirror_events(0, KvEventMirror())
+    idx.record(1, A)
+    assert idx.match(A).tolist() == [0, 40]
+    assert idx.match_raw(A).tolist() == [0, 40]
+    idx.mirror_events(1, KvEventMirror())  # every replica mirrored: the table is not read
+    assert idx.match(A).tolist() == [0, 0]
+    idx.unmirror_events(1)
+    idx.record(1, A)
+    assert idx.match(A).tolist() == [0, 40]

@@ -191,3 +191,84 @@ def test_a_match_of_no_blocks_after_a_write_leaves_no_stale_mask():
     assert idx.blocks_per_replica().tolist() == [900]
     assert idx.blocks_view()[0] < 600
     assert idx.match(chain("x", 100)).tolist() == [0]
+
+
+def _generations(idx: PrefixIndex, hashes: list[int]) -> list[int]:
+    """The generation of each block (all of them indexed)."""
+    from steersman.fleet import _prefix_table as T
+
+    return [int(T._packed(idx._tab, h, idx._shift, idx._mask)) & 255 for h in hashes]  # noqa: SLF001
+
+
+def test_a_record_cut_by_a_rotation_is_moved_whole_by_the_next_one():
+    """A record cut at a generation boundary leaves its first blocks in the older generation: the next record of
+    that prompt must bring them to the newest too (a binary search over "held in the newest" assumed a leading
+    run, skipped them, and the replica's cache was then predicted to have evicted the prompt it was just sent)."""
+    idx = PrefixIndex(1, 4 * MiB)
+    idx.set_capacity(0, 300.0)  # generations of 256 blocks
+    assert idx.gen_cap == 256
+    idx.record(0, chain("filler", 240))
+    p = chain("p", 100)
+    idx.record(0, p)  # p[:16] closes the first generation, p[16:] opens the second
+    assert _generations(idx, p) == [idx._order[0]] * 16 + [idx._order[1]] * 84  # noqa: SLF001
+    idx.record(0, p)  # the hot prompt again: all of it in the newest generation now
+    assert _generations(idx, p) == [idx._order[-1]] * 100  # noqa: SLF001
+    idx.record(0, chain("other", 100))  # the first generation no longer fits in the replica's cache
+    idx.record(0, p)
+    assert idx.match(p).tolist() == [100]
+
+
+def test_a_replica_of_unknown_size_leaves_the_known_ones_their_generations():
+    """An unknown capacity (inf, NaN) is no limit on its replica: it must not make the generations as large as the
+    budget, in which a known replica sent more than twice its cache was credited with nothing, even its last prompt."""
+    idx = PrefixIndex(2, 128 * MiB)
+    idx.set_capacity(0, 1000.0)
+    idx.set_capacity(1, math.nan)
+    assert idx.gen_cap == 256  # a quarter of the known cache (at least the smallest generation)
+    first = chain(("old", 0), 25)
+    for q in range(100):
+        idx.record(0, chain(("old", q), 25))  # 2,500 blocks sent to replica 0
+    p = chain("p", 30)
+    idx.record(0, p)
+    assert idx.match(p).tolist() == [30, 0]
+    assert idx.match(first).tolist() == [0, 0]  # long evicted by the replica's own later work
+    assert 0 < idx.blocks_view()[0] <= 1000 + 256
+
+
+def test_a_small_replica_beside_a_large_one_is_cut_at_its_own_size():
+    """Uneven capacities: the generations, a quarter of the fleet's cache, are each many times the small replica's
+    cache; one replica's blocks in a generation stop at half its cache, so the mask cuts it that fine too."""
+    idx = PrefixIndex(2, 128 * MiB)
+    idx.set_capacity(0, 100_000.0)
+    idx.set_capacity(1, 1000.0)
+    assert idx.gen_cap == 25_250
+    first = chain(("old", 0), 25)
+    for q in range(100):
+        idx.record(1, chain(("old", q), 25))
+    p = chain("p", 30)
+    idx.record(1, p)
+    assert idx.match(p).tolist() == [0, 30]
+    assert idx.match(first).tolist() == [0, 0]
+    assert idx.blocks_view()[1] <= 1000 + 500
+
+
+def test_the_newest_generation_of_a_replica_always_counts():
+    """A replica whose blocks in the newest generation outgrow twice its cache (a cache under the smallest
+    generation) still holds the last blocks it was sent."""
+    idx = PrefixIndex(1, 4 * MiB)
+    idx.set_capacity(0, 100.0)
+    for q in range(10):
+        idx.record(0, chain(("q", q), 25))  # 250 blocks: one generation
+    p = chain("p", 5)
+    idx.record(0, p)
+    assert idx.match(p).tolist() == [5]
+
+
+def test_generations_never_outgrow_the_budgets_table():
+    """A small budget (its largest generation under the smallest one for a KV cache): capacities must not raise
+    the generations past what its table holds half full (the table filled, and a lookup probed it for ever)."""
+    idx = PrefixIndex(2, 0.05 * MiB)
+    idx.set_capacity(0, 1000.0)
+    idx.set_capacity(1, 1000.0)
+    assert idx.gen_cap == idx._max_gen_cap == 64  # noqa: SLF001
+    assert 2 * idx.capacity <= idx._max_slots  # noqa: SLF001

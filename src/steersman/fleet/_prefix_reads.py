@@ -43,6 +43,7 @@ class PrefixReads:
     _entries: int
     _job: object  # a background pass running (see the index's module doc)
     _readable: bool  # False while a background pass rewrites the table (see the index's module doc)
+    _table_read: bool  # some replica is not mirrored: its match is the table's
     slots: dict  # replica -> steersman.fleet.slots.SlotMirror (llama.cpp replicas: the match is the mirror's)
     events: dict  # replica -> steersman.fleet.kv_events.KvEventMirror (the match is what its KV events say it holds)
     holders: object  # steersman.fleet.kv_events.EventHolders: what all of those hold, as one index
@@ -79,7 +80,7 @@ class PrefixReads:
         if memo is not None and memo[0] is hashes and memo[1] == len(hashes) and memo[3] is self._memo:
             return memo[2]
         out = np.zeros(self.n, dtype=np.int64)
-        if len(hashes) and self._entries and self._readable and len(self.slots) + len(self.events) < self.n:
+        if len(hashes) and self._entries and self._readable and self._table_read:
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask, self._all_ones)
         self._mirrored(hashes, out)
@@ -113,7 +114,7 @@ class PrefixReads:
         if self._capped:
             self._refresh_resident()  # (with every match after a write: blocks_view and match_raw then read it)
         # (every replica mirrored: theirs alone; the table being rewritten in the background: nothing)
-        if len(hashes) and self._entries and self._readable and len(self.slots) + len(self.events) < self.n:
+        if len(hashes) and self._entries and self._readable and self._table_read:
             T.match_pass(self._tab, self._setbits, self._arr(hashes), out, self._alive, _MAX_LEVELS, self._shift,
                          self._mask, self._resident)
         self._mirrored(hashes, out)

@@ -5,7 +5,8 @@ free blocks; the index, left to its own memory budget, remembers many times what
 replica's KV capacity (:meth:`Residency.set_capacity`), it credits a replica only with its newest generations
 that fit in that cache (:func:`resident_mask`): a bit per replica and generation that
 :func:`~steersman.fleet._prefix_table.match_pass` ands with each block's holders.  Generations then take at
-most a quarter of the fleet's cache, so the cut is that fine.
+most a quarter of the known replicas' cache, and at most half of one replica's cache in its blocks, so the cut
+is that fine for each.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed
 
 __all__ = ["Residency", "resident_mask", "over_capacity", "warm_up"]
 
-#: with every replica's KV capacity known: a generation takes at most this share of the fleet's cache
+#: with KV capacities known: a generation takes at most this share of the known replicas' cache
 _RESIDENCY_GEN = 0.25
-_MIN_GEN = 256  # blocks: the smallest generation (a few prompts)
+#: and at most this share of one replica's cache in that replica's blocks
+_REPLICA_GEN = 0.5
+_MIN_GEN = 256  # blocks: the smallest generation (a few prompts), unless the budget's largest is smaller
 _ONE = np.uint64(1)
 
 
@@ -29,8 +32,11 @@ _ONE = np.uint64(1)
 def resident_mask(counts, order, caps, resident, resident_total):
     """Which generations each replica's KV cache still holds, as an engine's LRU would: from the newest
     generation back, a generation counts while the replica's blocks in the newer ones and half of its own fit
-    in ``caps[r]`` blocks (inf: no limit).  Bit ``r % 64`` of ``resident[g, r // 64]``; ``resident_total[r]``:
-    the blocks of the generations it holds.  ``order``: the generations in use, oldest first."""
+    in ``caps[r]`` blocks (inf: no limit); the newest one holding its blocks always counts (they are the last
+    it was sent: a generation's blocks of ``r`` are kept to about half its cache, but a small cache's, or blocks
+    other replicas brought in, may outgrow twice it, and then it would be credited with nothing).
+    Bit ``r % 64`` of ``resident[g, r // 64]``; ``resident_total[r]``: the blocks of the generations it holds.
+    ``order``: the generations in use, oldest first."""
     resident[:] = 0
     for r in range(counts.shape[1]):
         cap = caps[r]
@@ -41,7 +47,7 @@ def resident_mask(counts, order, caps, resident, resident_total):
         for k in range(order.size - 1, -1, -1):
             g = order[k]
             c = counts[g, r]
-            if before + 0.5 * c <= cap:
+            if before == 0.0 or before + 0.5 * c <= cap:
                 resident[g, w] |= bit
                 kept += c
             before += c
@@ -80,11 +86,13 @@ class Residency:
     _memo: tuple | None
     _max_gen_cap: int
     gen_cap: int
+    _gen_limit: list[int]
 
     def _init_residency(self) -> None:
         # each replica's KV cache, in blocks (inf: unknown): what an engine's LRU still holds (set_capacity)
         self._caps = np.full(self.n, np.inf)
         self._capped = False
+        self._gen_limit = [self._max_gen_cap] * self.n  # each replica's blocks in a generation, at most
         self._all_ones = np.full((self._counts.shape[0], self._words), ~np.uint64(0), dtype=np.uint64)
         self._resident = self._all_ones.copy()
         self._resident_total = np.zeros(self.n, dtype=np.int64)
@@ -115,13 +123,21 @@ class Residency:
             self._caps_changed()
 
     def _caps_changed(self) -> None:
-        self._capped = bool(np.isfinite(self._caps).any())
-        # a generation of about a quarter of the fleet's KV cache, so a replica's cache spans several of them and
-        # the eviction the mask models is that fine (the default budget's generations, ~260,000 blocks each, are
-        # each larger than the whole cache of a small fleet); with a replica of unknown size, the budget's size
-        total = float(self._caps.sum())
-        self.gen_cap = self._max_gen_cap if not math.isfinite(total) else max(
-            min(self._max_gen_cap, int(total * _RESIDENCY_GEN)), _MIN_GEN)
+        caps = self._caps
+        known = np.isfinite(caps)
+        self._capped = bool(known.any())
+        # a generation of about a quarter of the known replicas' KV cache, so a replica's cache spans several of
+        # them and the eviction the mask models is that fine (the default budget's generations, ~260,000 blocks
+        # each, are each larger than the whole cache of a small fleet).  A replica of unknown size is left out (its
+        # cache is no limit): counted as the budget's size, it let a known replica's share of the newest generation
+        # outgrow its cache.  Never over the budget's largest, whatever _MIN_GEN: eight of those fill half the
+        # largest table, and a fuller one would leave a probe no free slot to stop at
+        self.gen_cap = min(self._max_gen_cap, max(int(float(caps[known].sum()) * _RESIDENCY_GEN), _MIN_GEN)) \
+            if self._capped else self._max_gen_cap
+        # and a generation closes when one replica's blocks in it reach half its cache (a small replica beside
+        # large ones, or one sent most of the traffic): the mask then cuts its cache that fine too
+        self._gen_limit = [max(int(c * _REPLICA_GEN), _MIN_GEN) if c < math.inf else self._max_gen_cap
+                           for c in caps.tolist()]
         if not self._capped:
             self._resident[:] = self._all_ones
             self._all_resident = True

@@ -113,6 +113,13 @@ def _shift_counts(counts, setbits, s, g, new, k):
             t += 1
 
 
+@njit(inline="always")
+def _credits(tab, setbits, h, r, new, shift, mask):
+    """Block ``h`` is in generation ``new`` and held by replica ``r``."""
+    i = _find(tab, _key(h), shift, mask)
+    return i >= 0 and tab[i, 1] & 255 == new and _holds(tab[i, 1] >> 8, r, setbits)
+
+
 @njit(cache=True, nogil=True)
 def find_value(tab, h, shift, mask):
     """The holders of block ``h`` (``NONE``: not held)."""
@@ -122,13 +129,16 @@ def find_value(tab, h, shift, mask):
 
 @njit(cache=True, nogil=True)
 def recent_prefix(tab, setbits, hashes, r, new, shift, mask):
-    """How many leading blocks of ``hashes`` generation ``new`` already credits to replica ``r`` (blocks are
-    chained, so that is a prefix: a binary search)."""
-    lo, hi = 0, hashes.size
+    """How many leading blocks of ``hashes`` generation ``new`` already credits to replica ``r``: 0 unless it
+    credits block 0, else a binary search (blocks are chained, so that is a prefix -- except after a record cut
+    by a rotation, whose first blocks stayed in the older generation: its later blocks in ``new`` would send the
+    search past them, and every later record of that prompt would leave them to age out while it is hot)."""
+    if hashes.size == 0 or not _credits(tab, setbits, hashes[0], r, new, shift, mask):
+        return 0
+    lo, hi = 1, hashes.size
     while lo < hi:
         mid = (lo + hi) // 2
-        i = _find(tab, _key(hashes[mid]), shift, mask)
-        if i >= 0 and tab[i, 1] & 255 == new and _holds(tab[i, 1] >> 8, r, setbits):
+        if _credits(tab, setbits, hashes[mid], r, new, shift, mask):
             lo = mid + 1
         else:
             hi = mid

@@ -55,6 +55,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import logging
+import math
+
 import numpy as np
 
 from steersman.fleet import _prefix_table as T
@@ -103,7 +105,9 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self._fixed = 8 * n_replicas * (_GENS + 2) + 4096
         room = _TABLE_SHARE * self._budget - self._fixed
         if room < _SLOT_BYTES * _MIN_SLOTS:
-            raise ValueError(f"prefix index budget of {self.max_bytes:.0f} bytes is too small")
+            least = math.ceil(1000 * (_SLOT_BYTES * _MIN_SLOTS + self._fixed) / (_TABLE_SHARE * _STRUCTURES) / 2**20)
+            raise ValueError(f"prefix index budget of {self.max_bytes:.0f} bytes is too small for {n_replicas} "
+                             f"replicas (scheduler.prefix_index_max_mib: at least {least / 1000:.3f} MiB)")
         self._max_slots = 1 << int(np.log2(room / _SLOT_BYTES))
         self._max_gen_cap = self._max_slots // (2 * _GENS)  # eight full generations fill half the largest table
         self.gen_cap = self._max_gen_cap
@@ -136,6 +140,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         #: or an engine's KV events (what it holds, exactly); ``holders``: what all of them hold, as one index
         self.events: dict[int, KvEventMirror] = {}
         self.holders = EventHolders(n_replicas)
+        self._table_read = True  # some replica's match is the table's (not every one mirrored)
         # background passes (see the module doc): the worker, the pass running, what finishes it on the caller's thread
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="prefix-index") if background else None
         self._background_from = background_from_slots  # smaller tables: passes inline
@@ -151,7 +156,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         """``replica``'s match comes from ``mirror`` (what its free slots and prompt cache would reuse now)."""
         self.slots[replica] = mirror
         mirror.on_change = self._stale
-        self._memo = None
+        self._mirrors_changed()
 
     def mirror_events(self, replica: int, mirror: KvEventMirror) -> None:
         """``replica``'s match comes from its engine's KV events (:mod:`steersman.fleet.kv_events`): what it
@@ -161,7 +166,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         self.events[replica] = mirror
         mirror.attach(replica, self.holders)
         mirror.on_change = self._stale
-        self._memo = None
+        self._mirrors_changed()
 
     def unmirror_events(self, replica: int) -> None:
         """``replica`` is learnt from routing again (its KV events do not describe its cache, or cannot be read)."""
@@ -169,7 +174,13 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         if ev is not None:
             ev.detach()
             ev.on_change = None
-            self._memo = None
+            self._mirrors_changed()
+
+    def _mirrors_changed(self) -> None:
+        """Whether the table still answers for some replica: a replica may be both slot- and events-mirrored
+        (a llama.cpp endpoint naming ``kv_events``), so the mirrors are counted once each."""
+        self._table_read = len(self.slots.keys() | self.events.keys()) < self.n
+        self._memo = None
 
     def expect(self, replica: int, key: int, hashes: Sequence[int]) -> bool:
         """A prompt routed to ``replica`` (ticket ``key``): True if its KV events will say when it is cached (it is
@@ -247,6 +258,14 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
             return True
         self._new_generation()
         return False
+
+    def _make_room(self) -> bool:
+        """The largest table is half full (the generations outgrew it: ``gen_cap`` set over the budget's): drop the
+        oldest generation, or start a new one to drop the newest next.  True: the drop runs in the background."""
+        if len(self._order) == 1:
+            self._new_generation()
+            return False
+        return self._drop()
 
     def _new_generation(self) -> None:
         self._order.append(self._free.pop())
@@ -350,14 +369,26 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency):
         pos, nmemo = -1, 0  # -1: the pass starts after what the newest generation already credits to r
         while pos < n:
             room = self.gen_cap - self._inserts
+            lim = self._gen_limit[r]
+            if lim < self.gen_cap:  # r's blocks in the generation: at most half its cache (Residency._caps_changed)
+                room = min(room, lim - int(self._counts[self._order[-1], r]))
             if room <= 0:
                 if self._rotate():
                     return True
                 nmemo = 0  # a dropped generation may have freed the sets the memo names
                 continue
-            if 2 * (self._entries + min(n - max(pos, 0), room)) > self._tab.shape[0]:
-                if self._grow(min(n - max(pos, 0), room)):
+            need = min(n - max(pos, 0), room)
+            if 2 * (self._entries + need) > self._tab.shape[0]:
+                if self._grow(need):
                     return True
+                free = self._tab.shape[0] // 2 - self._entries
+                if free < need:  # the largest table: never past half full (a probe stops only at a free slot)
+                    if free <= 0:
+                        if self._make_room():
+                            return True
+                        nmemo = 0
+                        continue
+                    room = free
             pos, status = T.record_pass(self._tab, self._setbits, self._counts, self._total, a, pos, r,
                                         self._order[-1], room, memo_k, memo_v, nmemo, self._shift, self._mask, st)
             self._inserts += int(st[0])
