@@ -8,30 +8,78 @@ anyway).
 
 from __future__ import annotations
 
-import zlib
+import functools
+import hashlib
+from typing import Any
+
+import msgspec
 
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
 from steersman.text.chat_tokens import tokenize_chat_array
 from steersman.text.tokenizer import ROOT_HASH, BlockHashes, block_hash_tuple, tokenize_array
 
-__all__ = ["prompt_shape", "cache_root", "with_cache_salt"]
+__all__ = ["prompt_shape", "cache_root", "with_cache_salt", "SALT_SEPARATOR"]
+
+#: between the tenant's salt and the client's own in the ``cache_salt`` the gateway forwards (the tenant's is
+#: ``steersman-`` and hex: the combination is unambiguous)
+SALT_SEPARATOR = "|"
+_ROOTS_KEPT = 4096  # salts whose root is remembered (a tenant's, or a tenant's and user's, recur request after request)
 
 
 def cache_root(salt: str | None) -> int:
     """The parent hash of block 0: prompts share cached blocks only under the same ``cache_salt`` (vLLM)."""
     if not salt:
         return ROOT_HASH
-    return hash((ROOT_HASH, zlib.crc32(salt.encode("utf-8", "surrogatepass"))))
+    return _salted_root(salt)
+
+
+@functools.lru_cache(maxsize=_ROOTS_KEPT)
+def _salted_root(salt: str) -> int:
+    """The salt's 64-bit BLAKE2b mixed into the root: a 32-bit checksum (CRC-32) let two salts found in seconds
+    share each other's blocks, one user reading another's cache hits."""
+    digest = hashlib.blake2b(salt.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return hash((ROOT_HASH, int.from_bytes(digest, "little", signed=True)))
+
+
+class _Salted(msgspec.Struct):
+    """The one field of a request body :func:`with_cache_salt` reads (msgspec skips the rest without building it)."""
+
+    cache_salt: Any = None
+
+
+_salted = msgspec.json.Decoder(_Salted)
+_INVALID = object()
 
 
 def with_cache_salt(body: bytes, salt: str) -> bytes:
-    """``body`` (a JSON object) with ``cache_salt`` set last, so it wins over one the client sent."""
+    """``body`` (a JSON object) with ``cache_salt`` set last, so it wins over one the client sent: the tenant's
+    ``salt``, then, when the client sent one, the client's own after :data:`SALT_SEPARATOR` (a client that salts
+    its users apart keeps them apart within the tenant).  A client's salt that is not a non-empty string is left
+    as sent, for the request's checks (or the engine: vLLM's 400) to refuse."""
     b = body.rstrip()
     if not b.endswith(b"}"):
         return body  # not an object: parsing will refuse it
-    field = b'"cache_salt":"' + salt.encode() + b'"}'
+    if b"cache_salt" in b or b"\\u" in b:  # the client may have sent one (a key may be spelt with \u escapes)
+        own = _client_salt(b)
+        if own is _INVALID:
+            return body
+        if own is not None:
+            salt = salt + SALT_SEPARATOR + own
+    field = b'"cache_salt":' + msgspec.json.encode(salt) + b"}"
     inner = b[:-1].rstrip()
     return inner + (field if inner.endswith(b"{") else b"," + field)
+
+
+def _client_salt(body: bytes) -> Any:
+    """The body's ``cache_salt``: None when absent or null, the string, or ``_INVALID`` (not JSON, not a
+    non-empty string: the body is refused later, as it stands)."""
+    try:
+        own = _salted.decode(body).cache_salt
+    except msgspec.DecodeError:  # (a ValidationError too: the body is not an object)
+        return _INVALID
+    if own is None or (isinstance(own, str) and own):
+        return own
+    return _INVALID
 
 
 def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, BlockHashes]:
@@ -39,7 +87,7 @@ def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int
     lists, each its own sequence in the engine) counts every prompt's tokens; its blocks are the first prompt's
     (a batch's prompts typically share their few-shot prefix: where the first is cached, the rest hit too)."""
     if isinstance(req, ChatCompletionRequest):
-        ids = tokenize_chat_array(req.messages, continue_final=req.continue_final_message)
+        ids = tokenize_chat_array(req.messages, req.continue_final_message, None, req.tools)
         return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt))
     p = req.prompt
     extra = 0

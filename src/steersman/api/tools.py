@@ -1,7 +1,8 @@
 """A chat request's ``tools`` and ``tool_choice``, checked as OpenAI checks them (the gateway before any engine sees
 the request, engine-sim again as vLLM does): each tool a function with a name; ``tool_choice`` one of ``none``,
-``auto``, ``required`` or ``{"type": "function", "function": {"name": N}}`` naming one of the tools; ``required``
-or a named function only with tools.  Errors are 400s naming the field."""
+``auto``, ``required`` or ``{"type": "function", "function": {"name": N}}`` naming one of the tools; any choice but
+``none`` only with ``tools`` set (vLLM's check_tool_usage), ``required`` or a named function only with tools in it.
+Errors are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def chosen_tool(tools: list[Any] | None, choice: Any) -> tuple[list[dict[str, An
     fns = tool_functions(tools)
     if choice is None:
         return fns, "auto" if fns else "none"
+    if tools is None and choice != "none":  # vLLM's words; "none" needs nothing (nor do the engines' defaults)
+        raise bad_request("When using `tool_choice`, `tools` must be set.", "tool_choice")
     if isinstance(choice, dict):
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None

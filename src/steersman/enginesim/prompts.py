@@ -53,8 +53,8 @@ def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool, voc
             if req.messages[-1].role != "assistant":
                 raise bad_request("`continue_final_message` needs a final assistant message.", "messages")
         _text_only(req.messages)
-        text = render_chat(req.messages, continue_final=req.continue_final_message)
-        return [Prompt(tokenize_chat_array(req.messages, req.continue_final_message), text, text[-1:])]
+        text = render_chat(req.messages, req.continue_final_message, req.tools)  # as the gateway's prompt_shape
+        return [Prompt(tokenize_chat_array(req.messages, req.continue_final_message, None, req.tools), text, text[-1:])]
     p = req.prompt
     if isinstance(p, str):
         batch: list = [p]
