@@ -49,7 +49,7 @@ class Ticket:
     uncached: int  # prompt tokens predicted to need prefill
     blocks: int  # KV blocks the request holds (prompt + expected output)
     started: float
-    batch: float = 1.0  # requests sharing the replica's steps when it joined (itself included)
+    cost_mark: float = 0.0  # the replica's cost integral at its start (Fleet._accrue): its cost is the rise since
     predicted_ttft: float | None = None  # what the scheduler expected, to learn the per-replica correction
     predicted_tpot: float | None = None
     first_at: float | None = None

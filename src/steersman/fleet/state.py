@@ -176,7 +176,6 @@ class Fleet:
         decay = math.exp(-(now - self._recent_at[index]) / self.settings.recent_load_tau_s)
         live[S.RECENT_TOKENS, index] = live[S.RECENT_TOKENS, index] * decay + uncached
         self._recent_at[index] = now
-        # (the Ticket's ``batch`` field holds the replica's cost integral at its start: see end())
         t = Ticket(index, uncached, blocks, now, self._accrue(index, now), predicted_ttft, predicted_tpot,
                    key=next(self._keys), streamed=streamed, tpot_target=tpot_target, pairs=pairs)
         live[S.IN_FLIGHT, index] += 1
@@ -242,7 +241,7 @@ class Fleet:
         Returns the $ of its time there: its share of the replica's cost while it was in flight (:meth:`_accrue`)."""
         self._own()
         live, i = self.live, t.replica
-        cost = self._accrue(i, self.clock.now()) - t.batch
+        cost = self._accrue(i, self.clock.now()) - t.cost_mark
         if t.cache_at_end is not None:
             if t.first_at is not None and self.prefix is not None:  # its prompt ran: the freed slot holds it
                 self.prefix.record(i, t.cache_at_end)

@@ -204,7 +204,8 @@ class Twin(DrillActions):
                                now + a.deadline_s if a.deadline_s is not None else None, a.slo_class)
         wf = None
         if a.workflow is not None:
-            wf = self.workflows.track(tenant.name, WorkflowHeaders(a.workflow, a.step, a.steps), now)
+            # a view only: the entry is made once admitted (as the gateway's Schedule stage), not for a refusal
+            wf = self.workflows.peek(tenant.name, WorkflowHeaders(a.workflow, a.step, a.steps), now)
         expected = self.accounting.expected_output(a.model, tenant.name, a.max_tokens)
         self._n += 1
         sched = SchedRequest(seq=self._n, model=a.model, kind="chat", stream=True, tenant=tenant.name,
@@ -217,6 +218,8 @@ class Twin(DrillActions):
         out, shed = self.plane.arrive(r, sched, tenant, self.fleet.snapshot(), now)
         for victim, refusal in shed:
             self._refused(victim, refusal)
+        if wf is not None and not isinstance(out, Refuse):
+            self.workflows.admitted(tenant.name, wf.workflow_id, wf.steps, now)
         if isinstance(out, Dispatch):
             self._dispatch(r, out)
         elif isinstance(out, Refuse):
