@@ -101,3 +101,24 @@ def test_an_empty_cache_salt_is_refused_by_engine_sim():
         r = httpx.post(lf.sims[0].url + "/v1/completions", timeout=30, json={
             "model": MODEL, "max_tokens": 2, "cache_salt": "", "prompt": "hi"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
+def test_an_empty_cache_salt_is_refused_by_the_gateway_on_every_endpoint():
+    """The gateway refuses ``cache_salt: ""`` itself (llama.cpp would not check it), with vLLM's message, on chat,
+    completions and embeddings; engine-sim's embeddings too."""
+    with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)]) as lf:
+        client = openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0)
+        calls = [
+            lambda: client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}],
+                                                   extra_body={"cache_salt": ""}),
+            lambda: client.completions.create(model=MODEL, max_tokens=2, prompt="hi", extra_body={"cache_salt": ""}),
+            lambda: client.embeddings.create(model=MODEL, input="hi", extra_body={"cache_salt": ""}),
+        ]
+        for call in calls:
+            with pytest.raises(openai.BadRequestError) as e:
+                call()
+            err = e.value.body
+            assert err["param"] == "cache_salt" and "non-empty string" in err["message"]
+        r = httpx.post(lf.sims[0].url + "/v1/embeddings", timeout=30, json={"model": MODEL, "input": "hi",
+                                                                              "cache_salt": ""})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from steersman.api.errors import bad_request
+from steersman.api.schema import EMPTY_CACHE_SALT
 from steersman.api.schema import decode_with
 
 __all__ = ["EmbeddingRequest", "decode_embedding", "MAX_INPUTS"]
@@ -49,6 +50,8 @@ def decode_embedding(body: bytes) -> EmbeddingRequest:
     req: EmbeddingRequest = decode_with(_decoder, body)
     if not req.model:
         raise bad_request("`model` must be a non-empty string.", "model")
+    if req.cache_salt == "":
+        raise bad_request(EMPTY_CACHE_SALT, "cache_salt")
     inp = req.input
     if isinstance(inp, str):
         if not inp:

@@ -163,6 +163,9 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
 decode_with = _decode  # a body with another endpoint's decoder (its errors named as every endpoint's)
 
 
+EMPTY_CACHE_SALT = "Parameter 'cache_salt' must be a non-empty string if provided."
+
+
 def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_tokens_limit: int) -> None:
     if not req.model:
         raise bad_request("`model` must be a non-empty string.", "model")
@@ -186,6 +189,8 @@ def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_to
         raise bad_request("`stop` entries must be non-empty strings.", "stop")
     if req.stop == "":
         raise bad_request("`stop` must be a non-empty string or a list of them.", "stop")
+    if req.cache_salt == "":  # vLLM's check_cache_salt_support: "" would salt nothing (llama.cpp does not check)
+        raise bad_request(EMPTY_CACHE_SALT, "cache_salt")
 
 
 def _check_sampling(req: _Common) -> None:

@@ -63,8 +63,6 @@ class Generator:
             raise not_found_model(req.model)
         if req.priority != 0 and not self.priority_scheduling:  # vLLM's processor refuses it the same way
             raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority")
-        if req.cache_salt == "":  # vLLM's request validation (check_cache_salt_support): "" would salt nothing
-            raise bad_request("Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt")
 
     def _jobs(self, req: ChatCompletionRequest | CompletionRequest, chat: bool, given_id: str | None = None,
               extras: _Extras | None = None) -> tuple[str, list[Job], list[Prompt]]:
