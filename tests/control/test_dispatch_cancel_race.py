@@ -26,7 +26,7 @@ from steersman.testing.snapshots import fleet_snapshot, sched_request
 
 DEPTH = DEFAULTS.scheduler.saturation_queue_depth
 FREE = fleet_snapshot(2)
-FULL = fleet_snapshot(2, waiting=[DEPTH, DEPTH])
+FULL = fleet_snapshot(2, waiting=[DEPTH + 1, DEPTH + 1])  # saturated: more than the depth waits
 
 
 @dataclass

@@ -20,7 +20,7 @@ def _fleet(mapping):
         keys[t] = k
         entries.append({"sha256": digest, "tenant": t})
     extra = {"tenants": {"std": {"priority": "standard"}, "cheap": {"priority": "sheddable"}}, "api_keys": entries,
-             "scheduler": {"saturation_queue_depth": 1}, "reliability": {"brownout_queue_depth": 1, "brownout_models": mapping}}
+             "scheduler": {"saturation_queue_depth": 0}, "reliability": {"brownout_queue_depth": 1, "brownout_models": mapping}}
     sims = [SimServerConfig(speedup=SPEEDUP, port=0, engine=EngineSettings(max_num_seqs=1)),
             SimServerConfig(model=SMALL, speedup=SPEEDUP, port=0)]
     return LiveFleet(sims=sims, extra=extra), keys

@@ -35,7 +35,17 @@ path gives every recorded decision), and when the saturation detector came to co
 budget leaves waiting and late requests came to wait in the gateway unless a replica holds their prompt
 (``scheduler.hold_late`` on: 141 changed, all of the steersman profile: 59 late routes now held in the gateway, 32
 routes now queued as every candidate is saturated, 50 to another replica or prediction among the candidates left;
-the plugin-by-plugin path gives every recorded decision)::
+the plugin-by-plugin path gives every recorded decision), and when a review's fixes came in
+(4,543 changed): round-robin came to count the requests of each model (1,724 of its 2,320), the
+baselines' ties came to be drawn from a hash of seq (least-request 810, sglang-cache-aware 938, and
+dynamo-kv, whose prefill term also came to count the worker's pending prefill as Dynamo's
+active_tokens: 807), and in the steersman profile (264) NaN engine counts came to be read as the
+gateway's own (162: the replicas reporting them predicted, not NaN; 111 to another replica),
+saturation came to need a queue or KV usage past the threshold, not at it, as GIE's detector (87:
+29 queued now routed), both of these together (13), and the hang floor came to apply to the TTFT
+once the queue drains (2: held in the gateway for a hung replica, now routed); prompts of exactly a
+multiple of the step budget came to take one decode step less (none of the scenarios has one); the
+plugin-by-plugin path gives every recorded decision::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

@@ -20,6 +20,7 @@ from steersman.testing.snapshots import chain, fleet_snapshot, prefix_index, sch
 
 SET = DEFAULTS.scheduler
 DEPTH = SET.saturation_queue_depth
+OVER = DEPTH + 1  # a queue past the depth: saturated (at the depth a replica still has capacity, as in GIE)
 HASHES = chain("tenant-prompt", 64)
 
 
@@ -39,16 +40,16 @@ def _request(held_share: float = 1.0, seq: int = 0):
 def test_a_saturated_holder_takes_its_request_and_the_gateway_queue_keeps_the_rest(fused):
     policy = _policy(fused)
     req, index = _request()
-    snap = fleet_snapshot(2, prefix=index, waiting=[DEPTH, DEPTH])
+    snap = fleet_snapshot(2, prefix=index, waiting=[OVER, OVER])
     d = policy.pick(snap, req)
     assert isinstance(d, Route) and d.replica == 0
     other = sched_request(1, hashes=chain("someone else", 64))  # no holder: waits for the first replica to free
     assert isinstance(policy.pick(snap, other), Queue)
     # the holder is only saturated for it at the affinity factor x the depth
-    deep = fleet_snapshot(2, prefix=index, waiting=[DEPTH * SET.saturation_affinity_factor, DEPTH])
+    deep = fleet_snapshot(2, prefix=index, waiting=[DEPTH * SET.saturation_affinity_factor + 1, OVER])
     assert isinstance(policy.pick(deep, req), Queue)
-    just_under = fleet_snapshot(2, prefix=index, waiting=[DEPTH * SET.saturation_affinity_factor - 1, DEPTH])
-    assert policy.pick(just_under, req).replica == 0
+    at_factor = fleet_snapshot(2, prefix=index, waiting=[DEPTH * SET.saturation_affinity_factor, OVER])
+    assert policy.pick(at_factor, req).replica == 0
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -64,7 +65,7 @@ def test_kv_usage_does_not_saturate_a_holder(fused):
 def test_a_short_match_gets_no_exemption(fused):
     policy = _policy(fused)
     req, index = _request(held_share=SET.exploit_share * 0.75)
-    snap = fleet_snapshot(2, prefix=index, waiting=[DEPTH, DEPTH])
+    snap = fleet_snapshot(2, prefix=index, waiting=[OVER, OVER])
     assert isinstance(policy.pick(snap, req), Queue)
 
 
@@ -72,7 +73,7 @@ def test_a_short_match_gets_no_exemption(fused):
 def test_a_resumed_stream_still_ignores_saturation(fused):
     req, index = _request()
     other = replace(sched_request(1, hashes=chain("x", 64)), resumed=True)
-    snap = fleet_snapshot(2, prefix=index, waiting=[DEPTH, DEPTH])
+    snap = fleet_snapshot(2, prefix=index, waiting=[OVER, OVER])
     assert isinstance(_policy(fused).pick(snap, other), Route)
 
 
@@ -102,9 +103,9 @@ def test_holders_first_reads_the_raw_match_not_the_residency_discount(fused):
 def test_a_prompt_every_replica_holds_waits_in_the_gateway_queue(fused):
     """No affinity to keep: the gateway queue (priority order) sends it to a holder anyway."""
     index = prefix_index(2, {0: HASHES, 1: HASHES})
-    snap = fleet_snapshot(2, prefix=index, waiting=[DEPTH, DEPTH])
+    snap = fleet_snapshot(2, prefix=index, waiting=[OVER, OVER])
     assert isinstance(_policy(fused).pick(snap, sched_request(hashes=HASHES)), Queue)
-    one_free = fleet_snapshot(2, prefix=index, waiting=[DEPTH, 0])
+    one_free = fleet_snapshot(2, prefix=index, waiting=[OVER, 0])
     assert _policy(fused).pick(one_free, sched_request(hashes=HASHES)).replica == 1
 
 
@@ -117,7 +118,7 @@ def test_the_queue_check_passes_the_match_type_decisions_pass():
     from steersman.policy.saturation import saturated
 
     req, index = _request()
-    snap = fleet_snapshot(2, prefix=index, waiting=[DEPTH, DEPTH])
+    snap = fleet_snapshot(2, prefix=index, waiting=[OVER, OVER])
     saturated(snap, np.arange(2), SET)  # the queue's check
     _policy(False).pick(snap, req)  # a decision, through the Saturation hook
     held_types = {sig[7] for sig in saturation_kernel.signatures}

@@ -40,6 +40,20 @@ def test_unavailable_decode_replicas_are_skipped():
     assert _pick(_snap([0, 0, 0, 1, 2], blocked_until=[0, 0, 9.0, 11.0, 0])).replica == 2  # its ejection ended
 
 
+def test_every_decode_replica_out_of_rotation_is_panic_not_an_outage():
+    """The guard has ejected (or opened the breaker of) every decode replica of the model: they take the hand-off
+    anyway, the least loaded first, as the routing gate's panic mode does (a blip of the guard's making must not
+    fail every disaggregated request); an unroutable one (down, weights loading) still never does."""
+    d = _pick(_snap([0, 0, 3, 1, 2], blocked_until=[0, 0, 11.0, 11.0, np.inf]))
+    assert isinstance(d, Route) and d.replica == 3
+    d = _pick(_snap([0, 0, 3, 1, 2], routable=[1, 1, 1, 0, 1], blocked_until=[0, 0, 11.0, 11.0, 11.0]))
+    assert isinstance(d, Route) and d.replica == 4
+    # one still in rotation: only it, however loaded
+    assert _pick(_snap([0, 0, 3, 1, 9], blocked_until=[0, 0, 11.0, 11.0, 0])).replica == 4
+    d = _pick(_snap([0] * 5, routable=[1, 1, 0, 0, 0], blocked_until=[0, 0, 11.0, 11.0, 11.0]))
+    assert isinstance(d, Reject) and d.retry_after == 1.0  # none routable: nothing to panic to
+
+
 def test_no_decode_replica_is_a_reject_naming_the_model():
     d = _pick(_snap([0] * 5, routable=[1, 1, 0, 0, 0]))
     assert isinstance(d, Reject) and MODEL in d.reason and d.retry_after == 1.0

@@ -82,7 +82,7 @@ def test_a_request_whose_prompt_a_replica_holds_joins_that_replicas_queue_rather
 def test_the_queue_serves_requests_with_time_left_first_and_held_ones_keep_their_place():
     p = _plane(HOLD)
     t = TenantConfig("t", PriorityClass.STANDARD)
-    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
+    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth + 1] * 2, time=0.0)
     old = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)
     assert isinstance(p.arrive("old", old, t, full, 0.0)[0], Wait)
     new = sched_request(2, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=2.5)
@@ -106,7 +106,7 @@ def test_time_left_never_lets_a_lower_band_pass_a_higher_one():
     """A stale standard request (its TTFT budget spent) still goes before a fresh sheddable one: the preference
     for requests with time left applies inside the most important band waiting."""
     p = _plane()
-    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
+    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth + 1] * 2, time=0.0)
     stale = sched_request(1, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=0.0)
     assert isinstance(p.arrive("stale", stale, TenantConfig("t", PriorityClass.STANDARD), full, 0.0)[0], Wait)
     fresh = sched_request(2, prompt_tokens=500, expected_output=50, budget=STANDARD, arrival=2.9,
@@ -124,7 +124,7 @@ def test_the_first_pass_looks_at_a_bounded_number_of_entries():
 
     p = _plane()
     t = TenantConfig("t", PriorityClass.STANDARD)
-    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2, time=0.0)
+    full = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth + 1] * 2, time=0.0)
     for k in range(DISPATCH_FIRST_LOOKS + 1):
         req = sched_request(k, prompt_tokens=100, expected_output=10, budget=STANDARD, arrival=0.0)
         assert isinstance(p.arrive(f"stale{k}", req, t, full, 0.0)[0], Wait)

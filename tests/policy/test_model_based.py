@@ -106,12 +106,12 @@ def test_critical_and_valuable_workflows_keep_a_safety_margin():
 
 def test_saturated_fleet_queues_and_saturated_replicas_are_skipped():
     s = DEFAULTS.scheduler
-    all_sat = fleet_snapshot(2, waiting=[s.saturation_queue_depth] * 2)
+    all_sat = fleet_snapshot(2, waiting=[s.saturation_queue_depth + 1] * 2)  # past the depth (GIE)
     assert isinstance(POLICY.pick(all_sat, sched_request()), Queue)
     kv_full = fleet_snapshot(2, kv_usage=[0.95, 0.1])
     assert POLICY.pick(kv_full, sched_request()).replica == 1
     # routed since the scrape, beyond the batch slots that were free: they wait on the engine
-    routed_since_scrape = fleet_snapshot(2, running=[1020, 0], since_scrape=[4 + s.saturation_queue_depth, 0])
+    routed_since_scrape = fleet_snapshot(2, running=[1020, 0], since_scrape=[5 + s.saturation_queue_depth, 0])
     assert POLICY.pick(routed_since_scrape, sched_request()).replica == 1
     stale_but_idle = fleet_snapshot(2, time=10.0, scraped_at=0.0, waiting=[50, 50])
     assert isinstance(POLICY.pick(stale_but_idle, sched_request()), Route)  # stale metrics don't freeze the fleet

@@ -40,6 +40,6 @@ def test_the_concurrency_limit_holds_new_work_but_not_a_resumed_stream(name, fus
 @pytest.mark.parametrize("fused", [True, False])
 def test_a_saturated_fleet_queues_new_work_but_takes_a_resumed_stream(fused):
     policy = make_policy("steersman", DEFAULTS.scheduler) if fused else _plugin_path("steersman")
-    sat = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth] * 2)
+    sat = fleet_snapshot(2, waiting=[DEFAULTS.scheduler.saturation_queue_depth + 1] * 2)
     assert isinstance(policy.pick(sat, sched_request()), Queue)
     assert isinstance(policy.pick(sat, replace(sched_request(), resumed=True)), Route)

@@ -36,16 +36,16 @@ def test_requests_that_finished_since_the_scrape_free_the_queue_they_would_have_
 
 def test_net_arrivals_since_the_scrape_join_the_queue_of_an_engine_with_no_free_slot():
     f = _fleet()
-    held = [f.begin(0) for _ in range(DEPTH - 2)]  # 2 waiting at the scrape + DEPTH - 2 new ones
+    held = [f.begin(0) for _ in range(DEPTH - 1)]  # 2 waiting at the scrape + DEPTH - 1 new ones: past the depth
     assert _sat(f) == [True, False]
-    f.end(held.pop(), 4)  # one left: DEPTH - 1 queued
+    f.end(held.pop(), 4)  # one left: DEPTH queued, at the depth (GIE: still capacity)
     assert _sat(f) == [False, False]
 
 
 def test_more_finished_than_routed_counts_as_room_for_the_waiting_ones():
     f = _fleet()
     old = [f.begin(0) for _ in range(3)]
-    f.update_metrics(0, EngineMetrics(32, DEPTH, 0.1))  # saturated by its own report
+    f.update_metrics(0, EngineMetrics(32, DEPTH + 1, 0.1))  # saturated by its own report
     assert _sat(f) == [True, False]
     for t in old:  # three of the engine's requests finish: three of the waiting ones start
         f.end(t, 4)
@@ -70,8 +70,8 @@ def test_a_burst_past_the_step_token_budget_waits_in_an_engine_with_free_slots()
         g.begin(1, 400)  # 4,000 tokens: one step admits them all
     assert _sat(g) == [False, False]
     h = _fleet()
-    for _ in range(DEPTH):
-        h.begin(1, 40_000)  # long prompts, one at a time: DEPTH - 1 wait behind the one admitted
+    for _ in range(DEPTH + 1):
+        h.begin(1, 40_000)  # long prompts, one at a time: DEPTH wait behind the one admitted
     assert _sat(h) == [False, False]
     h.begin(1, 40_000)
     assert _sat(h) == [False, True]
@@ -104,3 +104,35 @@ def test_an_engine_of_unknown_step_budget_is_judged_by_its_counts_alone():
     args = (10.0, 0.0, 0.0, 0.0, 0.1, 20.0, 0.0, 1024.0, 10.0, 5.0, float(DEPTH), 0.8, 1e6, 20.0)
     assert is_saturated(*args, 8192.0)
     assert not is_saturated(*args, float("nan"))
+
+
+def test_a_queue_at_the_depth_or_kv_at_the_threshold_still_has_capacity():
+    """GIE's detector (saturationdetector.go): a pod has capacity while WaitingQueueSize <= QueueDepthThreshold and
+    KVCacheUsagePercent <= KVCacheUtilThreshold; saturated only past them, with fresh metrics or stale."""
+    from dataclasses import replace
+
+    from steersman.policy import Queue, Route, make_policy
+    from steersman.testing.snapshots import fleet_snapshot, sched_request
+
+    kv = S_.saturation_kv_usage
+    snap = fleet_snapshot(4, time=1.0, running=[1024] * 4, waiting=[DEPTH, DEPTH + 1, 0, 0],
+                          kv_usage=[0.1, 0.1, kv, kv + 0.01])
+    assert saturated(snap, np.arange(4), S_).tolist() == [False, True, False, True]
+    # stale metrics: our requests there without a first token are the queue
+    stale = fleet_snapshot(2, time=10.0, scraped_at=0.0, in_flight=[DEPTH, DEPTH + 1], decoding=[0, 0])
+    assert saturated(stale, np.arange(2), S_).tolist() == [False, True]
+    for fused in (True, False):
+        policy = make_policy("steersman", S_)
+        if not fused:
+            policy._fast = None
+        at_depth = fleet_snapshot(2, time=1.0, running=[1024, 1024], waiting=[DEPTH, DEPTH])
+        assert isinstance(policy.pick(at_depth, sched_request()), Route)
+        assert isinstance(policy.pick(fleet_snapshot(2, time=1.0, running=[1024, 1024], waiting=[DEPTH + 1] * 2),
+                                      sched_request()), Queue)
+        # a depth of 0: saturated once one waits, not always (>= 0 held every idle fleet in the gateway)
+        none_waiting = make_policy("steersman", replace(S_, saturation_queue_depth=0))
+        if not fused:
+            none_waiting._fast = None
+        assert isinstance(none_waiting.pick(fleet_snapshot(2, time=1.0), sched_request()), Route)
+        assert isinstance(none_waiting.pick(fleet_snapshot(2, time=1.0, running=[1024, 1024], waiting=[1, 1]),
+                                            sched_request()), Queue)

@@ -78,13 +78,14 @@ def _ref_unprofiled(snap, idx, own, prompt_tokens, expected_output, out, spread)
     ours_waiting = np.maximum(live[S.IN_FLIGHT, i] - live[S.DECODING, i], 0.0)
     others = np.maximum(live[S.WAITING, i] - ours_waiting, 0.0) * prompt_tokens
     work = np.maximum(live[S.PENDING_PREFILL, i], 0.0) + _nan0(others) + own[u]
-    ttft = np.maximum((step + work * s_tok) * r_ttft, _nan0(snap.time - live[S.STALLED_SINCE, i]))
+    stalled = _nan0(snap.time - live[S.STALLED_SINCE, i])  # the hang floor, on the TTFT alone too
+    ttft = np.maximum((step + work * s_tok) * r_ttft, stalled)
     both = _ref_pooled_all(snap, spread)
     tpot = _ref_own_tpot(snap, i) if both is None else both[0][i]
     out[0, u] = ttft
     out[1, u] = tpot
     out[4, u] = tpot
-    out[5, u] = (step + own[u] * s_tok) * r_ttft
+    out[5, u] = np.maximum((step + own[u] * s_tok) * r_ttft, stalled)
     out[2, u] = ttft + expected_output * tpot
     price = _nan0(st.price_per_hour[i])
     out[3, u] = price * (own[u] * s_tok * r_ttft + expected_output / P.REFERENCE_BATCH * tpot) / 3600.0

@@ -92,6 +92,21 @@ def test_dynamo_cost_is_weighted_prefill_plus_decode_blocks():
     assert make("dynamo-kv").pick(snap, req).replica == int(np.argmin(expected)) == 1
 
 
+def test_dynamo_counts_the_prefill_queued_on_each_worker():
+    """Dynamo's potential prefill tokens are the request's uncached ones plus the worker's ``active_tokens``: the
+    prompt tokens of its requests whose prefill has not finished (sequence.rs ``potential_blocks_and_tokens``);
+    ours are the gateway's pending prefill there.  A worker 40,000 tokens behind is not as cheap as an idle one."""
+    idx = index(2, {0: SYS})
+    snap = snapshot(2, prefix=idx, active_blocks=[100, 100], pending_prefill=[40_000, 500])
+    req = request(0, SYS + USER)
+    isl = 50 * BS
+    expected = [(isl - 40 * BS + 40_000) / BS + 100 + 10, (isl + 500) / BS + 100 + 50]
+    np.testing.assert_allclose(dynamo.cost(ctx_for(snap, req)), expected)
+    assert make("dynamo-kv").pick(snap, req).replica == 1  # the holder's prefill queue outweighs its cache hit
+    idle = snapshot(2, prefix=idx, active_blocks=[100, 100])
+    assert make("dynamo-kv").pick(idle, req).replica == 0  # nothing queued: the cache hit wins
+
+
 def test_dynamo_weight_moves_the_balance_between_cache_and_load():
     idx = index(2, {0: SYS + USER})
     snap = snapshot(2, prefix=idx, active_blocks=[150, 60])

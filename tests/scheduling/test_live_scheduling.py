@@ -82,7 +82,7 @@ def test_infeasible_deadline_is_rejected_at_once():
 
 def test_saturated_fleet_queues_then_sheds_lowest_class_first():
     keys, extra = _keyed({t: {"priority": t} for t in ("critical", "standard", "sheddable", "batch")})
-    extra["scheduler"] = {"saturation_queue_depth": 1}
+    extra["scheduler"] = {"saturation_queue_depth": 0}  # saturated once a request waits in the engine (GIE: > depth)
     extra["admission"] = {"queue_max_entries": 2}
     with LiveFleet(sims=[SimServerConfig(speedup=20.0, port=0, engine=EngineSettings(max_num_seqs=1))], extra=extra) as lf:
         url = lf.url + "/v1/chat/completions"

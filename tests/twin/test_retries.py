@@ -78,7 +78,10 @@ def test_a_retry_that_finds_every_replica_saturated_waits_in_the_queue_instead_o
     request failed (5 of 800 here)."""
     small = replace(DEFAULTS.engine, max_num_seqs=8)  # requests wait in the engines: the saturation gate is met
     fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b", engine=small) for i in range(2)])
-    twin = Twin(fleet, poisson(40.0, 800, output_tokens=300, max_tokens=300), make_policy("steersman"),
+    # depth 4: at the default 5 (saturated above it) the engine's queue outgrows the TTFT the stall detector allows
+    # for, and replica 0 is ejected at ~2.6 s, before the kill this test is about
+    policy = make_policy("steersman", replace(DEFAULTS.scheduler, saturation_queue_depth=4))
+    twin = Twin(fleet, poisson(40.0, 800, output_tokens=300, max_tokens=300), policy,
                 cfg=TwinConfig(reliability=REL))
     twin.schedule_drill(8.0, lambda tw: tw.kill(0))
     seen = []  # while they wait, the retries do not count as in flight on the replica that failed them (5 did)

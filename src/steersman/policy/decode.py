@@ -52,10 +52,16 @@ DECODE_PICKERS: Registry = Registry("decode picker")
 
 def _available(snap: FleetSnapshot, model: str) -> np.ndarray:
     """Decode replicas of ``model`` that are routable (:meth:`FleetSnapshot.candidates`) and not out of rotation
-    (ejected, breaker open), ascending."""
+    (ejected, breaker open), ascending; every routable one when the guard has taken them all out of rotation:
+    the panic mode of the routing gate (:class:`~steersman.policy.reliability.ReliabilityFilter`).  An outage
+    of the guard's making (a blip ejecting a model's only decode replica for 30 s) is not the model's: without
+    it every disaggregated request failed after its prompt was computed.  Decode replicas have no concurrency
+    limit, so out of rotation is the only block."""
     cand = snap.candidates(decode_model(model))
     if snap.blocked_until is not None:
-        cand = cand[snap.blocked_until[cand] <= snap.time]
+        open_ = cand[snap.blocked_until[cand] <= snap.time]
+        if open_.size:
+            return open_
     return cand
 
 

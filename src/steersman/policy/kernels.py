@@ -40,6 +40,14 @@ def _attention(attn_c, kv_m, P, pairs, work, c):
     return max(attn_c * (P * (cw / 2.0) + P * P / 2.0), kv_m * (P + cw / 2.0))
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _full_steps(steps):
+    """The full prefill steps before the one that completes ``steps`` steps of work (the last, partial or full,
+    is priced apart): vLLM samples the first token in the step that computes the prompt's last token, so work of
+    exactly k budgets takes k steps, not k full ones and a decode step after them."""
+    return max(np.ceil(steps) - 1.0, 0.0)  # np.ceil: a NaN stays NaN (math's would be an integer)
+
+
 @njit(cache=True, nogil=True)
 def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt_tokens, expected_output, samples,
                    ctx_len, ttft_prior, tpot_prior, reference_batch, recent_at, now, recent_tau, out):
@@ -49,14 +57,22 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
 
     ``samples``: the sequences it decodes as (``n``): they join the batch side by side and each costs its decode;
     ``expected_output`` is one sample's.  The formula is documented in :mod:`steersman.policy.predict`.
+
+    An engine count it did not report (NaN ``running`` / ``waiting``) is what the gateway knows: the requests of
+    ours decoding there, none of others waiting (as the unprofiled model reads it); numba's ``max`` keeps a NaN,
+    which made the whole column NaN and the replica never picked, idle or not.
     """
     c = ctx_len
     for j in range(idx.size):
         i = idx[j]
         in_flight = live[_IN_FLIGHT, i]
         decoding = live[_DECODING, i]
+        running = live[_RUNNING, i]
+        if running != running:
+            running = decoding
         ours_waiting = max(in_flight - decoding, 0.0)
-        others_n = max(live[_WAITING, i] - ours_waiting, 0.0)
+        others_n = live[_WAITING, i] - ours_waiting
+        others_n = others_n if others_n > 0.0 else 0.0  # NaN (not reported): none
         others = others_n * prompt_tokens
         mine = own[j]
         work = max(live[_PENDING, i], 0.0) + others + mine
@@ -65,7 +81,7 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
         mine_pairs = mine * (2.0 * prompt_tokens - mine) / 2.0
         pairs = max(live[_PAIRS, i], 0.0) + others_n * prompt_tokens * prompt_tokens / 2.0 + mine_pairs
         B = batch_tokens[i]
-        D = min(max(live[_RUNNING, i], decoding), B - 1.0)
+        D = min(max(running, decoding), B - 1.0)
         P = B - D
         D1 = D + 1.0  # the step that completes its prefill: the decodes there and it
         if modelled[i]:
@@ -92,7 +108,7 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             t_queue = linear + _attention(attn_c, kv_m, P, pairs, work, c)
             t_alone = linear + _attention(attn_c, kv_m, P, mine_pairs, mine, c)
             steps = work / P
-            full = math.floor(steps)
+            full = _full_steps(steps)
             r = live[_TTFT_R, i]
             if r != r:
                 r = ttft_prior
@@ -101,10 +117,10 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             ttft = (full * t_queue + t_first + (t_queue - t_first) * (steps - full) + handoff) * r
             # its first token once the prefill queued ahead of it has drained (its own prefill alone)
             steps = mine / P
-            full = math.floor(steps)
+            full = _full_steps(steps)
             alone = (full * t_alone + t_first + (t_alone - t_first) * (steps - full) + handoff) * r
             r = live[_TPOT_R, i]
-            if r != r or (in_flight <= 0.0 and live[_RUNNING, i] <= 0.0):
+            if r != r or (in_flight <= 0.0 and running <= 0.0):
                 # an idle replica's observed TPOT described the batches it had then; the fleet's ratio
                 # stands for it now (else one burst of interference keeps it unpicked, and unobserved, for good)
                 r = tpot_prior
@@ -125,10 +141,13 @@ def predict_kernel(idx, live, matrix, batch_tokens, price, modelled, own, prompt
             # against this, not against this request's own TPOT, which its own prefill does not slow
             tpot_res = (t_dec + (t_full - t_dec) * min(1.0, share + mine / (P * max(expected_output, 1.0)))) * r
             # the hang signal: requests of ours have waited there this long with no progress; a new
-            # one's first token comes no sooner
-            stalled = live[_STALLED, i]
-            if stalled == stalled and now - stalled > ttft:
-                ttft = now - stalled
+            # one's first token comes no sooner, whatever drains ahead of it (``alone`` too: else a hung
+            # replica looks able to serve it soon and a late request waits in the gateway for it)
+            stalled = now - live[_STALLED, i]
+            if stalled > ttft:  # NaN (none awaiting): no floor
+                ttft = stalled
+            if stalled > alone:
+                alone = stalled
         else:  # no roofline (e.g. llama.cpp): steersman.policy.predict._unprofiled fills this column
             ttft = tpot = t_full = tpot_res = alone = math.nan
         out[0, j] = ttft
@@ -148,19 +167,22 @@ def is_saturated(scraped_at, running, waiting, since_scrape, kv_usage, in_flight
     uncached prompt tokens of this gateway's requests there whose first token has not come (``in_flight -
     decoding`` of them), ``awaiting``: the streamed ones among them (a whole response shows no first token, so
     one decoding still counts in the others), ``budget``: the engine's tokens per step (``max_num_batched_tokens``;
-    NaN unknown).  Scalars only: a helper called per replica with array arguments pays reference counting on
-    each call."""
+    NaN unknown).  Saturated when a queue *exceeds* ``depth`` or the KV usage *exceeds* ``kv_threshold``: GIE's
+    detector (``saturationdetector.go``) counts a pod with ``WaitingQueueSize <= QueueDepthThreshold`` and
+    ``KVCacheUsagePercent <= KVCacheUtilThreshold`` as having capacity (and a depth of 0 then means "none
+    waiting", not "always saturated").  Scalars only: a helper called per replica with array arguments pays
+    reference counting on each call."""
     if now - scraped_at <= staleness:
         slots = max_seqs - running
         if not slots > 0.0 or waiting > 0.0:  # NaN (unknown engine), full, or already queueing:
             slots = 0.0  # an engine with waiting requests has no free slot, whatever its max_num_seqs
-        if max(waiting + since_scrape - slots, 0.0) >= depth or kv_usage >= kv_threshold:
+        if max(waiting + since_scrape - slots, 0.0) > depth or kv_usage > kv_threshold:
             return True
         # free sequence slots do not admit a prompt the step's token budget has no room for: of our streams
         # awaiting a first token, those past what one step admits (at the mean pending size) wait there
         admits = max(1.0, budget * (in_flight - decoding) / pending) if pending > budget else awaiting
-        return awaiting - admits >= depth
-    return in_flight - decoding >= depth
+        return awaiting - admits > depth
+    return in_flight - decoding > depth
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -71,7 +71,12 @@ def fits_kv(reported, modelled_blocks, kv_usage, need):
 
 @njit(cache=True, nogil=True, inline="always")
 def kv_headroom(reported, modelled_blocks, kv_usage, need):
+    """``1 - (usage + need / capacity)``, + 0 for an unknown capacity.  A replica reporting no KV blocks has no
+    room (-inf, numpy's ``need / 0``) for a request needing some: numba's division raises ZeroDivisionError
+    where numpy's gave inf, and the whole decision failed."""
     cap = _capacity(reported, modelled_blocks)
+    if cap <= 0.0:  # NaN (unknown) is not: it falls through to + need / inf
+        return -np.inf if need > 0.0 else 1.0 - kv_usage
     return 1.0 - (kv_usage + need / (np.inf if cap != cap else cap))
 
 

@@ -139,12 +139,13 @@ def unprofiled_pass(idx, live, modelled, price_per_hour, own, prompt_tokens, exp
         ours_waiting = _maximum(live[_IN_FLIGHT, i] - live[_DECODING, i], 0.0)
         others = _maximum(live[_WAITING, i] - ours_waiting, 0.0) * prompt_tokens  # NaN (never scraped): none
         work = _maximum(live[_PENDING, i], 0.0) + _nan0(others) + own[j]
-        ttft = _maximum((step + work * s_tok) * r_ttft, _nan0(now - live[_STALLED, i]))
+        stalled = _nan0(now - live[_STALLED, i])  # the hang floor (NaN: none awaiting), on both: see predict_kernel
+        ttft = _maximum((step + work * s_tok) * r_ttft, stalled)
         tpot = pooled[i] if use_pooled else _own_tpot(live, i, tpot_prior, default_step)
         out[0, j] = ttft
         out[1, j] = tpot
         out[4, j] = tpot  # the linear model has no prefill interference
-        out[5, j] = (step + own[j] * s_tok) * r_ttft
+        out[5, j] = _maximum((step + own[j] * s_tok) * r_ttft, stalled)
         out[2, j] = ttft + expected_output * tpot
         out[3, j] = _nan0(price_per_hour[i]) * (own[j] * s_tok * r_ttft + samples * expected_output / reference_batch * tpot) / 3600.0
 

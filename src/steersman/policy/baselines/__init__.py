@@ -3,7 +3,7 @@
 =====================  ==============================================================
 profile                rule
 =====================  ==============================================================
-``round-robin``        candidate ``seq mod n``
+``round-robin``        candidate ``k mod n`` for the k-th request of its model
 ``random``             candidate drawn from a hash of ``seq``
 ``least-request``      fewest requests in flight from this gateway
 ``power-of-two``       two candidates drawn from a hash of ``seq``, fewer in flight wins

@@ -1,8 +1,8 @@
 """Shared pieces of the baseline profiles: the raw prefix match, deterministic choice, roofline rates.
 
-Every baseline is a pure function of (snapshot, request).  Where a published
-router draws at random (ties, P2C, ``random``) we draw from a hash of the
-request's sequence number instead, so a decision is reproducible.
+Every baseline but round-robin (a counter per model) is a pure function of (snapshot, request).  Where a
+published router draws at random (ties, P2C, ``random``) we draw from a hash of the request's sequence
+number instead, so a decision is reproducible.
 """
 
 from __future__ import annotations
@@ -54,7 +54,10 @@ def _least(values: np.ndarray) -> np.ndarray:
 
 
 def _route(ctx: DecisionContext, best: np.ndarray, reason: str) -> Route:
-    return Route(int(ctx.candidates[best[ctx.request.seq % best.size]]), reason)
+    """The tied candidate drawn from a hash of seq: ``seq`` itself counts across models, so when two models'
+    requests alternate each model's seqs share a parity and ``seq % 2`` always took the same of two tied."""
+    k = 0 if best.size == 1 else mix64(ctx.request.seq) % best.size
+    return Route(int(ctx.candidates[best[k]]), reason)
 
 
 def choose_min(ctx: DecisionContext, values: np.ndarray, reason: str, among: np.ndarray | None = None) -> Route:

@@ -26,7 +26,7 @@ Our approximations:
 * Preble's post-assignment rebalancing (moving hot prefixes off an overloaded GPU,
   replicating a prefix) and its per-GPU fair waiting queue are not part of the
   per-request rule and are not reproduced;
-* ties rotate with the request's sequence number.
+* ties are drawn from a hash of the request's sequence number.
 """
 
 from __future__ import annotations

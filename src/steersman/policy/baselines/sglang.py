@@ -15,7 +15,7 @@ On our snapshot: load is ``in_flight`` over the candidates (SGLang takes min/max
 over all workers, healthy or not), the tree is the shared prefix index (blocks of
 16 tokens where SGLang matches characters, so the rate is matched tokens / prompt
 tokens and tree size is indexed blocks per replica), and ties, which SGLang
-resolves by iteration order, rotate with the request's sequence number.
+resolves by iteration order, are drawn from a hash of the request's sequence number.
 """
 
 from __future__ import annotations

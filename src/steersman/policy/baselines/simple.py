@@ -5,8 +5,9 @@ awareness (Envoy's ``ROUND_ROBIN``, ``RANDOM`` and ``LEAST_REQUEST`` load
 balancers; SGLang router's ``round_robin``, ``random`` and ``power_of_two``).
 Load is this gateway's own requests in flight (``in_flight``).  Nothing is
 random at run time: "random" draws come from a hash of the request's sequence
-number, so every decision is a pure, reproducible function of the snapshot and
-the request.
+number, so those decisions are pure, reproducible functions of the snapshot and
+the request.  Round-robin keeps one counter per model, as a load balancer keeps
+one per cluster (its decisions are reproducible from the order of the requests).
 """
 
 from __future__ import annotations
@@ -16,12 +17,30 @@ from steersman.policy.base import POLICIES, Decision, Route
 from steersman.policy.baselines.common import at, choose_min, mix64, rule_profile
 from steersman.policy.framework import DecisionContext, Profile
 
-__all__ = ["round_robin", "random_pick", "least_request", "power_of_two"]
+__all__ = ["RoundRobin", "round_robin", "random_pick", "least_request", "power_of_two"]
 
 
-def _rr(ctx: DecisionContext) -> Decision:
-    cand = ctx.candidates
-    return Route(int(cand[ctx.request.seq % cand.size]), "round-robin")
+class RoundRobin:
+    """The k-th request of a model goes to its candidate ``k mod n``: a counter per model.
+
+    Rotating on the gateway's request counter (``seq``, shared by every model) is not round-robin once models
+    interleave: with two models' requests alternating, every request of one model had an even ``seq`` and
+    went to the same replica of its two.  Envoy's and the SGLang router's round-robin keep their own index
+    per cluster / worker list.  Asking again for the request just placed (same ``seq``: the gateway's warm-up
+    decisions, a re-pick) does not advance the rotation."""
+
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._at: dict[str, tuple[int, int]] = {}  # model -> (seq, k) of its latest request
+
+    def pick(self, ctx: DecisionContext, scores=None) -> Decision:
+        cand, req = ctx.candidates, ctx.request
+        seq, k = self._at.get(req.model, (-1, -1))
+        if req.seq != seq:
+            k += 1
+            self._at[req.model] = (req.seq, k)
+        return Route(int(cand[k % cand.size]), "round-robin")
 
 
 def _random(ctx: DecisionContext) -> Decision:
@@ -49,8 +68,8 @@ def _p2c(ctx: DecisionContext) -> Decision:
 
 
 def round_robin(settings: SchedulerSettings) -> Profile:
-    """Candidate ``seq mod n``: the gateway's request counter makes the rotation stateless."""
-    return rule_profile("round-robin", _rr)
+    """Candidate ``k mod n`` for the k-th request of its model (:class:`RoundRobin`)."""
+    return rule_profile("round-robin", RoundRobin())
 
 
 def random_pick(settings: SchedulerSettings) -> Profile:
@@ -58,7 +77,7 @@ def random_pick(settings: SchedulerSettings) -> Profile:
 
 
 def least_request(settings: SchedulerSettings) -> Profile:
-    """Fewest requests in flight from this gateway; ties rotate with seq."""
+    """Fewest requests in flight from this gateway; ties drawn from a hash of seq."""
     return rule_profile("least-request", _least)
 
 
