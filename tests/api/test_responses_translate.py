@@ -94,6 +94,7 @@ def test_a_previous_turn_is_the_conversation_before_the_new_input():
     ("input[0].output", {"input": [{"type": "function_call_output", "call_id": "c"}]}),
     ("tools[0].type", {"input": "x", "tools": [{"type": "web_search"}]}),
     ("tools[1].name", {"input": "x", "tools": [{"type": "function", "name": "a"}, {"type": "function"}]}),
+    ("tools[1].name", {"input": "x", "tools": [{"type": "function", "name": "a"}, {"type": "function", "name": ""}]}),
     ("tool_choice", {"input": "x", "tool_choice": {"type": "file_search"}}),
     ("text.format.type", {"input": "x", "text": {"format": {"type": "xml"}}}),
     ("text.format.schema", {"input": "x", "text": {"format": {"type": "json_schema", "name": "s"}}}),

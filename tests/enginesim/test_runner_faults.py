@@ -115,3 +115,59 @@ async def test_die_after_tokens_spent_by_another_stream_kills_a_samples_stream_i
     await asyncio.wait_for(gen._stream_samples(stream, jobs, w, False, None, ["", ""]), 5)
     assert died and not stream.ended
     assert b'"delta":{"content":' not in b"".join(stream.sent)  # no token past the budget
+
+
+async def test_clearing_a_slowdown_mid_step_ends_that_step_now_not_at_its_slowed_end():
+    """DELETE /admin/faults under a large slowdown: the step under way used to keep its end (start + duration x
+    slowdown, ~3 model hours here) and nothing was answered until then; it now ends when the fault is cleared."""
+    clock = FakeClock()
+    srv = SimServer(SimServerConfig(port=0), clock=clock)
+    srv.faults.apply(FaultSpec(slowdown=1e6))  # POST /admin/faults {"slowdown": 1e6}
+    srv.runner.start()
+    try:
+        job = _job(clock, "slowed", 2)
+        srv.runner.submit(job)
+        await _spin(clock, lambda: clock.next_deadline() is not None)  # the first step sleeps to its slowed end
+        slowed_end = clock.next_deadline()
+        assert slowed_end > 1000.0
+        await clock.advance(5.0)
+        assert job.produced == 0
+        srv.faults.apply(FaultSpec())  # DELETE /admin/faults
+        for _ in range(20):  # at most one model second more, in small moves
+            await clock.advance(0.05)
+            if job.done:
+                break
+        assert job.done and job.produced == 2
+        assert 5.0 <= job.finished_at < 5.5  # ended at the clear (not dated back before it), then plain steps
+    finally:
+        await srv.runner.stop()
+
+
+async def test_raising_a_slowdown_mid_step_stretches_that_step_to_the_new_factor():
+    """The step's end follows the fault both ways: a larger factor set while a slowed step runs moves its end."""
+    clock = FakeClock()
+    srv = SimServer(SimServerConfig(port=0), clock=clock)
+    srv.faults.apply(FaultSpec(slowdown=10.0))
+    srv.runner.start()
+    try:
+        job = _job(clock, "slowed more", 1)
+        srv.runner.submit(job)
+        await _spin(clock, lambda: clock.next_deadline() is not None)
+        first_end = clock.next_deadline()
+        srv.faults.apply(FaultSpec(slowdown=100.0))
+        await _spin(clock, lambda: job.done, limit=50)
+        assert job.finished_at > 5 * first_end  # ~10x the first end (from a start at 0)
+    finally:
+        await srv.runner.stop()
+
+
+def test_a_slowdown_beyond_the_cap_is_refused_naming_it():
+    """slowdown: 1e308 was taken and froze the replica for good (its step's end was infinite)."""
+    import pytest
+
+    from steersman.enginesim.faults import MAX_SLOWDOWN
+
+    for bad in (1e308, MAX_SLOWDOWN * 2, float("inf")):
+        with pytest.raises(ValueError, match="slowdown"):
+            FaultSpec(slowdown=bad).validate()
+    FaultSpec(slowdown=MAX_SLOWDOWN).validate()

@@ -181,6 +181,28 @@ def test_fault_slowdown_stretches_model_time(sim):
     assert 3.0 < slow / base < 5.0
 
 
+def test_clearing_a_huge_slowdown_answers_the_request_stuck_under_it_at_once(sim):
+    """DELETE /admin/faults wakes the step begun under the slowdown (it kept its slowed end: ~200 s of real time
+    here, the whole replica silent meanwhile); and a slowdown past the cap (1e308 froze the replica) is a 400."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, runner = sim.sims[0].url, sim.sims[0].runner
+    r = httpx.post(url + "/admin/faults", json={"slowdown": 1e308})
+    assert r.status_code == 400 and "slowdown" in r.json()["error"]["message"]
+    _set_faults(sim, slowdown=1e6)
+
+    async def step_under_way() -> None:
+        while runner._end is None:  # (the request reached the engine and its first step sleeps)
+            await asyncio.sleep(0.01)
+
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(httpx.post, url + "/v1/chat/completions", json=dict(CHAT, max_tokens=3), timeout=30)
+        sim.call(step_under_way, timeout=10)
+        assert httpx.delete(url + "/admin/faults").status_code == 200
+        r = fut.result(timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
 def test_priority_is_refused_without_priority_scheduling_and_orders_the_queue_with_it(sim):
     """As vLLM: a non-zero `priority` is a 400 naming it unless the engine runs --scheduling-policy priority;
     with it, waiting requests are served lower priority first, whatever their arrival order."""

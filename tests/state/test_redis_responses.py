@@ -61,6 +61,20 @@ async def test_put_get_delete_expiry_and_tenants(prefix):
         await store.close()
 
 
+async def test_a_ttl_past_what_redis_takes_is_clamped_and_every_write_lands(prefix):
+    """A TTL of 1e17 s (1e20 ms, past a 64-bit integer) made every SET ... PX fail: nothing was ever stored."""
+    for ttl_s in (1e17, float("inf")):
+        store = RedisResponseStore(URL, prefix, 10**6, ttl_s=ttl_s, timeout_s=1.0)
+        try:
+            await store.put("acme", {"id": "resp_long"}, [])
+            assert store.failed_writes == 0
+            r = redis.Redis.from_url(URL)
+            assert r.pttl(store.key("acme", "resp_long")) > 10**15  # stored, with a (very) long expiry
+            r.close()
+        finally:
+            await store.close()
+
+
 async def test_a_redis_that_is_down_is_a_store_unavailable_not_a_hang():
     store = RedisResponseStore(f"redis://127.0.0.1:{_free_port()}/0", "x:", 10**6, 60.0, timeout_s=0.5)
     try:

@@ -172,7 +172,7 @@ def _responses_schemas(common: dict[str, Any]) -> dict[str, Any]:
             "output": content}},
     ]}
     tool = {"type": "object", "required": ["type", "name"], "properties": {
-        "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"},
+        "type": {"type": "string", "enum": ["function"]}, "name": {"type": "string", "minLength": 1},
         "description": _nullable({"type": "string"}), "parameters": _nullable({"type": "object"})}}
     request = {"type": "object", "required": ["model", "input"], "properties": {
         "model": common["model"], "stream": common["stream"], "temperature": common["temperature"],

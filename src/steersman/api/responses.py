@@ -187,7 +187,10 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         if kind != "function":
             raise bad_request(f"Tools of type '{kind}' are not supported by this gateway ('{at}'): it serves "
                               "function tools, which your code runs.", f"{at}.type", "unsupported_value")
-        fn: dict[str, Any] = {"name": _str(t, "name", f"{at}.name", required=True)}
+        name = _str(t, "name", f"{at}.name", required=True)
+        if not name:  # here, not in the chat check behind: that one words its advice in the chat tool's shape
+            raise bad_request(f"'{at}.name' must be a non-empty string.", f"{at}.name", "empty_string")
+        fn: dict[str, Any] = {"name": name}
         for key in ("description", "parameters", "strict"):
             if t.get(key) is not None:
                 fn[key] = t[key]

@@ -19,7 +19,11 @@ import random
 
 import msgspec
 
-__all__ = ["FaultSpec", "Faults"]
+__all__ = ["FaultSpec", "Faults", "MAX_SLOWDOWN"]
+
+#: the largest ``slowdown``: a 10 ms step then takes ~3 model hours, slow enough for any drill; a larger factor
+#: only served to freeze the replica (1e308 made every step's end infinite)
+MAX_SLOWDOWN = 1e6
 
 
 class FaultSpec(msgspec.Struct, forbid_unknown_fields=True):
@@ -34,8 +38,8 @@ class FaultSpec(msgspec.Struct, forbid_unknown_fields=True):
     def validate(self) -> None:
         if self.die_after_tokens is not None and self.die_after_tokens < 0:
             raise ValueError("die_after_tokens must be >= 0")
-        if not self.slowdown >= 1.0:
-            raise ValueError("slowdown must be >= 1")
+        if not 1.0 <= self.slowdown <= MAX_SLOWDOWN:
+            raise ValueError(f"slowdown must be in [1, {MAX_SLOWDOWN:g}], got {self.slowdown!r}")
         if not 0.0 <= self.error_rate <= 1.0:
             raise ValueError("error_rate must be in [0, 1]")
         if not 500 <= self.error_status <= 599:
@@ -53,6 +57,7 @@ class Faults:
         self._tokens_left: int | None = None
         self.unhung = asyncio.Event()
         self.unhung.set()
+        self.changed = asyncio.Event()  # set by every apply: wakes a step sleeping under the old slowdown
         self.dead = False
         if spec is not None:
             self.apply(spec)
@@ -66,6 +71,7 @@ class Faults:
             self.unhung.clear()
         else:
             self.unhung.set()
+        self.changed.set()
 
     @property
     def slowdown(self) -> float:

@@ -4,7 +4,8 @@ The model keeps a continuous virtual timeline: while the engine is busy, step
 *k+1* starts exactly when step *k* ends (in model seconds), and the runner
 sleeps until that moment on the injected clock.  If the process falls behind
 (CPU-bound), sleeps return at once and it catches up instead of stretching the
-model's time.  A ``slowdown`` fault multiplies each step's duration.
+model's time.  A ``slowdown`` fault multiplies each step's duration; a step begun
+under one ends as the factor in force says, should it change while the step runs.
 """
 
 from __future__ import annotations
@@ -110,14 +111,40 @@ class EngineRunner:
             await self._wake.wait()
             return
         delay = until - self.clock.now()
-        if delay <= 0:
-            return
-        waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(self.clock.sleep(delay))}
+        if delay > 0:
+            await self._sleep_or(self._wake, delay)
+
+    async def _sleep_or(self, event: asyncio.Event, delay: float) -> None:
+        """Sleep ``delay`` on the clock, or less if ``event`` is set meanwhile."""
+        waiters = {asyncio.ensure_future(event.wait()), asyncio.ensure_future(self.clock.sleep(delay))}
         try:
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in waiters:
                 w.cancel()
+
+    async def _slowed_step(self, start: float, duration: float) -> float:
+        """Sleep to the end of a step run under a ``slowdown`` fault; returns that end.
+
+        The end follows the fault as it changes: a new spec (``DELETE /admin/faults`` above all) wakes the
+        sleep and the end is computed again from the current factor, so clearing a slowdown takes effect at
+        once instead of after the step begun under it (hours of model time for a large factor).  The time already
+        slept stays spent: a step whose new end has passed ends now (its tokens are not dated in the past, and the
+        steps after it do not burst out to catch up).
+        """
+        faults = self.faults
+        changed = faults.changed
+        end = start + duration * faults.slowdown
+        while True:
+            self._end = end
+            delay = end - self.clock.now()
+            if delay <= 0:
+                return end
+            changed.clear()
+            await self._sleep_or(changed, delay)
+            if not changed.is_set():
+                return end
+            end = max(start + duration * faults.slowdown, self.clock.now())
 
     async def _loop(self) -> None:
         eng = self.engine
@@ -135,11 +162,13 @@ class EngineRunner:
                 self._end = None
                 await self._idle(eng.next_event_time(self.clock.now()))
                 continue
-            end = start + res.duration * self.faults.slowdown
-            self._end = end
-            delay = end - self.clock.now()
-            if delay > 0:
-                await self.clock.sleep(delay)
+            if self.faults.slowdown == 1.0:  # no slowdown (the usual case): a plain sleep, nothing to follow
+                end = self._end = start + res.duration
+                delay = end - self.clock.now()
+                if delay > 0:
+                    await self.clock.sleep(delay)
+            else:
+                end = await self._slowed_step(start, res.duration)
             if self.faults.hung:  # a hang freezes the step's results too: they come out once it is lifted
                 await self.faults.unhung.wait()
                 end = max(end, self.clock.now())

@@ -29,6 +29,10 @@ __all__ = ["RedisResponseStore"]
 
 log = logging.getLogger("steersman.state")
 
+#: the longest expiry given to Redis: ``SET ... PX`` refuses one whose deadline (now + PX, in ms) passes a signed
+#: 64-bit integer, and that on every write; 2**62 ms (~146 million years) stays well within on any Redis
+_MAX_TTL_MS = 2**62
+
 
 class RedisResponseStore:
     def __init__(self, url: str, prefix: str, max_bytes: int, ttl_s: float, timeout_s: float,
@@ -36,7 +40,7 @@ class RedisResponseStore:
         self.count = count  # (op, outcome) of each write: written / error / too_large
         self.prefix = prefix
         self.max_bytes = max_bytes
-        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.ttl_ms = max(1, int(min(_MAX_TTL_MS, ttl_s * 1000)))  # (config bounds the TTL: kept safe here too)
         self.client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         self._pending: dict[bytes, bytes] = {}
         self._writing: dict[bytes, asyncio.Task] = {}  # key -> its write under way
