@@ -70,6 +70,15 @@ def test_tools_choice_and_formats_in_chat_form():
     assert "response_format" not in _t(input="x", text={"format": {"type": "text"}}).chat
 
 
+def test_auto_or_none_without_tools_is_taken_as_openai_takes_it():
+    """The Responses API takes ``tool_choice`` "auto" / "none" with no tools; the chat request (checked as vLLM checks
+    it) would refuse a tool_choice without tools, so those are not passed on; "required" without tools still is."""
+    for choice in ("auto", "none"):
+        assert "tool_choice" not in _t(input="x", tool_choice=choice).chat
+    assert _t(input="x", tool_choice="required").chat["tool_choice"] == "required"
+    assert _t(input="x", tool_choice="auto", tools=[{"type": "function", "name": "w"}]).chat["tool_choice"] == "auto"
+
+
 def test_a_previous_turn_is_the_conversation_before_the_new_input():
     before = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     call = translate_request(orjson.dumps({"model": "m", "input": "c", "instructions": "I"}), before)

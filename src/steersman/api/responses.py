@@ -274,7 +274,8 @@ def translate_request(body: bytes | dict[str, Any], history: list[dict[str, Any]
     tools = _tools(doc["tools"]) if doc.get("tools") is not None else []
     if tools:
         chat["tools"] = tools
-    if doc.get("tool_choice") is not None:
+    # OpenAI's Responses API takes "auto" / "none" without tools (chat, as vLLM, refuses a tool_choice without tools)
+    if doc.get("tool_choice") is not None and (tools or doc["tool_choice"] not in ("auto", "none")):
         chat["tool_choice"] = _tool_choice(doc["tool_choice"])
     fmt = _text_format(doc["text"]) if doc.get("text") is not None else None
     if fmt is not None:
