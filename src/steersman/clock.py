@@ -9,6 +9,7 @@ twin or tests (:class:`steersman.testing.FakeClock` / the twin's virtual clock).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Protocol, runtime_checkable
 
@@ -58,8 +59,8 @@ class ScaledClock:
     __slots__ = ("speedup", "_t0")
 
     def __init__(self, speedup: float = 1.0) -> None:
-        if speedup <= 0:
-            raise ValueError("speedup must be > 0")
+        if not 0 < speedup < math.inf:  # NaN too: every latency it measured would be NaN (and sleeps zero)
+            raise ValueError(f"speedup must be a finite number > 0, got {speedup!r}")
         self.speedup = float(speedup)
         self._t0 = time.monotonic()
 

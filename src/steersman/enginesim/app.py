@@ -142,11 +142,13 @@ class SimServer:
             os._exit(17)
 
     async def refuse(self, seconds: float) -> None:
-        """Close the listener for ``seconds`` (real time): new connections are refused, the open ones (streams in
-        flight) go on.  Then listen again and clear ``refuse_for_s`` from the fault spec."""
+        """Close the listener for ``seconds`` (real time): new connections are refused, and so are the idle
+        keep-alive ones (a client's or gateway's pool would otherwise go on being served); requests and streams in
+        flight go on, their connections closing after them.  Then listen again and clear ``refuse_for_s`` from
+        the fault spec."""
         self._end_refusal()  # a new refusal replaces one under way
         self._refusal = asyncio.current_task()
-        self.http.close_listener()
+        self.http.close_listener(idle_too=True)
         try:
             await asyncio.sleep(seconds)
         finally:
@@ -209,7 +211,7 @@ class SimServer:
         if self._end_refusal() and spec.refuse_for_s <= 0 and not self.faults.dead:
             await self.http.start(self.cfg.host, self.port)
         if spec.refuse_for_s > 0:
-            self.http.close_listener()  # at once: refused from the answer on
+            self.http.close_listener(idle_too=True)  # at once: refused from the answer on (its connection closes)
             asyncio.get_running_loop().create_task(self.refuse(spec.refuse_for_s))
 
     # ---- plain endpoints ---------------------------------------------------

@@ -49,6 +49,7 @@ class HttpServer:
         self.prefixes: list[tuple[str, str, Handler]] = []  # (method, path prefix, handler): paths with an id
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._refusing = False  # close_listener(idle_too=True) until start: every response closes its connection
         self.port = 0
 
     def route(self, method: str, path: str, handler: Handler) -> None:
@@ -78,6 +79,8 @@ class HttpServer:
             req.head_only = True
             if handler is None:
                 handler = self._find("GET", req.path)
+        if self._refusing:
+            req.keep_alive = False  # answered with Connection: close (a refusing replica keeps no connection)
         try:
             if handler is None:
                 allowed = self._allowed(req.path)
@@ -104,13 +107,25 @@ class HttpServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True, backlog=2048)
+        self._refusing = False
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
-    def close_listener(self) -> None:
-        """Stop listening (new connections are refused) and keep the open ones; :meth:`start` listens again."""
+    def close_listener(self, idle_too: bool = False) -> None:
+        """Stop listening (new connections are refused) and keep the open ones; :meth:`start` listens again.
+
+        ``idle_too``: refuse the clients' pooled keep-alive connections as well (a client holding one would go on
+        being served): the idle ones close now, every other one once its response is complete (a request or stream
+        in flight is never cut; what it answers says ``Connection: close``), until :meth:`start`."""
         if self._server is not None:
             self._server.close()
+        if idle_too:
+            self._refusing = True
+            for c in list(self.connections):
+                if c._current is not None:
+                    c._current.keep_alive = False  # closed by ``finished`` after its last byte
+                elif not c._in_message and not c._queue and c.transport is not None:
+                    c.transport.close()  # idle (one being received or waiting its turn is dispatched as refusing)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop listening, close every connection; after ``grace_s`` reset the ones still open."""

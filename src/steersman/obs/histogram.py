@@ -9,6 +9,7 @@ cumulative ``_bucket``/``_sum``/``_count`` exposition at scrape time.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Sequence
 
@@ -21,13 +22,17 @@ class FastHistogram:
     __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
-        self.bounds = tuple(sorted(bounds))
+        # the +Inf bucket is always there: a bound of inf among them would be exposed twice (le="inf", le="+Inf")
+        self.bounds = tuple(sorted(b for b in bounds if b != math.inf))
         self.counts = [0] * (len(self.bounds) + 1)  # last one is +Inf
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
+        """A NaN is dropped: bisect would count it in the lowest bucket and the sum would stay NaN for good
+        (prometheus_client counts it in no bucket but still adds it to the sum)."""
+        if value == value:
+            self.counts[bisect_left(self.bounds, value)] += 1
+            self.sum += value
 
     @property
     def count(self) -> int:

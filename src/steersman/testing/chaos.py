@@ -11,7 +11,7 @@ or a crash hits a replica that is generating, as it only tests something where t
 * ``errors``: 40% of its new requests answer 5xx, for 2 s;
 * ``slow``: every step 5x slower, for 2 s;
 * ``hang``: no progress, connections open, for 3 s (the gateway ejects it after 2 s without a first token);
-* ``refuse``: the listener closed for 2 s;
+* ``refuse``: connections refused for 2 s (the listener closed, the gateway's idle pooled ones too);
 * ``die``: it crashes after 1-60 more streamed tokens (connections reset); the process is
   killed and started again on the same port 2 s later (empty caches, as a restarted engine).
 

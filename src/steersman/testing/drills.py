@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +203,6 @@ def cascade(slowdown: float = 5.0, load: float = 0.7, speedup: float = 10.0, rep
         gw = lf.gateway
         headers = {"Authorization": f"Bearer {keys['std']}"}
         cap = _capacity(lf.url, Load("standard", headers, _body(max_tokens)), replicas * max_num_seqs * 3, 2.0)
-        box: dict[str, Any] = {}
         total_s = before_s + fault_s + after_s
 
         async def go() -> list[Done]:
@@ -212,9 +212,8 @@ def cascade(slowdown: float = 5.0, load: float = 0.7, speedup: float = 10.0, rep
             finally:
                 await c.close()
 
-        th = threading.Thread(target=lambda: box.update(v=run_in_thread(go, timeout=total_s + 60)), daemon=True)
         t0 = time.monotonic()
-        th.start()
+        join = _background(lambda: run_in_thread(go, timeout=total_s + 60))
         time.sleep(before_s)
         import httpx
 
@@ -226,8 +225,7 @@ def cascade(slowdown: float = 5.0, load: float = 0.7, speedup: float = 10.0, rep
             time.sleep(0.05)
         t_clear = time.monotonic()
         httpx.delete(lf.sims[0].url + "/admin/faults")
-        th.join(total_s + 90)
-        done: list[Done] = box["v"]
+        done: list[Done] = join(total_s + 90)
 
     def rate(a: float, b: float) -> float:
         return sum(1 for d in done if d.ok and a <= d.end < b) / (b - a)
@@ -242,6 +240,31 @@ def cascade(slowdown: float = 5.0, load: float = 0.7, speedup: float = 10.0, rep
             break
         t += 0.1
     return CascadeResult(cap, sum(1 for d in done if not d.ok), len(done), before, during, max(0.0, recovery), ejected)
+
+
+def _background(fn: Callable[[], Any]) -> Callable[[float], Any]:
+    """Run ``fn`` in a daemon thread; ``join(timeout)`` returns its result, or raises its error (TimeoutError while
+    it still runs): the load's own failure, not a missing result, is what a failed drill must show."""
+    box: dict[str, Any] = {}
+
+    def main() -> None:
+        try:
+            box["v"] = fn()
+        except BaseException as e:  # noqa: BLE001 — handed to join
+            box["e"] = e
+
+    th = threading.Thread(target=main, name="drill-load", daemon=True)
+    th.start()
+
+    def join(timeout: float) -> Any:
+        th.join(timeout)
+        if th.is_alive():
+            raise TimeoutError(f"the drill's load did not finish within {timeout:g} s")
+        if "e" in box:
+            raise box["e"]
+        return box["v"]
+
+    return join
 
 
 async def _blocked(gw, i: int) -> bool:
