@@ -53,6 +53,16 @@ def test_each_sample_is_how_late_the_timer_fired_and_it_rearms_from_then():
     assert loop.timers[0].cancelled
 
 
+def test_started_twice_it_keeps_one_timer_chain_and_stop_ends_it():
+    hist, loop = FastHistogram(LAG_BUCKETS), _Loop()
+    lag = LoopLag(hist, 0.1, timer=loop.time)
+    lag.start(loop)
+    lag.start(loop)
+    assert [h.cancelled for h in loop.timers] == [True, False]  # the first chain was stopped
+    lag.stop()
+    assert all(h.cancelled for h in loop.timers)
+
+
 def test_a_nonpositive_interval_is_refused():
     with pytest.raises(ValueError, match="interval"):
         LoopLag(FastHistogram(LAG_BUCKETS), 0.0)

@@ -40,7 +40,9 @@ class LoopLag:
         self._due = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Sample ``loop`` (the running one by default: anything with ``call_later()``)."""
+        """Sample ``loop`` (the running one by default: anything with ``call_later()``); started again, the
+        earlier sampling stops (one timer chain, not two)."""
+        self.stop()
         self._loop = loop if loop is not None else asyncio.get_running_loop()
         self._arm()
 
