@@ -88,3 +88,85 @@ def test_a_replica_with_unknown_capacity_takes_anything():
     snap = replace(snap, statics=replace(snap.statics, kv_blocks=np.array([1000.0, np.nan])))
     d = _both(snap, _req(10**6, 10))
     assert isinstance(d, Route) and d.replica == 1
+
+
+# --- "can any replica ever hold it" is asked of every replica serving the model, not of those left in play ------
+
+def _big_and_small() -> FleetSnapshot:
+    """Replica 0's cache holds 48,000 tokens, replica 1's 16,000 (a smaller deployment of the model)."""
+    return _snap([3000.0, 1000.0], [0.0, 0.0])
+
+
+def _unavailable(snap: FleetSnapshot, req: SchedRequest):
+    policy = make_policy("steersman")
+    fast, slow = policy.pick(snap, req), policy.decide(policy.context(snap, req))
+    for d in (fast, slow):
+        assert isinstance(d, Reject)
+        assert (d.status, d.code, d.param) == (503, "no_capacity", None) and d.retry_after == 1.0, d
+    return fast
+
+
+def test_the_big_replica_saturated_is_a_503_not_a_400():
+    snap = _big_and_small()
+    req = _req(30_000, 10, max_tokens=10)
+    assert _both(snap, req).replica == 0  # idle: it goes to the replica that holds it
+    busy = _snap([3000.0, 1000.0], [0.0, 0.0])
+    busy.live[S.LIVE_FIELDS.index("waiting")] = [6.0, 0.0]  # past the saturation queue depth: replica 0 drops out
+    busy.live[S.LIVE_FIELDS.index("running")] = [30.0, 0.0]
+    d = _unavailable(busy, req)
+    assert "30010 tokens" in d.reason
+
+
+def test_the_big_replica_excluded_ejected_or_down_is_a_503_not_a_400():
+    snap = _big_and_small()
+    req = _req(30_000, 10, max_tokens=10)
+    _unavailable(snap, replace(req, excluded=frozenset({0})))  # a retry avoiding the replica that failed it
+    _unavailable(replace(snap, blocked_until=np.array([130.0, 0.0])), req)  # ejected for 30 s
+    down = replace(snap, routable=np.array([False, True]), healthy=np.array([False, True]))
+    _unavailable(down, req)  # failing its health checks: no candidate, still a replica of the model
+
+
+def test_larger_than_every_replica_of_the_model_stays_a_400_whatever_is_in_play():
+    snap = _big_and_small()
+    d = _both(replace(snap, routable=np.array([False, True])), _req(50_000, 10))
+    assert isinstance(d, Reject) and (d.status, d.code) == (400, "context_length_exceeded")
+    assert "48000 tokens" in d.reason  # the largest cache serving the model, not the largest still in play
+
+
+def test_a_replica_of_unknown_capacity_out_of_play_makes_it_a_503():
+    snap = _snap([np.nan, 1000.0], [0.0, 0.0])
+    snap = replace(snap, statics=replace(snap.statics, kv_blocks=np.array([np.nan, 1000.0])),
+                   routable=np.array([False, True]))
+    _unavailable(snap, _req(30_000, 10))
+
+
+# --- a batch of prompts: each is a sequence of its own ------------------------------------------------------------
+
+def _batch(total: int, longest: int | None, kind: str, max_tokens: int | None) -> SchedRequest:
+    return replace(_req(total, 1 if kind == "embedding" else 16, max_tokens=max_tokens, kind=kind),
+                   longest_prompt_tokens=longest)
+
+
+@pytest.mark.parametrize("kind,max_tokens", [("embedding", 1), ("completion", 16)])
+def test_a_batch_whose_inputs_each_fit_goes_to_the_replica_with_most_kv_free(kind, max_tokens):
+    snap = _snap([2000.0, 3000.0], [0.0, 0.5])  # 32,000 and 48,000 tokens; 32,000 and 24,000 free
+    # 100 inputs of ~1,001 tokens: 100,100 in all, more than either cache, each far under it
+    d = _both(snap, _batch(100_100, 1_001, kind, max_tokens))
+    assert isinstance(d, Route) and d.replica == 0
+    # no longest given: the prompt is one sequence of 100,100 tokens, as before
+    d = _both(snap, _batch(100_100, None, kind, max_tokens))
+    assert isinstance(d, Reject) and d.status == 400
+
+
+def test_a_batch_whose_longest_input_fits_nowhere_is_a_400_naming_it():
+    snap = _snap([2000.0, 3000.0], [0.0, 0.0])
+    d = _both(snap, _batch(60_000, 50_000, "embedding", 1))
+    assert isinstance(d, Reject) and (d.status, d.param) == (400, "input")
+    assert "50001 tokens" in d.reason and "longest entry of the input" in d.reason and "max_tokens" not in d.reason
+
+
+def test_longest_prompt_defaults_to_the_prompt():
+    r = _req(1234, 10)
+    assert r.longest_prompt_tokens is None and r.longest_prompt == 1234
+    assert replace(r, longest_prompt_tokens=99).longest_prompt == 99
+    assert replace(r, longest_prompt_tokens=99).kv_tokens == r.kv_tokens  # the load counts every input

@@ -73,12 +73,9 @@ def test_pooling_sends_an_equally_cached_request_to_the_idle_replica_not_the_luc
                       in_flight=[3, 0], running=[3, 1], decoding=[2, 0], pending_prefill=[160, 0])
     req = sched_request(prompt_tokens=350, expected_output=16, budget=sched_request().budget)
     assert POLICY.pick(snap, req).replica == 1
-    old = dataclasses.replace(DEFAULTS.scheduler, unprofiled_tpot_pool_spread=1.0)
-    object.__setattr__(DEFAULTS, "scheduler", old)
-    try:
-        assert POLICY.pick(snap, req).replica == 0  # without pooling: the lucky replica
-    finally:
-        object.__setattr__(DEFAULTS, "scheduler", SCHED)
+    off = make_policy("steersman", dataclasses.replace(SCHED, unprofiled_tpot_pool_spread=1.0))
+    assert off.pick(snap, req).replica == 0  # without pooling: the lucky replica
+    assert off.decide(off.context(snap, req)).replica == 0  # the plugin-by-plugin path reads the profile's too
 
 
 def test_a_replica_far_slower_than_its_class_keeps_its_own_tpot():

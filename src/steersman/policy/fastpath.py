@@ -205,6 +205,7 @@ class _Fused:
                              for ws in profile.scorers)
         self.picker = profile.picker
         self.picker_hist = h[profile.picker.name]
+        self.settings = profile.settings  # the prediction's (unprofiled priors), as DecisionContext.settings
 
     def __call__(self, snap, req) -> Decision:
         clock = framework._clock
@@ -283,7 +284,8 @@ class _Fused:
             float(snap.time), float(snap.recent_tau_s), blocks, own, out,
             float(ttft), float(tpot), float(left), float(margin), protected, float(p.cost_tie), float(p.latency_tie),
             float(p.late_latency_tie),
-            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool, *_unprofiled_inputs(snap))
+            float(p.exploit_share * pt), float(p.exploit_slowdown), cached, resident, pool,
+            *_unprofiled_inputs(snap, self.settings))
         if not feasible and not stay and (p.shed or p.hold):
             late = (shed(p.shed, req, protected, out[0], ttft) if p.shed else None) or (
                 hold(req, protected, out[5], ttft, _holder(cached, p.exploit_share, req)) if p.hold else None)
@@ -304,7 +306,7 @@ class _Fused:
                 j = int(top[req.seq % top.size])
         reason = _reason(feasible, stay)
         i = int(idx[j])
-        r_ttft, r_tpot = corrections(snap, i)
+        r_ttft, r_tpot = corrections(snap, i, self.settings)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
         return Route(i, reason, float(out[0, j]) / r_ttft, float(out[1, j]) / r_tpot, keep, not feasible and not stay,
                      float(out[0, j]), float(out[2, j]))

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.obs.histogram import HistogramFamily
 from steersman.plugins import Registry
@@ -32,7 +33,7 @@ from steersman.policy.request import SchedRequest
 
 __all__ = [
     "DecisionContext", "Filter", "Scorer", "Picker", "Profile", "Scores", "WeightedScorer",
-    "FILTERS", "SCORERS", "PICKERS", "FEATURES", "PER_REPLICA", "PLUGIN_LATENCY", "feature",
+    "FILTERS", "SCORERS", "PICKERS", "FEATURES", "PER_REPLICA", "PLUGIN_LATENCY", "feature", "build", "make_plugin",
 ]
 
 #: Per-plugin decision latency (framework-measured; perf_counter is a CPU-cost
@@ -80,6 +81,9 @@ class DecisionContext:
     sel: np.ndarray | None = None  # positions in ``base`` still in play (None: all)
     _features: dict[str, tuple[Any, np.ndarray | None]] = field(default_factory=dict)
     _cand: np.ndarray | None = None  # ``base[sel]``, kept by :meth:`narrow`
+    #: the profile's scheduler settings, for the shared features that read some (the unprofiled model's priors);
+    #: None: the defaults
+    settings: SchedulerSettings | None = None
 
     @property
     def candidates(self) -> np.ndarray:
@@ -193,7 +197,8 @@ class Profile:
     kv_events = False
 
     def __init__(self, name: str, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker,
-                 saturation: Callable[[DecisionContext], np.ndarray] | None = None) -> None:
+                 saturation: Callable[[DecisionContext], np.ndarray] | None = None,
+                 settings: SchedulerSettings | None = None) -> None:
         for ws in scorers:
             if not ws.weight >= 0:
                 raise ValueError(f"profile {name!r}: scorer {ws.scorer.name!r} needs a weight >= 0")
@@ -202,6 +207,7 @@ class Profile:
         self.scorers = tuple(scorers)
         self.picker = picker
         self.saturation = saturation
+        self.settings = settings  # the shared features' (DecisionContext.settings); None: the defaults
         from steersman.policy.reliability import RELIABILITY  # every profile's first step (late: it imports us)
 
         self.gate = RELIABILITY
@@ -213,7 +219,7 @@ class Profile:
         self._fast = fused(self)  # the same decisions in a few compiled passes, for the plugins it knows
 
     def context(self, snapshot: FleetSnapshot, request: SchedRequest) -> DecisionContext:
-        return DecisionContext(snapshot, request, snapshot.candidates(request.model))
+        return DecisionContext(snapshot, request, snapshot.candidates(request.model), settings=self.settings)
 
     def pick(self, snapshot: FleetSnapshot, request: SchedRequest) -> Decision:
         if self._fast is not None:
@@ -276,23 +282,51 @@ class Profile:
         return total
 
 
-def build(name: str, spec: Mapping[str, Any], saturation: Callable[[DecisionContext], np.ndarray] | None = None) -> Profile:
+def build(name: str, spec: Mapping[str, Any], saturation: Callable[[DecisionContext], np.ndarray] | None = None,
+          settings: SchedulerSettings | None = None) -> Profile:
     """A profile from its YAML form::
 
         filters: [{type: fits-kv}]
-        scorers: [{type: prefix-affinity, weight: 3}, {type: queue, weight: 2, params: {...}}]
+        scorers: [{type: prefix-affinity, weight: 3}, {type: queue-depth, weight: 2, params: {...}}]
         picker: {type: max-score}
         queue_when_saturated: true
-    """
-    def make(reg: Registry, item: Any):
-        if isinstance(item, str):
-            item = {"type": item}
-        return reg.get(item["type"])(**dict(item.get("params") or {}))
 
-    filters = [make(FILTERS, f) for f in spec.get("filters", ())]
-    scorers = [WeightedScorer(make(SCORERS, s), float(s.get("weight", 1.0)) if isinstance(s, Mapping) else 1.0) for s in spec.get("scorers", ())]
-    picker = make(PICKERS, spec.get("picker", "max-score"))
-    return Profile(name, filters, scorers, picker, saturation if spec.get("queue_when_saturated", False) else None)
+    ``settings``: the fleet file's scheduler settings (default: those ``saturation`` carries, else the defaults).
+    A plugin with a ``from_config(params, settings)`` classmethod is built by it (its knobs default to those
+    settings, as the ``steersman`` profile's do); any other by ``factory(**params)``.  A plugin that refuses its
+    params raises :class:`ValueError` naming it (what the fleet file's loader reports)."""
+    if settings is None:
+        settings = getattr(saturation, "settings", None) or DEFAULTS.scheduler
+    filters = [make_plugin(FILTERS, f, settings) for f in spec.get("filters", ())]
+    scorers = [WeightedScorer(make_plugin(SCORERS, s, settings), _weight(s)) for s in spec.get("scorers", ())]
+    picker = make_plugin(PICKERS, spec.get("picker", "max-score"), settings)
+    return Profile(name, filters, scorers, picker, saturation if spec.get("queue_when_saturated", False) else None,
+                   settings)
+
+
+def make_plugin(reg: Registry, item: Any, settings: SchedulerSettings):
+    """One plugin from its YAML form (a name, or ``{type, params}``), built as :func:`build` builds it."""
+    if isinstance(item, str):
+        item = {"type": item}
+    kind = item.get("type") if isinstance(item, Mapping) else None
+    if not isinstance(kind, str):
+        raise ValueError(f"a {reg.what} is a name or {{type: name, params: {{...}}}}, got {item!r}")
+    factory = reg.get(kind)  # an unknown name: UnknownPlugin (a KeyError) listing the known ones
+    params = item.get("params") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{reg.what} {kind!r}: params must be a mapping, got {params!r}")
+    from_config = getattr(factory, "from_config", None)
+    try:
+        return from_config(dict(params), settings) if from_config is not None else factory(**params)
+    except Exception as e:  # a plugin's own check, or a param it does not take: name the plugin
+        raise ValueError(f"{reg.what} {kind!r}: {e}") from None
+
+
+def _weight(item: Any) -> float:
+    w = item.get("weight", 1.0) if isinstance(item, Mapping) else 1.0
+    if isinstance(w, bool) or not isinstance(w, (int, float)):
+        raise ValueError(f"scorer {item.get('type')!r}: weight must be a number >= 0, got {w!r}")
+    return float(w)
 
 
 @PICKERS.register("max-score")

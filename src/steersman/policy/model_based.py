@@ -54,6 +54,13 @@ class SloCheapest:
         self.hold = settings.hold_late
         self.slot_wait = (settings.slot_wait_gain, settings.slot_wait_overrun) if settings.slot_wait else None
 
+    @classmethod
+    def from_config(cls, params: dict, settings: SchedulerSettings) -> SloCheapest:
+        """From a profile's YAML: every knob is the fleet file's ``scheduler`` setting; it takes no ``params``."""
+        if params:
+            raise ValueError(f"takes no params (its knobs are scheduler settings), got {sorted(params)}")
+        return cls(settings)
+
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
         p = ctx.feature("prediction")
@@ -89,7 +96,7 @@ class SloCheapest:
                 j = int(top[req.seq % top.size])
         reason = _reason(feasible, stay)
         i = int(ctx.candidates[j])
-        r_ttft, r_tpot = corrections(ctx.snapshot, i)
+        r_ttft, r_tpot = corrections(ctx.snapshot, i, ctx.settings)
         # the fleet learns observed / predicted: it must see the model's prediction *before* the correction,
         # else the learned ratio converges to the square root of the true one (r <- k / r)
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
@@ -155,9 +162,10 @@ def raw_cached(ctx: DecisionContext) -> np.ndarray:
     return pt - uncached_kernel(blocks, float(ctx.snapshot.statics.block_size), pt, np.empty(blocks.size))
 
 
-def corrections(snap, i: int) -> tuple[float, float]:
+def corrections(snap, i: int, settings: SchedulerSettings | None = None) -> tuple[float, float]:
     """The (TTFT, TPOT) observed/predicted ratios the prediction applied to replica ``i``
-    (the rule of :func:`steersman.policy.kernels.predict_kernel`)."""
+    (the rule of :func:`steersman.policy.kernels.predict_kernel`; ``settings``: the prediction's, whose
+    ``unprofiled_*`` pooled the TPOT of replicas without a roofline; None: the defaults)."""
     live = snap.live
     r_ttft = float(live[S.TTFT_RATIO, i])
     if r_ttft != r_ttft:
@@ -166,7 +174,7 @@ def corrections(snap, i: int) -> tuple[float, float]:
     if r_tpot != r_tpot or (live[S.IN_FLIGHT, i] <= 0.0 and live[S.RUNNING, i] <= 0.0):
         r_tpot = snap.tpot_prior
     if not snap.statics.modelled[i]:  # its TPOT pooled over the replicas alike: the ratio applied is pooled / own
-        r_tpot *= pooling_factor(snap, i)
+        r_tpot *= pooling_factor(snap, i, settings)
     return (r_ttft if r_ttft > 0 else 1.0), (r_tpot if r_tpot > 0 else 1.0)
 
 
@@ -183,6 +191,7 @@ def steersman_profile(settings: SchedulerSettings) -> Profile:
         ],
         picker=SloCheapest(settings),
         saturation=Saturation(settings),
+        settings=settings,
     )
     p.kv_events = True  # where the engines publish KV events, the index reads what each holds from them
     return p

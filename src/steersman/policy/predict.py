@@ -52,8 +52,8 @@ Replicas without a known GPU/model (llama.cpp) get a linear model, ``TTFT ≈ (t
 ttft_ratio`` and ``TPOT ≈ t_step × tpot_ratio``, whose ``s_token`` and ``t_step`` are the engine's own
 timing of its work where it reports it (llama.cpp's ``prompt_seconds_total`` / ``prompt_tokens_total`` and
 ``tokens_predicted_seconds_total`` / ``tokens_predicted_total``, learnt per scrape: the fleet's
-``prefill_s_token`` / ``decode_s_token`` rows) and the priors ``DEFAULTS.scheduler.unprofiled_*`` until
-then; the same observed/predicted ratios correct each replica online, and since ``W`` counts only *uncached*
+``prefill_s_token`` / ``decode_s_token`` rows) and the priors ``scheduler.unprofiled_*`` until then (the profile's
+settings: :attr:`DecisionContext.settings <steersman.policy.framework.DecisionContext.settings>`); the same observed/predicted ratios correct each replica online, and since ``W`` counts only *uncached*
 tokens, a replica holding the prompt's prefix predicts a low TTFT.  Their TPOT is pooled over the replicas
 configured alike (:func:`pooled_tpot`): what their requests saw between tokens is mostly the prompts computed
 beside them, not the hardware.  The **cost** of the request on a replica is the GPU time it uses priced at the
@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from steersman.config import DEFAULTS
+from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.policy import unprofiled_kernels as U
 from steersman.policy.framework import DecisionContext, feature
 from steersman.policy.kernels import predict_kernel, prefix_kernel
@@ -163,7 +163,8 @@ def predict(ctx: DecisionContext) -> Prediction:
         float(snap.time), float(snap.recent_tau_s), np.empty((6, idx.size)),
     )
     if not _all_modelled(st):
-        _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out, float(req.samples))
+        _unprofiled(snap, idx, own, float(req.prompt_tokens), float(req.expected_output), out, float(req.samples),
+                    ctx.settings)
     return Prediction(out[0], out[1], out[2], out[3], own, out[4], out[5])
 
 
@@ -180,27 +181,34 @@ def _all_modelled(st) -> bool:
     return hit[1]
 
 
-def unprofiled_speeds(snap, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sched(settings: SchedulerSettings | None) -> SchedulerSettings:
+    """The settings whose ``unprofiled_*`` priors apply (None: the defaults, read now)."""
+    return DEFAULTS.scheduler if settings is None else settings
+
+
+def unprofiled_speeds(snap, i: np.ndarray, settings: SchedulerSettings | None = None
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Replicas ``i`` without a roofline: (seconds per prompt token, seconds per decode step, the learnt TTFT
-    correction) -- the engine's own timing where it reports it, else the priors (see the module doc)."""
+    correction) -- the engine's own timing where it reports it, else the priors of ``settings`` (see the module
+    doc)."""
     i = np.asarray(i, dtype=np.intp)
     out = np.empty((3, i.size))
-    sched = DEFAULTS.scheduler
+    sched = _sched(settings)
     U.speeds_into(snap.live, i, float(snap.ttft_prior), sched.unprofiled_prefill_s_per_token,
                   sched.unprofiled_decode_step_s, out)
     return out[0], out[1], out[2]
 
 
-def _own_tpot(snap, i: np.ndarray) -> np.ndarray:
+def _own_tpot(snap, i: np.ndarray, settings: SchedulerSettings | None = None) -> np.ndarray:
     """Replicas ``i`` (unprofiled): the decode step (the engine's own timing, else the prior) x the learnt TPOT
     ratio (the fleet's prior on an idle replica)."""
     i = np.asarray(i, dtype=np.intp)
     out = np.empty(i.size)
-    U.own_tpot_into(snap.live, i, float(snap.tpot_prior), DEFAULTS.scheduler.unprofiled_decode_step_s, out)
+    U.own_tpot_into(snap.live, i, float(snap.tpot_prior), _sched(settings).unprofiled_decode_step_s, out)
     return out
 
 
-def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
+def pooled_tpot(snap, i: np.ndarray, settings: SchedulerSettings | None = None) -> np.ndarray:
     """The TPOT predicted on unprofiled replicas ``i``: each one's own learnt value (:func:`_own_tpot`), pooled over
     the replicas configured alike (``statics.speed_class``) that agree with each other.
 
@@ -212,23 +220,24 @@ def pooled_tpot(snap, i: np.ndarray) -> np.ndarray:
     ``unprofiled_tpot_pool_spread`` of the mean of the others of its class takes the mean of the agreeing ones;
     one further away (a degraded host) keeps its own, and one whose engine timing is not read yet takes its
     class's measured value rather than the prior."""
-    both = _pooled_all(snap)
-    return _own_tpot(snap, i) if both is None else both[0][i]
+    both = _pooled_all(snap, settings)
+    return _own_tpot(snap, i, settings) if both is None else both[0][i]
 
 
-#: the last snapshot, the spread it was pooled with, and its pooled and own TPOTs (a decision asks for them
-#: two or three times, on one snapshot)
+#: the last snapshot, the settings it was pooled with (held: frozen, and their identity is the key), and its
+#: pooled and own TPOTs (a decision asks for them two or three times, on one snapshot)
 _POOLED: list = [None, None, None]
 
 
-def _pooled_all(snap) -> tuple[np.ndarray, np.ndarray] | None:
-    """(pooled TPOT, own TPOT) of every replica (NaN for replicas with a roofline), memoised for the snapshot;
-    None when nothing pools (pooling off, or fewer than two replicas without a roofline)."""
-    sched = DEFAULTS.scheduler
-    spread = sched.unprofiled_tpot_pool_spread
+def _pooled_all(snap, settings: SchedulerSettings | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+    """(pooled TPOT, own TPOT) of every replica (NaN for replicas with a roofline), memoised for the snapshot and
+    ``settings`` (their spread and decode-step prior); None when nothing pools (pooling off, or fewer than two
+    replicas without a roofline)."""
+    sched = _sched(settings)
     ref, was, got = _POOLED
-    if ref is not None and ref() is snap and was == spread:
+    if ref is not None and ref() is snap and was is sched:
         return got
+    spread = sched.unprofiled_tpot_pool_spread
     st = snap.statics
     got = None
     if spread > 1.0:
@@ -236,36 +245,36 @@ def _pooled_all(snap) -> tuple[np.ndarray, np.ndarray] | None:
         if U.pool_kernel(snap.live, st.modelled, st.speed_class, float(snap.tpot_prior), sched.unprofiled_decode_step_s,
                          float(spread), full, own):
             got = full, own
-    _POOLED[:] = weakref.ref(snap), spread, got
+    _POOLED[:] = weakref.ref(snap), sched, got
     return got
 
 
-def pooling_factor(snap, i: int) -> float:
+def pooling_factor(snap, i: int, settings: SchedulerSettings | None = None) -> float:
     """How much :func:`pooled_tpot` scaled unprofiled replica ``i``'s own learnt TPOT (1.0: not at all).  A
     ratio of the two, not pooled / step, so an unpooled replica's correction stays bit for bit its own."""
-    both = _pooled_all(snap)
+    both = _pooled_all(snap, settings)
     if both is None:
         return 1.0  # nothing pools: pooled_tpot is the replica's own
     pooled, own = float(both[0][i]), float(both[1][i])
     return pooled / own if own > 0.0 and pooled > 0.0 and math.isfinite(pooled / own) else 1.0
 
 
-def _unprofiled_inputs(snap) -> tuple[float, float, np.ndarray, bool]:
+def _unprofiled_inputs(snap, settings: SchedulerSettings | None = None) -> tuple[float, float, np.ndarray, bool]:
     """What :func:`~steersman.policy.unprofiled_kernels.unprofiled_pass` takes besides the candidates: the
-    priors (seconds per prompt token, per decode step), every replica's pooled TPOT and whether it applies
-    (nothing pools on a fleet where every replica has a roofline, or on fewer than two without one)."""
-    sched = DEFAULTS.scheduler
-    both = None if _all_modelled(snap.statics) else _pooled_all(snap)
+    priors of ``settings`` (seconds per prompt token, per decode step), every replica's pooled TPOT and whether it
+    applies (nothing pools on a fleet where every replica has a roofline, or on fewer than two without one)."""
+    sched = DEFAULTS.scheduler if settings is None else settings  # (inline: once per decision)
+    both = None if _all_modelled(snap.statics) else _pooled_all(snap, sched)
     return (sched.unprofiled_prefill_s_per_token, sched.unprofiled_decode_step_s,
             _NO_POOL if both is None else both[0], both is not None)
 
 
 def _unprofiled(snap, idx: np.ndarray, own: np.ndarray, prompt_tokens: float, expected_output: float,
-                out: np.ndarray, samples: float = 1.0) -> None:
+                out: np.ndarray, samples: float = 1.0, settings: SchedulerSettings | None = None) -> None:
     """Overwrite ``out`` for the candidates without a roofline (see the module doc; compiled:
     :mod:`steersman.policy.unprofiled_kernels`)."""
     st = snap.statics
-    prefill, step, pooled, use_pooled = _unprofiled_inputs(snap)
+    prefill, step, pooled, use_pooled = _unprofiled_inputs(snap, settings)
     U.unprofiled_pass(idx, snap.live, st.modelled, st.price_per_hour, own, prompt_tokens, expected_output, samples,
                       float(snap.ttft_prior), float(snap.tpot_prior), prefill, step, float(snap.time), REFERENCE_BATCH,
                       pooled, use_pooled, out)

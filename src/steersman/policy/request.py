@@ -83,6 +83,16 @@ class SchedRequest:
     #: ``n``: the samples it runs as (the engine decodes each as a sequence of its own, side by side): its output
     #: tokens are counted over all of them; the per-token timing and output length learnt from it are one sample's
     samples: int = 1
+    #: a batch of prompts (a completion's or an embedding's inputs, each its own sequence in the engine): the
+    #: longest one's tokens (None: one prompt, ``prompt_tokens``).  Whether a replica's whole KV cache can ever
+    #: hold the request is a question about one sequence; the load and the KV pressure count them all
+    longest_prompt_tokens: int | None = None
+
+    @property
+    def longest_prompt(self) -> int:
+        """The tokens of its longest prompt: one sequence's, what a replica's whole KV cache must hold."""
+        n = self.longest_prompt_tokens
+        return self.prompt_tokens if n is None else n
 
     @property
     def kv_tokens(self) -> int:

@@ -18,9 +18,11 @@ latency budget       ``slo-headroom`` / the picker's feasibility (TTFT, TPOT, de
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
-from steersman.config import DEFAULTS
+from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.policy.base import Decision, Reject
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
 from steersman.policy.kernels import shortlist_kernel
@@ -69,35 +71,55 @@ class FitsKv:
 def kv_shortfall(snap, req: SchedRequest, idx: np.ndarray) -> Decision | np.ndarray:
     """What to do when no candidate's free KV cache holds the request (``fits-kv`` left none of ``idx``).
 
-    * No candidate's whole KV cache (engine-reported, else modelled) holds the prompt plus ``max_tokens``
-      (or one token when it names none): no replica of this fleet can ever serve it, so it is the client's to
-      change, a 400 ``context_length_exceeded`` naming the prompt's field (OpenAI's and vLLM's answer to a
-      request over the context length), not a 503 its client would retry.
-    * Otherwise the mask of the candidates whose whole cache holds it that have the most free KV now: it goes
-      there and waits in that engine's queue for blocks to free (vLLM schedules its waiting requests in order, so
-      the blocks that free go to it).  Holding it in the gateway until some replica had the room free would
-      starve it under sustained load: every smaller request behind it fits first and takes the blocks that free.
+    One sequence must fit a replica's whole KV cache (engine-reported, else modelled): the request's longest
+    prompt (:attr:`SchedRequest.longest_prompt`: a batch's inputs are sequences of their own) plus ``max_tokens``
+    (or one token when it names none).
+
+    * Some candidate's whole cache holds it: the mask of those that have the most free KV now.  It goes there and
+      waits in that engine's queue for blocks to free (vLLM schedules its waiting requests in order, so the blocks
+      that free go to it).  Holding it in the gateway until some replica had the room free would starve it under
+      sustained load: every smaller request behind it fits first and takes the blocks that free.
+    * None does: :func:`_too_long` (a 400 only when no replica serving the model ever could).
 
     The prompt's length is the gateway's estimate (exact for engine-sim; a real engine may count a few percent
     differently and answers for itself at its own limits)."""
-    bs = float(snap.statics.block_size)
-    reported = snap.kv_blocks_total[idx]
-    cap = np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported) * bs
-    least = req.prompt_tokens + (req.max_tokens or 1)
+    least = req.longest_prompt + (req.max_tokens or 1)
+    cap = _capacity(snap, idx)
     holds = cap >= least
     if not holds.any():
-        field = PROMPT_FIELD.get(req.kind, "prompt")
-        most = int(np.max(cap)) if cap.size else 0
-        output = req.max_tokens if req.kind != "embedding" else None  # an embedding's one token is no one's ask
-        ask = (f"about {req.prompt_tokens} in the {field}" + (f" and {output} of output (`max_tokens`)"
-                                                             if output else ""))
-        return Reject(f"this request needs {least} tokens of context ({ask}), more than any replica serving "
-                      f"{req.model!r} holds ({most} tokens): reduce the length of the {field}"
-                      + (" or `max_tokens`" if output else ""),
-                      None, "context_length_exceeded", 400, field)
+        return _too_long(snap, req, least)
     usage = snap.kv_usage[idx]
     free = np.where(holds, (1.0 - np.nan_to_num(usage, nan=1.0)) * cap, -np.inf)  # unscraped: none known free
     return free >= free.max()
+
+
+def _capacity(snap, idx: np.ndarray) -> np.ndarray:
+    """Tokens the whole KV cache of each of replicas ``idx`` holds: engine-reported, else modelled (NaN: unknown)."""
+    reported = snap.kv_blocks_total[idx]
+    return np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported) * float(snap.statics.block_size)
+
+
+def _too_long(snap, req: SchedRequest, least: int) -> Reject:
+    """No candidate in play can ever hold ``least`` tokens of one sequence.
+
+    The candidates are what the reliability gate, saturation and the shortlist left: a replica serving the model
+    that could hold it (or whose capacity is unknown) may be busy, ejected or excluded for this attempt only, so
+    the answer is a 503 with ``Retry-After``.  Only when no replica serving the model holds it is it the client's
+    to change: a 400 ``context_length_exceeded`` naming the prompt's field (OpenAI's and vLLM's answer to a
+    request over the context length), not a 503 its client would retry."""
+    cap = _capacity(snap, snap.serves(req.model).nonzero()[0])
+    if not (cap < least).all():  # NaN (unknown capacity) is not "too small"
+        return Reject(f"this request needs {least} tokens of context: no replica available now holds that many; "
+                      f"those of {req.model!r} that do are busy, out of rotation or excluded", retry_after=1.0)
+    field = PROMPT_FIELD.get(req.kind, "prompt")
+    most = int(np.max(cap)) if cap.size else 0
+    output = req.max_tokens if req.kind != "embedding" else None  # an embedding's one token is no one's ask
+    where = f"the longest entry of the {field}" if req.longest_prompt != req.prompt_tokens else f"the {field}"
+    ask = f"about {req.longest_prompt} in {where}" + (f" and {output} of output (`max_tokens`)" if output else "")
+    return Reject(f"this request needs {least} tokens of context ({ask}), more than any replica serving "
+                  f"{req.model!r} holds ({most} tokens): reduce the length of the {field}"
+                  + (" or `max_tokens`" if output else ""),
+                  None, "context_length_exceeded", 400, field)
 
 
 @SCORERS.register("kv-headroom")
@@ -112,6 +134,11 @@ class KvHeadroom:
         self.tie = DEFAULTS.scheduler.kv_headroom_tie if tie is None else float(tie)
         if not 0.0 <= self.tie < 1.0:
             raise ValueError(f"kv-headroom tie must be in [0, 1), got {self.tie}")
+
+    @classmethod
+    def from_config(cls, params: dict, settings: SchedulerSettings) -> KvHeadroom:
+        """From a profile's YAML: ``tie`` defaults to the fleet file's ``scheduler.kv_headroom_tie``."""
+        return cls(**{"tie": settings.kv_headroom_tie, **params})
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
         snap, idx = ctx.snapshot, ctx.candidates
@@ -135,16 +162,26 @@ class PrefixAffinity:
 
 @SCORERS.register("slo-headroom")
 class SloHeadroom:
-    """How comfortably the predicted latency meets the budget: min over axes of target / predicted."""
+    """How comfortably the predicted latency meets the budget: min over axes of the share of the target left
+    (1 - predicted / target); 0 over budget, 1 with no target.  Bounded so that it ranks the replicas that meet
+    the budget (target / predicted is above 1 for each of them: the framework's clamp made them all 1)."""
 
     name = "slo-headroom"
 
     def score(self, ctx: DecisionContext) -> np.ndarray:
         p = ctx.feature("prediction")
         ttft, tpot, left = targets(ctx.request, ctx.snapshot.time)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.minimum(np.minimum(ttft / p.ttft, tpot / p.tpot), left / p.e2e)
-        return np.where(np.isinf(ratio), 1.0, ratio)
+        share = np.minimum(np.minimum(_left(ttft, p.ttft), _left(tpot, p.tpot)), _left(left, p.e2e))
+        return np.maximum(share, 0.0)  # NaN stays NaN: the framework counts it as 0
+
+
+def _left(target: float, predicted: np.ndarray) -> np.ndarray:
+    """1 - predicted / target (1 with no target; 0 when the budget is spent already)."""
+    if target == np.inf:
+        return np.ones(predicted.size)
+    if not target > 0.0:
+        return np.zeros(predicted.size)
+    return 1.0 - predicted / target
 
 
 @SCORERS.register("cost-efficiency")
@@ -173,6 +210,11 @@ class LoadBalance:
         if not self.tie >= 0.0:
             raise ValueError(f"load-balance tie must be >= 0, got {self.tie}")
 
+    @classmethod
+    def from_config(cls, params: dict, settings: SchedulerSettings) -> LoadBalance:
+        """From a profile's YAML: ``tie`` defaults to the fleet file's ``scheduler.balance_tie``."""
+        return cls(**{"tie": settings.balance_tie, **params})
+
     def score(self, ctx: DecisionContext) -> np.ndarray:
         snap, idx = ctx.snapshot, ctx.candidates
         return load_balance_kernel(idx, snap.in_flight, snap.waiting, self.tie, np.empty(idx.size))
@@ -191,9 +233,10 @@ class Shortlist:
     name = "shortlist"
 
     def __init__(self, k: int = 32) -> None:
-        if k < 4:
-            raise ValueError("shortlist k must be >= 4")
-        self.k = k
+        # an integer, checked here: the compiled kernel takes any number and fails at the first request otherwise
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 4:
+            raise ValueError(f"shortlist k must be an integer >= 4, got {k!r}")
+        self.k = int(k)
 
     def filter(self, ctx: DecisionContext) -> np.ndarray:
         idx = ctx.candidates
