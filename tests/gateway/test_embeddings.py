@@ -76,3 +76,21 @@ def test_an_engine_failure_is_retried_on_another_replica():
         with openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
             for _ in range(4):  # half go to the failing replica first: each is retried and served
                 assert len(c.embeddings.create(model=MODEL, input="hello").data[0].embedding) == 4096
+
+
+def test_a_batch_whose_inputs_each_fit_is_served_though_together_they_pass_the_kv_cache():
+    """The engine runs a batch's inputs as sequences of their own: whether a replica can ever hold the request is
+    judged by the longest input, not the sum (100 inputs of ~1,000 tokens against a 45,920-token cache was a 400
+    context_length_exceeded telling the client to shorten its input)."""
+    from steersman.config import EngineSettings
+
+    cfg = SimServerConfig(gpu="L40S", speedup=200.0, port=0,
+                          engine=EngineSettings(gpu_memory_utilization=0.45, max_model_len=8192))
+    text = " ".join(f"w{i}" for i in range(500))
+    with LiveFleet(sims=[cfg]) as lf:
+        client = openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0)
+        out = client.embeddings.create(model=MODEL, input=[f"{k} " + text for k in range(100)])
+        assert len(out.data) == 100 and out.usage.prompt_tokens > 45_920
+        one_too_long = " ".join(f"w{i}" for i in range(60_000))
+        with pytest.raises(openai.BadRequestError):  # one input past every cache (and the context): still a 400
+            client.embeddings.create(model=MODEL, input=["short", one_too_long])

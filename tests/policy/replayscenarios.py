@@ -44,7 +44,8 @@ gateway's own (162: the replicas reporting them predicted, not NaN; 111 to anoth
 saturation came to need a queue or KV usage past the threshold, not at it, as GIE's detector (87:
 29 queued now routed), both of these together (13), and the hang floor came to apply to the TTFT
 once the queue drains (2: held in the gateway for a hung replica, now routed); prompts of exactly a
-multiple of the step budget came to take one decode step less (none of the scenarios has one); the
+multiple of the step budget came to take one decode step less (none of the scenarios has one); and
+when max-score (llm-d) came to draw its ties from a hash of seq too (1 changed); the
 plugin-by-plugin path gives every recorded decision::
 
     .venv/bin/python tests/policy/replayscenarios.py --record

@@ -18,7 +18,7 @@ from steersman.api.schema import ChatCompletionRequest, CompletionRequest
 from steersman.text.chat_tokens import tokenize_chat_array
 from steersman.text.tokenizer import ROOT_HASH, BlockHashes, block_hash_tuple, tokenize_array
 
-__all__ = ["prompt_shape", "cache_root", "with_cache_salt", "SALT_SEPARATOR"]
+__all__ = ["prompt_shape", "batch_shape", "cache_root", "with_cache_salt", "SALT_SEPARATOR"]
 
 #: between the tenant's salt and the client's own in the ``cache_salt`` the gateway forwards (the tenant's is
 #: ``steersman-`` and hex: the combination is unambiguous)
@@ -83,20 +83,32 @@ def _client_salt(body: bytes) -> Any:
 
 
 def prompt_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, BlockHashes]:
-    """(prompt tokens, chained hashes of its full blocks).  A completion's batch of prompts (strings or token-id
-    lists, each its own sequence in the engine) counts every prompt's tokens; its blocks are the first prompt's
-    (a batch's prompts typically share their few-shot prefix: where the first is cached, the rest hit too)."""
+    """(prompt tokens, chained hashes of its full blocks): :func:`batch_shape` without the longest input."""
+    tokens, hashes, _ = batch_shape(req, block_size)
+    return tokens, hashes
+
+
+def batch_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int) -> tuple[int, BlockHashes, int | None]:
+    """(prompt tokens, chained hashes of its full blocks, the longest single prompt's tokens of a batch or None).
+    A completion's or embedding's batch of prompts (strings or token-id lists, each its own sequence in the
+    engine) counts every prompt's tokens; its blocks are the first prompt's (a batch's prompts typically share
+    their few-shot prefix: where the first is cached, the rest hit too); whether a replica can ever hold the
+    request is judged by its longest prompt (the engine runs them apart), its load by the total."""
     if isinstance(req, ChatCompletionRequest):
         ids = tokenize_chat_array(req.messages, req.continue_final_message, None, req.tools)
-        return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt))
+        return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt)), None
     p = req.prompt
     extra = 0
+    longest = None
     if isinstance(p, list) and p and not isinstance(p[0], int):  # a batch
         ids = list(p[0]) if isinstance(p[0], list) else tokenize_array(p[0])
+        longest = len(ids)
         for x in p[1:]:
-            extra += len(x) if isinstance(x, list) else len(tokenize_array(x)) if isinstance(x, str) else 0
+            n = len(x) if isinstance(x, list) else len(tokenize_array(x)) if isinstance(x, str) else 0
+            extra += n
+            longest = max(longest, n)
     elif isinstance(p, list):
         ids = list(p)  # token ids
     else:
         ids = tokenize_array(p)
-    return len(ids) + extra, block_hash_tuple(ids, block_size, cache_root(req.cache_salt))
+    return len(ids) + extra, block_hash_tuple(ids, block_size, cache_root(req.cache_salt)), longest

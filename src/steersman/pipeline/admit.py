@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from steersman.api.errors import ApiError, bad_request, unauthorized
 from steersman.api.headers import parse_budget
-from steersman.api.prompt import prompt_shape
+from steersman.api.prompt import batch_shape
 from steersman.control.plane import Dispatch, Refuse, Wait
 from steersman.control.tenants import AuthError, TenantDirectory
 from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, effective_priority, parse_workflow_headers
@@ -68,14 +68,14 @@ class Describe:
             return Fail(bad_request(str(e), e.header, "invalid_header"), Retry.NEVER)
         # a view only: the entry is made once the request is admitted (Schedule), not for one its limits refuse
         workflow = gw.workflows.peek(ctx.tenant.name, wf_headers, now) if wf_headers is not None else None
-        tokens, hashes = prompt_shape(req, gw.block_size)
+        tokens, hashes, longest = batch_shape(req, gw.block_size)
         limit = req.output_limit
         ctx.sched = SchedRequest(
             seq=ctx.seq, model=ctx.model, kind=ctx.kind, stream=req.stream, tenant=ctx.tenant.name,
             priority=effective_priority(ctx.tenant.priority, workflow, gw.cfg.admission.workflow_missed_demotion),
             arrival=ctx.started, prompt_tokens=tokens, block_hashes=hashes,
             max_tokens=limit, expected_output=gw.expected_output(ctx.model, ctx.tenant.name, limit),
-            budget=budget, workflow=workflow, samples=req.n * _batch(req),
+            budget=budget, workflow=workflow, samples=req.n * _batch(req), longest_prompt_tokens=longest,
         )
         return CONTINUE
 

@@ -10,7 +10,18 @@ from steersman.fleet.snapshot import FleetSnapshot
 from steersman.plugins import Registry
 from steersman.policy.request import SchedRequest
 
-__all__ = ["Route", "Queue", "Reject", "Decision", "RoutingPolicy", "POLICIES"]
+__all__ = ["Route", "Queue", "Reject", "Decision", "RoutingPolicy", "POLICIES", "mix64"]
+
+_M64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """SplitMix64 finaliser of ``x`` (mod 2**64): a well-spread bijection of 64-bit words, as an unsigned int,
+    deterministic across processes (ties drawn from it spread evenly whatever the request counter's pattern)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.obs.histogram import HistogramFamily
 from steersman.plugins import Registry
-from steersman.policy.base import Decision, Queue, Reject, Route
+from steersman.policy.base import Decision, Queue, Reject, Route, mix64
 from steersman.policy.kernels import add_clamped
 from steersman.policy.request import SchedRequest
 
@@ -331,11 +331,12 @@ def _weight(item: Any) -> float:
 
 @PICKERS.register("max-score")
 class MaxScore:
-    """Highest weighted score; ties broken by the request's sequence number (deterministic, spreads load)."""
+    """Highest weighted score; ties broken by a hash of the request's sequence number (deterministic, spreads load;
+    the counter itself is the gateway's over every model, so its parity would favour one replica of each)."""
 
     name = "max-score"
 
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         total = scores()
         best = np.flatnonzero(total >= total.max() - 1e-12) if total.size else np.arange(ctx.candidates.size)
-        return Route(int(ctx.candidates[best[ctx.request.seq % best.size]]), "max-score")
+        return Route(int(ctx.candidates[best[mix64(ctx.request.seq) % best.size]]), "max-score")

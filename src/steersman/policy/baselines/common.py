@@ -12,21 +12,12 @@ from collections.abc import Callable
 import numpy as np
 
 from steersman.fleet.statics import FleetStatics
-from steersman.policy.base import Decision, Route
+from steersman.policy.base import Decision, Route, mix64
 from steersman.policy.framework import DecisionContext, Picker, Profile, feature
 
 __all__ = ["prefix_match", "mix64", "at", "choose_min", "choose_max", "rule_profile", "prefill_s_per_token",
            "decode_step_s"]
 
-_M64 = (1 << 64) - 1
-
-
-def mix64(x: int) -> int:
-    """SplitMix64 finaliser: a well-spread 64-bit hash of ``x`` (deterministic across processes)."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
 
 
 def at(ctx: DecisionContext, row: np.ndarray) -> np.ndarray:

@@ -34,24 +34,19 @@ import hashlib
 
 import numpy as np
 
+from steersman.policy.base import mix64
+
 __all__ = [
     "mix64", "mask", "masks_np", "name_namespace", "source_namespace", "positions", "block_hashes", "block_hashes_np",
     "MAX_SOURCES", "MAX_KEYS", "MAX_SEGMENTS",
 ]
 
-_M64 = (1 << 64) - 1
 _POS_SALT = 0x5EED_B10C_0000_0000
 MAX_SOURCES = 1 << 19
 MAX_KEYS = 1 << 32
 MAX_SEGMENTS = 1 << 12
 
 
-def mix64(x: int) -> int:
-    """SplitMix64 finaliser of ``x`` (mod 2**64): a bijection of 64-bit words, as an unsigned int."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
 
 
 def mask(ns: int) -> int:
