@@ -292,7 +292,7 @@ class _Fused:
             if late is not None:
                 return late
         if unprofiled and p.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:
-            wait = wait_for_slot(snap, req, idx, out[0], held, protected, ttft, *p.slot_wait)
+            wait = wait_for_slot(snap, req, idx, out[0], held, protected, ttft, *p.slot_wait, settings=self.settings)
             if wait is not None:
                 return wait
         if count == 1:

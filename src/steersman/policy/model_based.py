@@ -82,7 +82,7 @@ class SloCheapest:
                 return late
         if self.slot_wait is not None and snap.prefix is not None and snap.prefix.slots:
             wait = wait_for_slot(snap, req, ctx.candidates, p.ttft, ctx.feature("prefix_held"), protected, ttft,
-                                 *self.slot_wait)
+                                 *self.slot_wait, settings=ctx.settings)
             if wait is not None:
                 return wait
         if count == 1:

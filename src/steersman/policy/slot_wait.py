@@ -34,9 +34,10 @@ __all__ = ["wait_for_slot"]
 
 
 def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray, protected: bool,
-                  target_ttft: float, gain: float, overrun: float) -> Queue | None:
+                  target_ttft: float, gain: float, overrun: float, settings=None) -> Queue | None:
     """``idx``: the candidates; ``ttft``: their predicted TTFT now; ``held``: blocks of the prompt each
-    replica (all of them) would reuse now.  A :class:`Queue` when the request should wait for a slot."""
+    replica (all of them) would reuse now; ``settings``: the prediction's (its unprofiled priors; None: the
+    defaults).  A :class:`Queue` when the request should wait for a slot."""
     prefix = snap.prefix
     hashes = req.block_hashes
     if prefix is None or not prefix.slots or protected or req.resumed or not hashes or not ttft.size:
@@ -54,7 +55,7 @@ def wait_for_slot(snap, req, idx: np.ndarray, ttft: np.ndarray, held: np.ndarray
         if not running:
             continue
         have = min(int(held[i]) * bs, max(pt - 1, 0)) if held.size else 0
-        s_tok, step, r_ttft = (float(x[0]) for x in unprofiled_speeds(snap, np.array([i])))
+        s_tok, step, r_ttft = (float(x[0]) for x in unprofiled_speeds(snap, np.array([i]), settings))
         for f in running:
             gained = min(f.blocks * bs, max(pt - 1, 0)) - have
             if gained <= 0:
