@@ -147,3 +147,141 @@ def test_a_client_trace_not_sampled_is_not_exported(otlp):
         assert r.status_code == 200
     roots = [s for s in otlp.spans if s["service"] == "steersman" and s["kind"] == 2]
     assert len(roots) == 1 and roots[0]["parent"] == "" and roots[0]["trace"] != TRACE  # a trace of its own
+
+
+def _servers(otlp):
+    return [s for s in otlp.spans if s["service"] == "steersman" and s["kind"] == 2]
+
+
+def test_a_span_names_its_operation_and_counts_the_engines_prompt_tokens(otlp):
+    """``gen_ai.operation.name`` by endpoint; ``gen_ai.usage.input_tokens`` as the engine counted the prompt (a
+    scripted engine reports 1 for any prompt), whole or streamed with usage, not the gateway's own estimate."""
+    from openai import OpenAI
+
+    from steersman.testing.scripted import Script
+
+    with LiveFleet(scripted=[Script()], gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        with OpenAI(base_url=lf.url + "/v1", api_key="unused", max_retries=0) as client:
+            long = [{"role": "user", "content": "word " * 200}]
+            r = client.chat.completions.create(model="scripted", messages=long, max_tokens=8,
+                                               extra_headers={"x-request-id": "whole"})
+            assert r.usage.prompt_tokens == 1
+            s = client.chat.completions.create(model="scripted", messages=long, max_tokens=8, stream=True,
+                                               stream_options={"include_usage": True},
+                                               extra_headers={"x-request-id": "streamed"})
+            assert [c.usage.prompt_tokens for c in s if c.usage] == [1]
+            client.completions.create(model="scripted", prompt="word " * 200, max_tokens=8,
+                                      extra_headers={"x-request-id": "text"})
+    spans = {s["attrs"]["steersman.request_id"]: s["attrs"] for s in _servers(otlp)}
+    assert {k: a["gen_ai.operation.name"] for k, a in spans.items()} == {
+        "whole": "chat", "streamed": "chat", "text": "text_completion"}
+    assert all(a["gen_ai.usage.input_tokens"] == 1 for a in spans.values()), spans
+    assert all(a["gen_ai.request.model"] == a["gen_ai.response.model"] == "scripted" for a in spans.values())
+
+
+def test_an_embeddings_span_is_named_so(otlp):
+    import httpx
+
+    with LiveFleet(sims=_engines(otlp.url, faulty=False)[:1], gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        r = httpx.post(lf.url + "/v1/embeddings", json={"model": "llama-3.1-8b", "input": "Trace me."})
+        assert r.status_code == 200
+    (span,) = _servers(otlp)
+    assert span["attrs"]["gen_ai.operation.name"] == "embeddings"
+    assert span["attrs"]["gen_ai.usage.input_tokens"] == r.json()["usage"]["prompt_tokens"]
+
+
+def test_a_browned_out_request_traces_the_model_asked_for_and_the_one_that_answered(otlp):
+    """Brown-out moved a sheddable request to the cheaper model: ``gen_ai.request.model`` is the model the client
+    asked for (it said the substitute), ``gen_ai.response.model`` the one that answered."""
+    import threading
+    import time
+
+    import httpx
+
+    from steersman.config import EngineSettings
+    from steersman.control import generate_key
+
+    big, small = "llama-3.1-8b", "qwen2.5-7b"
+    key, digest = generate_key()
+    extra = {"tenants": {"cheap": {"priority": "sheddable"}}, "api_keys": [{"sha256": digest, "tenant": "cheap"}],
+             "reliability": {"brownout_queue_depth": 1, "brownout_models": {big: small},
+                             "limit_initial": 1, "limit_min": 1, "limit_max": 1}}
+    sims = [SimServerConfig(speedup=10.0, port=0, engine=EngineSettings(max_num_seqs=1)),
+            SimServerConfig(model=small, speedup=10.0, port=0)]
+
+    def post(text, **headers):
+        return httpx.post(lf.url + "/v1/chat/completions", timeout=30, headers={"Authorization": f"Bearer {key}", **headers},
+                          json={"model": big, "max_tokens": 4, "messages": [{"role": "user", "content": text}]})
+
+    def until(cond):
+        t0 = time.monotonic()
+        while not cond():
+            assert time.monotonic() - t0 < 10
+            time.sleep(0.01)
+
+    with LiveFleet(sims=sims, extra=extra, gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        assert httpx.post(lf.sims[0].url + "/admin/faults", json={"hang": True}).status_code == 200
+        waiting = [threading.Thread(target=post, args=(t,)) for t in ("in the engine", "in the queue")]
+        waiting[0].start()
+        until(lambda: lf.gateway.fleet.snapshot().in_flight[0] >= 1)
+        waiting[1].start()
+        until(lambda: lf.gateway.plane.waiting_for(big) >= 1)
+        r = post("moved", **{"x-request-id": "moved"})
+        assert r.status_code == 200 and r.json()["model"] == small
+        assert httpx.delete(lf.sims[0].url + "/admin/faults").status_code == 200
+        for th in waiting:
+            th.join(30)
+    attrs = next(s["attrs"] for s in _servers(otlp) if s["attrs"]["steersman.request_id"] == "moved")
+    assert attrs["gen_ai.request.model"] == big and attrs["gen_ai.response.model"] == small
+
+
+def test_a_responses_call_sent_again_shorter_is_one_server_span(otlp):
+    """``truncation: auto`` over the context: the tries refused for its length and held are no answers; one
+    SERVER span for the client's one request (it was one per try, 400s included), all the tries' upstream
+    attempts under it."""
+    import httpx
+
+    from steersman.config import EngineSettings
+
+    sim = SimServerConfig(speedup=50.0, port=0, engine=EngineSettings(max_model_len=300))
+    turns = []
+    for i in range(6):
+        turns += [{"role": "user", "content": f"turn {i}: " + "word " * 120}, {"role": "assistant", "content": "ok"}]
+    turns.append({"role": "user", "content": "last question"})
+    with LiveFleet(sims=[sim], gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        r = httpx.post(lf.url + "/v1/responses", timeout=30, headers={"traceparent": f"00-{TRACE}-{PARENT}-01"},
+                       json={"model": "llama-3.1-8b", "input": turns, "truncation": "auto", "max_output_tokens": 4})
+        assert r.status_code == 200, r.text
+    (server,) = _servers(otlp)
+    a = server["attrs"]
+    assert server["parent"] == PARENT and a["http.response.status_code"] == 200 and not server["error"]
+    assert a["steersman.responses.tries"] > 1
+    attempts = [s for s in otlp.spans if s["service"] == "steersman" and s["kind"] == 3]
+    assert all(s["parent"] == server["id"] for s in attempts) and len(attempts) == a["steersman.attempts"]
+
+
+def test_shutdown_is_bounded_when_the_otlp_endpoint_is_down():
+    """Nothing listens at the endpoint: the SDK's shutdown waited up to 30 s for batches it retried for 10 s each."""
+    import socket
+    import time
+    import types
+
+    from steersman.obs.tracing import OtlpTracer
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    tracer = OtlpTracer(f"http://127.0.0.1:{port}/v1/traces")
+    for i in range(3000):  # several of the processor's 512-span batches
+        ctx = types.SimpleNamespace(request_id=f"r{i}", trace=None, attempt_span=None, attempts=1, status=200,
+                                    model="m", requested_model="m", kind="chat", output_tokens=3, sched=None,
+                                    tenant=None, cached_tokens=None, input_tokens=None, continuation=None,
+                                    failed=False, http=None)
+        tracer.begin(ctx, {}, "POST", "/v1/chat/completions")
+        tracer.attempt(ctx, "sim-0")
+        tracer.attempt_ended(ctx, "ok")
+        tracer.end(ctx)
+    t0 = time.monotonic()
+    tracer.shutdown()
+    assert time.monotonic() - t0 < 5.0  # SHUTDOWN_TIMEOUT_S: 2 s, then as long again for the SDK's thread

@@ -26,6 +26,7 @@ from steersman.api.schema import body_headers_error
 from steersman.control.tenants import AuthError
 from steersman.http.server import HttpRequest
 from steersman.obs.histogram import CounterFamily
+from steersman.obs.tracing import CallSpan
 
 __all__ = ["ResponsesHttp", "ResponsesEndpoints"]
 
@@ -70,11 +71,11 @@ def _inner(name: str, writable: bool = False) -> property:
 class ResponsesHttp:
     """The client's request as the request path sees it (the chat body), answering in the Responses API."""
 
-    __slots__ = ("inner", "body", "builder", "events", "on_done", "hold", "held", "write", "tail")
+    __slots__ = ("inner", "body", "builder", "events", "on_done", "hold", "held", "write", "tail", "call_span")
 
     def __init__(self, inner: HttpRequest, builder: ResponseBuilder, chat_body: bytes,
                  on_done: Callable[[dict[str, Any], dict[str, Any]], Awaitable[None] | None],
-                 hold_context_error: bool = False) -> None:
+                 hold_context_error: bool = False, call_span: CallSpan | None = None) -> None:
         self.inner = inner
         self.body = chat_body
         self.builder = builder
@@ -85,6 +86,7 @@ class ResponsesHttp:
         self.held: bytes | None = None
         self.write: Awaitable[None] | None = None  # the stored response's write the answer's last bytes wait for
         self.tail: list[Callable[[], None]] = []  # what is written to the client once it landed (:meth:`flush`)
+        self.call_span = call_span  # the call's one SERVER span over its tries (trace export on; else None)
 
     # what the stages read of the request: the client's own
     headers = _inner("headers")
@@ -104,6 +106,11 @@ class ResponsesHttp:
 
     async def drain(self) -> None:
         await self.inner.drain()
+
+    def served_by(self, model: str) -> None:
+        """Brown-out moved the call to ``model``: the Response (sent and stored) names the model that answered,
+        as a chat completion does, not the one asked for."""
+        self.builder.model = model
 
     # what they answer
     def respond(self, status: int, body: bytes, content_type: bytes = b"application/json", extra: bytes = b"") -> None:
@@ -231,8 +238,11 @@ class ResponsesEndpoints:
         # truncation "auto": a conversation over the context is sent again without its oldest turns, dropping 1, 2,
         # 4 ... of them (a few attempts, each refused before any prefill), until it fits or only the newest is left
         skips = call.skips()
+        # the held tries are not answers: with trace export on, the call is one SERVER span (the tries a count on it)
+        span = CallSpan() if self.tracer.exporting and len(skips) > 1 else None
         for n, skip in enumerate(skips):
-            sink = ResponsesHttp(request, builder, call.chat_body(skip), done, hold_context_error=n < len(skips) - 1)
+            builder.model = call.chat["model"]  # (brown-out may have moved a held try, and not this one)
+            sink = ResponsesHttp(request, builder, call.chat_body(skip), done, n < len(skips) - 1, span)
             await self.chat(sink)  # type: ignore[arg-type]
             if sink.held is None:
                 # its last bytes once its write landed (a store with IO): the client's next turn, sent at once to

@@ -337,3 +337,7 @@ class ControlPlane:
     @property
     def waiting(self) -> int:
         return len(self._waiting)
+
+    def waiting_for(self, model: str) -> int:
+        """Requests waiting in the gateway queue for ``model`` (brown-out is judged per model)."""
+        return self.queue.waiting_for(model)

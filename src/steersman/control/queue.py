@@ -156,6 +156,10 @@ class GatewayQueue:
         """Entries per model (to know which freed replicas have work waiting)."""
         return dict(self._model_count)
 
+    def waiting_for(self, model: str) -> int:
+        """Entries for ``model`` (brown-out: one model's backlog, without copying :meth:`waiting_models`)."""
+        return self._model_count.get(model, 0)
+
     def oldest_wait(self, now: float) -> float:
         """Seconds the longest-waiting entry has waited (since its arrival); 0 when empty."""
         heap = self._arrivals

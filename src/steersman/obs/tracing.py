@@ -13,16 +13,28 @@ Trace context (https://www.w3.org/TR/trace-context/):
   (replica, outcome: a retried or continued request shows each engine it went to), sends each attempt's own
   ``traceparent`` to its engine, and exports them over OTLP/HTTP with the OpenTelemetry SDK's batch processor
   (a background thread; nothing is written on the request path but the spans' start and end).  Attributes follow
-  OpenTelemetry's GenAI conventions (``gen_ai.request.model``, ``gen_ai.usage.*``) plus ``steersman.*``.
+  OpenTelemetry's GenAI conventions (``gen_ai.operation.name``; ``gen_ai.request.model`` the model asked for,
+  ``gen_ai.response.model`` the one that answered: brown-out may move a request to a cheaper one;
+  ``gen_ai.usage.*`` the engine's usage, the gateway's prompt count when it reported none) plus ``steersman.*``.
+  A Responses call sent again shorter (``truncation: auto``) is one SERVER span over its tries
+  (:class:`CallSpan`).  Shutdown exports what is buffered for at most :data:`SHUTDOWN_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import threading
 from typing import Any
 
-__all__ = ["request_id", "valid_traceparent", "PassThrough", "OtlpSpans", "OtlpTracer", "make_tracer"]
+__all__ = ["request_id", "valid_traceparent", "PassThrough", "OtlpSpans", "OtlpTracer", "CallSpan", "make_tracer",
+           "SHUTDOWN_TIMEOUT_S"]
+
+#: seconds a shutdown waits for the buffered spans' export (the SDK's own wait is 30 s, each export retrying for up
+#: to 10 s: an OTLP endpoint that is down held the gateway's stop for 30 s)
+SHUTDOWN_TIMEOUT_S = 2.0
+#: ``gen_ai.operation.name`` by the request path's kind (OpenTelemetry's GenAI values)
+_OPERATION = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
 
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")  # visible ASCII, no spaces: safe to log and to echo in a header
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -96,7 +108,8 @@ class OtlpSpans:
         self.propagator = TraceContextTextMapPropagator()
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}),
                                        sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        self.exporter = OTLPSpanExporter(endpoint=endpoint)
+        self.provider.add_span_processor(BatchSpanProcessor(self.exporter))
         self.tracer = self.provider.get_tracer(f"steersman.{service_name}")
 
     def parent(self, headers: dict[str, str]) -> Any:
@@ -107,9 +120,29 @@ class OtlpSpans:
     def error(self, span: Any, description: str) -> None:
         span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, description))
 
-    def shutdown(self) -> None:
-        """Export what is buffered, then stop the exporter's thread."""
-        self.provider.shutdown()
+    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Export what is buffered, then stop the exporter's thread: bounded by ``timeout_s``, then the exporter
+        is shut down (its retries end; what is left is dropped) and the SDK's thread given as long again to end."""
+        done = threading.Thread(target=self.provider.shutdown, name="otlp-shutdown", daemon=True)
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():
+            self.exporter.shutdown()
+            done.join(timeout_s)
+
+
+class CallSpan:
+    """One SERVER span over a Responses call's passes through the request path: a try refused for the context's
+    length and held (``ResponsesHttp.held``: sent again shorter) is no answer the client saw, so it neither begins
+    nor ends a span of its own; the try that answers ends the call's span, with the tries and all their upstream
+    attempts counted on it (its CLIENT spans are all children of it)."""
+
+    __slots__ = ("span", "tries", "attempts")
+
+    def __init__(self) -> None:
+        self.span: Any = None
+        self.tries = 0
+        self.attempts = 0  # upstream attempts of the held tries
 
 
 class OtlpTracer:
@@ -122,10 +155,18 @@ class OtlpTracer:
         self._trace, self._kind, self._propagator, self.tracer = sp.trace, sp.kind, sp.propagator, sp.tracer
 
     def begin(self, ctx: Any, headers: dict[str, str], method: str, path: str) -> None:
+        call = getattr(ctx.http, "call_span", None)
+        if call is not None:
+            call.tries += 1
+            if call.span is not None:  # a Responses call's next try: its span goes on
+                ctx.trace = call.span
+                return
         span = self.tracer.start_span(f"{method} {path}", context=self.spans.parent(headers), kind=self._kind.SERVER,
                                       attributes={
             "http.request.method": method, "url.path": path, "steersman.request_id": ctx.request_id})
         ctx.trace = span
+        if call is not None:
+            call.span = span
 
     def attempt(self, ctx: Any, replica: str) -> bytes:
         server = ctx.trace
@@ -152,10 +193,23 @@ class OtlpTracer:
         if span is None:
             return
         self.attempt_ended(ctx, "abandoned")  # an attempt cut short (the client left, the deadline passed)
-        attrs: dict[str, Any] = {"http.response.status_code": ctx.status, "gen_ai.request.model": ctx.model,
-                                 "gen_ai.usage.output_tokens": ctx.output_tokens, "steersman.attempts": ctx.attempts}
-        if ctx.sched is not None:
-            attrs["gen_ai.usage.input_tokens"] = ctx.sched.prompt_tokens
+        attempts = ctx.attempts
+        call = getattr(ctx.http, "call_span", None)
+        if call is not None:
+            if ctx.http.held is not None:  # held, to be sent again shorter: the call's span waits for the answer
+                call.attempts += attempts
+                return
+            attempts += call.attempts
+        attrs: dict[str, Any] = {"http.response.status_code": ctx.status, "gen_ai.request.model": ctx.requested_model,
+                                 "gen_ai.operation.name": _OPERATION.get(ctx.kind, ctx.kind),
+                                 "gen_ai.usage.output_tokens": ctx.output_tokens, "steersman.attempts": attempts}
+        if ctx.status == 200:
+            attrs["gen_ai.response.model"] = ctx.model
+        inputs = _input_tokens(ctx)
+        if inputs is not None:
+            attrs["gen_ai.usage.input_tokens"] = inputs
+        if call is not None:
+            attrs["steersman.responses.tries"] = call.tries
         if ctx.tenant is not None:
             attrs["steersman.tenant"] = ctx.tenant.name
         if ctx.cached_tokens is not None:
@@ -167,6 +221,19 @@ class OtlpTracer:
 
     def shutdown(self) -> None:
         self.spans.shutdown()
+
+
+def _input_tokens(ctx: Any) -> int | None:
+    """The prompt's tokens as the engine counted them (its usage: a whole answer's, or the stream's first leg's
+    when it sent usage), else the gateway's own count (an estimate for an engine that tokenizes otherwise)."""
+    n = ctx.input_tokens
+    if n is None:
+        cont = ctx.continuation
+        usage = cont.usage if cont is not None else None
+        n = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    return ctx.sched.prompt_tokens if ctx.sched is not None else None
 
 
 def make_tracer(endpoint: str | None, sample_ratio: float) -> PassThrough | OtlpTracer:

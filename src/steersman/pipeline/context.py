@@ -21,7 +21,8 @@ class RequestContext:
     seq: int
     started: float
     request: ChatCompletionRequest | CompletionRequest | None = None
-    model: str = ""
+    model: str = ""  # the model that serves it (brown-out may move it to a cheaper one)
+    requested_model: str = ""  # the model the client asked for (set at parse: the trace's gen_ai.request.model)
     tenant: Any = None  # steersman.control.TenantConfig once authenticated
     sched: SchedRequest | None = None  # the typed scheduling context
     waiter: Any = None  # asyncio.Future while queued in the gateway
@@ -30,6 +31,7 @@ class RequestContext:
     replica: int | None = None
     output_tokens: int = 0  # completion tokens relayed (counted or from usage)
     cached_tokens: int | None = None  # engine-reported prompt tokens served from its cache
+    input_tokens: int | None = None  # a whole answer's engine-reported prompt tokens (read only for trace export)
     bytes_sent: bool = False  # body bytes reached the client: only continuation is allowed from here
     status: int = 0
     failed: bool = False  # the answer under way ended with an error event (``status`` stays the 200 sent)

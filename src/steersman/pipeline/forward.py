@@ -30,7 +30,7 @@ from steersman.obs.tracing import OtlpTracer, PassThrough
 from steersman.pipeline.outcome import RESPONDED, Fail, Outcome, Respond, Retry
 from steersman.policy.request import PROMPT_FIELD
 
-__all__ = ["Forward", "with_priority"]
+__all__ = ["Forward", "with_priority", "with_model"]
 
 _decode_str = msgspec.json.Decoder(str).decode
 _DONE_EVENT = b"data: [DONE]\n\n"
@@ -235,6 +235,7 @@ class Forward:
                  tracer: PassThrough | OtlpTracer | None = None) -> None:
         self.fleet = fleet
         self.tracer = tracer if tracer is not None else PassThrough()
+        self._inputs = self.tracer.exporting  # the engine's prompt count read for the trace only (streams: usage)
         self.metrics = metrics
         self.clock = clock
         self.max_event_bytes = max_event_bytes
@@ -327,6 +328,8 @@ class Forward:
             self.fleet.first_token(ctx.ticket)
         ctx.output_tokens = _usage_int(body, b'"completion_tokens":') or 0
         ctx.cached_tokens = _usage_int(body, b'"cached_tokens":')
+        if self._inputs:
+            ctx.input_tokens = _usage_int(body, b'"prompt_tokens":')
         ctx.status = 200
         ctx.http.respond(200, body)
         return RESPONDED
@@ -433,3 +436,14 @@ def with_priority(body: bytes, priority: int) -> bytes:
     head = body[:end].rstrip()
     sep = b"" if head.endswith(b"{") else b","
     return b'%b%b"priority":%d}' % (head, sep, priority)
+
+
+def with_model(body: bytes, model: str) -> bytes:
+    """The JSON object ``body`` with ``"model": model`` as its last member (brown-out's move to a cheaper model:
+    the engines' parsers, vLLM's and msgspec's, take the last of duplicate keys, as for :func:`with_priority`)."""
+    end = body.rstrip().rfind(b"}")
+    if end < 0:
+        raise ValueError("the request body is not a JSON object")
+    head = body[:end].rstrip()
+    sep = b"" if head.endswith(b"{") else b","
+    return b'%b%b"model":%b}' % (head, sep, msgspec.json.encode(model))

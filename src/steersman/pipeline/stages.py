@@ -35,7 +35,7 @@ class ParseRequest:
                 ctx.request = decode_embedding(ctx.body)
         except ApiError as e:
             return Fail(e, Retry.NEVER)
-        ctx.model = ctx.request.model
+        ctx.model = ctx.requested_model = ctx.request.model
         return CONTINUE
 
 

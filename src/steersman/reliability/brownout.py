@@ -1,13 +1,15 @@
 """Brown-out: when the fleet is saturated, sheddable traffic steps aside before critical traffic suffers.
 
-Brown-out is on while the gateway queue holds at least ``brownout_queue_depth``
-requests: every replica has been saturated for a while (a short burst only
-queues; the queue's own order and shedding handle it).  Then a request of the
-*sheddable* class is moved to the cheaper model named in ``brownout_models``
-(when the fleet serves it and that model's replicas are not all saturated, per
-the scheduler's saturation detector), or refused with 503 and ``Retry-After`` —
-before it takes a queue place critical traffic needs.  Other classes are
-untouched (batch waits in the queue and is shed first there).
+Brown-out is per model: on for a model while the gateway queue holds at least
+``brownout_queue_depth`` requests *for it* and none of its replicas can take one
+(its replicas have been full for a while; a short burst only queues, and the
+queue's own order and shedding handle it).  Another model's backlog says nothing
+about this one.  Then a request of the *sheddable* class is moved to the cheaper
+model named in ``brownout_models`` (when the fleet serves it and one of its
+replicas can take it: in rotation, under its concurrency limit, not saturated
+per the scheduler's saturation detector), or refused with 503 and
+``Retry-After`` — before it takes a queue place critical traffic needs.  Other
+classes are untouched (batch waits in the queue and is shed first there).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ KEEP = Keep()
 
 def brownout(priority: PriorityClass, model: str, queue_depth: int, saturated: Callable[[str], bool],
              serves: Callable[[str], bool], settings: ReliabilitySettings, movable: bool = True) -> Keep | MoveTo | Shed:
-    """What brown-out does with one request; ``saturated(model)`` / ``serves(model)`` ask the fleet snapshot;
+    """What brown-out does with one request for ``model``, whose replicas are all full (the caller asks only
+    then: ``steersman.pipeline.brownout``); ``queue_depth``: the requests waiting in the gateway for ``model``;
+    ``saturated(model)`` (no replica can take a request) / ``serves(model)`` ask the fleet snapshot;
     ``movable``: another model's answer would do (not for embeddings: another model's vectors are not comparable)."""
     if priority != PriorityClass.SHEDDABLE:
         return KEEP
