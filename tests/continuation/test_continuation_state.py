@@ -36,6 +36,39 @@ def test_records_text_tokens_and_builds_the_assistant_prefix_request():
     assert body["x_unknown"] == 1  # unknown fields travel on, as in the original request
 
 
+def test_values_the_gateway_forwards_unread_are_written_back_byte_for_byte():
+    """An unknown field holding what no JSON library takes as a float (``1e999``) or an integer past 64 bits, at
+    the top level or inside a message, is forwarded untouched: the continuation request keeps it (it was an
+    internal error: the body was decoded whole again)."""
+    raw = (b'{"model":"m","stream":true,"max_tokens":10,"x_big":1e999,"x_int":123456789012345678901234567890,'
+           b'"messages":[{"role":"user","content":"hi","x_m":1e999}],"continue_final_message":false}')
+    c = Continuation(decode_chat(raw, LIMIT), raw, 7)
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    c.begin_leg()
+    for e in (w.role(), w.token("Hello")):
+        c.observe(payload(e))
+    out = c.request_body()
+    assert b'"x_big":1e999' in out and b'"x_int":123456789012345678901234567890' in out and b'"x_m":1e999' in out
+    tail = orjson.loads(out.replace(b"1e999", b"0"))
+    assert tail["messages"][-1] == {"role": "assistant", "content": "Hello"} and tail["max_tokens"] == 9
+    assert tail["continue_final_message"] is True and tail["stream_options"] == {"include_usage": True}
+
+
+def test_the_clients_prefill_goes_on_in_its_own_message_with_its_parts():
+    raw = orjson.dumps({"model": "m", "stream": True, "max_tokens": 10, "continue_final_message": True,
+                        "add_generation_prompt": False, "min_tokens": 3, "messages": [
+                            {"role": "user", "content": "hi"},
+                            {"role": "assistant", "content": [{"type": "text", "text": "Sure:"}]}]})
+    c = Continuation(decode_chat(raw, LIMIT), raw, 7)
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    c.begin_leg()
+    for e in (w.role(), w.token(" yes")):
+        c.observe(payload(e))
+    b = orjson.loads(c.request_body())
+    assert b["messages"][-1] == {"role": "assistant", "content": [{"type": "text", "text": "Sure: yes"}]}
+    assert len(b["messages"]) == 2 and b["min_tokens"] == 2 and b["max_tokens"] == 9
+
+
 def test_rewrite_drops_the_second_role_chunk_and_keeps_the_first_head():
     c = chat_cont(stream_options={"include_usage": True})
     c.begin_leg()

@@ -22,30 +22,37 @@ class Legs:
     __slots__ = ()
 
     def request_body(self) -> bytes:
-        """The request that continues this stream on another replica."""
-        body = msgspec.json.decode(self._body)  # (msgspec: as the request was decoded; orjson refuses some)
+        """The request that continues this stream on another replica.
+
+        The body is read member by member as raw JSON (msgspec ``Raw``): what the gateway forwards untouched (an
+        unknown field holding ``1e999`` or an integer past 64 bits, which the typed decode skipped) is written
+        back byte for byte, and only the members rewritten here are decoded."""
+        body = msgspec.json.decode(self._body, type=dict[str, msgspec.Raw])
         text = self.text
         rem = self.remaining
         if self.chat:
-            messages = list(body["messages"])
-            if body.get("continue_final_message") and messages and messages[-1].get("role") == "assistant":
-                messages[-1] = _extended(messages[-1], text)  # the client's own prefill: the answer goes on in it
+            messages = msgspec.json.decode(body["messages"], type=list[msgspec.Raw])
+            prefill = _value(body, "continue_final_message") and messages
+            last = msgspec.json.decode(messages[-1]) if prefill else None
+            if isinstance(last, dict) and last.get("role") == "assistant":
+                messages[-1] = _extended(last, text)  # the client's own prefill: the answer goes on in it
             else:
                 messages.append({"role": "assistant", "content": text})
             body["messages"] = messages
             body["continue_final_message"] = True
             body["add_generation_prompt"] = False
-            key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+            key = "max_completion_tokens" if _value(body, "max_completion_tokens") is not None else "max_tokens"
         else:
-            p = body["prompt"]
+            p = _value(body, "prompt")
             body["prompt"] = p + text if isinstance(p, str) else [p[0] + text]
             key = "max_tokens"
         if rem is not None:
             body[key] = rem
-        if isinstance(body.get("min_tokens"), int):  # what is left of it (vLLM refuses min_tokens > max_tokens)
-            body["min_tokens"] = max(0, body["min_tokens"] - self.tokens)
+        min_tokens = _value(body, "min_tokens")
+        if isinstance(min_tokens, int):  # what is left of it (vLLM refuses min_tokens > max_tokens)
+            body["min_tokens"] = max(0, min_tokens - self.tokens)
         body["stream"] = True
-        options = body.get("stream_options")
+        options = _value(body, "stream_options")
         # usage, to report the whole stream's at its end; the client's other options kept (continuous_usage_stats)
         body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
         return msgspec.json.encode(body)
@@ -132,6 +139,12 @@ class Legs:
         if usage is not None:
             d["usage"] = usage
         return d
+
+
+def _value(body: dict, key: str) -> Any:
+    """Member ``key`` of a body read as raw members, decoded (None when absent)."""
+    raw = body.get(key)
+    return None if raw is None else msgspec.json.decode(raw) if isinstance(raw, msgspec.Raw) else raw
 
 
 def _extended(message: dict, text: str) -> dict:
