@@ -16,16 +16,27 @@ One page may speak for several engines with a KV pool each: vLLM's data parallel
 labels every sample ``engine="0"``, ``"1"``, ... (``PrometheusStatLogger(engine_indexes)``, the
 cache_config_info gauge too), SGLang ``dp_rank`` (``scheduler_metrics_mixin.init_metrics``, with
 ``--dp-size`` > 1).  Counts add up over them; the usage ratio and the capacity do not
-(:func:`steersman.engines.openai_http.parse_metrics`).
+(:func:`steersman.engines.openai_http.parse_metrics`).  One engine may also repeat its figures: SGLang with
+``--enable-metrics-for-all-schedulers`` has every tensor-parallel rank report the same batch (the series differ
+in ``tp_rank`` only), so the running, waiting and usage gauges are read one figure per engine (the mean of its
+series), never summed within one.
+
+vLLM renamed samples in 0.9.2 (``loggers.py``: "Deprecated in 0.9.2 - Renamed"): ``gpu_cache_usage_perc`` is
+``kv_cache_usage_perc``, ``gpu_prefix_cache_{queries,hits}`` are ``prefix_cache_*``; an older engine's page is
+read through :attr:`MetricNames.legacy` (the old name of a field, read when its new one is absent).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from collections.abc import Mapping
 
-__all__ = ["MetricNames", "METRIC_NAMES"]
+__all__ = ["MetricNames", "METRIC_NAMES", "PER_ENGINE"]
+
+#: the fields that are one figure per engine: summed over engines (usage: averaged), never within one
+PER_ENGINE = frozenset({"num_running", "num_waiting", "kv_usage"})
+_NONE: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,16 +51,22 @@ class MetricNames:
     filterable: bool = False
     #: the label telling apart the engines (each with its own KV pool) that one page speaks for
     engine_label: str | None = None
+    #: field -> the sample name an older version of the engine gave it, read when the page lacks the current one
+    legacy: Mapping[str, str] = field(default_factory=lambda: _NONE)
+    #: derived: the samples summed over every label set (sample -> field), and the per-engine ones (field -> sample)
+    summed: Mapping[str, str] = field(init=False, repr=False, compare=False)
+    per_engine: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def usage_sample(self) -> str | None:
-        """The sample of the KV usage ratio (averaged over engines, not summed)."""
-        return next((s for s, f in self.samples.items() if f == "kv_usage"), None)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "summed", MappingProxyType(
+            {s: f for s, f in self.samples.items() if f not in PER_ENGINE}))
+        object.__setattr__(self, "per_engine", MappingProxyType(
+            {f: s for s, f in self.samples.items() if f in PER_ENGINE}))
 
     def scraped(self) -> tuple[str, ...]:
         """Every sample name the gateway reads."""
         extra = (self.weights_family, self.cache_info_family, self.kv_capacity_tokens)
-        return (*self.samples, *(n for n in extra if n))
+        return (*self.samples, *(n for n in extra if n), *self.legacy.values())
 
 
 _VLLM = MetricNames(
@@ -65,6 +82,13 @@ _VLLM = MetricNames(
     weights_family="steersman_sim:weights_state",
     cache_info_family="vllm:cache_config_info",
     engine_label="engine",
+    legacy=MappingProxyType(
+        {
+            "kv_usage": "vllm:gpu_cache_usage_perc",  # vLLM <= 0.9.1
+            "prefix_queries": "vllm:gpu_prefix_cache_queries_total",
+            "prefix_hits": "vllm:gpu_prefix_cache_hits_total",
+        }
+    ),
     filterable=True,  # vllm/v1/metrics: prometheus_client's make_asgi_app on /metrics; engine-sim does the same
 )
 

@@ -9,8 +9,8 @@ page carries dozens of histograms the gateway never reads, and rendering them is
 50 ms costs the engine's API server (``bench/scrape/run.py``: 2.0 ms vs 66 us a scrape on vLLM's families);
 the gateway reads fewer bytes too.  A registry that cannot restrict its page (prometheus_client's
 multiprocess collector, as SGLang and vLLM with several API servers use, describes no names) answers the
-filtered request with an empty page: a page without the running-requests sample sends that replica back to
-the whole page for good.
+filtered request with an empty page: a 200 page without the running-requests sample sends that replica back
+to the whole page for good (any other answer is a failed scrape, the next one filtered again).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ import orjson
 from steersman.config import DEFAULTS, GatewaySettings
 from steersman.engines.base import EngineMetrics, Exchange, ReplicaAddress, UpstreamError
 from steersman.engines.metric_names import METRIC_NAMES, MetricNames
-from steersman.engines.promtext import label_value, read_labelled, read_samples, read_series
+from steersman.engines.promtext import (label_value, read_labelled, read_per_label, read_samples, read_series,
+                                        read_total)
 from steersman.http.client import UpstreamPool
 
 __all__ = ["OpenAIHttpAdapter", "parse_metrics", "metrics_path"]
@@ -38,17 +39,21 @@ _JSON = b"Content-Type: application/json\r\n"
 def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engine.block_size) -> EngineMetrics:
     """An engine's Prometheus page read with one kind's :class:`MetricNames` (pure).
 
-    Counts (running, waiting, the prefix counters) are summed over every label set; with several engines behind
-    the page (data parallel, ``MetricNames.engine_label``) the KV capacity is their sum and the KV usage their
-    mean weighted by capacity: N engines each 45 % full are 45 % full, not 90 %.
+    The prefix counters are summed over every label set.  Running, waiting and the KV usage are one figure per
+    engine (``MetricNames.engine_label``: several with data parallelism); series repeating one engine's figure
+    (SGLang's tensor-parallel ranks with --enable-metrics-for-all-schedulers) count once.  Running and waiting
+    add up over the engines, the KV capacity too, and the KV usage is their mean weighted by capacity: N engines
+    each 45 % full are 45 % full, not 90 %.
     """
-    v = read_samples(text, names.samples)
+    v = read_samples(text, names.summed)
+    if names.legacy and len(v) < len(names.summed):
+        v = _legacy_counts(text, names, v)
     weights = None
     if names.weights_family:
         states = read_labelled(text, names.weights_family, "state")
         weights = next((k for k, x in states.items() if x >= 1.0), None)
     caps = _capacities(text, names, block_size)
-    usage = _by_engine(text, names.usage_sample, names.engine_label) if names.usage_sample else {}
+    usage = _gauge(text, names, "kv_usage")
     if usage and all(caps.get(e, 0.0) > 0 for e in usage):
         kv = sum(u * caps[e] for e, u in usage.items()) / sum(caps[e] for e in usage)
     else:
@@ -56,14 +61,47 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
     if names.kv_usage_is_percent:
         kv /= 100.0
     return EngineMetrics(
-        num_running=v.get("num_running", 0.0),
-        num_waiting=v.get("num_waiting", 0.0),
+        num_running=_total(text, names, "num_running"),
+        num_waiting=_total(text, names, "num_waiting"),
         kv_usage=kv,
         prefix_queries=v.get("prefix_queries", 0.0),
         prefix_hits=v.get("prefix_hits", 0.0),
         weights=weights,
         kv_blocks_total=sum(caps.values()) if caps else None,
     )
+
+
+def _gauge(text: str, names: MetricNames, field: str) -> dict[str, float]:
+    """``{engine: figure}`` of a per-engine field (a page without the engine label: one engine, ""), under its
+    legacy name when the page lacks the current one.
+
+    Several series of one engine repeat its figure: their mean.  SGLang's tensor-parallel ranks with
+    --enable-metrics-for-all-schedulers do (``tp_rank`` tells them apart, ``dp_rank`` the engines); so do
+    prometheus_client's per-process series (``pid``) of a gauge in multiprocess mode ``all``.  With
+    --enable-dp-attention SGLang labels its attention data-parallel groups by ``tp_rank`` only (their schedulers
+    get no ``dp_rank``), which the page cannot tell from repeated ranks: they read as one engine, their mean (the
+    load per KV capacity stays right: the capacity is their mean too).
+    """
+    sample = names.per_engine.get(field)
+    got = read_per_label(text, sample, names.engine_label) if sample else {}
+    if not got and field in names.legacy:
+        got = read_per_label(text, names.legacy[field], names.engine_label)
+    return got
+
+
+def _total(text: str, names: MetricNames, field: str) -> float:
+    """A per-engine count (see :func:`_gauge`) added up over the engines."""
+    sample = names.per_engine.get(field)
+    got = read_total(text, sample, names.engine_label) if sample else None
+    if got is None and field in names.legacy:
+        got = read_total(text, names.legacy[field], names.engine_label)
+    return got or 0.0
+
+
+def _legacy_counts(text: str, names: MetricNames, v: dict[str, float]) -> dict[str, float]:
+    """``v`` completed with the counters an older engine version gives under their old names."""
+    old = {s: f for f, s in names.legacy.items() if f not in v and f not in names.per_engine}
+    return {**read_samples(text, old), **v} if old else v
 
 
 def metrics_path(names: MetricNames) -> str:
@@ -77,19 +115,10 @@ def _engine(labels: str, label: str | None) -> str:
     return (label_value(labels, label) if label else None) or ""
 
 
-def _by_engine(text: str, sample: str, label: str | None) -> dict[str, float]:
-    """``{engine: value}`` of a gauge that is one figure per engine (a page without the label: one engine, "").
-
-    Several series of one engine (SGLang's tensor-parallel ranks with --enable-metrics-for-all-schedulers) repeat
-    its figure: their mean."""
-    seen: dict[str, list[float]] = {}
-    for labels, x in read_series(text, sample):
-        seen.setdefault(_engine(labels, label), []).append(x)
-    return {e: sum(xs) / len(xs) for e, xs in seen.items()}
-
-
 def _number(s: str | None) -> float | None:
-    return float(s) if s is not None and s.replace(".", "", 1).isdigit() else None
+    """A label's plain non-negative number; None for anything else (``isdecimal``, not ``isdigit``: "4096²" is
+    digits to ``isdigit`` and no number to ``float``)."""
+    return float(s) if s is not None and s.replace(".", "", 1).isdecimal() else None
 
 
 def _capacities(text: str, names: MetricNames, block_size: int) -> dict[str, float]:
@@ -110,7 +139,7 @@ def _capacities(text: str, names: MetricNames, block_size: int) -> dict[str, flo
                 tokens = blocks * (_number(label_value(labels, "block_size")) or block_size)
             caps[_engine(labels, names.engine_label)] = tokens / block_size
     if names.kv_capacity_tokens:
-        for e, tokens in _by_engine(text, names.kv_capacity_tokens, names.engine_label).items():
+        for e, tokens in read_per_label(text, names.kv_capacity_tokens, names.engine_label).items():
             if tokens:
                 caps[e] = tokens / block_size
     return caps
@@ -146,12 +175,14 @@ class OpenAIHttpAdapter:
     async def scrape(self, replica: ReplicaAddress) -> EngineMetrics:
         if self._path != "/metrics" and replica.name not in self._whole:
             status, body = await self._get(replica, self._path)
-            text = body.decode("utf-8", "replace") if status == 200 else ""
+            if status != 200:  # a failed scrape (a proxy's 503 in a restart), not a registry that cannot filter
+                raise UpstreamError(f"{replica.name} /metrics?name[]=... answered {status}", connected=True)
+            text = body.decode("utf-8", "replace")
             if self._needle is None or self._needle in text:
                 return parse_metrics(text, self.names)
             self._whole.add(replica.name)
-            log.info("replica %s: its /metrics cannot be restricted to the samples read (name[]: %s); scraping "
-                     "the whole page", replica.name, "no samples" if status == 200 else f"status {status}")
+            log.info("replica %s: its /metrics cannot be restricted to the samples read (name[]: no samples); "
+                     "scraping the whole page", replica.name)
         status, body = await self._get(replica, "/metrics")
         if status != 200:
             raise UpstreamError(f"{replica.name} /metrics answered {status}", connected=True)

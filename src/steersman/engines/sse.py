@@ -7,7 +7,8 @@ follows the WHATWG event-stream grammar where engines use it: lines end in
 ``\\n``, ``\\r\\n`` or ``\\r``; a blank line ends an event; lines starting with
 ``:`` are comments; several ``data:`` lines are joined with ``\\n``; one space
 after the colon is dropped; other fields (``event``, ``id``, ``retry``) are
-ignored, and an event without data is not an event.
+ignored, an event without data is not an event, and a UTF-8 byte order mark
+starting the stream is dropped.
 
 The common case (an engine writing ``data: {...}\\n\\n`` events with ``\\n``
 line ends) takes a fast path: one ``split`` per read.  An event longer than
@@ -20,6 +21,7 @@ __all__ = ["SseError", "SseParser", "DONE"]
 
 #: The payload that ends an OpenAI stream.
 DONE = b"[DONE]"
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark: the event-stream grammar drops one at the stream's start
 
 
 class SseError(ValueError):
@@ -32,7 +34,9 @@ class SseParser:
     def __init__(self, max_event_bytes: int) -> None:
         self.max_event_bytes = max_event_bytes
         self._buf = b""
-        self._slow = False  # once a "\r" was seen, every read takes the general path
+        #: True once a "\r" was seen (every read takes the general path from then on); None before the stream's
+        #: first bytes (a BOM to drop)
+        self._slow: bool | None = None
         self.clean = False  # the last feed was exactly whole one-line ``data: `` events (relay it as it came)
 
     @property
@@ -51,7 +55,16 @@ class SseParser:
         elif (data.startswith(b"data: ") and data.endswith(b"\n\n") and data.count(b"\n") == 2
               and not self._slow and 13 not in data):  # 13 is "\r": a byte-value test (memchr), not a substring one
             self.clean = True  # one whole one-line event: the common read of a paced engine
+            self._slow = False  # (the stream has started: no BOM from now on)
             return [data[6:-2]]
+        if self._slow is None:  # the stream's first bytes
+            if _BOM.startswith(data[:3]):
+                if len(data) < 3:
+                    self._buf = data  # maybe a BOM's first bytes
+                    return []
+                data = data[3:]
+                whole = False  # not relayed as it came
+            self._slow = False
         if not self._slow and 13 in data:
             self._slow = True
         if self._slow:

@@ -7,12 +7,18 @@ A replica the fleet file lists without ``models:`` serves what its ``/v1/models`
 (:func:`discover_models`, at start).  One whose engine was down then gets no traffic until
 they are known, so the first good scrape after failed ones lists them again: once per
 recovery, not every scrape (an engine without ``/v1/models`` is not asked 20 times a second).
+A listing that fails while the scrapes succeed (a timeout, a 503 in a restart) is asked again
+every :data:`RELIST_EVERY_S` until it answers.
+
+A scrape that raises something unexpected (a bug reading an odd page) is logged, at most every
+:data:`LOG_EVERY_S` per replica, and the replica's loop goes on: it never ends a scrape loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from steersman.clock import Clock
 from steersman.config import GatewaySettings
@@ -23,13 +29,21 @@ __all__ = ["Scraper", "discover_models"]
 
 log = logging.getLogger("steersman.scraper")
 
+#: seconds between two listings of a replica's models while its scrapes succeed and its listing fails
+#: (a GatewaySettings default belongs in steersman.config; this stands in for it)
+RELIST_EVERY_S = 2.0
+#: seconds between two logs of one replica's unexpected scrape errors
+LOG_EVERY_S = 60.0
 
-async def discover_models(fleet: Fleet, rep: Replica) -> bool:
-    """Set ``rep``'s models from its engine's ``/v1/models``; False (logged) when it cannot say."""
+
+async def discover_models(fleet: Fleet, rep: Replica, quiet: bool = False) -> bool:
+    """Set ``rep``'s models from its engine's ``/v1/models``; False (logged; ``quiet``: at debug level, for a
+    retry of a failure already logged) when it cannot say."""
     try:
         models = await rep.adapter.list_models(rep.address)
     except UpstreamError as e:
-        log.warning("cannot list models of %s (%s); it gets no traffic until they are listed", rep.name, e)
+        log.log(logging.DEBUG if quiet else logging.WARNING,
+                "cannot list models of %s (%s); it gets no traffic until they are listed", rep.name, e)
         return False
     fleet.set_models(rep.index, models)
     if models:
@@ -45,8 +59,10 @@ class Scraper:
         self.clock = clock
         self._tasks: list[asyncio.Task] = []
         self._failures = [0] * len(fleet.replicas)
-        #: replicas without models whose next good scrape lists them (again)
-        self._unlisted = {r.index for r in fleet.replicas if not r.models}
+        #: replicas without models whose good scrapes list them (again): the earliest time to (-inf: the next
+        #: good scrape; a failed listing: RELIST_EVERY_S later)
+        self._unlisted = {r.index: -math.inf for r in fleet.replicas if not r.models}
+        self._logged = [-math.inf] * len(fleet.replicas)  # when each replica's last unexpected error was logged
 
     async def scrape_once(self, rep: Replica) -> bool:
         try:
@@ -57,26 +73,40 @@ class Scraper:
                 log.warning("replica %s unhealthy: %s", rep.name, e)
                 self.fleet.set_healthy(rep.index, False)
             if not rep.models:
-                self._unlisted.add(rep.index)
+                self._unlisted[rep.index] = -math.inf  # listed at the recovery, whatever failed before
             return False
         self._failures[rep.index] = 0
         self.fleet.update_metrics(rep.index, m)
         if not self.fleet.healthy[rep.index]:
             log.info("replica %s healthy again", rep.name)
             self.fleet.set_healthy(rep.index, True)
-        if rep.index in self._unlisted:
-            self._unlisted.discard(rep.index)
-            if not rep.models:
-                await discover_models(self.fleet, rep)
+        at = self._unlisted.get(rep.index)
+        if at is not None and self.clock.now() >= at:
+            await self._list(rep, at)
         if self.on_update is not None:
             self.on_update()
         return True
 
+    async def _list(self, rep: Replica, at: float) -> None:
+        if rep.models or await discover_models(self.fleet, rep, quiet=at != -math.inf):
+            del self._unlisted[rep.index]
+        else:
+            self._unlisted[rep.index] = self.clock.now() + RELIST_EVERY_S
+
     async def _loop(self, rep: Replica) -> None:
         interval = self.settings.metrics_interval_s
         while True:
-            await self.scrape_once(rep)
+            try:
+                await self.scrape_once(rep)
+            except Exception:  # a bug must not end the replica's scrapes (cancellation is no Exception)
+                self._unexpected(rep)
             await self.clock.sleep(interval)
+
+    def _unexpected(self, rep: Replica) -> None:
+        now = self.clock.now()
+        if now - self._logged[rep.index] >= LOG_EVERY_S:
+            self._logged[rep.index] = now
+            log.exception("scraping replica %s failed unexpectedly (logged at most every %g s)", rep.name, LOG_EVERY_S)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
