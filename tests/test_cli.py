@@ -223,3 +223,112 @@ def test_ctrl_c_while_engines_load_stops_them_and_exits(tmp_path):
         for p in engines:
             if p.is_running():
                 p.kill()
+
+
+# ---- flags and fleet-file values refused with one line, never a traceback ---------------------------------------
+
+def _invoke(argv: list[str], **env: str):
+    """The command run in-process (typer's runner: not a terminal), for what it refuses before starting."""
+    from typer.testing import CliRunner
+
+    from steersman.cli import app
+
+    return CliRunner().invoke(app, argv, env={"COLUMNS": "200", **env})
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["engine-sim", "--tp", "0"], "--tp must be >= 1, got 0"),  # each a traceback
+    (["engine-sim", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
+    (["engine-sim", "--max-num-batched-tokens", "-5"], "--max-num-batched-tokens must be >= 1, got -5"),
+    (["engine-sim", "--mean-output-tokens", "nan"], "--mean-output-tokens must be a finite number > 0"),  # accepted
+    (["engine-sim", "--mean-output-tokens", "-5"], "--mean-output-tokens must be > 0"),
+    (["engine-sim", "--speedup", "inf"], "--speedup must be a finite number > 0"),
+    (["engine-sim", "--host", ""], "--host must be an address"),  # listened on every interface
+    (["up", "--speedup", "inf"], "--speedup must be > 0 and finite, got inf"),  # accepted
+    (["up", "--host", ""], "--host must be an address"),
+    (["plan", "--headroom", "nan", "--workload", "w.yaml"], "--headroom must be a finite number >= 0"),  # accepted
+    (["plan", "--headroom", "inf", "--workload", "w.yaml"], "--headroom must be a finite number >= 0"),
+])
+def test_a_flag_value_the_settings_refuse_is_named_before_anything_starts(argv, says, monkeypatch):
+    def run_service(*args, **kwargs):
+        raise AssertionError("the command started its service")  # (accepted: it would serve until killed)
+
+    monkeypatch.setattr("steersman.cli._run.run_service", run_service)
+    r = _invoke(argv)
+    assert r.exit_code == 2 and says in r.output, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+
+
+def test_defaults_piped_never_cuts_a_setting_name():
+    from steersman.config import DEFAULTS, sources
+
+    r = _invoke(["defaults"], COLUMNS="80")  # piped into grep or less: rich assumed 80 columns, 126 names cut
+    assert r.exit_code == 0 and "…" not in r.output
+    missing = [name for name in sources(DEFAULTS) if f"│ {name} " not in r.output]
+    assert not missing
+
+
+@pytest.mark.parametrize("gateway, says", [
+    ("{admin_key_sha256: notahash}", "gateway.admin_key_sha256 must be the SHA-256 hex digest"),
+    ("{response_store_url: 'http://x'}", "gateway.response_store_url must be a redis://"),
+])
+def test_serve_refuses_a_value_start_up_used_to_trip_on(tmp_path, gateway, says):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"gateway: {gateway}\nendpoints: [{{url: 'http://127.0.0.1:9', models: [m]}}]\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(fleet), "--port", "0"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and f"steersman serve: {fleet}: {says}" in r.stderr and "Traceback" not in r.stderr, \
+        r.stderr
+
+
+def test_serve_refuses_more_engine_sims_than_it_starts(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("simulated: {replicas: [{gpu: H100, model: llama-3.1-8b, count: 100000}]}\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(fleet)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "100,000 engine-sim processes" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_host_that_does_not_resolve_is_a_clear_error(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("gateway: {calibrate_unprofiled: false}\nendpoints: [{url: 'http://127.0.0.1:9', models: [m]}]\n")
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(fleet), "--port", "0", "--host", "nosuchhost.invalid"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "steersman serve: cannot listen: the host does not resolve" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_an_engine_sim_that_exits_before_it_is_ready_is_a_one_line_error(tmp_path):
+    # every engine-sim the gateway spawns exits at once (a broken install, a killed child): was a traceback
+    (tmp_path / "sitecustomize.py").write_text("import os, sys\nif 'engine-sim' in sys.argv:\n    os._exit(3)\n")
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("simulated: {replicas: [{gpu: H100, model: llama-3.1-8b}]}\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run(STEERSMAN + ["serve", "--config", str(fleet), "--port", "0"], capture_output=True, text=True,
+                       timeout=60, env=env)
+    assert r.returncode == 2, r.stderr
+    assert "steersman serve: engine-sim h100-sxm-0 exited before it was ready (code 3)" in r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_value_the_gateway_refuses_while_starting_is_a_one_line_error(capsys):
+    # a configuration built past the fleet file's checks (the fleet file refuses this one now): the ValueError
+    # Gateway raises in start() is `command: message`, exit 2
+    import dataclasses
+
+    import msgspec
+    import typer
+
+    from steersman.cli.gateway_cmd import _run
+    from steersman.fleet.config import parse_fleet
+
+    cfg = parse_fleet({"endpoints": [{"url": "http://127.0.0.1:9", "models": ["m"]}], "gateway": {"gc_freeze": False}})
+    adm = cfg.admission
+    bad = object.__new__(type(adm))
+    for f in dataclasses.fields(adm):
+        object.__setattr__(bad, f.name, getattr(adm, f.name))
+    object.__setattr__(bad, "default_priority", "bogus")
+    with pytest.raises(typer.Exit) as e:
+        _run(msgspec.structs.replace(cfg, admission=bad), "steersman serve")
+    assert e.value.exit_code == 2
+    err = capsys.readouterr().err
+    assert "steersman serve: " in err and "bogus" in err, err

@@ -55,6 +55,7 @@ PINNED = {
     "sim_server.kv_events_hwm": 100_000,
     "sim_server.kv_events_buffer_steps": 10_000,
     "sim_server.completion_max_tokens": 16,
+    "sim_server.fleet_max_replicas": 256,
     "twin.gc_threshold0": 200_000,
     "twin.gc_threshold1": 50,
     "twin.gc_threshold2": 1000,

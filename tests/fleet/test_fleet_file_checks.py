@@ -21,7 +21,7 @@ def _ep(**endpoint) -> dict:
     (_sim(gpu="H999"), "simulated.replicas[0].gpu", "unknown GPU 'H999'"),
     (_sim(model="nope-1b"), "simulated.replicas[0].model", "unknown model 'nope-1b'"),
     (_sim(gpu="L40S", model="llama-3.1-70b"), "simulated.replicas[0]", "does not fit on 1 x L40S"),
-    (_sim(tp=0), "simulated.replicas[0]", "tensor_parallel must be an integer >= 1, got 0"),
+    (_sim(tp=0), "simulated.replicas[0].tp", "must be >= 1, got 0"),  # the key written, not the engine's name
     (_sim(tp=3), "simulated.replicas[0]", "32 attention heads must be divisible by tensor_parallel (3)"),
     (_sim(model="qwen2.5-7b", tp=8), "simulated.replicas[0]", "28 attention heads"),
     ({"simulated": {"speedup": 0, "replicas": [{"gpu": "H100", "model": "llama-3.1-8b"}]}}, "simulated.speedup",

@@ -73,6 +73,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
     def __init__(self, cfg: FleetConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.settings = cfg.gateway
+        self.admin = AdminGuard(self.settings.admin_key_sha256)  # first: a bad digest raises before anything is built
         self.scheduler_settings = cfg.scheduler
         self.block_size = DEFAULTS.engine.block_size
         self.clock = clock or WallClock()
@@ -87,7 +88,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.workflows = WorkflowTracker(cfg.admission)
         self.plane = ControlPlane(self.policy, DefaultAdmitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)
         RequestLifecycle.__init__(self)
-        self.sim_fleet = SimulatedFleet(cfg.simulated, self.settings.host, kv_events=cfg.scheduler.kv_events) \
+        # engine-sims listen on loopback whatever the gateway's host: their /admin/faults is open (the gateway is
+        # their only client; `up --host 0.0.0.0` exposed every one of them)
+        self.sim_fleet = SimulatedFleet(cfg.simulated, "127.0.0.1", kv_events=cfg.scheduler.kv_events) \
             if cfg.simulated else None
         self.adapters: dict[str, EngineAdapter] = {}
         self.fleet: Fleet | None = None
@@ -106,7 +109,6 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                               ("/metrics", self.metrics_handler), ("/openapi.json", self.openapi),
                               ("/admin/fleet", self.admin_fleet)):
             self.http.route("GET", path, _with_request_id(handler))
-        self.admin = AdminGuard(self.settings.admin_key_sha256)
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None
 
@@ -230,7 +232,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
 
     @property
     def url(self) -> str:
-        return f"http://{self.settings.host}:{self.port}"
+        host = self.settings.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"  # an IPv6 literal
 
     # ---- handlers ----------------------------------------------------------
     async def chat(self, request: HttpRequest) -> None:

@@ -58,8 +58,16 @@ _LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
 
 
 def exit_if_cannot_listen(command: str, e: BaseException) -> None:
-    """A service that could not open its listening socket (port taken, address not local, no permission): say so
-    and exit with status 2, no traceback.  Anything else returns, for the caller to re-raise."""
+    """A service that could not open its listening socket (port taken, address not local, no permission, a host
+    name that does not resolve): say so and exit with status 2, no traceback.  Anything else returns, for the
+    caller to re-raise."""
+    import socket
+
+    if isinstance(e, socket.gaierror):  # getaddrinfo's own error numbers (EAI_*), not errno's
+        import typer
+
+        typer.echo(f"{command}: cannot listen: the host does not resolve to an address ({e.strerror})", err=True)
+        raise typer.Exit(2) from None
     if isinstance(e, OSError) and e.errno in _LISTEN_ERRNOS:
         import typer
 

@@ -78,8 +78,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("--kv-events-replay-endpoint needs --kv-events-endpoint")
         if scheduling_policy not in ("fcfs", "priority"):
             raise typer.BadParameter(f"--scheduling-policy must be fcfs or priority, got {scheduling_policy!r}")
-        engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens, scheduling_policy=scheduling_policy)
+        try:  # the settings objects check the values (bounds, finite): an error naming the flag, not a traceback
+            replace(_S, host=host, port=port, speedup=speedup, mean_output_tokens=mean_output_tokens)
+            engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
+                             max_num_batched_tokens=max_num_batched_tokens, scheduling_policy=scheduling_policy)
+        except ValueError as e:
+            raise typer.BadParameter(_as_flag(str(e))) from None
         cfg = SimServerConfig(
             gpu=gpu, model=model, host=host, port=port, speedup=speedup, served_model_name=served_model_name,
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
@@ -110,3 +114,13 @@ def register(app: typer.Typer) -> None:
             exit_if_cannot_listen("engine-sim", e)
             raise
         sys.exit(0)
+
+
+#: settings fields whose flag is not the field's name with dashes
+_FLAGS = {"tensor_parallel": "tp"}
+
+
+def _as_flag(message: str) -> str:
+    """A settings error (``tensor_parallel must be >= 1, got 0``) as the flag the user typed (``--tp must ...``)."""
+    field, _, rest = message.partition(" ")
+    return f"--{_FLAGS.get(field, field).replace('_', '-')} {rest}"

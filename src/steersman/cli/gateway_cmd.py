@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import logging
+import math
 from importlib import resources
 from pathlib import Path
 
 import typer
-import yaml
 
 __all__ = ["register"]
 
 
 def _default_fleet():
-    from steersman.fleet.config import parse_fleet
+    from steersman.fleet.config import load_yaml, parse_fleet
 
     text = resources.files("steersman.fleet").joinpath("default_fleet.yaml").read_text()
-    return parse_fleet(yaml.safe_load(text), "embedded default fleet")
+    return parse_fleet(load_yaml(text), "embedded default fleet")
 
 
 def _banner(gw) -> None:
@@ -98,13 +98,12 @@ def _run(cfg, command: str, engines: tuple[str, int] | None = None) -> None:
 
     try:
         run_service(start, stop, freeze=cfg.gateway.gc_freeze, gc_threshold0=cfg.gateway.gc_threshold0)
-    except Exception as e:  # an engine that does not start: say why, no traceback
-        from steersman.fleet.processes import EngineStartError
-
-        if isinstance(e, EngineStartError):
+    except Exception as e:  # an engine that does not start, a setting start-up refuses: say why, no traceback
+        exit_if_cannot_listen(command, e)
+        if isinstance(e, (RuntimeError, ValueError)):  # EngineStartError; an engine-sim that exited or never got
+            # ready; a value the gateway's parts refuse (a FleetConfigError is one)
             typer.echo(f"{command}: {e}", err=True)
             raise typer.Exit(2) from None
-        exit_if_cannot_listen(command, e)
         raise
 
 
@@ -124,8 +123,8 @@ def register(app: typer.Typer) -> None:
         from steersman.fleet.config import FleetConfigError, with_gateway
 
         spec = _parse_engines(engines) if engines is not None else None
-        if speedup is not None and not speedup > 0:
-            raise typer.BadParameter(f"--speedup must be > 0, got {speedup:g}")
+        if speedup is not None and not (math.isfinite(speedup) and speedup > 0):
+            raise typer.BadParameter(f"--speedup must be > 0 and finite, got {speedup:g}")
         try:
             cfg = with_gateway(_default_fleet(), port=port, host=host)
         except FleetConfigError as e:
@@ -141,10 +140,12 @@ def register(app: typer.Typer) -> None:
         host: str | None = typer.Option(None, help="Override gateway.host."),
     ) -> None:
         """Start the gateway for the fleet described in a YAML file."""
-        from steersman.fleet.config import FleetConfigError, load_fleet, with_gateway
+        from steersman.fleet.config import FleetConfigError, check_spawnable, load_fleet, with_gateway
 
         try:
             cfg = with_gateway(load_fleet(config), port=port, host=host)
+            if cfg.simulated is not None:
+                check_spawnable(cfg.simulated, str(config))
         except FleetConfigError as e:
             typer.echo(f"steersman serve: {e}", err=True)
             raise typer.Exit(2) from None

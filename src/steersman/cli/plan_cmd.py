@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -40,8 +41,10 @@ def register(app: typer.Typer) -> None:
         from steersman.twin.workload import WorkloadSpecError, load_workload
 
         con = Console(width=max(120, Console().width))
-        if not 0 < slo <= 1 or headroom < 0:
-            raise typer.BadParameter("--slo must be in (0, 1] and --headroom >= 0")
+        if not 0 < slo <= 1:
+            raise typer.BadParameter(f"--slo must be in (0, 1], got {slo:g}")
+        if not (math.isfinite(headroom) and headroom >= 0):  # (nan < 0 is False: a NaN passed)
+            raise typer.BadParameter(f"--headroom must be a finite number >= 0, got {headroom:g}")
         if workers < 1:
             raise typer.BadParameter(f"--workers must be >= 1, got {workers}")
         try:
@@ -95,8 +98,12 @@ def _fleet_file(path: Path) -> dict:
     checks them); ValueError naming the file if it is not YAML of a mapping."""
     import yaml
 
+    from steersman.fleet.config import load_yaml
+
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"cannot read {path}: not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: invalid YAML: {e}") from None
     if data is not None and not isinstance(data, dict):

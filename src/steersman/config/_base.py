@@ -43,16 +43,23 @@ def bounds_text(f: dataclasses.Field) -> str:
     return f"{ge:g} to {le:g}" if ge is not None else f"{low}, <= {le:g}"
 
 
+#: an integer setting fits a signed 64-bit integer: what numpy arrays, msgspec and Redis take
+_INT64 = 2**63
+
+
 def check_bounds(obj: Any) -> None:
     """ValueError, naming the field, for a number of the settings ``obj`` that is not finite or outside its bounds
-    (see :func:`setting`).  ``None`` (unset) and booleans are not numbers here."""
+    (see :func:`setting`), or an integer past 64 bits.  ``None`` (unset) and booleans are not numbers here."""
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
+        if isinstance(v, int) and not -_INT64 <= v < _INT64:  # (math.isfinite(10**400) raises OverflowError)
+            raise ValueError(f"{f.name} must be {bounds_text(f)}, got a {len(str(abs(v)))}-digit integer")
         ge, gt, le = _bounds(f)
-        if not math.isfinite(v) or (ge is not None and v < ge) or (gt is not None and v <= gt) or (
-                le is not None and v > le):
+        if not math.isfinite(v):
+            raise ValueError(f"{f.name} must be a finite number {bounds_text(f)}, got {v!r}")
+        if (ge is not None and v < ge) or (gt is not None and v <= gt) or (le is not None and v > le):
             raise ValueError(f"{f.name} must be {bounds_text(f)}, got {v!r}")
 
 

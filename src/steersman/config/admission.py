@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 from steersman.config._base import check_bounds, setting
 
-__all__ = ["AdmissionSettings"]
+__all__ = ["AdmissionSettings", "PRIORITY_CLASSES"]
+
+#: steersman.policy.request.PriorityClass's names, lower-cased, most important first
+PRIORITY_CLASSES = ("critical", "standard", "sheddable", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +27,8 @@ class AdmissionSettings:
         "standard", "issue #3: a tenant (or open mode) that names no priority class gets the middle band 'standard'"
     )
     workflow_max_entries: int = setting(
-        100_000, "bounded memory: 100k tracked workflows at ~0.4 KB each is ~40 MB; the least recently used go first"
+        100_000, "bounded memory: 100k tracked workflows at ~0.4 KB each is ~40 MB; the least recently used go first",
+        ge=1,
     )
     workflow_idle_ttl_s: float = setting(
         3600.0,
@@ -44,3 +48,6 @@ class AdmissionSettings:
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        if self.default_priority.lower() not in PRIORITY_CLASSES:  # what PriorityClass.parse takes
+            raise ValueError(f"default_priority must be a priority class, one of {', '.join(PRIORITY_CLASSES)}; "
+                             f"got {self.default_priority!r}")

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from steersman.config._base import check_bounds, setting
 
+_TEN_YEARS_S = 10 * 365 * 24 * 3600.0
+
 __all__ = ["GatewaySettings"]
 
 
@@ -97,7 +99,8 @@ class GatewaySettings:
     )
     response_store_ttl_s: float = setting(
         30 * 24 * 3600.0, "OpenAI's API keeps stored Response objects for 30 days by default (its data controls "
-        "page); after that previous_response_id and GET /v1/responses/{id} no longer find them", gt=0
+        "page); after that previous_response_id and GET /v1/responses/{id} no longer find them.  At most 10 years: "
+        "Redis refuses a SET PX whose expiry time overflows (1e17 s failed every write)", gt=0, le=_TEN_YEARS_S
     )
     response_store_timeout_s: float = setting(
         1.0, "design: a Redis read of a stored response slower than 1 s fails (503, retryable) rather than holding "
@@ -130,3 +133,22 @@ class GatewaySettings:
         url = self.otlp_traces_endpoint
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError(f"otlp_traces_endpoint must be an http(s) URL (OTLP/HTTP), got {url!r}")
+        _check_host_and_keys(self)
+
+
+def _check_host_and_keys(s: GatewaySettings) -> None:
+    """What the gateway would otherwise find wrong only while starting (a traceback), or not at all: an empty host
+    (asyncio listens on every interface), an admin key digest that is not one, a store URL redis-py cannot use."""
+    if not s.host.strip():
+        raise ValueError("host must be an address or a host name (an empty one listens on every interface)")
+    key = s.admin_key_sha256
+    if key is not None and not _is_sha256_hex(key.strip().lower()):  # what AdminGuard compares with
+        raise ValueError("admin_key_sha256 must be the SHA-256 hex digest of the admin key (64 hex digits), "
+                         "not the key itself")
+    url = s.response_store_url
+    if url and not url.startswith(("redis://", "rediss://", "unix://")):
+        raise ValueError(f"response_store_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+
+
+def _is_sha256_hex(s: str) -> bool:
+    return len(s) == 64 and all(c in "0123456789abcdef" for c in s)

@@ -76,7 +76,7 @@ class ReliabilitySettings:
         "alone it looked the least busy and drew traffic; the penalty ends as its failures leave the window"
     )
     # ---- retries ------------------------------------------------------------------------------
-    retry_budget_percent: float = setting(20.0, "Envoy retry_budget budget_percent default 20%")
+    retry_budget_percent: float = setting(20.0, "Envoy retry_budget budget_percent default 20% (a percentage)", le=100)
     retry_min_concurrency: int = setting(3, "Envoy retry_budget min_retry_concurrency default 3")
     retry_max_attempts: int = setting(
         3, "design: 3 upstream attempts in all, between Envoy num_retries default 1 (2 attempts) and gRPC's cap of maxAttempts 5", ge=1

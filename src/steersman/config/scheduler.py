@@ -7,6 +7,7 @@ from types import MappingProxyType
 from collections.abc import Mapping
 
 from steersman.config._base import check_bounds, setting
+from steersman.config.admission import PRIORITY_CLASSES
 
 __all__ = ["SchedulerSettings", "SloClass"]
 
@@ -93,7 +94,7 @@ class SchedulerSettings:
         "exploit rule; 2x gave 0.95x, 4x and unbounded the same): a replica holding most of a request's prompt (index "
         "match >= exploit_share) is saturated for it only at 4x the queue depth, whatever its KV usage: the request's "
         "place is in that replica's queue (its prefill mostly skipped), not in the gateway's, where it would go to "
-        "whichever replica frees first and compute its prompt again"
+        "whichever replica frees first and compute its prompt again", gt=0
     )
     saturation_staleness_s: float = setting(
         0.2, "Gateway API Inference Extension metricsStalenessThreshold 200 ms: stale metrics count as saturated", gt=0
@@ -181,7 +182,7 @@ class SchedulerSettings:
     )
     slot_wait_gain: float = setting(
         0.8, "design: waiting for a slot must be predicted to give the first token at least 20% sooner than "
-        "the best replica now (the prediction of a holder's end is a mean; a small gain is not worth the risk)"
+        "the best replica now (the prediction of a holder's end is a mean; a small gain is not worth the risk)", le=1
     )
     slot_wait_overrun: float = setting(
         0.5, "design: a running request past its predicted end is predicted to end after another half of the time "
@@ -236,17 +237,14 @@ class SchedulerSettings:
 
     def __post_init__(self) -> None:
         check_bounds(self)
-        known = ("critical", "standard", "sheddable", "batch")  # steersman.policy.request.PriorityClass, lower-cased
-        bad = [c for c in self.shed_infeasible if c not in known]
+        bad = [c for c in self.shed_infeasible if c not in PRIORITY_CLASSES]
         if bad:
-            raise ValueError(f"shed_infeasible: unknown priority class(es) {bad}; known: {list(known)}")
+            raise ValueError(f"shed_infeasible: unknown priority class(es) {bad}; known: {list(PRIORITY_CLASSES)}")
         if "critical" in self.shed_infeasible:
             raise ValueError("shed_infeasible: 'critical' requests are never shed (they get the safety margin instead)")
-        if not (self.latency_tie >= 1.0 and 1.0 <= self.late_latency_tie <= self.exploit_slowdown):
-            raise ValueError(f"latency_tie must be >= 1 and late_latency_tie between 1 and exploit_slowdown "
-                             f"({self.exploit_slowdown}), got {self.latency_tie} and {self.late_latency_tie}")
-        if not (0.0 <= self.balance_tie and 0.0 <= self.kv_headroom_tie < 1.0):
-            raise ValueError(f"balance_tie must be >= 0 and kv_headroom_tie in [0, 1), got {self.balance_tie} and "
-                             f"{self.kv_headroom_tie}")
-        if not self.latency_ewma_tau_s >= 0.0:
-            raise ValueError(f"latency_ewma_tau_s must be >= 0 (0: a fixed weight per observation), got {self.latency_ewma_tau_s}")
+        # each message starts with the field it is about (override() prefixes it with the section)
+        if not self.late_latency_tie <= self.exploit_slowdown:
+            raise ValueError(f"late_latency_tie must be at most exploit_slowdown ({self.exploit_slowdown}), "
+                             f"got {self.late_latency_tie}")
+        if not self.kv_headroom_tie < 1.0:
+            raise ValueError(f"kv_headroom_tie must be >= 0 and < 1, got {self.kv_headroom_tie}")

@@ -25,6 +25,12 @@ class SimServerSettings:
 
     completion_max_tokens: int = setting(
         16, "vLLM CompletionRequest.max_tokens default: what /v1/completions without max_tokens generates at most", ge=1)
+    fleet_max_replicas: int = setting(
+        256, "design: `steersman up` / `serve` start each replica of a fleet file's simulated: section as its own "
+        "engine-sim process (~200 MB resident): at most 256 in all (~50 GB); 100,000 were accepted and OOM-killed a "
+        "24 GB machine.  The digital twin (`steersman simulate`, `plan`) models its replicas in-process: no cap", ge=1)
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        if not self.host.strip():  # asyncio would listen on every interface
+            raise ValueError("host must be an address or a host name (an empty one listens on every interface)")

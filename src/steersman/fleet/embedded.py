@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
-from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig, sim_replica_names
+from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig, check_spawnable, sim_replica_names
 from steersman.fleet.processes import DIE_WITH_PARENT
 from steersman.sim import gpu_profile, model_profile
 
@@ -33,6 +34,7 @@ def twin_only_roles(cfg: SimulatedFleetConfig) -> list[str]:
 class SimulatedFleet:
     def __init__(self, cfg: SimulatedFleetConfig, host: str = "127.0.0.1", ready_timeout_s: float = 60.0,
                  kv_events: bool = False) -> None:
+        check_spawnable(cfg, "fleet config")  # FleetConfigError: more processes than the machine should start
         self.cfg = cfg
         self.host = host
         self.kv_events = kv_events  # each replica publishes its KV events (scheduler.kv_events); the gateway reads them
@@ -48,9 +50,20 @@ class SimulatedFleet:
         # fail fast on a typo, before spawning anything
         plans = [(name, spec, gpu_profile(spec.gpu), model_profile(spec.model))
                  for name, spec in sim_replica_names(self.cfg)]
+        # a bounded number at once (a core's worth, at least 8): each child imports and loads its kernels on start-up
+        at_once = asyncio.Semaphore(max(8, os.cpu_count() or 1))
+
+        async def spawn(plan) -> EndpointConfig:
+            async with at_once:
+                return await self._spawn(*plan)
+
+        tasks = [asyncio.ensure_future(spawn(p)) for p in plans]
         try:
-            results = await asyncio.gather(*(self._spawn(*p) for p in plans))
+            results = await asyncio.gather(*tasks)
         except BaseException:
+            for t in tasks:  # those still waiting for their turn start nothing after the stop below
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self.stop()
             raise
         self.endpoints = list(results)
