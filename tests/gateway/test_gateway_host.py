@@ -54,3 +54,15 @@ def test_the_admin_digest_is_checked_before_the_gateway_builds_anything(monkeypa
     with pytest.raises(ValueError, match="admin_key_sha256"):
         gateway_module.Gateway(msgspec.structs.replace(cfg, gateway=bad))
     assert built == []
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_an_engine_sim_on_ipv6_loopback_gives_a_url_a_client_can_use():
+    import httpx
+
+    from steersman.enginesim.app import SimServerConfig
+
+    with LiveFleet(sims=[SimServerConfig(host="::1", speedup=50.0, port=0)], with_gateway=False) as lf:
+        url = lf.sims[0].url
+        assert url.startswith("http://[::1]:")  # was http://::1:PORT, which no client parses
+        assert httpx.get(url + "/health", timeout=10).status_code == 200

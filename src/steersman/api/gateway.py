@@ -228,7 +228,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             if self.sim_fleet is not None:
                 await self.sim_fleet.stop()
         if self.tracer.exporting:
-            await asyncio.to_thread(self.tracer.shutdown)  # exports what is buffered (the exporter's timeout bounds it)
+            await asyncio.to_thread(self.tracer.shutdown)  # exports what is buffered (at most ~2 s: tracing.SHUTDOWN_TIMEOUT_S)
 
     @property
     def url(self) -> str:

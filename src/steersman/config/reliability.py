@@ -112,7 +112,8 @@ class ReliabilitySettings:
     limit_backoff_ratio: float = setting(0.9, "Netflix concurrency-limits AIMDLimit backoffRatio 0.9 on a failure", gt=0, le=1)
     # ---- brown-out (cascade protection) -------------------------------------------------------
     brownout_queue_depth: int = setting(
-        64, "design: 64 requests waiting in the gateway (1/16 of queue_max_entries) mean the fleet is saturated"
+        64, "design: 64 requests waiting in the gateway for one model (1/16 of queue_max_entries) whose replicas are "
+            "all full mean that model is saturated"
     )
     brownout_models: Mapping[str, str] = setting(
         MappingProxyType({}), "issue #5: no cheaper model unless the fleet file names one (sheddable traffic is rejected)"

@@ -110,7 +110,8 @@ class SimServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.cfg.host}:{self.port}"
+        host = self.cfg.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"  # an IPv6 literal
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> int:
