@@ -1,8 +1,8 @@
 """The scrape loop keeps a replica's state coming whatever one scrape or listing does.
 
 * a replica listed without ``models:`` whose ``/v1/models`` fails once while its scrapes succeed is listed again
-  (every ``RELIST_EVERY_S``, not on every scrape), not left without models and traffic for good;
-* a scrape that raises something unexpected is logged (at most every ``LOG_EVERY_S``) and the loop goes on.
+  (every ``gateway.models_relist_s``, not on every scrape), not left without models and traffic for good;
+* a scrape that raises something unexpected is logged (at most every ``gateway.scrape_error_log_every_s``) and the loop goes on.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import logging
 
 from steersman.config import DEFAULTS
 from steersman.engines.base import EngineMetrics, UpstreamError
-from steersman.fleet import scraper as S
 from steersman.fleet.scraper import Scraper
 from steersman.fleet.state import Fleet, Replica
 from steersman.testing.clock import FakeClock
@@ -54,15 +53,15 @@ def test_a_failed_listing_is_retried_while_the_scrapes_succeed():
         scraper = Scraper(fleet, DEFAULTS.gateway, clock)
         assert await scraper.scrape_once(rep) and engine.listed == 1 and fleet.models() == []
         for _ in range(10):  # not on every scrape
-            await clock.advance(S.RELIST_EVERY_S / 20)
+            await clock.advance(DEFAULTS.gateway.models_relist_s / 20)
             assert await scraper.scrape_once(rep)
         assert engine.listed == 1
-        await clock.advance(S.RELIST_EVERY_S / 2)
+        await clock.advance(DEFAULTS.gateway.models_relist_s / 2)
         assert await scraper.scrape_once(rep) and engine.listed == 2 and fleet.models() == []  # failed again
-        await clock.advance(S.RELIST_EVERY_S)
+        await clock.advance(DEFAULTS.gateway.models_relist_s)
         assert await scraper.scrape_once(rep) and engine.listed == 3
         assert fleet.models() == ["llama-3.1-8b"] and rep.models == ("llama-3.1-8b",)  # was: never listed again
-        await clock.advance(S.RELIST_EVERY_S * 3)
+        await clock.advance(DEFAULTS.gateway.models_relist_s * 3)
         assert await scraper.scrape_once(rep) and engine.listed == 3  # listed: never asked again
 
     asyncio.run(run())
@@ -75,7 +74,7 @@ def test_only_the_first_failure_of_a_listing_warns(caplog):
         scraper = Scraper(fleet, DEFAULTS.gateway, fleet.clock)
         for _ in range(4):
             await scraper.scrape_once(fleet.replicas[0])
-            await fleet.clock.advance(S.RELIST_EVERY_S)
+            await fleet.clock.advance(DEFAULTS.gateway.models_relist_s)
         assert engine.listed == 4 and fleet.models() == ["llama-3.1-8b"]
 
     with caplog.at_level(logging.DEBUG, logger="steersman.scraper"):
@@ -96,7 +95,7 @@ def test_an_unexpected_scrape_error_does_not_end_the_loop(caplog):
             await fleet.clock.advance(interval * 5.5)  # scrapes 1-3 raise, 4-6 answer
             assert engine.scraped == 6 and len(updates) == 3  # was: the loop ended at the first error
             assert all(not t.done() for t in scraper._tasks)
-            await fleet.clock.advance(S.LOG_EVERY_S)
+            await fleet.clock.advance(DEFAULTS.gateway.scrape_error_log_every_s)
             engine.raise_first = engine.scraped + 2  # two more errors a minute later: one more log
             await fleet.clock.advance(interval * 3)
             assert engine.scraped > engine.raise_first

@@ -78,7 +78,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.block_size = DEFAULTS.engine.block_size
         self.clock = clock or WallClock()
         self.metrics = GatewayMetrics(self.settings.loop_lag_interval_s)
-        self.tracer = make_tracer(self.settings.otlp_traces_endpoint, self.settings.trace_sample_ratio)
+        self.tracer = make_tracer(self.settings.otlp_traces_endpoint, self.settings.trace_sample_ratio,
+                                  self.settings.otlp_shutdown_timeout_s)
         self.metrics.registry.register(PLUGIN_LATENCY)
         if cfg.policy in cfg.profiles:
             self.policy = make_profile(cfg.policy, cfg.profiles[cfg.policy], cfg.scheduler)
@@ -228,7 +229,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             if self.sim_fleet is not None:
                 await self.sim_fleet.stop()
         if self.tracer.exporting:
-            await asyncio.to_thread(self.tracer.shutdown)  # exports what is buffered (at most ~2 s: tracing.SHUTDOWN_TIMEOUT_S)
+            await asyncio.to_thread(self.tracer.shutdown)  # exports what is buffered (for at most gateway.otlp_shutdown_timeout_s)
 
     @property
     def url(self) -> str:

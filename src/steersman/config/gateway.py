@@ -27,6 +27,14 @@ class GatewaySettings:
         0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)", gt=0
     )
     metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round", gt=0)
+    models_relist_s: float = setting(
+        2.0, "design: a replica listed without models whose /v1/models failed (its scrapes succeeding) is asked "
+        "again every 2 s until it answers (40 scrape rounds; a server without /v1/models is not hammered)", gt=0
+    )
+    scrape_error_log_every_s: float = setting(
+        60.0, "design: an unexpected error reading a replica's scrape is logged with its traceback at most once a "
+        "minute per replica (the scrape loop goes on)", gt=0
+    )
     calibrate_unprofiled: bool = setting(
         True, "before it serves, the gateway sends one short request (~200-word prompt, 8 tokens) to each replica "
         "without a roofline profile whose engine reports its own timing but has done no work yet (a fresh "
@@ -126,6 +134,11 @@ class GatewaySettings:
     trace_sample_ratio: float = setting(
         1.0, "OpenTelemetry's default sampler keeps every trace (ParentBased(ALWAYS_ON)); a ratio < 1 keeps that "
         "share of new traces (TraceIdRatioBased), a client's sampled flag still decides for its own", le=1
+    )
+    otlp_shutdown_timeout_s: float = setting(
+        2.0, "design: at shutdown the gateway exports what is buffered for at most 2 s, then drops the rest (the "
+        "SDK's batch processor would wait 30 s for a collector that is down: Kubernetes' whole default grace "
+        "period)", gt=0
     )
 
     def __post_init__(self) -> None:

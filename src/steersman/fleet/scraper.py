@@ -8,10 +8,10 @@ A replica the fleet file lists without ``models:`` serves what its ``/v1/models`
 they are known, so the first good scrape after failed ones lists them again: once per
 recovery, not every scrape (an engine without ``/v1/models`` is not asked 20 times a second).
 A listing that fails while the scrapes succeed (a timeout, a 503 in a restart) is asked again
-every :data:`RELIST_EVERY_S` until it answers.
+every ``gateway.models_relist_s`` until it answers.
 
 A scrape that raises something unexpected (a bug reading an odd page) is logged, at most every
-:data:`LOG_EVERY_S` per replica, and the replica's loop goes on: it never ends a scrape loop.
+``gateway.scrape_error_log_every_s`` per replica, and the replica's loop goes on: it never ends a scrape loop.
 """
 
 from __future__ import annotations
@@ -29,11 +29,6 @@ __all__ = ["Scraper", "discover_models"]
 
 log = logging.getLogger("steersman.scraper")
 
-#: seconds between two listings of a replica's models while its scrapes succeed and its listing fails
-#: (a GatewaySettings default belongs in steersman.config; this stands in for it)
-RELIST_EVERY_S = 2.0
-#: seconds between two logs of one replica's unexpected scrape errors
-LOG_EVERY_S = 60.0
 
 
 async def discover_models(fleet: Fleet, rep: Replica, quiet: bool = False) -> bool:
@@ -60,7 +55,7 @@ class Scraper:
         self._tasks: list[asyncio.Task] = []
         self._failures = [0] * len(fleet.replicas)
         #: replicas without models whose good scrapes list them (again): the earliest time to (-inf: the next
-        #: good scrape; a failed listing: RELIST_EVERY_S later)
+        #: good scrape; a failed listing: gateway.models_relist_s later)
         self._unlisted = {r.index: -math.inf for r in fleet.replicas if not r.models}
         self._logged = [-math.inf] * len(fleet.replicas)  # when each replica's last unexpected error was logged
 
@@ -91,7 +86,7 @@ class Scraper:
         if rep.models or await discover_models(self.fleet, rep, quiet=at != -math.inf):
             del self._unlisted[rep.index]
         else:
-            self._unlisted[rep.index] = self.clock.now() + RELIST_EVERY_S
+            self._unlisted[rep.index] = self.clock.now() + self.settings.models_relist_s
 
     async def _loop(self, rep: Replica) -> None:
         interval = self.settings.metrics_interval_s
@@ -104,9 +99,9 @@ class Scraper:
 
     def _unexpected(self, rep: Replica) -> None:
         now = self.clock.now()
-        if now - self._logged[rep.index] >= LOG_EVERY_S:
+        if now - self._logged[rep.index] >= self.settings.scrape_error_log_every_s:
             self._logged[rep.index] = now
-            log.exception("scraping replica %s failed unexpectedly (logged at most every %g s)", rep.name, LOG_EVERY_S)
+            log.exception("scraping replica %s failed unexpectedly (logged at most every %g s)", rep.name, self.settings.scrape_error_log_every_s)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()

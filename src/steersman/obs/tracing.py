@@ -17,7 +17,7 @@ Trace context (https://www.w3.org/TR/trace-context/):
   ``gen_ai.response.model`` the one that answered: brown-out may move a request to a cheaper one;
   ``gen_ai.usage.*`` the engine's usage, the gateway's prompt count when it reported none) plus ``steersman.*``.
   A Responses call sent again shorter (``truncation: auto``) is one SERVER span over its tries
-  (:class:`CallSpan`).  Shutdown exports what is buffered for at most :data:`SHUTDOWN_TIMEOUT_S`.
+  (:class:`CallSpan`).  Shutdown exports what is buffered for at most ``gateway.otlp_shutdown_timeout_s``.
 """
 
 from __future__ import annotations
@@ -27,12 +27,10 @@ import re
 import threading
 from typing import Any
 
-__all__ = ["request_id", "valid_traceparent", "PassThrough", "OtlpSpans", "OtlpTracer", "CallSpan", "make_tracer",
-           "SHUTDOWN_TIMEOUT_S"]
+from steersman.config import DEFAULTS
 
-#: seconds a shutdown waits for the buffered spans' export (the SDK's own wait is 30 s, each export retrying for up
-#: to 10 s: an OTLP endpoint that is down held the gateway's stop for 30 s)
-SHUTDOWN_TIMEOUT_S = 2.0
+__all__ = ["request_id", "valid_traceparent", "PassThrough", "OtlpSpans", "OtlpTracer", "CallSpan", "make_tracer"]
+
 #: ``gen_ai.operation.name`` by the request path's kind (OpenTelemetry's GenAI values)
 _OPERATION = {"chat": "chat", "completion": "text_completion", "embedding": "embeddings"}
 
@@ -94,7 +92,9 @@ class OtlpSpans:
     tracing) exporting over OTLP/HTTP (protobuf) to ``endpoint`` (``http://host:4318/v1/traces``) from the SDK's
     batch processor thread."""
 
-    def __init__(self, endpoint: str, service_name: str, sample_ratio: float = 1.0) -> None:
+    def __init__(self, endpoint: str, service_name: str, sample_ratio: float = 1.0,
+                 shutdown_timeout_s: float = DEFAULTS.gateway.otlp_shutdown_timeout_s) -> None:
+        self.shutdown_timeout_s = shutdown_timeout_s
         from opentelemetry import trace
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -120,9 +120,11 @@ class OtlpSpans:
     def error(self, span: Any, description: str) -> None:
         span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, description))
 
-    def shutdown(self, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    def shutdown(self, timeout_s: float | None = None) -> None:
         """Export what is buffered, then stop the exporter's thread: bounded by ``timeout_s``, then the exporter
         is shut down (its retries end; what is left is dropped) and the SDK's thread given as long again to end."""
+        if timeout_s is None:
+            timeout_s = self.shutdown_timeout_s
         done = threading.Thread(target=self.provider.shutdown, name="otlp-shutdown", daemon=True)
         done.start()
         done.join(timeout_s)
@@ -150,8 +152,9 @@ class OtlpTracer:
 
     exporting = True
 
-    def __init__(self, endpoint: str, sample_ratio: float = 1.0) -> None:
-        self.spans = sp = OtlpSpans(endpoint, "steersman", sample_ratio)
+    def __init__(self, endpoint: str, sample_ratio: float = 1.0,
+                 shutdown_timeout_s: float = DEFAULTS.gateway.otlp_shutdown_timeout_s) -> None:
+        self.spans = sp = OtlpSpans(endpoint, "steersman", sample_ratio, shutdown_timeout_s)
         self._trace, self._kind, self._propagator, self.tracer = sp.trace, sp.kind, sp.propagator, sp.tracer
 
     def begin(self, ctx: Any, headers: dict[str, str], method: str, path: str) -> None:
@@ -236,5 +239,6 @@ def _input_tokens(ctx: Any) -> int | None:
     return ctx.sched.prompt_tokens if ctx.sched is not None else None
 
 
-def make_tracer(endpoint: str | None, sample_ratio: float) -> PassThrough | OtlpTracer:
-    return OtlpTracer(endpoint, sample_ratio) if endpoint else PassThrough()
+def make_tracer(endpoint: str | None, sample_ratio: float,
+                shutdown_timeout_s: float = DEFAULTS.gateway.otlp_shutdown_timeout_s) -> PassThrough | OtlpTracer:
+    return OtlpTracer(endpoint, sample_ratio, shutdown_timeout_s) if endpoint else PassThrough()
