@@ -272,7 +272,9 @@ def test_shutdown_is_bounded_when_the_otlp_endpoint_is_down():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    tracer = OtlpTracer(f"http://127.0.0.1:{port}/v1/traces")
+    from steersman.config import DEFAULTS
+
+    tracer = OtlpTracer(f"http://127.0.0.1:{port}/v1/traces", 1.0, DEFAULTS.gateway.otlp_shutdown_timeout_s)
     for i in range(3000):  # several of the processor's 512-span batches
         ctx = types.SimpleNamespace(request_id=f"r{i}", trace=None, attempt_span=None, attempts=1, status=200,
                                     model="m", requested_model="m", kind="chat", output_tokens=3, sched=None,

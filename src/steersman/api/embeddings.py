@@ -14,8 +14,7 @@ from typing import Any
 import msgspec
 
 from steersman.api.errors import bad_request
-from steersman.api.schema import EMPTY_CACHE_SALT
-from steersman.api.schema import decode_with
+from steersman.api.schema import EMPTY_CACHE_SALT, decode_with
 
 __all__ = ["EmbeddingRequest", "decode_embedding", "MAX_INPUTS"]
 

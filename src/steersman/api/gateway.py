@@ -37,7 +37,7 @@ from steersman.fleet.prefix_index import PrefixIndex
 from steersman.fleet.scraper import Scraper, discover_models
 from steersman.fleet.state import Fleet, Replica
 from steersman.http.busypoll import BusyPoll
-from steersman.http.server import HttpRequest, HttpServer
+from steersman.http.server import HttpRequest, HttpServer, http_url
 from steersman.obs.metrics import GatewayMetrics
 from steersman.obs.tracing import make_tracer
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
@@ -233,8 +233,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
 
     @property
     def url(self) -> str:
-        host = self.settings.host
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"  # an IPv6 literal
+        return http_url(self.settings.host, self.port)
 
     # ---- handlers ----------------------------------------------------------
     async def chat(self, request: HttpRequest) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from steersman.api.body import with_member
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest
 from steersman.text.chat_tokens import tokenize_chat_array
 from steersman.text.tokenizer import ROOT_HASH, BlockHashes, block_hash_tuple, tokenize_array
@@ -65,9 +66,7 @@ def with_cache_salt(body: bytes, salt: str) -> bytes:
             return body
         if own is not None:
             salt = salt + SALT_SEPARATOR + own
-    field = b'"cache_salt":' + msgspec.json.encode(salt) + b"}"
-    inner = b[:-1].rstrip()
-    return inner + (field if inner.endswith(b"{") else b"," + field)
+    return with_member(b, b"cache_salt", msgspec.json.encode(salt))
 
 
 def _client_salt(body: bytes) -> Any:

@@ -7,7 +7,16 @@ import math
 import typing
 from typing import Any
 
-__all__ = ["setting", "sources", "check_bounds", "bounds_text", "value_ranges"]
+__all__ = ["setting", "sources", "check_bounds", "bounds_text", "value_ranges", "finite_number"]
+
+
+def finite_number(v: int | float) -> bool:
+    """``v`` is a finite float, or an int a float holds (YAML reads any run of digits as an int, and
+    ``math.isfinite(10**400)`` raises OverflowError)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def setting(default: Any, source: str, *, ge: float | None = None, gt: float | None = None,

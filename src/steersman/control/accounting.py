@@ -38,6 +38,12 @@ class Started:
     earlier_cost: float = 0.0  # $ of the replicas it left (a prefill replica after the hand-off, failed attempts)
     client_first_at: float | None = None  # its client's first token, from a replica it left (a stream continued)
 
+    def first_seen(self, t: Ticket | None) -> float | None:
+        """When its client saw its first token: from a replica it left, else on ``t`` (its current ticket)."""
+        if self.client_first_at is not None:
+            return self.client_first_at
+        return t.first_at if t is not None else None
+
 
 class Accounting:
     def __init__(self, fleet: Fleet, plane: ControlPlane, workflows: WorkflowTracker, settings: SchedulerSettings,
@@ -83,10 +89,8 @@ class Accounting:
                 fleet.prefix.record_later(i, hashes)
             else:
                 fleet.prefix.record(i, hashes)
-        if earlier is None:
-            return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings))
         return Started(req, i, ticket, d.admit, uncached, held, engine_priority(req, route, self.settings),
-                       earlier.earlier_cost, earlier.client_first_at)
+                       *((earlier.earlier_cost, earlier.client_first_at) if earlier is not None else ()))
 
     def left(self, s: Started) -> Started:
         """The request leaves the attempt's replica before its end (a failed attempt retried or continued
@@ -100,7 +104,7 @@ class Accounting:
         t = s.ticket
         if t is None:
             return s
-        first = s.client_first_at if s.client_first_at is not None else t.first_at
+        first = s.first_seen(t)
         return replace(s, ticket=None, earlier_cost=s.earlier_cost + self.fleet.end(t, 0), client_first_at=first)
 
     def first_token(self, s: Started) -> None:
@@ -128,7 +132,7 @@ class Accounting:
         cost = fleet.end(t, 1)
         fleet.observe_prefix(t.replica, s.predicted_hit_blocks, cached_tokens // self.block_size)
         fleet.first_token(ticket)
-        first = s.client_first_at if s.client_first_at is not None else t.first_at
+        first = s.first_seen(t)
         return Started(s.req, ticket.replica, ticket, s.admit, 0, 0, s.engine_priority, s.earlier_cost + cost, first)
 
     def withdrawn(self, s: Started) -> None:
@@ -155,7 +159,7 @@ class Accounting:
             cost += self.fleet.end(t, leg, req.stream)  # (its TPOT: the tokens it made since its own first)
         self.plane.finish(s.admit, req.prompt_tokens + output_tokens, cost, now)
         if req.workflow is not None:
-            first = s.client_first_at if s.client_first_at is not None else t.first_at if t is not None else None
+            first = s.first_seen(t)
             self.workflows.record(req.tenant, req.workflow.workflow_id, tokens=req.prompt_tokens + output_tokens,
                                   cost_usd=cost, now=now, met=ok and _met(req, first, per_sample, now))
         if ok and per_sample:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -36,6 +35,7 @@ from typing import Any, ClassVar
 
 import yaml
 
+from steersman.config._base import finite_number
 from steersman.config.admission import AdmissionSettings
 from steersman.policy.request import PriorityClass
 
@@ -224,20 +224,13 @@ def _number(body: Mapping, key: str, field: str, where: str, *, positive: bool) 
     v = body.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite_number(v):
         shown = repr(v) if not isinstance(v, int) or v.bit_length() < 64 else f"an integer of {v.bit_length()} bits"
         raise TenantConfigError(f"{where}: {field}.{key} must be a finite number, got {shown}")
     if (positive and v <= 0) or v < 0:
         raise TenantConfigError(f"{where}: {field}.{key} must be {'> 0' if positive else '>= 0'}, got {v!r}")
     return float(v)
 
-
-def _finite(v: int | float) -> bool:
-    """``v`` is a finite float, or an int a float holds (YAML reads any run of digits as an int)."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def _parse_keys(raw: Any, tenants: Mapping[str, TenantConfig], where: str) -> dict[str, str]:

@@ -24,7 +24,7 @@ from steersman.enginesim.generate import Generator
 from steersman.enginesim.kv_events import KvEventPublisher
 from steersman.enginesim.metrics import SimMetrics, wanted
 from steersman.enginesim.runner import EngineRunner
-from steersman.http.server import HttpRequest, HttpServer
+from steersman.http.server import HttpRequest, HttpServer, http_url
 from steersman.obs.tracing import OtlpSpans
 from steersman.enginesim.embeddings import Embedder
 from steersman.sim import EngineModel, gpu_profile, model_profile
@@ -110,8 +110,7 @@ class SimServer:
 
     @property
     def url(self) -> str:
-        host = self.cfg.host
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"  # an IPv6 literal
+        return http_url(self.cfg.host, self.port)
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> int:

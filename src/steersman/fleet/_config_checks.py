@@ -4,27 +4,18 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import yaml
 
 from steersman.config import SchedulerSettings
+from steersman.config._base import finite_number
 
 __all__ = ["FleetConfigError", "load_yaml", "make_profile"]
 
 
 class FleetConfigError(ValueError):
     pass
-
-
-def _finite(v: float) -> bool:
-    """Not NaN nor infinite (a NaN SLO target passed ``v <= 0`` and no request ever met it), nor an integer past a
-    float's range (``math.isfinite`` raises OverflowError on it)."""
-    try:
-        return math.isfinite(v)
-    except OverflowError:
-        return False
 
 
 def make_profile(name: str, spec: dict, settings: SchedulerSettings):
@@ -78,7 +69,7 @@ def _plugin_item(item: Any, at: str, weighted: bool) -> None:
     if not isinstance(item.get("type"), str):
         raise FleetConfigError(f"{at}.type must name the plugin, got {_kind(item.get('type'))}")
     w = item.get("weight", 1.0)
-    if isinstance(w, bool) or not isinstance(w, (int, float)) or not (_finite(w) and w >= 0):
+    if isinstance(w, bool) or not isinstance(w, (int, float)) or not (finite_number(w) and w >= 0):
         raise FleetConfigError(f"{at}.weight must be a finite number >= 0, got {w!r}")
     params = item.get("params")
     if params is not None and not (isinstance(params, dict) and all(isinstance(k, str) for k in params)):
@@ -86,26 +77,22 @@ def _plugin_item(item: Any, at: str, weighted: bool) -> None:
 
 
 def _check_plugins(spec: dict, where: str, settings: SchedulerSettings) -> None:
-    """Each plugin of a (shape-checked) profile constructed alone, as the profile builds it (with the fleet file's
-    scheduler ``settings``): whatever its constructor raises (a parameter it refuses, or one of the wrong type: an
-    AttributeError as well as a ValueError) names the plugin."""
-    from steersman.policy.framework import FILTERS, PICKERS, SCORERS
+    """Each plugin of a (shape-checked) profile built alone, as the profile builds it
+    (:func:`~steersman.policy.framework.make_plugin`, with the fleet file's scheduler ``settings``): whatever its
+    constructor raises (a parameter it refuses, or one of the wrong type) names the item."""
+    from steersman.policy.framework import FILTERS, PICKERS, SCORERS, make_plugin
 
     named = [(f"{key}[{i}]", reg, item) for key, reg in (("filters", FILTERS), ("scorers", SCORERS))
              for i, item in enumerate(spec.get(key, ()))]
     named.append(("picker", PICKERS, spec.get("picker", "max-score")))
     for at, reg, item in named:
-        kind, params = (item, {}) if isinstance(item, str) else (item["type"], item.get("params") or {})
+        kind = item if isinstance(item, str) else item["type"]
         try:
-            factory = reg.get(kind)
-        except KeyError as e:
+            make_plugin(reg, item, settings)
+        except KeyError as e:  # an unknown name (UnknownPlugin lists the known ones)
             raise FleetConfigError(f"{where}.{at}: {e}") from None
-        from_config = getattr(factory, "from_config", None)
-        try:
-            from_config(dict(params), settings) if from_config is not None else factory(**params)
-        except Exception as e:  # noqa: BLE001 -- any plugin's constructor
-            why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"  # a check, or a wrong type
-            raise FleetConfigError(f"{where}.{at} ({kind}): {why}") from None
+        except ValueError as e:  # make_plugin names the plugin: what it refused follows its name
+            raise FleetConfigError(f"{where}.{at} ({kind}): {str(e).split(': ', 1)[-1]}") from None
 
 
 def _kind(value: Any) -> str:

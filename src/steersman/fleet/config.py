@@ -45,10 +45,10 @@ import msgspec
 import yaml
 
 from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, ReliabilitySettings, SchedulerSettings, SloClass
-from steersman.config._base import override
+from steersman.config._base import finite_number, override
 from steersman.control.tenants import TenantConfigError, TenantDirectory
 from steersman.sim import gpu_profile, model_profile, replica_capacity
-from steersman.fleet._config_checks import FleetConfigError, _check_plugins, _finite, _kind, _profiles, load_yaml, make_profile
+from steersman.fleet._config_checks import FleetConfigError, _check_plugins, _kind, _profiles, load_yaml, make_profile
 from steersman.sim.memory import check_tensor_parallel
 
 __all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError",
@@ -329,7 +329,7 @@ def _slo_classes(data: Any, where: str) -> MappingProxyType:
         vals = []
         for f in ("ttft_s", "tpot_s"):
             v = body.get(f)
-            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not (_finite(v) and v > 0)):
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not (finite_number(v) and v > 0)):
                 raise FleetConfigError(f"{where}.{name}.{f} must be a positive number of seconds or null, got {v!r}")
             vals.append(None if v is None else float(v))
         out[str(name)] = SloClass(*vals)

@@ -30,7 +30,6 @@ __all__ = ["Scraper", "discover_models"]
 log = logging.getLogger("steersman.scraper")
 
 
-
 async def discover_models(fleet: Fleet, rep: Replica, quiet: bool = False) -> bool:
     """Set ``rep``'s models from its engine's ``/v1/models``; False (logged; ``quiet``: at debug level, for a
     retry of a failure already logged) when it cannot say."""

@@ -240,15 +240,15 @@ class Fleet:
         """``t`` ended, ``output_tokens`` made there; ``streamed`` False: a whole response (no TPOT to learn).
         Returns the $ of its time there: its share of the replica's cost while it was in flight (:meth:`_accrue`)."""
         self._own()
-        live, i = self.live, t.replica
-        cost = self._accrue(i, self.clock.now()) - t.cost_mark
+        live, i, now = self.live, t.replica, self.clock.now()
+        cost = self._accrue(i, now) - t.cost_mark
         if t.cache_at_end is not None:
             if t.first_at is not None and self.prefix is not None:  # its prompt ran: the freed slot holds it
                 self.prefix.record(i, t.cache_at_end)
             t.cache_at_end = None
         mirror = self.slots.get(i)
         if mirror is not None:
-            mirror.release(t.key, t.first_at is not None, self.clock.now())
+            mirror.release(t.key, t.first_at is not None, now)
         live[S.IN_FLIGHT, i] -= 1
         live[S.SINCE_SCRAPE, i] -= 1  # a finished request frees a batch slot (or a place in the engine's queue)
         live[S.ACTIVE_BLOCKS, i] -= t.blocks
@@ -268,15 +268,13 @@ class Fleet:
         else:
             live[S.DECODING, i] -= 1
             if t.verdict and self._awaiting[i]:  # a stream served to its end is progress (one the client left: not)
-                live[S.STALLED_SINCE, i] = self.clock.now()
+                live[S.STALLED_SINCE, i] = now
             if output_tokens > 1 and streamed:
-                now = self.clock.now()
                 tpot = (now - t.first_at) / (output_tokens - 1)
                 self._ewma(S.TPOT_EWMA, i, tpot, now)
                 if t.predicted_tpot:
                     self._ratio(S.TPOT_RATIO, i, tpot / t.predicted_tpot, now)
         if self.guard is not None:
-            now = self.clock.now()
             if t.verdict is None:
                 self.guard.released(i, t.key, now)
             elif t.verdict:

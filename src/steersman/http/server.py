@@ -28,7 +28,7 @@ from steersman.config import DEFAULTS
 from steersman.http._connection import _Connection
 from steersman.http.request import HttpRequest
 
-__all__ = ["HttpRequest", "HttpServer", "Handler"]
+__all__ = ["HttpRequest", "HttpServer", "Handler", "http_url"]
 
 log = logging.getLogger("steersman.http")
 
@@ -142,3 +142,8 @@ class HttpServer:
             for c in list(self.connections):
                 if c.transport is not None:
                     c.transport.abort()
+
+
+def http_url(host: str, port: int) -> str:
+    """The URL a server listening on ``host``:``port`` is reached at (an IPv6 literal in brackets, RFC 3986)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"

@@ -120,11 +120,10 @@ class OtlpSpans:
     def error(self, span: Any, description: str) -> None:
         span.set_status(self.trace.Status(self.trace.StatusCode.ERROR, description))
 
-    def shutdown(self, timeout_s: float | None = None) -> None:
-        """Export what is buffered, then stop the exporter's thread: bounded by ``timeout_s``, then the exporter
-        is shut down (its retries end; what is left is dropped) and the SDK's thread given as long again to end."""
-        if timeout_s is None:
-            timeout_s = self.shutdown_timeout_s
+    def shutdown(self) -> None:
+        """Export what is buffered, then stop the exporter's thread: bounded by ``shutdown_timeout_s``, then the
+        exporter is shut down (its retries end; what is left is dropped) and the SDK's thread given as long again."""
+        timeout_s = self.shutdown_timeout_s
         done = threading.Thread(target=self.provider.shutdown, name="otlp-shutdown", daemon=True)
         done.start()
         done.join(timeout_s)
@@ -152,8 +151,7 @@ class OtlpTracer:
 
     exporting = True
 
-    def __init__(self, endpoint: str, sample_ratio: float = 1.0,
-                 shutdown_timeout_s: float = DEFAULTS.gateway.otlp_shutdown_timeout_s) -> None:
+    def __init__(self, endpoint: str, sample_ratio: float, shutdown_timeout_s: float) -> None:
         self.spans = sp = OtlpSpans(endpoint, "steersman", sample_ratio, shutdown_timeout_s)
         self._trace, self._kind, self._propagator, self.tracer = sp.trace, sp.kind, sp.propagator, sp.tracer
 
@@ -239,6 +237,5 @@ def _input_tokens(ctx: Any) -> int | None:
     return ctx.sched.prompt_tokens if ctx.sched is not None else None
 
 
-def make_tracer(endpoint: str | None, sample_ratio: float,
-                shutdown_timeout_s: float = DEFAULTS.gateway.otlp_shutdown_timeout_s) -> PassThrough | OtlpTracer:
+def make_tracer(endpoint: str | None, sample_ratio: float, shutdown_timeout_s: float) -> PassThrough | OtlpTracer:
     return OtlpTracer(endpoint, sample_ratio, shutdown_timeout_s) if endpoint else PassThrough()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from steersman.api.body import with_member
 from steersman.api.errors import ApiError, engine_error_body, refused_with_5xx, upstream_failed
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
@@ -430,20 +431,10 @@ def _usage_int(body: bytes, key: bytes) -> int | None:
 def with_priority(body: bytes, priority: int) -> bytes:
     """The JSON object ``body`` with ``"priority": priority`` as its last member (for an engine with priority
     scheduling: vLLM reads the last of duplicate keys, so the gateway's value wins over one the client sent)."""
-    end = body.rstrip().rfind(b"}")
-    if end < 0:
-        raise ValueError("the request body is not a JSON object")
-    head = body[:end].rstrip()
-    sep = b"" if head.endswith(b"{") else b","
-    return b'%b%b"priority":%d}' % (head, sep, priority)
+    return with_member(body, b"priority", b"%d" % priority)
 
 
 def with_model(body: bytes, model: str) -> bytes:
     """The JSON object ``body`` with ``"model": model`` as its last member (brown-out's move to a cheaper model:
     the engines' parsers, vLLM's and msgspec's, take the last of duplicate keys, as for :func:`with_priority`)."""
-    end = body.rstrip().rfind(b"}")
-    if end < 0:
-        raise ValueError("the request body is not a JSON object")
-    head = body[:end].rstrip()
-    sep = b"" if head.endswith(b"{") else b","
-    return b'%b%b"model":%b}' % (head, sep, msgspec.json.encode(model))
+    return with_member(body, b"model", msgspec.json.encode(model))

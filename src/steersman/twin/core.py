@@ -16,6 +16,7 @@ workflows, queue expiry checks, and failure-drill steps.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -356,7 +357,8 @@ class Twin(DrillActions):
         if rep.dead:
             self.fleet.set_healthy(j, False)  # passive detection: the transfer found no one, as a failed connection
             self.fleet.report(t, False)  # the decode replica's failure; the prefill replica did its part
-            self.fleet.end(t)
+            s = r.started  # the decode ticket's share of its replica's time is the request's cost too
+            r.started = dataclasses.replace(s, earlier_cost=s.earlier_cost + self.fleet.end(t))
             self.fleet.report(r.started.ticket, True)
             self._fail(r)
             return

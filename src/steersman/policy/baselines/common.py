@@ -19,7 +19,6 @@ __all__ = ["prefix_match", "mix64", "at", "choose_min", "choose_max", "rule_prof
            "decode_step_s"]
 
 
-
 def at(ctx: DecisionContext, row: np.ndarray) -> np.ndarray:
     """``row`` (one value per replica) over the current candidates, without a copy when all are."""
     cand = ctx.candidates

@@ -47,8 +47,6 @@ MAX_KEYS = 1 << 32
 MAX_SEGMENTS = 1 << 12
 
 
-
-
 def mask(ns: int) -> int:
     """The signed 64-bit mask of namespace key ``ns``."""
     x = mix64(ns)
