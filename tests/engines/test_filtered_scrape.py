@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from steersman.enginesim.app import SimServerConfig
@@ -23,7 +23,6 @@ from steersman.engines import OpenAIHttpAdapter
 from steersman.engines.base import ReplicaAddress
 from steersman.engines.metric_names import METRIC_NAMES
 from steersman.engines.openai_http import metrics_path, parse_metrics
-from steersman.fleet.processes import free_port
 from steersman.testing import LiveFleet
 
 LAB = ("model_name", "engine")
@@ -53,27 +52,6 @@ class _Undescribed:
 def sim():
     with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], with_gateway=False) as lf:
         yield lf
-
-
-@pytest.fixture()
-def serve():
-    servers = []
-
-    def start(registry: CollectorRegistry) -> tuple[str, list[str]]:
-        port = free_port()
-        server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-        paths: list[str] = []
-        handle = server.RequestHandlerClass.log_message
-        server.RequestHandlerClass.log_message = lambda self, *a: paths.append(self.path)  # every request's path
-        servers.append((server, thread, handle))
-        return f"http://127.0.0.1:{port}", paths
-
-    yield start
-    for server, thread, handle in servers:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-        server.RequestHandlerClass.log_message = handle
 
 
 def _logged(paths: list[str], n: int) -> list[str]:

@@ -16,46 +16,23 @@ import time
 from urllib.parse import unquote
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from steersman.api.errors import error_body
 from steersman.engines import OpenAIHttpAdapter
 from steersman.engines.base import ReplicaAddress, UpstreamError
 from steersman.engines.metric_names import METRIC_NAMES
 from steersman.engines.openai_http import metrics_path, parse_metrics
-from steersman.fleet.processes import free_port
 from steersman.http.server import HttpRequest, HttpServer
 
 SGLANG_LAB = ("model_name", "engine_type", "tp_rank", "pp_rank", "dp_rank")
-
-
-@pytest.fixture()
-def serve():
-    """A prometheus_client registry on 127.0.0.1 (vLLM's and SGLang's /metrics); the paths it was asked."""
-    servers = []
-
-    def start(registry: CollectorRegistry) -> tuple[str, list[str]]:
-        port = free_port()
-        server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-        paths: list[str] = []
-        handle = server.RequestHandlerClass.log_message
-        server.RequestHandlerClass.log_message = lambda self, *a: paths.append(unquote(self.path))
-        servers.append((server, thread, handle))
-        return f"http://127.0.0.1:{port}", paths
-
-    yield start
-    for server, thread, handle in servers:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-        server.RequestHandlerClass.log_message = handle
 
 
 def _logged(paths: list[str], n: int) -> list[str]:
     deadline = time.monotonic() + 10.0  # a handler thread logs after answering
     while len(paths) < n and time.monotonic() < deadline:
         time.sleep(0.001)
-    return paths
+    return [unquote(p) for p in paths]
 
 
 def _scrape(kind: str, url: str, times: int = 1):

@@ -25,7 +25,6 @@ from __future__ import annotations
 import gc
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +32,7 @@ from steersman.config import EngineSettings
 from steersman.control import generate_key
 from steersman.enginesim.app import SimServerConfig
 from steersman.testing.faultload import Client, Done, Load, closed_loop, open_loop, percentile
-from steersman.testing.faultload import run_in_thread
+from steersman.testing.faultload import in_background as _background, run_in_thread
 from steersman.testing.live import LiveFleet
 
 __all__ = ["OverloadResult", "CascadeResult", "overload", "cascade"]
@@ -240,31 +239,6 @@ def cascade(slowdown: float = 5.0, load: float = 0.7, speedup: float = 10.0, rep
             break
         t += 0.1
     return CascadeResult(cap, sum(1 for d in done if not d.ok), len(done), before, during, max(0.0, recovery), ejected)
-
-
-def _background(fn: Callable[[], Any]) -> Callable[[float], Any]:
-    """Run ``fn`` in a daemon thread; ``join(timeout)`` returns its result, or raises its error (TimeoutError while
-    it still runs): the load's own failure, not a missing result, is what a failed drill must show."""
-    box: dict[str, Any] = {}
-
-    def main() -> None:
-        try:
-            box["v"] = fn()
-        except BaseException as e:  # noqa: BLE001 — handed to join
-            box["e"] = e
-
-    th = threading.Thread(target=main, name="drill-load", daemon=True)
-    th.start()
-
-    def join(timeout: float) -> Any:
-        th.join(timeout)
-        if th.is_alive():
-            raise TimeoutError(f"the drill's load did not finish within {timeout:g} s")
-        if "e" in box:
-            raise box["e"]
-        return box["v"]
-
-    return join
 
 
 async def _blocked(gw, i: int) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["Client", "Done", "Load", "closed_loop", "open_loop", "percentile", "run_in_thread"]
+__all__ = ["Client", "Done", "Load", "closed_loop", "open_loop", "percentile", "run_in_thread", "in_background"]
 
 
 @dataclass(slots=True)
@@ -157,24 +157,34 @@ async def open_loop(client: Client, loads: Sequence[Load], rate: float, duration
     return list(await asyncio.gather(*tasks))
 
 
-def run_in_thread(coro_fn: Callable[[], Any], timeout: float = 120.0) -> Any:
-    """Run ``coro_fn()`` on a fresh event loop in a new thread; returns its result (or raises its error)."""
+def in_background(fn: Callable[[], Any]) -> Callable[[float], Any]:
+    """Run ``fn`` in a daemon thread; ``join(timeout)`` returns its result, or raises its error (TimeoutError while
+    it still runs): the load's own failure, not a missing result, is what a failed drill must show."""
     box: dict[str, Any] = {}
 
     def main() -> None:
         try:
-            box["v"] = asyncio.run(coro_fn())
-        except BaseException as e:  # noqa: BLE001 — handed to the caller
+            box["v"] = fn()
+        except BaseException as e:  # noqa: BLE001 — handed to join
             box["e"] = e
 
-    th = threading.Thread(target=main, name="faultload", daemon=True)
+    th = threading.Thread(target=main, name="load", daemon=True)
     th.start()
-    th.join(timeout)
-    if th.is_alive():
-        raise TimeoutError(f"load did not finish within {timeout} s")
-    if "e" in box:
-        raise box["e"]
-    return box["v"]
+
+    def join(timeout: float) -> Any:
+        th.join(timeout)
+        if th.is_alive():
+            raise TimeoutError(f"the load did not finish within {timeout:g} s")
+        if "e" in box:
+            raise box["e"]
+        return box["v"]
+
+    return join
+
+
+def run_in_thread(coro_fn: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """Run ``coro_fn()`` on a fresh event loop in a new thread; returns its result (or raises its error)."""
+    return in_background(lambda: asyncio.run(coro_fn()))(timeout)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
