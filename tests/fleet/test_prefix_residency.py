@@ -272,3 +272,17 @@ def test_generations_never_outgrow_the_budgets_table():
     idx.set_capacity(1, 1000.0)
     assert idx.gen_cap == idx._max_gen_cap == 64  # noqa: SLF001
     assert 2 * idx.capacity <= idx._max_slots  # noqa: SLF001
+
+
+def test_replicas_whose_models_are_listed_late_give_the_index_their_capacity():
+    """A fleet file without ``models:``: the models (and so the modelled KV capacity) come from ``/v1/models`` after
+    the index is attached; the index must take them (it kept "unknown: no limit", residency off for them)."""
+    reps = [Replica(i, f"r{i}", f"http://127.0.0.1:{9000 + i}", "openai", "H100", (), "p", 2.0, 1, adapter=None)
+            for i in range(2)]
+    fleet = Fleet(reps, FakeClock(start=0.0))
+    fleet.prefix = PrefixIndex(2, 8 << 20)
+    assert not np.isfinite(fleet.prefix._caps).any()
+    for i in range(2):
+        fleet.set_models(i, ["llama-3.1-8b"])
+    assert np.isfinite(fleet.statics.kv_blocks).all()
+    assert fleet.prefix._caps.tolist() == fleet.statics.kv_blocks.tolist()

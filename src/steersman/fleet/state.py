@@ -142,9 +142,12 @@ class Fleet(FleetLearning):
         self._masks = MappingProxyType({m: _frozen(a) for m, a in masks.items()})
 
     def set_models(self, index: int, models: Sequence[str]) -> None:
-        """Models discovered from an engine's ``/v1/models``."""
+        """Models discovered from an engine's ``/v1/models``: the statics (its modelled KV capacity among them) and
+        the prefix index's capacities follow (a replica listed late stayed "unlimited" there, residency off)."""
         self.replicas[index].models = tuple(models)
         self._static()
+        if self._prefix is not None:
+            self._prefix.set_capacities(self.statics.kv_blocks, self.live[S.KV_BLOCKS_TOTAL], self._residency)
 
     def models(self) -> list[str]:
         return sorted(self._masks)
