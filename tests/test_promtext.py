@@ -104,3 +104,18 @@ def test_one_figure_per_label_value_however_many_series_repeat_it():
     assert read_per_label(page, N, "dp_rank") == {"0": 4.0, "1": 3.0}
     assert read_total(page, N, "dp_rank") == 7.0 and read_total(page, N, None) == 3.5
     assert read_total(f"{N} 5\n", N, "dp_rank") == 5.0 and read_total("", N, "dp_rank") is None
+
+
+def test_label_values_are_read_pair_by_pair_with_their_escapes():
+    """A value holding an escaped quote, or text that looks like another label, is one value: the walk
+    used to stop at the escaped quote and to find ``b="`` inside ``a``'s value."""
+    from steersman.engines.promtext import label_value
+
+    labels = r'model_name="my \"x\" m",a="x,b=\"9\"",b="2",path="c:\\d\nz"'
+    assert label_value(labels, "model_name") == 'my "x" m'
+    assert label_value(labels, "a") == 'x,b="9"'
+    assert label_value(labels, "b") == "2"
+    assert label_value(labels, "path") == "c:\\d\nz"
+    assert label_value(labels, "x") is None and label_value('a="unterminated', "a") is None
+    page = f'{N}{{model_name="q\\"1",state="warm"}} 1.0\n{N}{{model_name="q\\"1",state="cold"}} 0.0\n'
+    assert read_labelled(page, N, "state") == {"warm": 1.0, "cold": 0.0}

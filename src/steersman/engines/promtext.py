@@ -128,16 +128,38 @@ def read_samples(text: str, names: Mapping[str, str]) -> dict[str, float]:
 def label_value(labels: str, label: str) -> str | None:
     """The value of ``label`` in a sample's label text (``a="1",b="2"``); None when absent.
 
-    Matched as a whole name: ``block_size`` is not ``hash_block_size`` (vLLM's cache_config_info has both).
+    The pairs are walked in order, values unescaped as the exposition format escapes them (``\\\\``,
+    ``\\"``, ``\\n``): a name is matched whole (``block_size`` is not ``hash_block_size``; vLLM's
+    cache_config_info has both), and never inside another label's value.
     """
-    needle = f'{label}="'
-    i = labels.find(needle)
-    while i > 0 and labels[i - 1] not in ", {":
-        i = labels.find(needle, i + 1)
-    if i == -1:
-        return None
-    j = labels.find('"', i + len(needle))
-    return labels[i + len(needle) : j] if j != -1 else None
+    i, n = 0, len(labels)
+    while i < n:
+        eq = labels.find('="', i)
+        if eq == -1:
+            return None
+        name = labels[i:eq].strip(" ,{")
+        j = labels.find('"', eq + 2)
+        if j == -1:
+            return None  # an unterminated value
+        if labels.find("\\", eq + 2, j) == -1:  # no escape: the value is the slice (nearly every page)
+            if name == label:
+                return labels[eq + 2 : j]
+            i = j + 1
+            continue
+        j, out = eq + 2, []
+        while j < n and labels[j] != '"':
+            if labels[j] == "\\" and j + 1 < n:
+                j += 1
+                out.append("\n" if labels[j] == "n" else labels[j])
+            else:
+                out.append(labels[j])
+            j += 1
+        if j >= n:
+            return None  # an unterminated value
+        if name == label:
+            return "".join(out)
+        i = j + 1
+    return None
 
 
 def read_labelled(text: str, name: str, label: str) -> dict[str, float]:
