@@ -21,6 +21,7 @@ PINNED = {
     "gateway.max_body_bytes": 10 * 1024 * 1024,
     "gateway.max_tokens_limit": 131072,
     "gateway.max_logprobs": 20,
+    "gateway.max_completion_sequences": 2048,
     "gateway.otlp_traces_endpoint": None,
     "gateway.trace_sample_ratio": 1.0,
     "gateway.otlp_shutdown_timeout_s": 2.0,

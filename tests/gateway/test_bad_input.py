@@ -84,3 +84,16 @@ def test_unreachable_engine_is_502_in_openai_format():
         r = httpx.post(lf.url + "/v1/chat/completions", json=dict(GOOD, model="m"))
         check(r, 503)
         assert r.headers["Retry-After"] == "1"
+
+
+def test_a_completions_batch_past_the_sequence_limit_is_400_naming_prompt(fleet, client):
+    """prompts x n beyond gateway.max_completion_sequences (2,048): one body would hand the engine an
+    unbounded batch (100 prompts x n 128 = 12,800 sequences went through)."""
+    body = {"model": "llama-3.1-8b", "prompt": ["hi"] * 100, "n": 21, "max_tokens": 1}
+    err = check(httpx.post(fleet.url + "/v1/completions", json=body), 400, "prompt")
+    assert "2100" in err["message"] and "2048" in err["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="llama-3.1-8b", prompt=["hi"] * 2049, max_tokens=1)
+    assert "prompt" in str(e.value)
+    ok = client.completions.create(model="llama-3.1-8b", prompt=["hi"] * 4, n=2, max_tokens=1)
+    assert len(ok.choices) == 8

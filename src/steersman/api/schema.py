@@ -259,17 +259,24 @@ def decode_chat(body: bytes, max_tokens_limit: int,
 
 
 def decode_completion(body: bytes, max_tokens_limit: int,
-                      max_logprobs: int = DEFAULTS.gateway.max_logprobs) -> CompletionRequest:
+                      max_logprobs: int = DEFAULTS.gateway.max_logprobs,
+                      max_sequences: int = DEFAULTS.gateway.max_completion_sequences) -> CompletionRequest:
     """Decode and validate a ``/v1/completions`` body or raise :class:`ApiError`."""
     req: CompletionRequest = _decode(_completion_decoder, body)
     p = req.prompt
+    prompts = 1
     if isinstance(p, list):
         if not p or (isinstance(p[0], list) and not p[0]):
             raise bad_request("`prompt` must not be empty.", "prompt")
         kinds = {type(x) for x in p}
         if len(kinds) != 1:
             raise bad_request("`prompt` must be a string, a list of strings, a list of token ids or a list of such lists.", "prompt")
+        if isinstance(p[0], (str, list)):
+            prompts = len(p)
     _check_common(req, "max_tokens", req.max_tokens, max_tokens_limit)
+    if prompts * req.n > max_sequences:
+        raise bad_request(f"`prompt` holds {prompts} prompts, each run `n` = {req.n} times: {prompts * req.n} "
+                          f"sequences, more than the limit of {max_sequences} a request.", "prompt")
     if req.logprobs is not None:
         _check_logprobs(req.logprobs, "logprobs", max_logprobs)
     return req

@@ -23,6 +23,10 @@ class GatewaySettings:
         20, "most log-probability alternatives per token a request may ask for (chat top_logprobs, completions "
         "logprobs): OpenAI's top_logprobs bound, and vLLM's --max-logprobs default"
     )
+    max_completion_sequences: int = setting(
+        2048, "most sequences one /v1/completions request may run (its batch of prompts x n): OpenAI's bound on "
+        "an input array (2,048 items); past it the engine would be handed an unbounded batch from one body", ge=1
+    )
     metrics_interval_s: float = setting(
         0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)", gt=0
     )

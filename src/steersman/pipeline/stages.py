@@ -21,6 +21,7 @@ class ParseRequest:
     def __init__(self, settings: GatewaySettings) -> None:
         self.max_tokens = settings.max_tokens_limit
         self.max_logprobs = settings.max_logprobs
+        self.max_sequences = settings.max_completion_sequences
 
     async def run(self, ctx: RequestContext) -> Outcome:
         bad = body_headers_error(ctx.http.headers)
@@ -30,7 +31,7 @@ class ParseRequest:
             if ctx.kind == "chat":
                 ctx.request = decode_chat(ctx.body, self.max_tokens, self.max_logprobs)
             elif ctx.kind == "completion":
-                ctx.request = decode_completion(ctx.body, self.max_tokens, self.max_logprobs)
+                ctx.request = decode_completion(ctx.body, self.max_tokens, self.max_logprobs, self.max_sequences)
             else:
                 ctx.request = decode_embedding(ctx.body)
         except ApiError as e:
