@@ -27,7 +27,7 @@ def test_prefix_held_survives_the_shortlist_at_fleet_scale():
     ctx2.feature("prefix_held")
     ctx2.narrow(np.isin(np.arange(n), [0, 5, holder]))
     blocks = ctx2.feature("prefix_blocks")
-    assert blocks.tolist() == [0.0, 0.0, 120.0]
+    assert blocks.tolist() == [0.0, 0.0, 119.0]  # of a block-aligned prompt the engine computes the last block again
     d = make_policy("steersman").pick(snap, req)
     assert d.replica == holder
     for _ in range(3):  # the same decision every time (no reads past an array's end)

@@ -33,7 +33,7 @@ class Started:
     ticket: Ticket | None  # None once it left its replica (:meth:`Accounting.left`) and waits for the next one
     admit: Admit
     uncached: int  # prompt tokens the replica is predicted to prefill
-    predicted_hit_blocks: int  # prompt blocks the prefix index expected cached there
+    predicted_hit_blocks: int  # prompt blocks the prefix index expected reused there (PrefixIndex.reusable)
     engine_priority: int = 0  # for engines with priority scheduling (lower first): see engine_priority()
     earlier_cost: float = 0.0  # $ of the replicas it left (a prefill replica after the hand-off, failed attempts)
     client_first_at: float | None = None  # its client's first token, from a replica it left (a stream continued)
@@ -71,7 +71,8 @@ class Accounting:
         fleet = self.fleet
         hashes = req.block_hashes
         bs = self.block_size
-        held = int(fleet.prefix.match(hashes)[i]) if fleet.prefix is not None and hashes else 0
+        # what the engine would reuse there (the policy's ``prefix_held``): at most (prompt - 1) // bs blocks
+        held = int(fleet.prefix.reusable(hashes, req.prompt_tokens, bs)[i]) if fleet.prefix is not None and hashes else 0
         uncached = req.prompt_tokens - min(held * bs, max(req.prompt_tokens - 1, 0))
         ticket = fleet.begin(i, uncached, self._blocks(req), route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
                              route.tpot_target_s, req.prompt_tokens)

@@ -1,5 +1,5 @@
-"""The read side of :class:`~steersman.fleet.prefix_index.PrefixIndex`: matching a prompt against the index and
-blocks per replica.
+"""The read side of :class:`~steersman.fleet.prefix_index.PrefixIndex`: matching a prompt against the index, what
+each replica would reuse of it (:meth:`PrefixReads.reusable`) and blocks per replica.
 
 A mixin: it reads the index's table through the compiled :func:`~steersman.fleet._prefix_table.match_pass`, and
 flushes the records kept by ``record_later`` before it reads (see the index's module doc for the layout and the
@@ -37,6 +37,7 @@ class PrefixReads:
     _all_resident: bool
     _all_ones: np.ndarray
     _raw_memo: tuple | None
+    _reuse_memo: list  # [match's, match_raw's]: (the match, the cap, the capped match) of reusable's last copy
     _refresh_resident: Callable[[], None]  # steersman.fleet._prefix_residency.Residency
     _shift: np.uint64
     _mask: int
@@ -86,6 +87,35 @@ class PrefixReads:
         self._mirrored(hashes, out)
         out.setflags(write=False)
         self._raw_memo = (hashes, len(hashes), out, self._memo)
+        return out
+
+    def reusable(self, hashes: Sequence[int], prompt_tokens: int, block_size: int, raw: bool = False) -> np.ndarray:
+        """Leading blocks of ``hashes`` (a prompt of ``prompt_tokens`` tokens) each replica would *reuse*: :meth:`match`
+        (``raw``: :meth:`match_raw`) capped at ``(prompt_tokens - 1) // block_size`` blocks.  What the policy and the
+        dispatch's predicted hit read (the prefix accuracy learns from the latter).
+
+        An engine computes a prompt's last token whatever it holds (vLLM v1 ``KVCacheManager.get_computed_blocks``:
+        ``max_cache_hit_length = num_tokens - 1``; :mod:`steersman.sim.kvcache` likewise; llama.cpp keeps one token
+        to evaluate too), so of a prompt of exactly ``k`` blocks it reuses ``k - 1`` at most.  The index still holds
+        (and :meth:`match` still credits) all ``k``: the engine caches them once computed, and a longer prompt sharing
+        them reuses them all.  Crediting all ``k`` taught the prefix accuracy ``(k - 1) / k`` on such prompts and
+        predicted one token of prefill where a whole block is computed.
+
+        Only a block-aligned prompt is capped (otherwise the cap is at least ``len(hashes)``: the match itself, no
+        copy).  A batch of prompts (``SchedRequest.longest_prompt_tokens``) has the hashes of its first and the
+        tokens of all: seldom capped.  Read-only, memoised with the match until the next write."""
+        got = self.match_raw(hashes) if raw else self.match(hashes)
+        cap = (int(prompt_tokens) - 1) // int(block_size)
+        if cap >= len(hashes):
+            return got
+        cap = max(cap, 0)
+        k = 1 if raw else 0
+        memo = self._reuse_memo[k]
+        if memo is not None and memo[0] is got and memo[1] == cap:
+            return memo[2]
+        out = np.minimum(got, cap)
+        out.setflags(write=False)
+        self._reuse_memo[k] = (got, cap, out)
         return out
 
     def _mirrored(self, hashes: Sequence[int], out: np.ndarray) -> None:

@@ -32,6 +32,10 @@ one contiguous run of the prompt; a block dropped alone in the middle of a run
 (e.g. by :meth:`correct` on a shorter prompt) can be jumped over, crediting a
 replica with blocks past its hole.
 
+**What a replica would reuse** (:meth:`reusable`, what the policy and the dispatch read) is the match capped at
+``(prompt_tokens - 1) // block_size`` blocks: an engine computes a prompt's last token whatever it holds, so of
+a prompt of exactly ``k`` blocks it reuses ``k - 1`` (the index still holds all ``k``).
+
 Forgetting a replica rewrites its holder sets and frees the blocks it held alone: one compiled pass
 over the table (a few ms at the default budget; engines restart rarely).
 
@@ -131,6 +135,7 @@ class PrefixIndex(PrefixReads, HolderSets, BackgroundPasses, Residency, Generati
         self._arr_memo: tuple | None = None
         self._later: list[tuple[int, Sequence[int]]] = []  # records to apply before the next access (record_later)
         self._memo: tuple | None = None  # (hashes object, its length, match result) until the next write
+        self._reuse_memo: list = [None, None]  # reusable's capped copies of the match, of match_raw
         #: replicas whose match is a mirror's: a llama.cpp engine's slots (it reuses a prompt only from a free slot)
         self.slots: dict[int, SlotMirror] = {}
         #: or an engine's KV events (what it holds, exactly); ``holders``: what all of them hold, as one index

@@ -111,11 +111,13 @@ class Prediction:
 @feature("prefix_held", per_replica=True)
 def prefix_held(ctx: DecisionContext) -> np.ndarray:
     """The prefix index's match for every replica (not only candidates): leading blocks held (those its KV cache
-    still holds, with ``scheduler.prefix_residency``)."""
+    still holds, with ``scheduler.prefix_residency``) that its engine would reuse: at most
+    ``(prompt_tokens - 1) // block_size``, the prompt's last token being always computed
+    (:meth:`PrefixIndex.reusable <steersman.fleet.prefix_index.PrefixIndex.reusable>`)."""
     snap, req = ctx.snapshot, ctx.request
     if snap.prefix is None or not req.block_hashes:
         return _NO_MATCH
-    return snap.prefix.match(req.block_hashes)
+    return snap.prefix.reusable(req.block_hashes, req.prompt_tokens, snap.statics.block_size)
 
 
 @feature("prefix_held_raw", per_replica=True)
@@ -126,7 +128,7 @@ def prefix_held_raw(ctx: DecisionContext) -> np.ndarray:
     snap, req = ctx.snapshot, ctx.request
     if snap.prefix is None or not req.block_hashes:
         return _NO_MATCH
-    return snap.prefix.match_raw(req.block_hashes)
+    return snap.prefix.reusable(req.block_hashes, req.prompt_tokens, snap.statics.block_size, raw=True)
 
 
 @feature("prefix_blocks")

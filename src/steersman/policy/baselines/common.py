@@ -27,7 +27,10 @@ def at(ctx: DecisionContext, row: np.ndarray) -> np.ndarray:
 
 @feature("prefix-match")
 def prefix_match(ctx: DecisionContext) -> np.ndarray:
-    """Leading prompt blocks (int64) each candidate probably holds, as the index says (no discount)."""
+    """Leading prompt blocks (int64) each candidate probably holds, as the index says (no discount).  Not capped
+    one block short of a block-aligned prompt's end as steersman's ``prefix_held`` is (``PrefixIndex.reusable``: the
+    engine computes a prompt's last token): the routers reproduced here score the blocks (llm-d, Dynamo) or
+    characters (SGLang) they match, without that rule."""
     snap, req = ctx.snapshot, ctx.request
     if snap.prefix is None or not req.block_hashes:
         return np.zeros(ctx.candidates.size, dtype=np.int64)
