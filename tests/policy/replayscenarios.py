@@ -45,8 +45,11 @@ saturation came to need a queue or KV usage past the threshold, not at it, as GI
 29 queued now routed), both of these together (13), and the hang floor came to apply to the TTFT
 once the queue drains (2: held in the gateway for a hung replica, now routed); prompts of exactly a
 multiple of the step budget came to take one decode step less (none of the scenarios has one); and
-when max-score (llm-d) came to draw its ties from a hash of seq too (1 changed); the
-plugin-by-plugin path gives every recorded decision::
+when max-score (llm-d) came to draw its ties from a hash of seq too (1 changed); and when the steersman
+profile's last tie came to be each model's turn among the tied replicas, not the parity of the gateway's
+counter over every model (1 changed: a late route to another of its tied replicas; the prefix cap at
+``(prompt_tokens - 1) // block_size`` blocks changed none); the plugin-by-plugin path gives every recorded
+decision::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

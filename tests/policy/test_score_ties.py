@@ -2,9 +2,11 @@
 
 Ranking two replicas by one request more in a batch of 32, or by a scraped KV reading 0.1% lower, herded
 requests in a closed loop (bench/overhead rounds.py: added TTFT p50 +0.43 -> +0.16 ms at 64 streams).
-Within the band the request's sequence number rotates among the candidates; outside it the least loaded
+Within the band each model's tied requests take the candidates in turn (a count per model); outside it the least loaded
 (or the most KV headroom) still wins, and both decision paths (fused and plugin-by-plugin) agree.
 """
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from steersman.policy.framework import DecisionContext, Profile, WeightedScorer
 from steersman.policy.model_based import SloCheapest
 from steersman.policy.plugin_kernels import balance_score, load_balance_kernel
 from steersman.policy.scorers import KvHeadroom, LoadBalance
-from steersman.testing.snapshots import fleet_snapshot, sched_request
+from steersman.testing.snapshots import MODEL, fleet_snapshot, sched_request
 
 POLICY = make_policy("steersman")
 S = DEFAULTS.scheduler
@@ -40,6 +42,42 @@ def test_defaults_tie_one_request_more_and_a_kv_reading_within_one_percent():
     # the old strict ranking sent every one of them to replica 0 (one request fewer in flight)
     assert picks.count(0) == picks.count(1) == 20
     assert picks[:4] in ([0, 1, 0, 1], [1, 0, 1, 0])
+
+
+def test_ties_alternate_per_model_when_models_interleave():
+    """The gateway's request counter (seq) counts every model's requests: with two models' requests alternating,
+    each model's were all even or all odd, and seq's parity sent all of one model's tied requests to one replica
+    of its two.  A count of each model's tied decisions alternates them (both paths, as round-robin does)."""
+    half = np.arange(4) < 2
+    snap = replace(fleet_snapshot(4, **_live([31, 32, 31, 32], [0.0020, 0.0021, 0.0020, 0.0021])),
+                   model_masks={MODEL: half, "other": ~half})
+    for path in ("pick", "decide"):
+        profile = make_policy("steersman")
+        order = {MODEL: [], "other": []}
+        for seq in range(1, 41):  # the gateway counts from 1
+            req = sched_request(seq=seq, model=MODEL if seq % 2 else "other", prompt_tokens=12, expected_output=16)
+            d = profile.pick(snap, req) if path == "pick" else profile.decide(profile.context(snap, req))
+            order[req.model].append(d.replica)
+        assert order[MODEL] == [0, 1] * 10 and order["other"] == [2, 3] * 10, (path, order)
+
+
+def test_asking_again_for_the_same_request_does_not_advance_the_ties():
+    """The gateway's warm-up asks several times with one seq, a reroute asks again for the request it placed:
+    the same request keeps its turn, the next one takes the next."""
+    profile = make_policy("steersman")
+    snap = fleet_snapshot(2, **_live([31, 32], [0.0020, 0.0021]))
+    picks = [profile.pick(snap, sched_request(seq=s, prompt_tokens=12, expected_output=16)).replica
+             for s in (5, 5, 5, 6, 6, 7)]
+    assert picks == [0, 0, 0, 1, 1, 0]
+
+
+def test_the_tie_counts_are_kept_for_a_bounded_number_of_models():
+    picker = SloCheapest(S)
+    picker.MAX_MODELS = 2
+    pool, total = np.ones(2, dtype=np.bool_), np.ones(2)
+    turns = [picker.tie_break(sched_request(seq=k, model=m), pool, total) for k, m in enumerate("abcc")]
+    assert turns == [0, 0, 0, 1] and list(picker._ties) == ["b", "c"]  # "a", the longest kept, dropped
+    assert picker.tie_break(sched_request(seq=9, model="a"), pool, total) == 0  # starts again
 
 
 def test_a_real_load_difference_still_decides():

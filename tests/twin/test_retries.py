@@ -98,13 +98,17 @@ def test_a_retry_that_finds_every_replica_saturated_waits_in_the_queue_instead_o
 def test_a_replica_failing_fast_draws_less_traffic_than_its_load_would_give_it():
     """One replica answers 40% of its requests 5xx at once: it holds fewer requests than its peers, so by load
     alone it looks the least busy.  The picker prices its failure share (``failure_routing``): it gets less
-    traffic and the run needs fewer retries, with every request served either way."""
+    traffic and the run needs fewer retries, with every request served either way.  Ejection after 5 failures in
+    a row is off (as in the storm test above): whether and when the replica fails 5 in a row is luck that moves
+    with the order the picker takes tied replicas in, and a long ejection hid the pricing's effect (seed 0 once
+    the ties were counted per model: 45 retries without it)."""
     errors = [(5.0, lambda tw: tw.errors(1, 0.4))]
     runs = {}
     for on in (True, False):
-        s, rec, twin = _twin(replace(REL, failure_routing=on), errors, n=1500, rate=30.0, policy="steersman")
+        rel = replace(REL, failure_routing=on, consecutive_failures=10**9)
+        s, rec, twin = _twin(rel, errors, n=1500, rate=30.0, policy="steersman")
         counts = twin.retries.counts
         runs[on] = (s["failed"], counts.get("retried", 0) + counts.get("rerouted", 0), int((rec.arrays()["replica"] == 1).sum()))
     (failed_on, retried_on, there_on), (failed_off, retried_off, there_off) = runs[True], runs[False]
     assert failed_on == failed_off == 0
-    assert retried_on < 0.6 * retried_off and there_on < 0.8 * there_off, runs  # seeded: 50 vs 104, 142 vs 219
+    assert retried_on < 0.6 * retried_off and there_on < 0.8 * there_off, runs  # seeded: 50 vs 121, 141 vs 246

@@ -297,13 +297,8 @@ class _Fused:
                 return wait
         if count == 1:
             j = int(pool.argmax())
-        else:  # equally good: the weighted scores decide, then the request's sequence number
-            total = self._scores(snap, req, idx, blocks, need, clock)
-            j = P.pick_top(pool, total, req.seq)
-            if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as SloCheapest does
-                s = np.where(pool, total, -np.inf)
-                top = np.flatnonzero(s >= s.max() - 1e-12)
-                j = int(top[req.seq % top.size])
+        else:  # equally good: the weighted scores decide, then the model's turn among those tied (SloCheapest's)
+            j = p.tie_break(req, pool, self._scores(snap, req, idx, blocks, need, clock))
         reason = _reason(feasible, stay)
         i = int(idx[j])
         r_ttft, r_tpot = corrections(snap, i, self.settings)
@@ -332,4 +327,4 @@ def _held(snap, req, raw: bool = False) -> np.ndarray:
     """The ``prefix_held`` feature (``raw``: ``prefix_held_raw``)."""
     if snap.prefix is None or not req.block_hashes:
         return _NO_MATCH
-    return snap.prefix.match_raw(req.block_hashes) if raw else snap.prefix.match(req.block_hashes)
+    return snap.prefix.reusable(req.block_hashes, req.prompt_tokens, snap.statics.block_size, raw)

@@ -5,7 +5,8 @@ marginal GPU cost (:mod:`steersman.policy.predict`).  The ``slo-cheapest``
 picker then takes **the cheapest replica whose prediction meets the request's
 budget** (TTFT, TPOT and deadline; a critical request or a valuable workflow
 step must meet it with a safety margin), breaking near-ties by the weighted
-scores; when no replica meets it, every candidate within ``late_latency_tie`` (2x) of the least
+scores, and ties of those by each model's count of tied decisions
+(:meth:`SloCheapest.tie_break`); when no replica meets it, every candidate within ``late_latency_tie`` (2x) of the least
 predicted latency counts as equally late and the scores choose (late work spreads by load and prefix
 instead of crowding the fastest replicas, which on-time requests need).  A
 request whose prompt a replica mostly holds goes to such a holder first (Preble's
@@ -39,9 +40,14 @@ __all__ = ["SloCheapest", "steersman_profile", "corrections", "raw_cached", "she
 @PICKERS.register("slo-cheapest")
 class SloCheapest:
     """Margins and ties from :class:`~steersman.config.SchedulerSettings` (``safety_margin``, ``cost_tie``,
-    ``latency_tie``, ``late_latency_tie``, ``exploit_share``, ``exploit_slowdown``); the rule is :func:`~steersman.policy.kernels.slo_pool_kernel`'s."""
+    ``latency_tie``, ``late_latency_tie``, ``exploit_share``, ``exploit_slowdown``); the rule is :func:`~steersman.policy.kernels.slo_pool_kernel`'s.
+
+    Its one state: each model's count of tied decisions (:meth:`tie_break`), which the fused path
+    (:mod:`~steersman.policy.fastpath`) shares, being handed this picker."""
 
     name = "slo-cheapest"
+    #: models whose tie counts are kept (the fleet's, far fewer; past it the longest-kept is dropped)
+    MAX_MODELS = 4096
 
     def __init__(self, settings: SchedulerSettings = DEFAULTS.scheduler) -> None:
         self.safety_margin = settings.safety_margin
@@ -53,6 +59,7 @@ class SloCheapest:
         self.shed = frozenset(PriorityClass.parse(c) for c in settings.shed_infeasible)
         self.hold = settings.hold_late
         self.slot_wait = (settings.slot_wait_gain, settings.slot_wait_overrun) if settings.slot_wait else None
+        self._ties: dict[str, tuple[int, int]] = {}  # model -> (seq, turn) of its latest tied decision
 
     @classmethod
     def from_config(cls, params: dict, settings: SchedulerSettings) -> SloCheapest:
@@ -87,13 +94,8 @@ class SloCheapest:
                 return wait
         if count == 1:
             j = int(pool.argmax())
-        else:  # equally good: the weighted scores decide, then the request's sequence number
-            total = scores()
-            j = pick_top(pool, total, req.seq)
-            if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as ever
-                s = np.where(pool, total, -np.inf)
-                top = np.flatnonzero(s >= s.max() - 1e-12)
-                j = int(top[req.seq % top.size])
+        else:  # equally good: the weighted scores decide, then the model's turn among those tied
+            j = self.tie_break(req, pool, scores())
         reason = _reason(feasible, stay)
         i = int(ctx.candidates[j])
         r_ttft, r_tpot = corrections(ctx.snapshot, i, ctx.settings)
@@ -102,6 +104,30 @@ class SloCheapest:
         keep = tpot * margin if tpot < np.inf else 0.0  # what later arrivals there must not break
         return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep, not feasible and not stay,
                      float(p.ttft[j]), float(p.e2e[j]))
+
+    def tie_break(self, req, pool: np.ndarray, total: np.ndarray) -> int:
+        """Position among ``pool`` (the equally good candidates) of the pick: the best ``total`` (within 1e-12);
+        when several are best, the k-th tied decision of the request's model takes the k-th of them (mod their
+        count), a counter per model as round-robin's (:class:`~steersman.policy.baselines.simple.RoundRobin`).
+
+        The request's ``seq`` (its turn before) is the gateway's counter over every model: with two models'
+        requests alternating, each model's were all even or all odd, and all of one model's tied requests went
+        to the same replica of its two.  Asking again for the request just decided (same ``seq``: the gateway's
+        warm-up decisions, a reroute) takes the same turn; a decision with one best candidate takes none.  The
+        digital twin builds its policy per run, so its turns are a function of the run's requests."""
+        last = self._ties.get(req.model)
+        turn = 0 if last is None else last[1] + (req.seq != last[0])
+        j, count = pick_top(pool, total, turn)
+        if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as ever
+            s = np.where(pool, total, -np.inf)
+            top = np.flatnonzero(s >= s.max() - 1e-12)
+            count = top.size
+            j = int(top[turn % count])
+        if count > 1:
+            if last is None and len(self._ties) >= self.MAX_MODELS:
+                del self._ties[next(iter(self._ties))]
+            self._ties[req.model] = (req.seq, turn)
+        return j
 
 
 def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft: float) -> Reject | None:

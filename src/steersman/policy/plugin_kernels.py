@@ -150,7 +150,7 @@ def balance_band(lo, tie):
 @njit(cache=True, nogil=True, inline="always")
 def balance_score(load, lo, hi, band):
     """1 for a load within the band of the least (``hi <= lo``: every load is equal), else min-max
-    ``(hi - load) / (hi - lo)``: near-equal loads tie (the request's sequence number rotates among them) instead
+    ``(hi - load) / (hi - lo)``: near-equal loads tie (each model's tied requests take them in turn) instead
     of sending each finished request's successor back to the replica it just left."""
     if hi <= lo or load <= band:
         return 1.0
@@ -182,15 +182,16 @@ def share_kernel(values, mul, div, out):
 
 
 @njit(cache=True, nogil=True)
-def pick_top(pool, scores, seq):
-    """Position of the pick among ``pool``: the best ``scores`` (within 1e-12), ties by ``seq`` modulo their
-    count; -1 when no score is comparable (NaN)."""
+def pick_top(pool, scores, turn):
+    """(position of the pick among ``pool``, how many tie for it): the best ``scores`` (within 1e-12), the
+    ``turn``-th of them modulo their count (:meth:`~steersman.policy.model_based.SloCheapest.tie_break` counts
+    the turns per model); (-1, 0) when no score is comparable (NaN)."""
     best = -np.inf
     for j in range(pool.size):
         if pool[j]:
             s = scores[j]
             if s != s:
-                return -1
+                return -1, 0
             if s > best:
                 best = s
     limit = best - 1e-12
@@ -198,14 +199,14 @@ def pick_top(pool, scores, seq):
     for j in range(pool.size):
         count += (scores[j] if pool[j] else -np.inf) >= limit
     if count == 0:
-        return -1
-    k = seq % count
+        return -1, 0
+    k = turn % count
     for j in range(pool.size):
         if (scores[j] if pool[j] else -np.inf) >= limit:
             if k == 0:
-                return j
+                return j, count
             k -= 1
-    return -1
+    return -1, 0
 
 
 def warm_up() -> None:
