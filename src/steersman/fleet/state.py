@@ -60,6 +60,9 @@ class Fleet(FleetLearning):
         self._recent_at = np.zeros(n)
         # read-only views lent to every snapshot (made once: the arrays above are changed in place only)
         self._views = tuple(_frozen(a.view()) for a in (self.healthy, self.routable, self.live, self._recent_at))
+        #: per replica, when a stream of ours there last got an event (a token) from its engine (-inf: never);
+        #: the reliability guard's stall rule reads it (see last_output)
+        self.output_at = np.full(n, -np.inf)
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self._expected: list[dict[int, float]] = [{} for _ in range(n)]  # awaiting ticket key -> predicted TTFT
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
@@ -83,10 +86,22 @@ class Fleet(FleetLearning):
 
     @guard.setter
     def guard(self, guard) -> None:
-        """Attach the reliability guard; its stall rule reads what this fleet predicted (expected_first_token)."""
+        """Attach the reliability guard; its stall rule reads what this fleet predicted (expected_first_token)
+        and when each replica last streamed (last_output)."""
         self._guard = guard
         if guard is not None:
             guard.outliers.stall_allowance = self.expected_first_token
+            guard.outliers.last_output = self.last_output
+
+    def streamed(self, index: int, now: float) -> None:
+        """A stream of ours on replica ``index`` got an event (a token) from its engine at ``now``: the replica is
+        making progress, however long the requests queued behind its running ones wait for a first token."""
+        self.output_at[index] = now
+
+    def last_output(self, now: float) -> np.ndarray:
+        """Per replica, when a stream of ours there last got an event (read-only use; ``now``: unused here, a twin
+        computes it from its simulated engines)."""
+        return self.output_at
 
     def expect_first_token(self, t: Ticket, seconds: float) -> None:
         """``t``'s first token is predicted ``seconds`` after its dispatch (the prediction as applied, learnt
@@ -288,8 +303,9 @@ class Fleet(FleetLearning):
     def _progress(self, t: Ticket, now: float | None) -> None:
         """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica).
 
-        The ``stalled_since`` row this keeps is the one stall signal: the policies read it in snapshots
-        and the reliability guard's sweep ejects a replica stalled far longer than its peers' TTFT."""
+        The ``stalled_since`` row this keeps is the stall signal: the policies read it in snapshots (how long
+        requests have waited there), and the reliability guard's sweep ejects a replica stalled far longer than
+        its peers' TTFT, counting its streams' events as progress too (:meth:`streamed`: a full replica is not hung)."""
         if self.prefix is not None and self.prefix.events:
             self.prefix.settle_expected(t.replica, t.key)  # its engine's KV events tell what it cached from now on
         waiting = self._awaiting[t.replica]

@@ -161,6 +161,8 @@ class _Relay:
         last, self.last = self.last, t
         ctx = self.ctx
         ctx.last_event_at = t
+        if self.ticket is not None:  # the replica is making progress (a full one is not stalled: Fleet.streamed)
+            self.fleet.streamed(self.ticket.replica, t)
         # the response's last bytes with [DONE] in them: the stream ends with this write (the terminator rides
         # along); Forward._relay would end it right after anyway, one loop turn and one syscall later
         end = self.ex.last and self.cont.done and self.error is None

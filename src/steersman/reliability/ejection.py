@@ -15,12 +15,21 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   load, and ejecting a busy replica under overload starts the very cascade this
   is meant to stop (the overload drill did exactly that); a degraded GPU shows in
   its TPOT, a hung one in its stall.  A stall is how long a
-  replica holding requests awaiting a first token has shown no progress (no first
-  token, no finished stream): how a hung GPU shows — it never produces a sample —
-  while a merely busy replica keeps producing first tokens however long its queue.
-  The detector does not track it: the fleet does, for the policies too (its
-  ``stalled_since`` row, see :mod:`steersman.fleet.state`), and each sweep is
-  handed that row (stall = now - stalled_since; none where it is NaN).
+  replica holding requests awaiting a first token has shown no progress at all: no
+  first token, no finished stream, and no event (a token) on any stream of ours
+  under way there.  That is how a hung GPU shows — it sends nothing — while a merely
+  busy replica keeps streaming to its running requests however long its queue: a
+  request waiting behind long decodes starts only when one ends and frees its slot
+  and KV, far later than the TTFT predicted for it, and a full replica can go
+  seconds without a first token.  That is queueing, which the picker's saturation
+  and stall floor route around; ejecting it moved its load to its peers, which
+  filled up and were ejected in turn.  The detector does not track progress: the
+  fleet does — its ``stalled_since`` row (since the oldest awaiting dispatch or
+  the latest first token / stream served to its end; the policies read it as
+  their queueing signal, see :mod:`steersman.fleet.state`) and, per replica, when
+  a stream of ours there last got an event (``last_output``, set by the fleet:
+  ``Fleet.last_output``).  Each sweep is handed that row: stall = now - the later
+  of the two, none where the row is NaN (nothing awaits).
   Nothing under the standard SLO targets (``latency_floor_ttft_s`` /
   ``latency_floor_tpot_s``) is ever an outlier.  Envoy has no latency detector; its
   success-rate detector compares hosts with the fleet the same way (mean - 1.9
@@ -63,6 +72,9 @@ class OutlierDetector:
         #: replica -> the predicted TTFT of the oldest request awaiting a first token there (0: none
         #: predicted); a stall is judged against it too (set by the fleet: Fleet.expected_first_token)
         self.stall_allowance = None
+        #: now -> per replica, when a stream of ours there last got an event from its engine (set by the fleet:
+        #: Fleet.last_output); None: stalls are judged from ``stalled_since`` alone
+        self.last_output = None
         self.samples = np.zeros(n, dtype=np.int64)
         self.reasons: list[str] = [""] * n
 
@@ -128,14 +140,19 @@ class OutlierDetector:
         """Judge latency outliers; returns the replicas ejected by this sweep.
 
         ``stalled_since``: per replica, since when it has held requests awaiting a first token without
-        progress, NaN when none awaits (the fleet's row, read now and not kept)."""
+        progress, NaN when none awaits (the fleet's row, read now and not kept).  A replica streaming to
+        its running requests makes progress too: its stall counts from its last event (``last_output``)
+        when that is later."""
         s = self.s
         n = self.n
         if n < 2:
             return []
         active = self.until <= now
         judged = active & (self.samples >= s.latency_min_samples)
-        stalls = np.nan_to_num(np.maximum(now - np.asarray(stalled_since, dtype=float), 0.0))
+        since = np.asarray(stalled_since, dtype=float)
+        if self.last_output is not None:
+            since = np.maximum(since, self.last_output(now))  # NaN (none awaits) stays NaN
+        stalls = np.nan_to_num(np.maximum(now - since, 0.0))
         # only a replica past a floor can be an outlier (each rule below is at least its floor): judging
         # just those gives the same ejections, and a healthy fleet's sweep (10 a second) skips the
         # per-replica medians, which cost ~0.2-0.9 ms a sweep over 4 replicas and grow as n^2

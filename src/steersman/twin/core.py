@@ -31,6 +31,7 @@ from steersman.control.accounting import Accounting, Started
 from steersman.control.plane import DISPATCH_BURST, ControlPlane, Dispatch, Refuse, Wait
 from steersman.control.workflow import WorkflowHeaders, effective_priority
 from steersman.engines.base import EngineMetrics
+from steersman.fleet import snapshot as S
 from steersman.fleet.state import Ticket
 from steersman.policy.base import Route
 from steersman.policy.decode import make_decode_picker
@@ -107,6 +108,8 @@ class Twin(DrillActions):
             self.fleet.prefix_residency = False
         if cfg.reliability is not None:
             self.fleet.guard = ReplicaGuard(len(fleet.replicas), cfg.reliability, fleet.scheduler.latency_ewma_alpha)
+            # the twin's engines emit no per-token events: the stall rule reads their last token off the model
+            self.fleet.guard.outliers.last_output = self._last_output
         self.workload = workload
         admission = fleet.admission
         self.plane = ControlPlane(policy, DefaultAdmitter(admission), GatewayQueue(admission), fleet.scheduler)
@@ -127,6 +130,18 @@ class Twin(DrillActions):
         self._scraped = [-math.inf] * len(fleet.replicas)
         self._expiring = False
         self._pulled_until = 0.0
+
+    def _last_output(self, now: float):
+        """Per replica, when its engine last produced a token by ``now`` (as the live gateway's
+        ``Fleet.streamed`` keeps it from the events of its streams), for the replicas where a request of ours
+        awaits a first token (the others' entries are stale: the stall rule ignores them)."""
+        out = self.fleet.output_at
+        since = self.fleet.live[S.STALLED_SINCE]
+        reps = self.tf.replicas
+        for i in range(len(reps)):
+            if since[i] == since[i]:  # not NaN: a request awaits there
+                out[i] = reps[i].last_output(now)
+        return out
 
     # ---- scheduling of events ------------------------------------------------------------
     def _push(self, t: float, kind: int, data) -> None:

@@ -40,10 +40,12 @@ class RunResult:
     busy_s: float = 0.0
     compute_bound_s: float = 0.0  # part of busy_s in steps whose compute side exceeds the memory side
     steps: int = 0
+    emitted: bool = False  # a token came out of it (a decode, or a first token): its streams got an event
 
 
 class SimReplica:
-    __slots__ = ("index", "engine", "dead", "error_rate", "wake_at", "generation", "macro", "_run", "_plan")
+    __slots__ = ("index", "engine", "dead", "error_rate", "wake_at", "generation", "macro", "emitted_at", "_run",
+                 "_plan")
 
     def __init__(self, index: int, engine: EngineModel, macro: bool = True) -> None:
         self.index = index
@@ -53,6 +55,7 @@ class SimReplica:
         self.macro = macro
         self.wake_at: float | None = None  # end of the run in progress
         self.generation = 0  # bumped when a scheduled wake becomes stale
+        self.emitted_at = -math.inf  # the end of its latest run that produced a token (see last_output)
         self._run: RunResult | None = None  # the applied step / decode run in progress
         self._plan: DecodePlan | None = None  # the decode run in progress, not applied yet
 
@@ -63,6 +66,17 @@ class SimReplica:
     @property
     def slowdown(self) -> float:
         return self.engine.slowdown
+
+    def last_output(self, now: float) -> float:
+        """When its engine last produced a token (the end of a step with decoders or a first token in it), by
+        ``now``: the latest event the gateway saw on its streams there (the stall rule's progress, as
+        :meth:`steersman.fleet.state.Fleet.streamed` keeps it live).  Mid-run, the last decode step done."""
+        plan = self._plan
+        if plan is not None:
+            k = plan.steps_done_by(now)
+            if k:
+                return plan.end_after(k)
+        return self.emitted_at
 
     # -- changes (each returns a wake time to schedule, or None: nothing new) ------------------
     def submit(self, req: SimRequest, now: float) -> float | None:
@@ -90,6 +104,9 @@ class SimReplica:
             return False
         self._plan = None
         self.generation += 1
+        done = plan.steps_done_by(now)
+        if done:
+            self.emitted_at = plan.end_after(done)
         k = plan.steps_before(now)
         if k == 0:  # the run starts now: drop it, the next one includes the change
             self.wake_at = None
@@ -113,6 +130,8 @@ class SimReplica:
             run = self._apply(plan, plan.max_steps)
         if run is None:
             run = RunResult(now)
+        elif run.emitted:
+            self.emitted_at = run.end
         return run, self._start(now)
 
     def _start(self, now: float) -> float | None:
@@ -133,13 +152,14 @@ class SimReplica:
             self.wake_at = t  # e.g. weights still loading: try again then
             return t
         d = res.duration
-        self._run = RunResult(res.end, res.first_tokens, res.finished, d, d if res.compute_s > res.memory_s else 0.0, 1)
+        self._run = RunResult(res.end, res.first_tokens, res.finished, d, d if res.compute_s > res.memory_s else 0.0, 1,
+                              bool(res.num_decode_tokens or res.first_tokens))
         self.wake_at = res.end
         return res.end
 
     def _apply(self, plan: DecodePlan, k: int) -> RunResult:
         m = self.engine.commit(plan, k)
-        return RunResult(m.end, [], m.finished, m.end - m.start, _compute_bound_s(plan, k), k)
+        return RunResult(m.end, [], m.finished, m.end - m.start, _compute_bound_s(plan, k), k, k > 0)
 
     def kill(self, now: float) -> tuple[RunResult, list[tuple[str, int]]]:
         """The replica dies at ``now``.  Returns what had ended by then (the steps' first tokens and finishes
