@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for v in doc["verdicts"]:
         ceiling = f"; at most {v['ceiling']:.2f}x if every task succeeded at this cost" if v.get("ceiling") else ""
+        if v.get("ceiling_finished"):
+            ceiling += (f", {v['ceiling_finished']:.2f}x if every task that finished in the window did (the others "
+                        "were cut by its end, whatever the routing)")
         print(f"{'MET ' if v['met'] else 'MISSED'}  {v['target']}: measured {v['measured']:.2f}x "
               f"(vs {v['against']}{ceiling})")
     for line in opt_in_lines(doc["workloads"]):
