@@ -150,6 +150,8 @@ PINNED = {
     "reliability.limit_queue_size": 4.0,
     "reliability.limit_backoff_ratio": 0.9,
     "reliability.brownout_queue_depth": 64,
+    "reliability.brownout_leave_fraction": 0.5,
+    "reliability.brownout_stabilization_s": 300.0,
     "reliability.brownout_models": {},
     "llamacpp.version": "0.3.36",
     "llamacpp.model_name": "gemma-3-270m",

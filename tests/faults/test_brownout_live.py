@@ -58,7 +58,7 @@ def _saturate(lf, keys, threads):
 
 
 def test_brownout_moves_sheddable_traffic_to_the_cheaper_model_and_spares_the_rest():
-    lf, keys = _fleet({BIG: SMALL})
+    lf, keys = _fleet({BIG: SMALL}, rel={"brownout_stabilization_s": 0})  # ends as soon as the backlog is gone
     threads = []
     with lf:
         _saturate(lf, keys, threads)
@@ -69,6 +69,25 @@ def test_brownout_moves_sheddable_traffic_to_the_cheaper_model_and_spares_the_re
             th.join(30)
         r = _post(lf, keys["cheap"], BIG, "sheddable, fleet calm again")  # no brown-out: served as asked
         assert r.status_code == 200 and r.json()["model"] == BIG
+
+
+def test_a_conversation_stays_on_the_cheaper_model_through_the_stabilization_window():
+    """The backlog that began the brown-out is gone, but the window (300 s) has not passed since it was last
+    seen: the conversation's next turn still goes to the small model (one threshold sent it back to the big one
+    at once, and the next backlog forward again: consecutive turns alternated models)."""
+    lf, keys = _fleet({BIG: SMALL})
+    threads = []
+    with lf:
+        _saturate(lf, keys, threads)
+        r = _post(lf, keys["cheap"], BIG, "turn 1, in a brown-out")
+        assert r.status_code == 200 and r.json()["model"] == SMALL, r.text
+        _release(lf, threads)
+        assert lf.gateway.plane.waiting_for(BIG) == 0
+        r = _post(lf, keys["cheap"], BIG, "turn 2, the backlog gone")
+        assert r.status_code == 200 and r.json()["model"] == SMALL and r.headers["x-steersman-served-model"] == SMALL
+        r = _post(lf, keys["std"], BIG, "standard traffic is never browned out")
+        assert r.status_code == 200 and r.json()["model"] == BIG
+        assert _brownouts(lf, BIG, "moved") == 2
 
 
 def test_brownout_without_a_cheaper_model_refuses_sheddable_traffic_with_retry_after():

@@ -113,7 +113,19 @@ class ReliabilitySettings:
     # ---- brown-out (cascade protection) -------------------------------------------------------
     brownout_queue_depth: int = setting(
         64, "design: 64 requests waiting in the gateway for one model (1/16 of queue_max_entries) whose replicas are "
-            "all full mean that model is saturated"
+            "all full mean that model is saturated (where brown-out begins)"
+    )
+    brownout_leave_fraction: float = setting(
+        0.5, "Envoy's watermark buffers (source/common/buffer/watermark_buffer.cc: low_watermark_ = high_watermark / "
+             "2): a hysteresis band.  Brown-out begins at brownout_queue_depth and ends only once the model's backlog "
+             "is below this fraction of it (32 of 64), so a backlog hovering at the threshold does not move every "
+             "other request of a conversation to the other model", gt=0, le=1
+    )
+    brownout_stabilization_s: float = setting(
+        300.0, "Kubernetes HPA scale-down stabilization window default (behavior.scaleDown.stabilizationWindowSeconds, "
+               "--horizontal-pod-autoscaler-downscale-stabilization 5m; no window to scale up): brown-out begins at "
+               "once and ends only after the backlog has stayed below the leave depth this long, so a user's "
+               "consecutive turns stay on one model and the cheaper model's prefix caches are not thrashed"
     )
     brownout_models: Mapping[str, str] = setting(
         MappingProxyType({}), "issue #5: no cheaper model unless the fleet file names one (sheddable traffic is rejected)"
