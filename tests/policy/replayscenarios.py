@@ -48,8 +48,13 @@ multiple of the step budget came to take one decode step less (none of the scena
 when max-score (llm-d) came to draw its ties from a hash of seq too (1 changed); and when the steersman
 profile's last tie came to be each model's turn among the tied replicas, not the parity of the gateway's
 counter over every model (1 changed: a late route to another of its tied replicas; the prefix cap at
-``(prompt_tokens - 1) // block_size`` blocks changed none); the plugin-by-plugin path gives every recorded
-decision::
+``(prompt_tokens - 1) // block_size`` blocks changed none); and when the shortlist came to choose among the
+candidates the ``fits-kv`` filter keeps (those whose free KV cache holds the request, else those whose whole
+cache does with the most free now), not among all of them, so that it no longer drops the few replicas large
+enough to hold a long prompt (10 changed, all of the steersman profile, with 33 to 465 candidates at the
+shortlist: the 1 to 5 places that had gone to replicas whose free KV did not hold the request, which fits-kv then
+dropped, went to replicas that do: 8 routes to another replica, 2 early refusals of sheddable requests quoting a
+lower least TTFT); the plugin-by-plugin path gives every recorded decision::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

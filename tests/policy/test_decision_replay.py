@@ -1,7 +1,7 @@
 """Every profile decides exactly as the code before the compiled/fused decision path did.
 
 20,880 recorded decisions (``data/decisions.txt.gz``, from ``replayscenarios.py --record`` at commit
-5065ab4; re-recorded when the steersman profile's picker or saturation rule changed, see ``replayscenarios``): 9 profiles x 2,320 (snapshot, request) cases, random fleets of 1-1,000 replicas and the
+5065ab4; re-recorded when the steersman profile's picker, saturation rule or shortlist changed, see ``replayscenarios``): 9 profiles x 2,320 (snapshot, request) cases, random fleets of 1-1,000 replicas and the
 bench's loaded 1,000-replica fleet.  A decision matches when its kind, replica, reason, Retry-After
 and predicted TTFT/TPOT (every bit, by ``repr``) are the same.
 """

@@ -7,7 +7,8 @@ calls, each touching memory other processes evicted meanwhile).  When a profile 
 plugins below only (the ``steersman`` profile is), :meth:`Profile.pick` runs this path instead:
 
 * the model's routable replicas and the reliability gate: one pass, compacting the available ones
-  into the buffer; then saturation, each shortlist and fits-kv filter compact it in place;
+  into the buffer; then saturation, each shortlist (among the candidates fits-kv keeps) and fits-kv
+  filter compact it in place;
 * the picker: prefix blocks, uncached tokens and the prediction in one kernel (calling
   :func:`~steersman.policy.kernels.prefix_kernel` and
   :func:`~steersman.policy.kernels.predict_kernel` unchanged), the unprofiled fallback
@@ -42,7 +43,8 @@ from steersman.policy.reliability import _NONE, ReliabilityFilter, excluded_arra
 from steersman.policy.request import PriorityClass
 from steersman.policy.saturation import Saturation, affine_blocks
 from steersman.policy.slot_wait import wait_for_slot
-from steersman.policy.scorers import FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, kv_shortfall, targets
+from steersman.policy.scorers import (FitsKv, KvHeadroom, LoadBalance, PrefixAffinity, Shortlist, kv_shortfall,
+                                      sequence_tokens, targets)
 
 __all__ = ["fused"]
 
@@ -88,9 +90,9 @@ def saturation_pass(idx, n, live, max_seqs, budget, now, staleness, depth, kv_th
 
 
 @njit(cache=True, nogil=True)
-def shortlist_pass(idx, n, live, held, compute_price, k, keep):
-    """:func:`~steersman.policy.kernels.shortlist_kernel` over the first ``n``, applied in place."""
-    K.shortlist_kernel(idx[:n], live, held, compute_price, k, keep[:n])
+def shortlist_pass(idx, n, live, held, compute_price, kv_blocks, need, least, block_size, k, keep):
+    """:func:`~steersman.policy.kernels.shortlist_fitting_kernel` over the first ``n``, applied in place."""
+    K.shortlist_fitting_kernel(idx[:n], live, held, compute_price, kv_blocks, need, least, block_size, k, keep[:n])
     kept = 0
     for j in range(n):
         if keep[j]:
@@ -247,7 +249,8 @@ class _Fused:
                 if n > f.k:
                     if held is None:
                         held = _held(snap, req)
-                    n = shortlist_pass(idx, n, snap.live, held, snap.statics.compute_price, f.k,
+                    n = shortlist_pass(idx, n, snap.live, held, snap.statics.compute_price, snap.statics.kv_blocks,
+                                       need, float(sequence_tokens(req)), float(snap.statics.block_size), f.k,
                                        np.empty(n, dtype=np.bool_))
             else:
                 m = fits_pass(idx, n, snap.live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, snap.live[S.KV_USAGE],

@@ -22,11 +22,11 @@ from steersman.fleet import snapshot as S
 from steersman.policy import plugin_kernels, unprofiled_kernels
 
 __all__ = ["predict_kernel", "saturation_kernel", "is_saturated", "prefix_kernel", "shortlist_kernel",
-           "slo_pool_kernel", "add_clamped", "warm_up"]
+           "shortlist_fitting_kernel", "slo_pool_kernel", "add_clamped", "warm_up"]
 
 _IN_FLIGHT, _RUNNING, _WAITING, _KV_USAGE = S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE
 _SCRAPED_AT, _PENDING, _DECODING, _SINCE = S.SCRAPED_AT, S.PENDING_PREFILL, S.DECODING, S.SINCE_SCRAPE
-_AWAITING = S.AWAITING
+_AWAITING, _KV_TOTAL = S.AWAITING, S.KV_BLOCKS_TOTAL
 _TTFT_R, _TPOT_R = S.TTFT_RATIO, S.TPOT_RATIO
 _RECENT, _STALLED, _FAIL, _PAIRS = S.RECENT_TOKENS, S.STALLED_SINCE, S.FAIL_SHARE, S.PENDING_PAIRS
 
@@ -269,6 +269,19 @@ def _insert(buf_key, buf_pos, m, key, pos):
 def shortlist_kernel(idx, live, held, compute_price, k, keep):
     """Mark in ``keep`` (over positions of ``idx``) the k/2 least loaded candidates, the k/4 holding
     the longest prefix and the k/4 with the cheapest compute: one pass, small sorted buffers."""
+    _shortlist(idx, live, held, compute_price, k, keep, _ALL, live[0], 0.0)
+    return keep
+
+
+_ALL, _FITTING, _MARKED = 0, 1, 2  # the candidates _shortlist ranks
+
+
+@njit(cache=True, nogil=True)
+def _shortlist(idx, live, held, compute_price, k, keep, among, kv_blocks, need):
+    """:func:`shortlist_kernel` among the candidates: ``_ALL``; ``_FITTING``, those whose free KV cache holds
+    ``need`` blocks (:func:`~steersman.policy.plugin_kernels.fits_kv`, ``kv_blocks`` the modelled capacity);
+    ``_MARKED``, those ``keep`` marks.  Returns how many there were: when ``among`` is not ``_ALL`` and they are
+    ``k`` or fewer, ``keep`` marks them all (ranked, a few of them would be left out)."""
     if held.size and held.size != live.shape[1]:
         raise ValueError("shortlist_kernel: held must have one entry per replica")
     m_load, m_held, m_cost = k // 2, k // 4, k // 4
@@ -280,9 +293,17 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
     cp = np.full(m_cost, -1)
     nh = held.size
     worst_load, worst_held, worst_cost = np.inf, np.inf, np.inf
+    eligible = 0
     for j in range(idx.size):
         i = idx[j]
-        keep[j] = False
+        if among == _FITTING:
+            ok = plugin_kernels.fits_kv(live[_KV_TOTAL, i], kv_blocks[i], live[_KV_USAGE, i], need)
+            keep[j] = ok
+            if not ok:
+                continue
+        elif among == _MARKED and not keep[j]:
+            continue
+        eligible += 1
         key = live[_IN_FLIGHT, i] + live[_WAITING, i]
         if key < worst_load:  # most candidates stop at these comparisons
             _insert(lk, lp, m_load, key, j)
@@ -296,6 +317,9 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
         if key < worst_cost:
             _insert(ck, cp, m_cost, key, j)
             worst_cost = ck[m_cost - 1]
+    if among != _ALL and eligible <= k:
+        return eligible
+    keep[:] = False
     for p in lp:
         if p >= 0:
             keep[p] = True
@@ -305,6 +329,23 @@ def shortlist_kernel(idx, live, held, compute_price, k, keep):
     for p in cp:
         if p >= 0:
             keep[p] = True
+    return eligible
+
+
+@njit(cache=True, nogil=True)
+def shortlist_fitting_kernel(idx, live, held, compute_price, kv_blocks, need, least, block_size, k, keep):
+    """:func:`shortlist_kernel` among the candidates the ``fits-kv`` filter keeps
+    (:func:`~steersman.policy.plugin_kernels.kv_keep_kernel`: those whose free KV holds ``need`` blocks, else those
+    whose whole cache holds ``least`` tokens with the most free now), all of them when they are ``k`` or fewer;
+    among all the candidates when no candidate's whole cache holds the request (fits-kv answers then).  Ranked
+    among them all, a long prompt lost the few replicas large enough to hold it (a fleet of many small-HBM
+    replicas and a large one) to smaller ones that load, prefix or price put first, and got a 503 where the large
+    one would take it.  The common case is one pass: some candidate's free KV holds the request."""
+    if _shortlist(idx, live, held, compute_price, k, keep, _FITTING, kv_blocks, need):
+        return keep
+    kept = plugin_kernels.kv_keep_kernel(idx, live[_KV_TOTAL], kv_blocks, live[_KV_USAGE], need, least, block_size,
+                                         keep)[1]
+    _shortlist(idx, live, held, compute_price, k, keep, _MARKED if kept else _ALL, kv_blocks, need)
     return keep
 
 
@@ -446,6 +487,7 @@ def warm_up() -> None:
     saturation_kernel(idx, live, one, one, 0.0, 1.0, 5.0, 0.8, matched, 1.0, 4.0, np.empty(1, dtype=np.bool_))
     prefix_kernel(idx, held, live, one, one, np.empty(1))
     shortlist_kernel(idx, live, held, one, 4, np.empty(1, dtype=np.bool_))
+    shortlist_fitting_kernel(idx, live, held, one, one, 1.0, 1.0, 16.0, 4, np.empty(1, dtype=np.bool_))
     frozen = live.copy()
     frozen.flags.writeable = False  # as every snapshot's
     failure_shares(idx, frozen)

@@ -16,7 +16,7 @@ from numba import njit
 import steersman._numba_cache  # noqa: F401  (before any kernel: the cache keyed by every kernel source)
 
 __all__ = ["is_available", "is_excluded", "reliability_kernel", "fits_kv", "kv_headroom", "fits_kv_kernel",
-           "kv_headroom_kernel", "load_balance_kernel", "balance_score", "uncached",
+           "kv_keep_kernel", "kv_headroom_kernel", "load_balance_kernel", "balance_score", "uncached",
            "uncached_kernel", "share_kernel", "pick_top", "warm_up"]
 
 
@@ -91,6 +91,47 @@ def fits_kv_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, out):
         out[j] = ok
         kept += ok
     return kept
+
+
+@njit(cache=True, nogil=True, inline="always")
+def free_if_holds(reported, modelled_blocks, kv_usage, least, block_size):
+    """Tokens free now in a replica's KV cache whose whole (reported, else modelled) holds ``least`` tokens of one
+    sequence: ``(1 - usage) x capacity``, none when its usage is unknown (unscraped); -inf when its whole cache
+    does not hold them (or its capacity is unknown: :func:`fits_kv` passes it)."""
+    cap = _capacity(reported, modelled_blocks) * block_size
+    if not cap >= least:
+        return -np.inf
+    return (1.0 - (kv_usage if kv_usage == kv_usage else 1.0)) * cap
+
+
+@njit(cache=True, nogil=True)
+def kv_keep_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, least, block_size, out):
+    """``out[j]`` = the ``fits-kv`` filter keeps replica ``idx[j]``: its free KV blocks hold ``need`` blocks
+    (:func:`fits_kv`); when no candidate's do, its whole cache holds ``least`` tokens of one sequence and it has the
+    most tokens free now among those (:func:`free_if_holds`): where the request waits in the engine's queue for
+    blocks (``FitsKv.when_empty``, :func:`steersman.policy.scorers.kv_shortfall`).  Returns (how many fit now, how
+    many are kept); (0, 0), every ``out`` False, when no candidate's whole cache holds it."""
+    fitting = 0
+    best = -np.inf
+    for j in range(idx.size):
+        i = idx[j]
+        ok = fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        out[j] = ok
+        fitting += ok
+        if not fitting:  # none fits so far: the most free among the whole caches that hold it
+            free = free_if_holds(kv_blocks_total[i], kv_blocks[i], kv_usage[i], least, block_size)
+            if free > best:
+                best = free
+    if fitting:
+        return fitting, fitting
+    kept = 0
+    if best > -np.inf:
+        for j in range(idx.size):
+            i = idx[j]
+            ok = free_if_holds(kv_blocks_total[i], kv_blocks[i], kv_usage[i], least, block_size) >= best
+            out[j] = ok
+            kept += ok
+    return 0, kept
 
 
 @njit(cache=True, nogil=True)
@@ -218,6 +259,7 @@ def warm_up() -> None:
         reliability_kernel(idx, np.ones(1, dtype=np.bool_), blocked, 0.0, one, limits, np.zeros(0, dtype=np.intp),
                            np.empty(1, dtype=np.bool_))
     fits_kv_kernel(idx, one, one, one, 1.0, np.empty(1, dtype=np.bool_))
+    kv_keep_kernel(idx, one, one, one, 1.0, 1.0, 16.0, np.empty(1, dtype=np.bool_))
     kv_headroom_kernel(idx, one, one, one, 1.0, 0.0, np.empty(1))  # any float tie: one specialization
     load_balance_kernel(idx, one, one, 0.0, np.empty(1))
     uncached_kernel(one, 16.0, 1.0, np.empty(1))

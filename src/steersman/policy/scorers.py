@@ -25,11 +25,13 @@ import numpy as np
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.policy.base import Decision, Reject
 from steersman.policy.framework import FILTERS, SCORERS, DecisionContext
-from steersman.policy.kernels import shortlist_kernel
-from steersman.policy.plugin_kernels import fits_kv_kernel, kv_headroom_kernel, load_balance_kernel, share_kernel
+from steersman.policy.kernels import shortlist_fitting_kernel
+from steersman.policy.plugin_kernels import (fits_kv_kernel, kv_headroom_kernel, kv_keep_kernel, load_balance_kernel,
+                                             share_kernel)
 from steersman.policy.request import PROMPT_FIELD, SchedRequest
 
-__all__ = ["FitsKv", "kv_shortfall", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency", "LoadBalance", "Shortlist", "targets"]
+__all__ = ["FitsKv", "kv_shortfall", "sequence_tokens", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency",
+           "LoadBalance", "Shortlist", "targets"]
 
 
 def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
@@ -48,6 +50,13 @@ def targets(req: SchedRequest, now: float) -> tuple[float, float, float]:
 def _need_blocks(ctx: DecisionContext) -> float:
     r = ctx.request
     return r.kv_tokens / ctx.snapshot.statics.block_size
+
+
+def sequence_tokens(req: SchedRequest) -> int:
+    """The tokens one sequence of the request needs, what a replica's whole KV cache must hold to ever take it: its
+    longest prompt (:attr:`SchedRequest.longest_prompt`: a batch's inputs are sequences of their own) plus
+    ``max_tokens`` (or one token when it names none)."""
+    return req.longest_prompt + (req.max_tokens or 1)
 
 
 @FILTERS.register("fits-kv")
@@ -71,26 +80,24 @@ class FitsKv:
 def kv_shortfall(snap, req: SchedRequest, idx: np.ndarray) -> Decision | np.ndarray:
     """What to do when no candidate's free KV cache holds the request (``fits-kv`` left none of ``idx``).
 
-    One sequence must fit a replica's whole KV cache (engine-reported, else modelled): the request's longest
-    prompt (:attr:`SchedRequest.longest_prompt`: a batch's inputs are sequences of their own) plus ``max_tokens``
-    (or one token when it names none).
+    One sequence must fit a replica's whole KV cache (engine-reported, else modelled): :func:`sequence_tokens`.
 
-    * Some candidate's whole cache holds it: the mask of those that have the most free KV now.  It goes there and
-      waits in that engine's queue for blocks to free (vLLM schedules its waiting requests in order, so the blocks
-      that free go to it).  Holding it in the gateway until some replica had the room free would starve it under
-      sustained load: every smaller request behind it fits first and takes the blocks that free.
+    * Some candidate's whole cache holds it: the mask of those that have the most free KV now
+      (:func:`~steersman.policy.plugin_kernels.kv_keep_kernel`, what the ``shortlist`` chooses among too).  It goes
+      there and waits in that engine's queue for blocks to free (vLLM schedules its waiting requests in order, so
+      the blocks that free go to it).  Holding it in the gateway until some replica had the room free would starve
+      it under sustained load: every smaller request behind it fits first and takes the blocks that free.
     * None does: :func:`_too_long` (a 400 only when no replica serving the model ever could).
 
     The prompt's length is the gateway's estimate (exact for engine-sim; a real engine may count a few percent
     differently and answers for itself at its own limits)."""
-    least = req.longest_prompt + (req.max_tokens or 1)
-    cap = _capacity(snap, idx)
-    holds = cap >= least
-    if not holds.any():
+    least = sequence_tokens(req)
+    keep = np.empty(idx.size, dtype=np.bool_)
+    bs = snap.statics.block_size
+    if not kv_keep_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, req.kv_tokens / bs,
+                          float(least), float(bs), keep)[1]:
         return _too_long(snap, req, least)
-    usage = snap.kv_usage[idx]
-    free = np.where(holds, (1.0 - np.nan_to_num(usage, nan=1.0)) * cap, -np.inf)  # unscraped: none known free
-    return free >= free.max()
+    return keep
 
 
 def _capacity(snap, idx: np.ndarray) -> np.ndarray:
@@ -102,11 +109,11 @@ def _capacity(snap, idx: np.ndarray) -> np.ndarray:
 def _too_long(snap, req: SchedRequest, least: int) -> Reject:
     """No candidate in play can ever hold ``least`` tokens of one sequence.
 
-    The candidates are what the reliability gate, saturation and the shortlist left: a replica serving the model
-    that could hold it (or whose capacity is unknown) may be busy, ejected or excluded for this attempt only, so
-    the answer is a 503 with ``Retry-After``.  Only when no replica serving the model holds it is it the client's
-    to change: a 400 ``context_length_exceeded`` naming the prompt's field (OpenAI's and vLLM's answer to a
-    request over the context length), not a 503 its client would retry."""
+    The candidates are what the reliability gate and saturation left (the shortlist keeps the replicas that hold
+    it): a replica serving the model that could hold it (or whose capacity is unknown) may be busy, ejected or
+    excluded for this attempt only, so the answer is a 503 with ``Retry-After``.  Only when no replica serving the
+    model holds it is it the client's to change: a 400 ``context_length_exceeded`` naming the prompt's field
+    (OpenAI's and vLLM's answer to a request over the context length), not a 503 its client would retry."""
     cap = _capacity(snap, snap.serves(req.model).nonzero()[0])
     if not (cap < least).all():  # NaN (unknown capacity) is not "too small"
         return Reject(f"this request needs {least} tokens of context: no replica available now holds that many; "
@@ -228,6 +235,12 @@ class Shortlist:
     quarter to the replicas holding the longest cached prefix of the prompt, a
     quarter to the cheapest compute ($/h per TFLOP/s); a two-stage scheduler in
     the spirit of power-of-k choices: the expensive prediction only runs on them.
+
+    It chooses among the candidates the ``fits-kv`` filter keeps: those whose free KV cache holds the request,
+    else those whose whole cache holds it with the most KV free now (all when none's whole cache does:
+    :func:`~steersman.policy.kernels.shortlist_fitting_kernel`).  Ranked among every candidate, a long prompt
+    lost the few replicas large enough to hold it (many small-HBM replicas and one large one) and got a 503;
+    ``[shortlist, fits-kv]`` now decides as ``[fits-kv, shortlist]``.
     """
 
     name = "shortlist"
@@ -244,4 +257,6 @@ class Shortlist:
             return np.ones(idx.size, dtype=bool)
         snap = ctx.snapshot
         held = ctx.feature("prefix_held")
-        return shortlist_kernel(idx, snap.live, held, snap.statics.compute_price, self.k, np.empty(idx.size, dtype=np.bool_))
+        return shortlist_fitting_kernel(idx, snap.live, held, snap.statics.compute_price, snap.statics.kv_blocks,
+                                        _need_blocks(ctx), float(sequence_tokens(ctx.request)),
+                                        float(snap.statics.block_size), self.k, np.empty(idx.size, dtype=np.bool_))
