@@ -32,3 +32,10 @@ def test_the_kernels_compile_into_it():
     import steersman.policy.fastpath  # noqa: F401  (compiles or loads the kernels)
 
     assert numba.config.CACHE_DIR == str(nc.cache_dir())
+
+
+def test_every_module_with_compiled_kernels_keys_the_cache():
+    """A kernel file left out of the list would keep its callers' stale inlined copies after it changes."""
+    src = Path(steersman.__file__).resolve().parent
+    compiled = {p.relative_to(src).as_posix() for p in src.rglob("*.py") if "@njit" in p.read_text()}
+    assert compiled == set(nc._KERNEL_FILES)
