@@ -27,6 +27,8 @@ PINNED = {
     "gateway.otlp_shutdown_timeout_s": 2.0,
     "gateway.metrics_interval_s": 0.05,
     "gateway.metrics_timeout_s": 1.0,
+    "gateway.sleep_poll_s": 1.0,
+    "gateway.sleep_recheck_s": 60.0,
     "gateway.models_relist_s": 2.0,
     "gateway.scrape_error_log_every_s": 60.0,
     "gateway.calibrate_unprofiled": True,

@@ -19,8 +19,9 @@ def _slots(tag: str) -> list[SlotState]:
 
 
 def test_idle_server_after_a_prefix_hit():
-    # two requests sharing a system prompt: the second computed only its suffix
-    m = llamacpp_metrics(_page("idle"), _slots("idle"), block_size=16)
+    # two requests sharing a system prompt: the second computed only its suffix; a pool per slot (-np 4, no -kvu: as
+    # steersman starts llama-server, and says so; see test_llamacpp_kv_unified.py)
+    m = llamacpp_metrics(_page("idle"), _slots("idle"), block_size=16, kv_unified=False)
     assert (m.num_running, m.num_waiting) == (0, 0)
     assert m.prefix_hits == 409  # llamacpp:prompt_tokens_cached_total
     assert m.prefix_queries == 423 + 409  # processed (cached excluded) + cached
@@ -37,7 +38,7 @@ def test_idle_slots_keep_the_prefix_they_hold():
 
 def test_busy_server_running_and_deferred():
     slots = _slots("busy")
-    m = llamacpp_metrics(_page("busy"), slots, block_size=16)
+    m = llamacpp_metrics(_page("busy"), slots, block_size=16, kv_unified=False)
     assert (m.num_running, m.num_waiting) == (2, 2)  # -np 2: two decode, two wait for a slot
     assert all(s.processing and s.decoded > 0 for s in slots)
     assert m.kv_usage == pytest.approx((425 + 426) / 8192)

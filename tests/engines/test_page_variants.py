@@ -103,7 +103,8 @@ def test_vllm_before_0_9_2_reads_its_gpu_names_through_the_filtered_scrape(serve
     assert (m.num_running, m.num_waiting, m.kv_usage) == (12.0, 30.0, 0.97)  # usage was 0
     assert (m.prefix_queries, m.prefix_hits) == (50000.0, 40000.0)  # were 0
     assert m.kv_blocks_total == 64
-    assert _logged(paths, 1)[0] == unquote(metrics_path(METRIC_NAMES["vllm"]))  # the filtered page has them
+    # the filtered page has them (and no sleep gauge: the replica is asked GET /is_sleeping once)
+    assert sorted(_logged(paths, 2)) == sorted([unquote(metrics_path(METRIC_NAMES["vllm"])), "/is_sleeping"])
 
 
 def test_the_new_names_win_over_the_old_ones():

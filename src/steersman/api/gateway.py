@@ -117,12 +117,12 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
     def _replica(self, i: int, ep: EndpointConfig) -> Replica:
         adapter = self.adapters.get(ep.engine)
         if adapter is None:
-            adapter = self.adapters[ep.engine] = adapter_for(ep.engine, settings=self.settings)
+            adapter = self.adapters[ep.engine] = adapter_for(ep.engine, settings=self.settings, now=self.clock.now)
         price = ep.price_per_hour
         if price is None:
             price = gpu_profile(ep.gpu).price_per_hour * ep.tp if ep.gpu else 0.0
         return Replica(i, ep.name or f"replica-{i}", ep.url.rstrip("/"), ep.engine, ep.gpu, tuple(ep.models), ep.pool, price, ep.tp, adapter,
-                       ep.scheduling == "priority")
+                       ep.scheduling == "priority", kv_unified=ep.kv_unified)
 
     async def start(self) -> None:
         warm_up()  # compile (or load cached) scheduling kernels before the first request

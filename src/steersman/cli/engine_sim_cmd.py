@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
                                                    "(lower first), as vLLM --scheduling-policy."),
         mean_output_tokens: float = typer.Option(_S.mean_output_tokens, help="Mean answer length when EOS decides."),
         cold_start: bool = typer.Option(False, help="Start with weights cold and load them (load time from weight bytes)."),
+        enable_sleep_mode: bool = typer.Option(
+            False, help="vLLM's sleep mode (with VLLM_SERVER_DEV_MODE=1): POST /sleep?level=1|2 unloads the weights, "
+                        "POST /wake_up loads them again, GET /is_sleeping says which."),
         die_after_tokens: int | None = typer.Option(None, help="Fault: crash after this many streamed tokens."),
         hang: bool = typer.Option(False, help="Fault: make no progress."),
         slowdown: float = typer.Option(1.0, help="Fault: every step takes this factor longer."),
@@ -89,7 +92,7 @@ def register(app: typer.Typer) -> None:
             mean_output_tokens=mean_output_tokens, engine=engine, cold_start=cold_start, faults=faults,
             admin_key_sha256=admin_key_sha256, exit_on_crash=True, otlp_traces_endpoint=otlp_traces_endpoint,
             kv_events_endpoint=kv_events_endpoint, kv_events_topic=kv_events_topic,
-            kv_events_replay_endpoint=kv_events_replay_endpoint,
+            kv_events_replay_endpoint=kv_events_replay_endpoint, sleep_mode=enable_sleep_mode,
         )
         try:
             server = SimServer(cfg)

@@ -31,6 +31,14 @@ class GatewaySettings:
         0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)", gt=0
     )
     metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round", gt=0)
+    sleep_poll_s: float = setting(
+        1.0, "design: a replica whose /metrics has no vllm:engine_sleep_state is asked GET /is_sleeping at most "
+        "once a second (the last answer stands between); vLLM before that gauge logs every call at INFO", gt=0
+    )
+    sleep_recheck_s: float = setting(
+        60.0, "design: a replica without /is_sleeping (404, not vLLM's answer) is asked again after 60 s, not "
+        "at every scrape (a generic OpenAI server is not asked 20 times a second for a route it lacks)", gt=0
+    )
     models_relist_s: float = setting(
         2.0, "design: a replica listed without models whose /v1/models failed (its scrapes succeeding) is asked "
         "again every 2 s until it answers (40 scrape rounds; a server without /v1/models is not hammered)", gt=0

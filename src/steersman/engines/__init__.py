@@ -17,7 +17,8 @@ __all__ = [
     "adapter_for",
 ]
 
-#: Engine kinds by name; each factory takes the kind name and returns an adapter.
+#: Engine kinds by name; each factory takes the kind name (and the keywords settings=GatewaySettings, now=the
+#: gateway clock's now) and returns an adapter.
 ADAPTERS: Registry = Registry("engine adapter")
 for _kind in ("openai", "vllm", "sglang", "engine-sim"):
     ADAPTERS.register(_kind, OpenAIHttpAdapter)  # metric names per kind: steersman.engines.metric_names

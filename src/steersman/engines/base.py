@@ -35,6 +35,9 @@ class EngineMetrics:
 class ReplicaAddress:
     name: str
     url: str
+    #: llama.cpp: its slots share one KV pool (llama-server --kv-unified), which its pages cannot tell from one pool
+    #: per slot; None: not known (the adapter infers it, see steersman.engines.llamacpp)
+    kv_unified: bool | None = None
     endpoint: Endpoint = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

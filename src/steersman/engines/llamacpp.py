@@ -13,10 +13,20 @@ what differs is what it reports:
   ``n_prompt_tokens`` (tokens the slot's KV cache holds: what the next request
   with that prefix reuses), ``n_prompt_tokens_cache`` (how many the last request
   reused) and ``next_token[0].n_decoded``.  The KV usage is the tokens held by
-  busy slots over the slots' context; the KV capacity in blocks is the slots'
-  context over the block size.  Names checked against
-  ``tools/server/server-context.cpp`` (``server_slot::to_json``) of the
-  llama.cpp vendored in llama-cpp-python 0.3.36.
+  busy slots over the KV pool; the KV capacity in blocks is the pool over the
+  block size.  Names checked against ``tools/server/server-context.cpp``
+  (``server_slot::to_json``) of the llama.cpp vendored in llama-cpp-python 0.3.36.
+
+The pool is the slots' contexts added up when each slot has its own (``-np N``: ``-c`` split N ways), but one
+slot's ``n_ctx`` when they share one (``--kv-unified``, and llama.cpp's default when ``-np`` is left to auto): then
+every slot reports the whole pool as its ``n_ctx`` (:func:`kv_pool_tokens`).  Nothing the server serves tells the
+two apart (``/props`` gives the slot's ``n_ctx`` and ``total_slots``, ``/v1/models`` the slot's ``n_ctx``, ``/metrics``
+no KV figure: ``tests/engines/test_llamacpp_kv_unified.py`` records them), so the layout is what the replica's
+:attr:`ReplicaAddress.kv_unified` says (the fleet file's ``kv_unified``, or the flags of a llama-server steersman
+started), else the smallest pool the slots allow: one slot's context until they hold more tokens together than
+that, which only separate pools can (remembered for the replica while its slots keep their number and ``n_ctx``).
+(``--kv-unified-per-slot N`` caps what each slot reports at N: a pool sized by it, ``n_slots * N``, then reads as
+the sum once proven; declared unified, as one slot's N: less than the pool, never more.)
 
 One request field differs too: llama-server takes ``tool_choice`` only as a string (an object, OpenAI's
 named function, is logged as the wrong type and treated as ``auto``), so a chat request naming a function
@@ -27,6 +37,8 @@ then holding the model to that function's call (OpenAI: "forces the model to cal
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,7 +51,9 @@ from steersman.engines.metric_names import METRIC_NAMES
 from steersman.engines.openai_http import OpenAIHttpAdapter
 from steersman.engines.promtext import read_samples
 
-__all__ = ["LlamaCppAdapter", "SlotState", "parse_slots", "llamacpp_metrics", "named_tool_choice"]
+log = logging.getLogger("steersman.scraper")
+
+__all__ = ["LlamaCppAdapter", "SlotState", "parse_slots", "kv_pool_tokens", "llamacpp_metrics", "named_tool_choice"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +97,26 @@ def parse_slots(data: Any) -> list[SlotState]:
     return out
 
 
-def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: int = DEFAULTS.engine.block_size) -> EngineMetrics:
-    """Fleet metrics from a ``/metrics`` page and (when available) ``/slots`` (pure)."""
+def _per_slot_proven(slots: Sequence[SlotState]) -> bool:
+    """The slots hold more tokens together than one slot's context: their pools are separate (a shared pool
+    reports its whole size as every slot's ``n_ctx``, and never holds more than that)."""
+    return sum(s.held_tokens for s in slots) > max(s.n_ctx for s in slots)
+
+
+def kv_pool_tokens(slots: Sequence[SlotState], kv_unified: bool | None) -> int:
+    """The server's KV pool in tokens: one slot's ``n_ctx`` when the slots share one pool (``kv_unified``), their
+    sum when each has its own; None (unknown): the smallest the slots allow (:func:`_per_slot_proven`)."""
+    if not slots:
+        return 0
+    if kv_unified is None:
+        kv_unified = not _per_slot_proven(slots)
+    return max(s.n_ctx for s in slots) if kv_unified else sum(s.n_ctx for s in slots)
+
+
+def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: int = DEFAULTS.engine.block_size,
+                     kv_unified: bool | None = None) -> EngineMetrics:
+    """Fleet metrics from a ``/metrics`` page and (when available) ``/slots`` (pure); ``kv_unified``: whether the
+    slots share one KV pool (None: not known, see :func:`kv_pool_tokens`)."""
     v = read_samples(text, METRIC_NAMES["llamacpp"].samples)
     hits = v.get("prefix_hits", 0.0)
     m = EngineMetrics(
@@ -99,7 +131,7 @@ def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: i
     )
     if not slots:
         return m
-    ctx = sum(s.n_ctx for s in slots)
+    ctx = kv_pool_tokens(slots, kv_unified)
     if ctx <= 0:
         return m
     busy = sum(s.held_tokens for s in slots if s.processing)
@@ -111,8 +143,12 @@ class LlamaCppAdapter(OpenAIHttpAdapter):
 
     shares_prefill_in_flight = False  # a prompt is reused from the slot that ran it, once free (see EngineAdapter)
 
-    def __init__(self, kind: str = "llamacpp", settings: GatewaySettings = DEFAULTS.gateway) -> None:
-        super().__init__(kind, settings)
+    def __init__(self, kind: str = "llamacpp", settings: GatewaySettings = DEFAULTS.gateway,
+                 now: Callable[[], float] = time.monotonic) -> None:
+        super().__init__(kind, settings, now)
+        #: replicas of unknown layout whose slots were seen holding more than one slot's context: the (slot count,
+        #: n_ctx) they had then (separate pools for as long as those stay; a restart with others forgets it)
+        self._per_slot: dict[str, tuple[int, int]] = {}
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes,
                    sent: Callable[[], None] | None = None, headers: bytes = b"") -> Exchange:
@@ -137,7 +173,25 @@ class LlamaCppAdapter(OpenAIHttpAdapter):
         status, body = page
         if status != 200:
             raise UpstreamError(f"{replica.name} /metrics answered {status} (is llama-server running with --metrics?)", connected=True)
-        return llamacpp_metrics(body.decode("utf-8", "replace"), None if isinstance(slots, BaseException) else slots)
+        if isinstance(slots, BaseException):
+            slots = None
+        return llamacpp_metrics(body.decode("utf-8", "replace"), slots, kv_unified=self._layout(replica, slots))
+
+    def _layout(self, replica: ReplicaAddress, slots: list[SlotState] | None) -> bool | None:
+        """Whether ``replica``'s slots share one KV pool: as declared, else False once proven, else None."""
+        if replica.kv_unified is not None or not slots:
+            return replica.kv_unified
+        shape = (len(slots), max(s.n_ctx for s in slots))
+        if self._per_slot.get(replica.name) == shape:
+            return False
+        self._per_slot.pop(replica.name, None)
+        if _per_slot_proven(slots):
+            self._per_slot[replica.name] = shape
+            log.info("replica %s: its %d slots hold more tokens than one slot's context (%d): a KV pool each, "
+                     "%d tokens in all (declare kv_unified in the fleet file to skip the guess)",
+                     replica.name, shape[0], shape[1], sum(s.n_ctx for s in slots))
+            return False
+        return None
 
 
 def named_tool_choice(body: bytes) -> bytes:

@@ -24,6 +24,13 @@ series), never summed within one.
 vLLM renamed samples in 0.9.2 (``loggers.py``: "Deprecated in 0.9.2 - Renamed"): ``gpu_cache_usage_perc`` is
 ``kv_cache_usage_perc``, ``gpu_prefix_cache_{queries,hits}`` are ``prefix_cache_*``; an older engine's page is
 read through :attr:`MetricNames.legacy` (the old name of a field, read when its new one is absent).
+
+vLLM's sleep mode (``--enable-sleep-mode``, ``POST /sleep?level=1|2``) leaves the replica answering ``/health`` and
+``/metrics`` with its weights offloaded or discarded: ``vllm:engine_sleep_state`` (``loggers.py``, since vLLM PR
+#24176, outside dev mode since #27867) is a one-hot gauge per engine labelled ``sleep_state`` = ``awake`` |
+``weights_offloaded`` | ``discard_all``; a replica with a sleeping engine reads as cold weights
+(:attr:`MetricNames.sleep_family`; an older vLLM without it is asked ``GET /is_sleeping``, see
+:mod:`steersman.engines.openai_http`).
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ class MetricNames:
     cache_info_family: str | None = None  # info gauge with a num_gpu_blocks label
     kv_usage_is_percent: bool = False
     kv_capacity_tokens: str | None = None  # gauge: KV capacity in tokens (converted to blocks)
+    #: one-hot gauge per engine labelled sleep_state=awake|weights_offloaded|discard_all (vLLM's sleep mode): a
+    #: sleeping engine makes the replica's weights cold; an awake one, warm (unless weights_family says otherwise)
+    sleep_family: str | None = None
     #: the engine serves ``/metrics`` through prometheus_client, which restricts the page to the samples named
     #: in ``name[]`` query parameters (``exposition._bake_output``): the gateway asks for :meth:`scraped` only
     filterable: bool = False
@@ -65,7 +75,7 @@ class MetricNames:
 
     def scraped(self) -> tuple[str, ...]:
         """Every sample name the gateway reads."""
-        extra = (self.weights_family, self.cache_info_family, self.kv_capacity_tokens)
+        extra = (self.weights_family, self.sleep_family, self.cache_info_family, self.kv_capacity_tokens)
         return (*self.samples, *(n for n in extra if n), *self.legacy.values())
 
 
@@ -80,6 +90,7 @@ _VLLM = MetricNames(
         }
     ),
     weights_family="steersman_sim:weights_state",
+    sleep_family="vllm:engine_sleep_state",
     cache_info_family="vllm:cache_config_info",
     engine_label="engine",
     legacy=MappingProxyType(

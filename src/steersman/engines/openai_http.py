@@ -11,13 +11,25 @@ the gateway reads fewer bytes too.  A registry that cannot restrict its page (pr
 multiprocess collector, as SGLang and vLLM with several API servers use, describes no names) answers the
 filtered request with an empty page: a 200 page without the running-requests sample sends that replica back
 to the whole page for good (any other answer is a failed scrape, the next one filtered again).
+
+A vLLM in sleep mode (``POST /sleep``) still answers ``/health`` and ``/metrics``: its page's
+``vllm:engine_sleep_state`` makes the replica's weights cold (not routable) while an engine sleeps, warm once awake
+(:attr:`MetricNames.sleep_family`).  A page without that gauge (vLLM before it, or any OpenAI server) says nothing,
+and the replica is asked ``GET /is_sleeping`` (``{"is_sleeping": bool}``; vLLM registers it with
+``VLLM_SERVER_DEV_MODE=1`` only): at most every ``gateway.sleep_poll_s`` (the last answer stands between; vLLM of
+those versions logs every call), and where it is absent (any answer but vLLM's: a 404 above all) again only after
+``gateway.sleep_recheck_s``, not at every scrape.  A connection error or timeout asking it keeps the last answer.  A
+replica read asleep whose page and route then say nothing of sleep reads awake (restarted: a new vLLM wakes up).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from urllib.parse import quote
 
 import orjson
@@ -52,6 +64,11 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
     if names.weights_family:
         states = read_labelled(text, names.weights_family, "state")
         weights = next((k for k, x in states.items() if x >= 1.0), None)
+    sleeping = _sleeping(text, names)
+    if sleeping:
+        weights = "cold"  # offloaded (level 1) or discarded (level 2): nothing runs until a wake-up
+    elif sleeping is False and weights is None:
+        weights = "warm"  # awake (again): routable
     caps = _capacities(text, names, block_size)
     usage = _gauge(text, names, "kv_usage")
     if usage and all(caps.get(e, 0.0) > 0 for e in usage):
@@ -69,6 +86,41 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
         weights=weights,
         kv_blocks_total=sum(caps.values()) if caps else None,
     )
+
+
+def _sleeping(text: str, names: MetricNames) -> bool | None:
+    """Whether an engine of the page sleeps (vLLM's one-hot ``vllm:engine_sleep_state``: ``awake`` 0, or
+    ``weights_offloaded`` / ``discard_all`` 1); None when the page has no such gauge.
+
+    One sleeping engine of several (data parallel) is enough: requests balanced to it would wait for its wake-up
+    (vLLM sleeps and wakes them all together)."""
+    if not names.sleep_family:
+        return None
+    said = None
+    for labels, v in read_series(text, names.sleep_family):
+        state = label_value(labels, "sleep_state")
+        if state == "awake":
+            if v < 0.5:
+                return True
+        elif state in ("weights_offloaded", "discard_all"):
+            if v >= 0.5:
+                return True
+        else:
+            continue
+        said = False
+    return said
+
+
+def _is_sleeping(status: int, body: bytes) -> bool | None:
+    """vLLM's ``GET /is_sleeping`` answer (``{"is_sleeping": bool}``); None for any other (no such route)."""
+    if status != 200:
+        return None
+    try:
+        said = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    flag = said.get("is_sleeping") if isinstance(said, dict) else None
+    return flag if isinstance(flag, bool) else None
 
 
 def _gauge(text: str, names: MetricNames, field: str) -> dict[str, float]:
@@ -150,7 +202,8 @@ class OpenAIHttpAdapter:
 
     shares_prefill_in_flight = True  # vLLM, SGLang, engine-sim (see EngineAdapter)
 
-    def __init__(self, kind: str = "openai", settings: GatewaySettings = DEFAULTS.gateway) -> None:
+    def __init__(self, kind: str = "openai", settings: GatewaySettings = DEFAULTS.gateway,
+                 now: Callable[[], float] = time.monotonic) -> None:
         self.kind = kind
         self.names: MetricNames = METRIC_NAMES.get(kind, METRIC_NAMES["openai"])
         self._path = metrics_path(self.names)
@@ -158,6 +211,11 @@ class OpenAIHttpAdapter:
         self._needle = next((s for s, f in self.names.samples.items() if f == "num_running"), None)
         self._whole: set[str] = set()  # replicas scraped without the filter (their registry cannot apply it)
         self._settings = settings
+        self._now = now
+        #: replicas whose page has no sleep gauge: when to ask ``/is_sleeping`` next, and the weights its last
+        #: answer meant ("cold" / "warm"; None: not asked yet, or no such route)
+        self._asleep: dict[str, tuple[float, str | None]] = {}
+        self._cold: set[str] = set()  # replicas last read with cold weights
         self.pool = UpstreamPool(settings.connect_timeout_s, settings.upstream_idle_timeout_s,
                                  settings.upstream_preconnect)
 
@@ -173,6 +231,21 @@ class OpenAIHttpAdapter:
             raise UpstreamError(f"{replica.name} {path} took longer than {self._settings.metrics_timeout_s} s", connected=True) from None
 
     async def scrape(self, replica: ReplicaAddress) -> EngineMetrics:
+        m = await self._scrape_page(replica)
+        if not self.names.sleep_family:
+            return m
+        weights = m.weights
+        if weights is None:  # the page does not say: the replica may (an older vLLM)
+            weights = await self._sleep_weights(replica)
+            if weights is None and replica.name in self._cold:
+                weights = "warm"  # it said it slept, and now says nothing of sleep at all: restarted, awake
+        if weights == "cold":
+            self._cold.add(replica.name)
+        else:
+            self._cold.discard(replica.name)
+        return m if weights == m.weights else replace(m, weights=weights)
+
+    async def _scrape_page(self, replica: ReplicaAddress) -> EngineMetrics:
         if self._path != "/metrics" and replica.name not in self._whole:
             status, body = await self._get(replica, self._path)
             if status != 200:  # a failed scrape (a proxy's 503 in a restart), not a registry that cannot filter
@@ -187,6 +260,31 @@ class OpenAIHttpAdapter:
         if status != 200:
             raise UpstreamError(f"{replica.name} /metrics answered {status}", connected=True)
         return parse_metrics(body.decode("utf-8", "replace"), self.names)
+
+    async def _sleep_weights(self, replica: ReplicaAddress) -> str | None:
+        """The weights ``GET /is_sleeping`` means ("cold" asleep, "warm" awake), None where the replica has no such
+        route; asked at most every ``gateway.sleep_poll_s``, where absent every ``gateway.sleep_recheck_s``."""
+        at, last = self._asleep.get(replica.name, (-math.inf, None))
+        now = self._now()
+        if now < at:
+            return last
+        try:
+            status, body = await self._get(replica, "/is_sleeping")
+        except UpstreamError:  # the page came, this did not: keep what the replica said last, ask at the next poll
+            self._asleep[replica.name] = (now + self._settings.sleep_poll_s, last)
+            return last
+        said = _is_sleeping(status, body)
+        if said is None:
+            if at == -math.inf or last is not None:
+                log.debug("replica %s: no sleep state on its /metrics nor at /is_sleeping (%d); asking again in %g s",
+                          replica.name, status, self._settings.sleep_recheck_s)
+            self._asleep[replica.name] = (now + self._settings.sleep_recheck_s, None)
+            return None
+        weights = "cold" if said else "warm"
+        if weights != last and last is not None:
+            log.info("replica %s %s (/is_sleeping)", replica.name, "sleeps" if said else "is awake again")
+        self._asleep[replica.name] = (now + self._settings.sleep_poll_s, weights)
+        return weights
 
     async def list_models(self, replica: ReplicaAddress) -> list[str]:
         status, body = await self._get(replica, "/v1/models")

@@ -4,6 +4,11 @@ OpenAI-compatible ``/v1/chat/completions`` and ``/v1/completions`` (SSE and
 plain), ``/v1/models``, ``/health``, ``/metrics`` with vLLM's metric names, and
 ``/admin/faults`` for fault injection.  Tokens are paced by the engine model
 (:mod:`steersman.sim`) on the injected clock.
+
+With ``sleep_mode`` (vLLM's ``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``, which registers the routes)
+``POST /sleep?level=1|2`` unloads the weights (the KV cache goes; requests wait, unscheduled, for the wake-up),
+``POST /wake_up`` loads them again (the engine model's load time) and ``GET /is_sleeping`` answers
+``{"is_sleeping": bool}``; ``vllm:engine_sleep_state`` on ``/metrics`` says the same, as vLLM's does.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass, field
+from urllib.parse import parse_qs
 
 import msgspec
 import orjson
@@ -54,6 +60,8 @@ class SimServerConfig:
     kv_events_topic: str = ""  # vLLM KVEventsConfig.topic default
     #: vLLM's KVEventsConfig.replay_endpoint: a ROUTER socket bound here replays the last batches on request
     kv_events_replay_endpoint: str | None = None
+    #: vLLM's --enable-sleep-mode in dev mode: POST /sleep, POST /wake_up, GET /is_sleeping (404 without)
+    sleep_mode: bool = False
 
 
 class SimServer:
@@ -107,6 +115,10 @@ class SimServer:
             ("DELETE", "/admin/faults", self.clear_faults),
         ):
             self.http.route(method, path, handler)
+        if cfg.sleep_mode:
+            self.http.route("POST", "/sleep", self.sleep)
+            self.http.route("POST", "/wake_up", self.wake_up)
+            self.http.route("GET", "/is_sleeping", self.is_sleeping)
 
     @property
     def url(self) -> str:
@@ -213,6 +225,26 @@ class SimServer:
         if spec.refuse_for_s > 0:
             self.http.close_listener(idle_too=True)  # at once: refused from the answer on (its connection closes)
             asyncio.get_running_loop().create_task(self.refuse(spec.refuse_for_s))
+
+    # ---- sleep mode (vLLM's dev-mode routes) ---------------------------------
+    async def sleep(self, request: HttpRequest) -> None:
+        level = parse_qs(request.query).get("level", ["1"])[-1]
+        if level not in ("1", "2"):
+            request.respond(400, bad_request(f"sleep level must be 1 or 2, got {level!r}", "level").body())
+            return
+        self.engine.unload()  # level 1 keeps the weights in host memory, level 2 drops them: both leave the GPU
+        self.metrics.sleep_level = int(level)
+        request.respond(200, b"", b"text/plain")
+
+    async def wake_up(self, request: HttpRequest) -> None:
+        if self.metrics.sleep_level:
+            self.metrics.sleep_level = 0
+            self.engine.begin_load(self.clock.now())
+            self.runner.poke()  # requests that came while asleep run once the weights are back
+        request.respond(200, b"", b"text/plain")
+
+    async def is_sleeping(self, request: HttpRequest) -> None:
+        request.respond(200, orjson.dumps({"is_sleeping": self.metrics.sleep_level > 0}))
 
     # ---- plain endpoints ---------------------------------------------------
     async def health(self, request: HttpRequest) -> None:

@@ -113,6 +113,8 @@ class SimMetrics:
         self.prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", b)
         self.generation_tokens = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", b)
         self.success = {k: _Counter() for k in ("stop", "length", "abort")}
+        #: vLLM's sleep mode: 0 awake, 1 weights offloaded, 2 weights discarded (``vllm:engine_sleep_state``)
+        self.sleep_level = 0
 
     def render(self, only: frozenset[str] | None = None) -> bytes:
         """The page; ``only``: just the families with a sample of these names (:func:`wanted`)."""
@@ -129,6 +131,13 @@ class SimMetrics:
 
         one("gauge", "vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
         one("gauge", "vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
+        if want("vllm:engine_sleep_state"):  # vLLM renders it always (awake = 1 until a POST /sleep)
+            out.append("# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; "
+                       "awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; "
+                       "discard_all = 1 means sleep level 2.\n# TYPE vllm:engine_sleep_state gauge\n")
+            level = self.sleep_level
+            for state, at in (("awake", 0), ("weights_offloaded", 1), ("discard_all", 2)):
+                out.append(f'vllm:engine_sleep_state{{{lab},sleep_state="{state}"}} {1.0 if level == at else 0.0}\n')
         one("gauge", "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", s.kv_usage)
         one("gauge", "vllm:gpu_cache_usage_perc", "GPU KV-cache usage (deprecated name).", s.kv_usage)
         for name, doc, v in (

@@ -89,6 +89,10 @@ class EngineRunner:
         self.jobs[job.req_id] = job
         self._wake.set()
 
+    def poke(self) -> None:
+        """The engine's state changed outside a step (weights loading again): look at it anew."""
+        self._wake.set()
+
     def cancel(self, job: Job) -> None:
         """The client went away: free the request in the engine."""
         if self.jobs.pop(job.req_id, None) is not None and not job.done:

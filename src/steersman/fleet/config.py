@@ -19,6 +19,7 @@ endpoints:                                     # engines already running
   - {name: h100-0, url: "http://10.0.0.5:8000", engine: vllm, gpu: H100, models: [llama-3.1-8b], pool: main}
     # kv_events: "tcp://10.0.0.5:5557"   # the engine's KV events (vLLM --kv-events-config): exact prefix matches
     # kv_events_replay: "tcp://10.0.0.5:5558"   # its replay_endpoint: what a gap or a late start missed
+  - {name: cpu-0, url: "http://10.0.0.6:8080", engine: llamacpp, kv_unified: true}   # llama-server -kvu (or no -np)
 simulated:                                     # engine-sim replicas started for you
   speedup: 1.0
   replicas:
@@ -77,6 +78,10 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: the engine's replay socket (vLLM KVEventsConfig.replay_endpoint): batches missed in a gap, or published
     #: before the gateway joined, are asked for again; None: they stay missed
     kv_events_replay: str | None = None
+    #: llama.cpp only: the llama-server's slots share one KV pool (--kv-unified, or -np left to auto), false: one
+    #: pool per slot (-np N); its pages cannot tell (each slot reports the shared pool as its n_ctx).  None: the
+    #: adapter reads the smallest pool the slots allow until they show more (steersman.engines.llamacpp)
+    kv_unified: bool | None = None
 
 
 class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -238,6 +243,8 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
             raise FleetConfigError(f"{at}.kv_events_replay needs endpoints[{i}].kv_events (the events it replays)")
         if ep.scheduling not in _SCHEDULING:
             raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {ep.scheduling!r}")
+        if ep.kv_unified is not None and ep.engine != "llamacpp":
+            raise FleetConfigError(f"{at}.kv_unified is for llama-server's slots (engine: llamacpp), not {ep.engine}")
         if ep.tp < 1:
             raise FleetConfigError(f"{at}.tp must be >= 1, got {ep.tp}")
         price = ep.price_per_hour

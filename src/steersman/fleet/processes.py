@@ -233,9 +233,22 @@ class LlamaServerFleet:
             await self.clock.sleep(0.1)
         raise EngineStartError(f"{p.name} not healthy after {self.settings.start_timeout_s} s:\n{p.log_tail()}")
 
+    @property
+    def kv_unified(self) -> bool:
+        """Whether the replicas' slots share one KV pool: ``-np`` is given, so only ``-kvu`` in the extra arguments
+        makes them (the last of ``-kvu`` / ``-no-kvu`` wins, as llama.cpp reads its arguments)."""
+        unified = False
+        for arg in self.extra_args:
+            if arg in ("-kvu", "--kv-unified"):
+                unified = True
+            elif arg in ("-no-kvu", "--no-kv-unified"):
+                unified = False
+        return unified
+
     def endpoints(self) -> list[dict[str, Any]]:
         return [
-            {"name": p.name, "url": p.url, "engine": "llamacpp", "models": [self.settings.model_name], "gpu": None}
+            {"name": p.name, "url": p.url, "engine": "llamacpp", "models": [self.settings.model_name], "gpu": None,
+             "kv_unified": self.kv_unified}
             for p in self.procs
         ]
 

@@ -35,10 +35,11 @@ class Replica:
     adapter: EngineAdapter
     priority_scheduling: bool = False  # the engine takes a per-request ``priority`` (vLLM --scheduling-policy priority)
     handoff_s_per_token: float = 0.0  # a prefill replica of a disaggregated fleet (the twin): see ReplicaSpec
+    kv_unified: bool | None = None  # llama.cpp: its slots share one KV pool (see ReplicaAddress.kv_unified)
     address: ReplicaAddress = field(init=False)
 
     def __post_init__(self) -> None:
-        self.address = ReplicaAddress(self.name, self.url)
+        self.address = ReplicaAddress(self.name, self.url, self.kv_unified)
 
 
 @dataclass(slots=True)
