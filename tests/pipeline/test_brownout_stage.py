@@ -154,11 +154,12 @@ async def test_a_moved_request_is_scheduled_as_the_cheaper_models():
     assert ctx.sched.expected_output == OUTPUTS[SMALL]
 
 
-async def test_a_request_too_long_for_the_cheaper_model_stays_on_its_own():
+async def test_a_request_too_long_for_the_cheaper_model_is_not_moved_but_shed():
     """The small model's replica holds 64 blocks (1,024 tokens) in all; a ~2,000-token prompt fits the big one.
     Moved, routing would refuse it with a 400 ``context_length_exceeded`` naming ``messages`` (for the small
-    model): a load decision failing a request the model asked for serves.  It stays on the big model (and waits
-    in its queue); a short one still moves."""
+    model): a load decision failing a request the model asked for serves.  It is not moved: sheddable work that
+    cannot step aside, it gets the brown-out's 503 (with Retry-After) as without a cheaper model; a short one
+    still moves."""
     gw = _Gateway(small_kv_blocks=64)
     stage = Brownout(gw)
     gw.backlog[BIG] = ENTER
@@ -168,8 +169,8 @@ async def test_a_request_too_long_for_the_cheaper_model_stays_on_its_own():
     refusal = kv_shortfall(gw.fleet.snapshot(), moved, np.array([1]))
     assert refusal.status == 400 and refusal.code == "context_length_exceeded"
     out = await stage.run(long_ctx)
-    assert not isinstance(out, Fail)
+    assert isinstance(out, Fail) and out.error.status == 503 and out.error.code == "brownout"
     assert long_ctx.model == BIG and long_ctx.sched.model == BIG and b'"model":"big"' in long_ctx.body
     assert long_ctx.http.extra_headers == b""
     assert await _served_by(stage, gw, 2, max_tokens=16) == SMALL
-    assert stage.counts.get(BIG, "moved") == 1 and stage.counts.get(BIG, "shed") == 0
+    assert stage.counts.get(BIG, "moved") == 1 and stage.counts.get(BIG, "shed") == 1

@@ -170,3 +170,37 @@ def test_longest_prompt_defaults_to_the_prompt():
     assert r.longest_prompt_tokens is None and r.longest_prompt == 1234
     assert replace(r, longest_prompt_tokens=99).longest_prompt == 99
     assert replace(r, longest_prompt_tokens=99).kv_tokens == r.kv_tokens  # the load counts every input
+
+
+def test_a_shortfall_decision_compiles_nothing_after_the_warm_up():
+    """kv_shortfall calls its kernel from Python with the snapshot's read-only rows (a numba type of their own):
+    the warm-up ran it with writable arrays only, so the first request no replica's free KV held compiled it on the
+    gateway's event loop.  A fresh interpreter, as a gateway process starts (here, other tests compiled much).  (The
+    plugin-by-plugin path is covered live by tests/reliability/test_no_compile_on_request_path.py: this test's
+    hand-made snapshot differs from a fleet's in arrays that path's other kernels read.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from steersman.policy import kernels, plugin_kernels, shortlist_kernels
+kernels.warm_up()
+from test_kv_shortfall import _snap, _req
+from steersman.policy import make_policy
+def counts():
+    return {{k.__name__: len(k.signatures) for m in (kernels, plugin_kernels, shortlist_kernels)
+             for k in vars(m).values() if hasattr(k, "signatures")}}
+before = counts()
+snap = _snap([1000.0, 2000.0], [0.9, 0.7])  # free 1,600 and 9,600 tokens: neither holds 12,010 now
+snap.live.flags.writeable = False  # as every fleet snapshot's
+policy = make_policy("steersman")
+before = counts()
+print(policy.pick(snap, _req(12000, 10)))  # the fused path (the gateway's, for the default profile)
+added = {{k: n - before.get(k, 0) for k, n in counts().items() if n != before.get(k, 0)}}
+print(added)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "{}", run.stdout

@@ -79,8 +79,12 @@ def test_in_brownout_the_action_reads_the_state_and_sheds_only_with_a_backlog():
     assert isinstance(_do(PriorityClass.SHEDDABLE, low - 1, on=True, movable=False), Keep)
 
 
-def test_a_request_the_cheaper_model_cannot_hold_stays_on_its_own():
-    """Moved, routing would refuse it with a 400 ``context_length_exceeded`` for a model it never asked for."""
-    assert isinstance(_do(PriorityClass.SHEDDABLE, 100, holds=lambda m: m != "small"), Keep)
+def test_a_request_the_cheaper_model_cannot_hold_is_not_moved_but_shed():
+    """Moved, routing would refuse it with a 400 ``context_length_exceeded`` for a model it never asked for; kept,
+    the heaviest sheddable requests would take the saturated queue's places: shed, as any that cannot move (kept
+    in the stabilization window's tail, where the backlog is short)."""
+    assert isinstance(_do(PriorityClass.SHEDDABLE, 100, holds=lambda m: m != "small"), Shed)
+    low = int(S.brownout_queue_depth * S.brownout_leave_fraction)
+    assert isinstance(_do(PriorityClass.SHEDDABLE, low - 1, on=True, holds=lambda m: m != "small"), Keep)
     assert _do(PriorityClass.SHEDDABLE, 100, holds=lambda m: True) == MoveTo("small")
     assert isinstance(_do(PriorityClass.SHEDDABLE, 100, holds=lambda m: False, movable=False), Shed)

@@ -118,9 +118,9 @@ class SloCheapest:
         last = self._ties.get(req.model)
         turn = 0 if last is None else last[1] + (req.seq != last[0])
         j, count = pick_top(pool, total, turn)
-        if j < 0:  # a NaN score (no clamped total has one): numpy's own rule, as ever
-            s = np.where(pool, total, -np.inf)
-            top = np.flatnonzero(s >= s.max() - 1e-12)
+        if j < 0:  # a NaN score (no clamped total has one): the best of the others, else the pool's turn
+            s = np.where(pool & ~np.isnan(total), total, -np.inf)
+            top = np.flatnonzero(s >= s.max() - 1e-12) if np.isfinite(s.max()) else np.flatnonzero(pool)
             count = top.size
             j = int(top[turn % count])
         if count > 1:

@@ -260,6 +260,12 @@ def warm_up() -> None:
                            np.empty(1, dtype=np.bool_))
     fits_kv_kernel(idx, one, one, one, 1.0, np.empty(1, dtype=np.bool_))
     kv_keep_kernel(idx, one, one, one, 1.0, 1.0, 16.0, np.empty(1, dtype=np.bool_))
+    # as scorers.kv_shortfall calls it from Python: the snapshot's rows and the statics are read-only (a type of
+    # their own to numba), the candidates a buffer's slice or the context's read-only array
+    frozen, frozen_idx = one.copy(), idx.copy()
+    frozen.flags.writeable = frozen_idx.flags.writeable = False
+    for ix in (idx, frozen_idx):
+        kv_keep_kernel(ix, frozen, frozen, frozen, 1.0, 1.0, 16.0, np.empty(1, dtype=np.bool_))
     kv_headroom_kernel(idx, one, one, one, 1.0, 0.0, np.empty(1))  # any float tie: one specialization
     load_balance_kernel(idx, one, one, 0.0, np.empty(1))
     uncached_kernel(one, 16.0, 1.0, np.empty(1))

@@ -25,8 +25,10 @@ cannot move is kept, not shed: there is no queue place left to protect.
 A request the cheaper model cannot hold at all (``holds``: its longest prompt and
 ``max_tokens`` over the whole KV cache of every replica serving it, the routing's
 own context check) is not moved: routing would refuse it with a 400
-``context_length_exceeded`` for a model it never asked for.  It stays on its own
-model and waits in its queue like any request there.
+``context_length_exceeded`` for a model it never asked for.  It is sheddable work
+that cannot step aside, as when no cheaper model is named: refused with 503 and
+``Retry-After`` (kept in the stabilization window's tail) -- kept on its own model,
+the heaviest sheddable requests would be the ones to take the saturated queue's places.
 """
 
 from __future__ import annotations
@@ -98,14 +100,15 @@ def browned_out(state: BrownoutState | None, queue_depth: int, full: Callable[[]
 def brownout(priority: PriorityClass, model: str, queue_depth: int, saturated: Callable[[str], bool],
              serves: Callable[[str], bool], settings: ReliabilitySettings, movable: bool = True, *,
              on: bool | None = None, holds: Callable[[str], bool] | None = None) -> Keep | MoveTo | Shed:
-    """What brown-out does with one request for ``model``, whose replicas are all full (the caller asks only
-    then: ``steersman.pipeline.brownout``); ``queue_depth``: the requests waiting in the gateway for ``model``;
+    """What brown-out does with one request for ``model`` while it is in brown-out (``on``; the caller keeps that
+    state: ``steersman.pipeline.brownout``); ``queue_depth``: the requests waiting in the gateway for ``model``;
     ``saturated(model)`` (no replica can take a request) / ``serves(model)`` ask the fleet snapshot;
     ``movable``: another model's answer would do (not for embeddings: another model's vectors are not comparable).
 
     ``on``: whether ``model`` is in brown-out (:func:`browned_out`, kept by the caller); None judges the backlog
     alone (``queue_depth >= brownout_queue_depth``).  ``holds(model)``: some replica serving ``model`` could ever
-    hold this request (None: any could); one the cheaper model cannot hold stays on its own (:data:`KEEP`)."""
+    hold this request (None: any could); one the cheaper model cannot hold is not moved (then shed, as any that
+    cannot move)."""
     if priority != PriorityClass.SHEDDABLE:
         return KEEP
     if on is None:
@@ -113,11 +116,11 @@ def brownout(priority: PriorityClass, model: str, queue_depth: int, saturated: C
     if not on:
         return KEEP
     cheaper = settings.brownout_models.get(model)
-    if movable and cheaper is not None and cheaper != model and serves(cheaper):
-        if holds is not None and not holds(cheaper):
-            return KEEP  # too long for the cheaper model: moved, it would be a 400 for a model it never asked for
-        if not saturated(cheaper):
-            return MoveTo(cheaper)
+    # one the cheaper model cannot hold is not moved (it would be a 400 for a model it never asked for): it is
+    # sheddable work that cannot step aside, as when there is no cheaper model
+    if (movable and cheaper is not None and cheaper != model and serves(cheaper)
+            and (holds is None or holds(cheaper)) and not saturated(cheaper)):
+        return MoveTo(cheaper)
     if queue_depth < leave_depth(settings):
         return KEEP  # the stabilization window's tail: the backlog is short, no queue place to protect
     return Shed(f"the fleet is saturated: sheddable traffic for {model!r} is browned out")

@@ -25,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from steersman.config import DEFAULTS, ReliabilitySettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig, WorkflowTracker
 from steersman.control.accounting import Accounting, Started
@@ -136,11 +138,9 @@ class Twin(DrillActions):
         ``Fleet.streamed`` keeps it from the events of its streams), for the replicas where a request of ours
         awaits a first token (the others' entries are stale: the stall rule ignores them)."""
         out = self.fleet.output_at
-        since = self.fleet.live[S.STALLED_SINCE]
         reps = self.tf.replicas
-        for i in range(len(reps)):
-            if since[i] == since[i]:  # not NaN: a request awaits there
-                out[i] = reps[i].last_output(now)
+        for i in np.flatnonzero(~np.isnan(self.fleet.live[S.STALLED_SINCE])).tolist():  # a request awaits there
+            out[i] = reps[i].last_output(now)
         return out
 
     # ---- scheduling of events ------------------------------------------------------------
