@@ -21,7 +21,9 @@ import numba
 
 _KERNEL_FILES = ("policy/kernels.py", "policy/plugin_kernels.py", "policy/fastpath.py", "fleet/_prefix_table.py",
                  "text/_fast_tokenize.py", "text/_fast_hash.py", "policy/unprofiled_kernels.py",
-                 "policy/shortlist_kernels.py", "fleet/_prefix_residency.py")
+                 "policy/shortlist_kernels.py", "fleet/_prefix_residency.py",
+                 # not a kernel, but the kernels bake in its row numbers (S.KV_USAGE ...) as compile-time constants
+                 "fleet/snapshot.py")
 _KEEP_OTHERS_S = 7 * 24 * 3600.0
 
 
