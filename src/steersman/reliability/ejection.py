@@ -150,9 +150,11 @@ class OutlierDetector:
         active = self.until <= now
         judged = active & (self.samples >= s.latency_min_samples)
         since = np.asarray(stalled_since, dtype=float)
-        if self.last_output is not None:
-            since = np.maximum(since, self.last_output(now))  # NaN (none awaits) stays NaN
         stalls = np.nan_to_num(np.maximum(now - since, 0.0))
+        if self.last_output is not None and (stalls >= s.latency_floor_ttft_s).any():
+            # progress can only shorten a stall: asked only when one is past the floor (a twin computes it)
+            since = np.maximum(since, self.last_output(now))  # NaN (none awaits) stays NaN
+            stalls = np.nan_to_num(np.maximum(now - since, 0.0))
         # only a replica past a floor can be an outlier (each rule below is at least its floor): judging
         # just those gives the same ejections, and a healthy fleet's sweep (10 a second) skips the
         # per-replica medians, which cost ~0.2-0.9 ms a sweep over 4 replicas and grow as n^2
