@@ -60,6 +60,21 @@ def start_engines(spec: FleetSpec, pg: ProcessGroup, tag: str, kv_events: list[s
     return urls
 
 
+def _cfg_lines(setup: str) -> list[str]:
+    """``steersman+cfg:SECTION.KEY=VALUE[;...]``: the same gateway with these fleet-file settings (not ``gateway``,
+    which the other variants set), e.g. ``steersman+cfg:scheduler.slot_wait_overrun=1.0`` to measure a default."""
+    if "+cfg:" not in setup:
+        return []
+    by: dict[str, list[str]] = {}
+    for pair in setup.split("+cfg:", 1)[1].split(";"):
+        key, _, value = pair.partition("=")
+        section, _, name = key.partition(".")
+        if not (section and name and value) or section == "gateway":
+            raise SystemExit(f"setup {setup!r}: expected +cfg:SECTION.KEY=VALUE[;...] (not gateway.*)")
+        by.setdefault(section, []).append(f"{name}: {value}")
+    return [f"{section}: {{{', '.join(items)}}}" for section, items in by.items()]
+
+
 def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str], peers: Path,
                  steersman_bin: str | None = None, kv_events: list[str] | None = None) -> str:
     port = free_port()
@@ -71,7 +86,7 @@ def start_router(setup: str, spec: FleetSpec, pg: ProcessGroup, urls: list[str],
         # steersman+no-preconnect: without a spare upstream connection opened when an engine closes one
         # (gateway.upstream_preconnect; llama-server closes the connection after every streamed response)
         poll += ", upstream_preconnect: false" if setup == "steersman+no-preconnect" else ""
-        lines = [f"gateway: {{host: 127.0.0.1, port: {port}{poll}}}", "endpoints:"]
+        lines = [f"gateway: {{host: 127.0.0.1, port: {port}{poll}}}", *_cfg_lines(setup), "endpoints:"]
         for i, u in enumerate(urls):
             gpu = f", gpu: {spec.sim_gpu}" if spec.name == "sim" else ""
             events = f', kv_events: "{kv_events[i]}"' if kv_events else ""
