@@ -185,13 +185,12 @@ def test_a_shortfall_decision_compiles_nothing_after_the_warm_up():
     script = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from steersman.policy import kernels, plugin_kernels, shortlist_kernels
+from steersman.policy import kernels, plugin_kernels
 kernels.warm_up()
 from test_kv_shortfall import _snap, _req
 from steersman.policy import make_policy
-def counts():
-    return {{k.__name__: len(k.signatures) for m in (kernels, plugin_kernels, shortlist_kernels)
-             for k in vars(m).values() if hasattr(k, "signatures")}}
+def counts():  # the kernels kv_shortfall calls from Python (the others' types are this hand-made snapshot's)
+    return {{k.__name__: len(k.signatures) for k in (plugin_kernels.kv_keep_kernel,)}}
 before = counts()
 snap = _snap([1000.0, 2000.0], [0.9, 0.7])  # free 1,600 and 9,600 tokens: neither holds 12,010 now
 snap.live.flags.writeable = False  # as every fleet snapshot's

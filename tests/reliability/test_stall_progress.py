@@ -14,10 +14,9 @@ import numpy as np
 
 from steersman.config import DEFAULTS
 from steersman.fleet import snapshot as S_
-from steersman.fleet.state import Fleet, Replica
 from steersman.policy import make_policy
-from steersman.reliability import OutlierDetector, ReplicaGuard
-from steersman.testing import FakeClock, poisson
+from steersman.reliability import OutlierDetector
+from steersman.testing import poisson
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
 
 REL = DEFAULTS.reliability
@@ -76,19 +75,9 @@ def test_a_hung_replica_is_still_ejected_in_the_twin():
 
 def _fleet():
     """3 replicas, each with 5 first tokens at 0.1 s (TTFT samples to compare with), a 0.2 s TTFT floor."""
-    clock = FakeClock()
-    reps = [Replica(i, f"r{i}", f"http://127.0.0.1:{9000 + i}", "openai", "H100", ("m",), "p", 1.0, 1, None)
-            for i in range(3)]
-    fleet = Fleet(reps, clock)
-    fleet.guard = ReplicaGuard(3, replace(REL, latency_floor_ttft_s=0.2), 0.2)
-    for _ in range(5):
-        ts = [fleet.begin(i) for i in range(3)]
-        clock._now += 0.1
-        for t in ts:
-            fleet.first_token(t)
-            fleet.report(t, True)
-            fleet.end(t, 1)
-    return fleet, clock
+    from test_guard import _stall_fleet  # (tests/reliability is on the path, as every test directory)
+
+    return _stall_fleet()
 
 
 def test_a_replica_streaming_tokens_is_not_stalled_while_its_queue_waits_then_its_hang_is():
