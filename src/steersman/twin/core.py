@@ -16,7 +16,6 @@ workflows, queue expiry checks, and failure-drill steps.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import math
@@ -35,14 +34,15 @@ from steersman.control.workflow import WorkflowHeaders, effective_priority
 from steersman.engines.base import EngineMetrics
 from steersman.fleet import snapshot as S
 from steersman.fleet.state import Ticket
-from steersman.policy.base import Route
 from steersman.policy.decode import make_decode_picker
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
+from steersman.twin._events import _ARRIVAL, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _WAKE
 from steersman.twin._gctune import GcTuned
 from steersman.twin.drill_actions import DrillActions
+from steersman.twin._handoff import Handoff
 from steersman.twin.fleet import TwinFleet
 from steersman.twin.pd import Disaggregation
 from steersman.twin.results import Recorder
@@ -53,8 +53,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Twin", "TwinConfig"]
 
-_ARRIVAL, _WAKE, _EXPIRE, _DRILL, _PULL, _DELIVER, _RETRY = range(7)
-_KV = 16  # a disaggregated request's KV reached its decode replica (steersman.twin.pd)
 _PULL_WINDOW_S = 1.0  # open-loop arrivals are pulled from the workload one virtual second at a time
 _EXPIRE_EVERY_S = 0.05  # as the gateway: queued deadlines re-checked at the scrape cadence
 
@@ -99,7 +97,7 @@ class _Req:
     delivered: int = 0
 
 
-class Twin(DrillActions):
+class Twin(DrillActions, Handoff):
     def __init__(self, fleet: TwinFleet, workload, policy, tenants: dict[str, TenantConfig] | None = None,
                  cfg: TwinConfig = TwinConfig(), progress: Callable[[float, int], None] | None = None) -> None:
         self.cfg = cfg
@@ -349,55 +347,6 @@ class Twin(DrillActions):
             self.retries.ended(r, True)
         self.rec.finished(r.idx, self.clock.t, r.delivered + sim.num_output, cached, cost)
         self._follow_up(r, ok=True)
-
-    # ---- prefill/decode disaggregation (steersman.twin.pd) --------------------------------------
-    def _handoff(self, r: _Req, i: int) -> None:
-        """Prefill done on replica ``i``: its KV moves to the decode replica the control plane picks."""
-        model = self.tf.plans[i].model
-        d = self.decode_picker.pick_decode(self.fleet.snapshot(), r.sched, i)
-        if not isinstance(d, Route):  # no decode replica of the model is available: the prefill one did its part
-            self.fleet.report(r.started.ticket, True)
-            self._fail(r)
-            return
-        j = d.replica
-        r.pd, r.decode, r.cached = 2, j, max(r.sim.num_cached_tokens, 0)
-        r.transfer = self.accounting.decode_ticket(r.started, j)  # the decode replica counts it from now on
-        self._push(self.clock.t + self.pd.transfer_s(model, r.sim.prompt_len, i, j), _KV, (r, j))
-
-    def _kv_arrived(self, r: _Req, j: int) -> None:
-        """The KV is on decode replica ``j``: the first token reaches the client, decoding starts there."""
-        now = self.clock.t
-        rep = self.tf.replicas[j]
-        t, r.transfer = r.transfer, None
-        if rep.dead:
-            self.fleet.set_healthy(j, False)  # passive detection: the transfer found no one, as a failed connection
-            self.fleet.report(t, False)  # the decode replica's failure; the prefill replica did its part
-            s = r.started  # the decode ticket's share of its replica's time is the request's cost too
-            r.started = dataclasses.replace(s, earlier_cost=s.earlier_cost + self.fleet.end(t))
-            self.fleet.report(r.started.ticket, True)
-            self._fail(r)
-            return
-        r.started = self.accounting.handed_off(r.started, t, r.cached)
-        a = r.arrival
-        if a.output_tokens <= 1:
-            self.rec.first_token(r.idx, now)
-            self._finished(r)
-            return
-        p = r.sim
-        r.sim = SimRequest(req_id=p.req_id, prompt_len=p.prompt_len, max_output=a.output_tokens,
-                           block_hashes=p.block_hashes, priority=p.priority, arrival=now, kv_ready=True)
-        self._reqs[p.req_id] = r
-        try:
-            wake = rep.submit(r.sim, now)
-        except ValueError:  # can never run there: no first token reached the client
-            del self._reqs[p.req_id]
-            self._failed(r)
-            if rep.wake_at is not None:  # submit may have cut a decode run first: its new end must still wake it
-                self._push(rep.wake_at, _WAKE, (j, rep.generation))
-            return
-        self.rec.first_token(r.idx, now)
-        if wake is not None:
-            self._push(wake, _WAKE, (j, rep.generation))
 
     def _failed(self, r: _Req, continue_only: bool = False, retryable: bool = True) -> None:
         """An attempt failed (``continue_only``: after its stream began).  With the reliability mechanisms on,
