@@ -67,23 +67,16 @@ def _pct(v, width: int) -> str:
     return f"{'-':>{width}} " if v is None else f"{100 * v:{width}.1f}%"
 
 
-def _ceiling(summaries: dict, against: str | None) -> float | None:
+def _ceiling(summaries: dict, against: str | None, finished: bool = False) -> float | None:
     """Steersman's tasks per $ if every task of its run had succeeded at the run's cost, over the best baseline's:
-    the most a routing policy can reach on a fixed fleet, where every GPU-hour is paid whether used or not."""
-    ours, best = summaries.get(OURS, {}), summaries.get(against or "", {})
-    if not ours.get("cost_usd") or not best.get("successful_tasks_per_usd"):
-        return None
-    return ours["tasks"] / ours["cost_usd"] / best["successful_tasks_per_usd"]
-
-
-def _finished_ceiling(summaries: dict, against: str | None) -> float | None:
-    """:func:`_ceiling` over the tasks that finished within the run (``tasks_unfinished`` excluded): those cut by the
+    the most a routing policy can reach on a fixed fleet, where every GPU-hour is paid whether used or not.
+    ``finished``: over the tasks that finished within the run (``tasks_unfinished`` left out): those cut by the
     window's end cannot succeed whatever the routing, so this is the most routing can reach at this load."""
     ours, best = summaries.get(OURS, {}), summaries.get(against or "", {})
     if not ours.get("cost_usd") or not best.get("successful_tasks_per_usd"):
         return None
-    finished = ours["tasks"] - ours.get("tasks_unfinished", 0)
-    return finished / ours["cost_usd"] / best["successful_tasks_per_usd"]
+    tasks = ours["tasks"] - (ours.get("tasks_unfinished", 0) if finished else 0)
+    return tasks / ours["cost_usd"] / best["successful_tasks_per_usd"]
 
 
 def verdicts(by_workload: dict) -> list[dict]:
@@ -105,7 +98,7 @@ def verdicts(by_workload: dict) -> list[dict]:
             out.append({"workload": name, "target": f"{name}: successful tasks per $ >= 1.5x {against}",
                         "measured": m or 0.0, "against": against, "met": bool(m and m >= 1.5),
                         "ceiling": _ceiling(w["policies"], against),
-                        "ceiling_finished": _finished_ceiling(w["policies"], against)})
+                        "ceiling_finished": _ceiling(w["policies"], against, finished=True)})
     return out
 
 

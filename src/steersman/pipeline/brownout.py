@@ -22,7 +22,6 @@ import logging
 from dataclasses import replace
 
 import msgspec
-import numpy as np
 
 from steersman.api.errors import ApiError
 from steersman.obs.histogram import CounterFamily
@@ -31,6 +30,7 @@ from steersman.pipeline.forward import with_model
 from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
 from steersman.policy.request import PriorityClass, SchedRequest
 from steersman.policy.saturation import saturated
+from steersman.policy.scorers import model_holds, sequence_tokens
 from steersman.reliability.brownout import BrownoutState, MoveTo, Shed, browned_out, brownout
 
 __all__ = ["Brownout", "full", "holds", "SERVED_MODEL"]
@@ -53,18 +53,11 @@ def full(snap, model: str, settings) -> bool:
 
 
 def holds(snap, model: str, req: SchedRequest) -> bool:
-    """Some replica serving ``model`` could ever hold ``req``: its longest prompt and ``max_tokens`` (one token
-    when it names none) within the replica's whole KV cache (engine-reported, else modelled; unknown counts as
-    holding).  The routing's own context check (``steersman.policy.scorers.kv_shortfall``), asked before a move:
-    a request moved to a model none of whose replicas holds it was refused there with a 400
-    ``context_length_exceeded`` for a model its client never asked for."""
-    idx = snap.serves(model).nonzero()[0]
-    if idx.size == 0:
-        return False
-    least = req.longest_prompt + (req.max_tokens or 1)
-    reported = snap.kv_blocks_total[idx]
-    cap = np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported) * float(snap.statics.block_size)
-    return not bool((cap < least).all())  # NaN (unknown capacity) is not "too small"
+    """Some replica serving ``model`` could ever hold ``req`` (its longest prompt and ``max_tokens``): the routing's
+    own context check (:func:`steersman.policy.scorers.model_holds`), asked before a move: a request moved to a
+    model none of whose replicas holds it was refused there with a 400 ``context_length_exceeded`` for a model its
+    client never asked for."""
+    return model_holds(snap, model, sequence_tokens(req))
 
 
 class Brownout:

@@ -30,7 +30,7 @@ from steersman.policy.plugin_kernels import (fits_kv_kernel, kv_headroom_kernel,
                                              share_kernel)
 from steersman.policy.request import PROMPT_FIELD, SchedRequest
 
-__all__ = ["FitsKv", "kv_shortfall", "sequence_tokens", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency",
+__all__ = ["FitsKv", "kv_shortfall", "sequence_tokens", "model_holds", "KvHeadroom", "PrefixAffinity", "SloHeadroom", "CostEfficiency",
            "LoadBalance", "Shortlist", "targets"]
 
 
@@ -106,6 +106,13 @@ def _capacity(snap, idx: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(reported), snap.statics.kv_blocks[idx], reported) * float(snap.statics.block_size)
 
 
+def model_holds(snap, model: str, least: int) -> bool:
+    """Some replica serving ``model`` could ever hold ``least`` tokens of one sequence (:func:`sequence_tokens`) in
+    its whole KV cache (engine-reported, else modelled; NaN, unknown capacity, is not "too small").  The routing's
+    context check (:func:`_too_long`); brown-out asks it before moving a request to another model."""
+    return not bool((_capacity(snap, snap.serves(model).nonzero()[0]) < least).all())
+
+
 def _too_long(snap, req: SchedRequest, least: int) -> Reject:
     """No candidate in play can ever hold ``least`` tokens of one sequence.
 
@@ -114,11 +121,11 @@ def _too_long(snap, req: SchedRequest, least: int) -> Reject:
     excluded for this attempt only, so the answer is a 503 with ``Retry-After``.  Only when no replica serving the
     model holds it is it the client's to change: a 400 ``context_length_exceeded`` naming the prompt's field
     (OpenAI's and vLLM's answer to a request over the context length), not a 503 its client would retry."""
-    cap = _capacity(snap, snap.serves(req.model).nonzero()[0])
-    if not (cap < least).all():  # NaN (unknown capacity) is not "too small"
+    if model_holds(snap, req.model, least):
         return Reject(f"this request needs {least} tokens of context: no replica available now holds that many; "
                       f"those of {req.model!r} that do are busy, out of rotation or excluded", retry_after=1.0)
     field = PROMPT_FIELD.get(req.kind, "prompt")
+    cap = _capacity(snap, snap.serves(req.model).nonzero()[0])
     most = int(np.max(cap)) if cap.size else 0
     output = req.max_tokens if req.kind != "embedding" else None  # an embedding's one token is no one's ask
     where = f"the longest entry of the {field}" if req.longest_prompt != req.prompt_tokens else f"the {field}"
