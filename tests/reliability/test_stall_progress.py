@@ -124,3 +124,46 @@ def test_the_detector_judges_a_stall_from_the_later_of_the_stall_row_and_the_las
     since = np.array([np.nan, np.nan, 10.0])  # replica 1 streams but awaits nothing: no stall however long
     assert d.sweep(12.0, since) == []  # replica 2 awaits since 10.0 but sent an event at 11.9
     assert d.sweep(12.25, since) == [2] and "no first token for 0.35s" in d.reasons[2]
+
+
+# ---- the engine's work counter: progress of requests that stream nothing to us --------------------------------
+
+def test_a_replica_whose_work_counter_advances_is_not_stalled_then_its_hang_is():
+    """Replica 2 decodes a whole (non-streamed) response: no event of ours there, while a stream waits behind it.
+    Its scrapes read the engine's work counter advancing (``EngineMetrics.progress``); when it stops, the
+    stall counts from the last scrape that saw it move."""
+    from steersman.engines.base import EngineMetrics
+
+    fleet, clock = _fleet()
+    clock._now = 10.0
+    fleet.update_metrics(2, EngineMetrics(progress=500.0))  # the first read says nothing of when
+    fleet.begin(2, streamed=False)  # a whole response under way
+    fleet.begin(2)  # a stream queued behind it
+    for k in range(1, 51):  # 5 s of scrapes, the counter moving
+        clock._now = 10.0 + k * 0.1
+        fleet.update_metrics(2, EngineMetrics(num_running=1, num_waiting=1, progress=500.0 + 7 * k))
+        snap = fleet.snapshot()
+        assert snap.blocked_until[2] <= snap.time, fleet.guard.state(2, snap.time)
+    assert snap.stall[2] == 5.0  # the policies still see how long it has waited
+    for k in range(1, 5):  # hung: the counter stops at 15.0
+        clock._now = 15.0 + k * 0.1
+        fleet.update_metrics(2, EngineMetrics(num_running=1, num_waiting=1, progress=850.0))
+    snap = fleet.snapshot()
+    assert snap.blocked_until[2] > snap.time
+    # ejected by the scrape's sweep at 15.3: 3x the peers' 0.1 s TTFT after the last scrape that saw it move
+    assert "no first token for 0.3s" in fleet.guard.state(2, snap.time)["reason"]
+
+
+def test_a_restarted_engines_counter_is_no_progress():
+    from steersman.engines.base import EngineMetrics
+
+    fleet, clock = _fleet()
+    clock._now = 10.0
+    fleet.update_metrics(2, EngineMetrics(progress=900.0))
+    fleet.begin(2)
+    clock._now = 10.5
+    fleet.update_metrics(2, EngineMetrics(progress=3.0))  # went back: a new process, not work since 10.0
+    assert fleet.last_output(clock._now)[2] == -np.inf
+    clock._now = 10.6
+    fleet.update_metrics(2, EngineMetrics(progress=5.0))  # counting from there on
+    assert fleet.last_output(clock._now)[2] == 10.6

@@ -29,6 +29,10 @@ class EngineMetrics:
     decode_seconds: float | None = None
     decode_tokens: float | None = None
     slots: int | None = None  # parallel slots, when the engine says (llama.cpp /slots)
+    #: a cumulative count of the engine's work that advances while it computes anything (tokens, or llama.cpp's
+    #: decode calls), when its page has one: live progress for the stall rule, also of requests that stream
+    #: nothing to the gateway (see steersman.engines.metric_names)
+    progress: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,7 @@ def llamacpp_metrics(text: str, slots: Sequence[SlotState] | None, block_size: i
         prefill_tokens=v.get("prompt_processed"),
         decode_seconds=v.get("decode_seconds"),
         decode_tokens=v.get("decode_tokens"),
+        progress=v.get("progress"),
     )
     if not slots:
         return m

@@ -25,6 +25,15 @@ vLLM renamed samples in 0.9.2 (``loggers.py``: "Deprecated in 0.9.2 - Renamed"):
 ``kv_cache_usage_perc``, ``gpu_prefix_cache_{queries,hits}`` are ``prefix_cache_*``; an older engine's page is
 read through :attr:`MetricNames.legacy` (the old name of a field, read when its new one is absent).
 
+``progress`` is a counter (or the sum of a few) that advances while the engine computes, whoever the work is for:
+the outlier detector's live sign that a replica is not hung when none of the gateway's streams there shows an
+event (its requests there are whole responses, or wait behind them).  vLLM counts ``prompt_tokens_total`` and
+``generation_tokens_total`` every engine step (``PrometheusStatLogger.record`` of each step's ``IterationStats``);
+llama.cpp's ``tokens_predicted_total`` moves only when a request ends (``on_prediction`` at the slot's release),
+its ``n_decode_total`` at every ``llama_decode`` call (``on_decoded``: a recorded busy page reads 8 decode calls and
+0 predicted tokens); SGLang's ``realtime_tokens_total`` (per ``mode``, since 2025) moves every decode log interval
+(``--decode-log-interval``, 40 steps), ``generation_tokens_total`` at a request's end.
+
 vLLM's sleep mode (``--enable-sleep-mode``, ``POST /sleep?level=1|2``) leaves the replica answering ``/health`` and
 ``/metrics`` with its weights offloaded or discarded: ``vllm:engine_sleep_state`` (``loggers.py``, since vLLM PR
 #24176, outside dev mode since #27867) is a one-hot gauge per engine labelled ``sleep_state`` = ``awake`` |
@@ -87,6 +96,8 @@ _VLLM = MetricNames(
             "vllm:kv_cache_usage_perc": "kv_usage",
             "vllm:prefix_cache_queries_total": "prefix_queries",
             "vllm:prefix_cache_hits_total": "prefix_hits",
+            "vllm:prompt_tokens_total": "progress",
+            "vllm:generation_tokens_total": "progress",
         }
     ),
     weights_family="steersman_sim:weights_state",
@@ -111,6 +122,8 @@ _SGLANG = MetricNames(
             "sglang:token_usage": "kv_usage",
             "sglang:prompt_tokens_total": "prefix_queries",
             "sglang:cached_tokens_total": "prefix_hits",
+            "sglang:realtime_tokens_total": "progress",
+            "sglang:generation_tokens_total": "progress",
         }
     ),
     kv_capacity_tokens="sglang:max_total_num_tokens",
@@ -130,6 +143,7 @@ _LLAMACPP = MetricNames(
             "llamacpp:prompt_seconds_total": "prefill_seconds",
             "llamacpp:tokens_predicted_seconds_total": "decode_seconds",
             "llamacpp:tokens_predicted_total": "decode_tokens",
+            "llamacpp:n_decode_total": "progress",  # every llama_decode call (tokens_predicted_total: at the end)
         }
     ),
 )

@@ -58,7 +58,7 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
     each 45 % full are 45 % full, not 90 %.
     """
     v = read_samples(text, names.summed)
-    if names.legacy and len(v) < len(names.summed):
+    if names.legacy and any(f not in v and f not in names.per_engine for f in names.legacy):  # an old page
         v = _legacy_counts(text, names, v)
     weights = None
     if names.weights_family:
@@ -85,6 +85,7 @@ def parse_metrics(text: str, names: MetricNames, block_size: int = DEFAULTS.engi
         prefix_hits=v.get("prefix_hits", 0.0),
         weights=weights,
         kv_blocks_total=sum(caps.values()) if caps else None,
+        progress=v.get("progress"),
     )
 
 

@@ -72,6 +72,8 @@ class FleetLearning:
             self._timing(index, S.PREFILL_S_TOKEN, 0, m.prefill_seconds, m.prefill_tokens)
         if m.decode_seconds is not None and m.decode_tokens is not None:
             self._timing(index, S.DECODE_S_TOKEN, 2, m.decode_seconds, m.decode_tokens)
+        if m.progress is not None:
+            self._worked(index, m.progress)
         if m.weights is not None:
             was = col[S.WEIGHTS]
             col[S.WEIGHTS] = WEIGHTS_CODES.get(m.weights, _WARM)
@@ -96,6 +98,18 @@ class FleetLearning:
         done = tokens - last_t
         if done > 0:
             self._ewma(row, i, (seconds - last_s) / done, self.clock.now())
+
+    def _worked(self, i: int, progress: float) -> None:
+        """The engine's work counter read ``progress``: advanced since the last scrape, the replica computed in
+        between, which the stall rule counts as progress like a stream's event (``output_at``): requests of
+        ours that stream nothing (whole responses) or whose streams a slow client paused still show its work.
+        The first read says nothing of when the work was done; a counter gone back (a restart), neither."""
+        last = self._work[4, i]
+        self._work[4, i] = progress
+        if progress > last:  # NaN (the first read) compares False
+            now = self.clock.now()
+            if now > self.output_at[i]:
+                self.output_at[i] = now
 
     def timing_unlearnt(self, index: int) -> bool:
         """The engine reports its own prefill timing but has computed no prompt token yet (a fresh llama-server)."""

@@ -51,7 +51,8 @@ class Fleet(FleetLearning):
             self.live[row] = np.nan
         self.live[S.TTFT_RATIO] = self.live[S.TPOT_RATIO] = np.nan  # unobserved: the fleet-wide prior applies
         self.live[S.PREFIX_ACCURACY] = 1.0
-        self._work = np.full((4, n), np.nan)  # the engines' last cumulative (prefill s, tokens, decode s, tokens)
+        # the engines' last cumulative (prefill s, tokens, decode s, tokens) and work counter (EngineMetrics.progress)
+        self._work = np.full((5, n), np.nan)
         self.ratio_prior = {S.TTFT_RATIO: math.nan, S.TPOT_RATIO: math.nan}  # NaN until the first observation
         self._ewma_at = np.full(self.live.shape, -np.inf)  # when each learnt average last took an observation
         self._prior_at = {S.TTFT_RATIO: -math.inf, S.TPOT_RATIO: -math.inf}
@@ -99,8 +100,8 @@ class Fleet(FleetLearning):
         self.output_at[index] = now
 
     def last_output(self, now: float) -> np.ndarray:
-        """Per replica, when a stream of ours there last got an event (read-only use; ``now``: unused here, a twin
-        computes it from its simulated engines)."""
+        """Per replica, when a stream of ours there last got an event, or a scrape found its engine's work counter
+        advanced (read-only use; ``now``: unused here, a twin computes it from its simulated engines)."""
         return self.output_at
 
     def expect_first_token(self, t: Ticket, seconds: float) -> None:
