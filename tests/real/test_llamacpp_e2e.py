@@ -143,3 +143,33 @@ def test_a_prompt_over_the_context_is_a_400_in_openai_format(engines, gateway, c
             assert (err["type"], err["code"], err["param"]) == ("invalid_request_error", "context_length_exceeded",
                                                                field), (who, kind, err)
             assert isinstance(err["message"], str) and ("context" in err["message"]), err
+
+
+def test_a_whole_response_shows_its_replicas_work_to_the_stall_rule(engines, gateway, client):
+    """A non-streamed request gives the gateway no event until it ends; the replica's scrapes read its engine's
+    work counter (``llamacpp:n_decode_total``, advancing at every ``llama_decode`` call while
+    ``tokens_predicted_total`` waits for the request's end) and count it as progress (``Fleet.last_output``)."""
+    import threading
+
+    gw = gateway.gateway
+    box = {}
+
+    def ask():
+        box["r"] = client.chat.completions.create(
+            model=MODEL, max_tokens=96, temperature=0, extra_headers=BATCH,
+            messages=[{"role": "user", "content": "Write a long story about a lighthouse keeper."}])
+
+    t0 = gw.clock.now()
+    th = threading.Thread(target=ask, daemon=True)
+    th.start()
+    seen = None
+    deadline = time.monotonic() + 120
+    while th.is_alive() and time.monotonic() < deadline:
+        shown = gw.fleet.last_output(gw.clock.now())
+        if (shown > t0).any() and th.is_alive():
+            seen = shown.copy()
+            break
+        time.sleep(0.02)
+    th.join(120)
+    assert box["r"].usage.completion_tokens > 8
+    assert seen is not None, "no scrape saw the replica work before its response came"
