@@ -174,3 +174,19 @@ async def test_a_request_too_long_for_the_cheaper_model_is_not_moved_but_shed():
     assert long_ctx.http.extra_headers == b""
     assert await _served_by(stage, gw, 2, max_tokens=16) == SMALL
     assert stage.counts.get(BIG, "moved") == 1 and stage.counts.get(BIG, "shed") == 1
+
+
+async def test_a_request_moved_to_a_lora_adapter_is_keyed_as_the_adapters():
+    """The cheaper model is a LoRA adapter on the small replica (its KV its own): the moved request's block hashes
+    are the ones ``describe`` gives a request for the adapter (steersman.text.lora), not the big model's."""
+    from steersman.text.lora import lora_key, rekeyed
+
+    gw = _Gateway()
+    gw.fleet.set_models(1, (SMALL,), (SMALL,))
+    assert dict(gw.fleet.lora_keys) == {SMALL: lora_key(SMALL)}
+    stage = Brownout(gw)
+    gw.backlog[BIG] = ENTER
+    ctx = _ctx(gw, text="a question " * 50)
+    base = ctx.sched.block_hashes
+    await stage.run(ctx)
+    assert ctx.model == SMALL and ctx.sched.block_hashes == rekeyed(base, lora_key(SMALL)) != base

@@ -24,6 +24,9 @@ def register(app: typer.Typer) -> None:
         speedup: float = typer.Option(_S.speedup, help="Divide every delay by this factor."),
         tp: int = typer.Option(DEFAULTS.engine.tensor_parallel, help="Tensor-parallel degree of the replica."),
         served_model_name: str | None = typer.Option(None, help="Model id clients use (default: the profile name)."),
+        lora_modules: list[str] = typer.Option(
+            [], help="A LoRA adapter served besides the model, as vLLM's --lora-modules NAME=PATH (the path is not "
+                     "read; repeat for more): listed in /v1/models with the model as parent, its KV its own."),
         max_num_seqs: int | None = typer.Option(None),
         max_num_batched_tokens: int | None = typer.Option(None),
         scheduling_policy: str = typer.Option(DEFAULTS.engine.scheduling_policy,
@@ -93,6 +96,7 @@ def register(app: typer.Typer) -> None:
             admin_key_sha256=admin_key_sha256, exit_on_crash=True, otlp_traces_endpoint=otlp_traces_endpoint,
             kv_events_endpoint=kv_events_endpoint, kv_events_topic=kv_events_topic,
             kv_events_replay_endpoint=kv_events_replay_endpoint, sleep_mode=enable_sleep_mode,
+            lora_modules=tuple(dict.fromkeys(m.split("=", 1)[0] for m in lora_modules if m.split("=", 1)[0])),
         )
         try:
             server = SimServer(cfg)

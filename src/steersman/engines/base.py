@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from steersman.http.client import Endpoint, Exchange, UpstreamError
 
-__all__ = ["EngineMetrics", "UpstreamError", "EngineAdapter", "ReplicaAddress", "Exchange"]
+__all__ = ["EngineMetrics", "UpstreamError", "EngineAdapter", "ReplicaAddress", "Exchange", "ModelList", "model_list"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,32 @@ class EngineAdapter(Protocol):
         """Read the engine's load metrics; raises :class:`UpstreamError`."""
         ...
 
-    async def list_models(self, replica: ReplicaAddress) -> list[str]: ...
+    async def list_models(self, replica: ReplicaAddress) -> list[str]:
+        """The models the engine serves (``/v1/models``); a :class:`ModelList` also says which are LoRA adapters."""
+        ...
+
+
+class ModelList(list):
+    """Model names from an engine's ``/v1/models``; ``loras``: those that are LoRA adapters of a base model listed
+    there (vLLM lists each ``--lora-modules`` adapter with its base model as ``parent``)."""
+
+    loras: tuple[str, ...] = ()
+
+
+def model_list(page: Any) -> ModelList:
+    """The names of an OpenAI model list (a decoded ``/v1/models`` body); an entry whose ``parent`` names another
+    model is a LoRA adapter (vLLM's ``ModelCard.parent``; a base model's is null).  Raises KeyError / TypeError /
+    AttributeError for a page that is no model list."""
+    out = ModelList()
+    loras = []
+    for m in page.get("data", []):
+        name = str(m["id"])
+        out.append(name)
+        parent = m.get("parent")
+        if isinstance(parent, str) and parent and parent != name:
+            loras.append(name)
+    out.loras = tuple(loras)
+    return out
 
     async def health(self, replica: ReplicaAddress) -> bool: ...
 

@@ -35,7 +35,7 @@ from urllib.parse import quote
 import orjson
 
 from steersman.config import DEFAULTS, GatewaySettings
-from steersman.engines.base import EngineMetrics, Exchange, ReplicaAddress, UpstreamError
+from steersman.engines.base import EngineMetrics, Exchange, ModelList, ReplicaAddress, UpstreamError, model_list
 from steersman.engines.metric_names import METRIC_NAMES, MetricNames
 from steersman.engines.promtext import (label_value, read_labelled, read_per_label, read_samples, read_series,
                                         read_total)
@@ -287,12 +287,12 @@ class OpenAIHttpAdapter:
         self._asleep[replica.name] = (now + self._settings.sleep_poll_s, weights)
         return weights
 
-    async def list_models(self, replica: ReplicaAddress) -> list[str]:
+    async def list_models(self, replica: ReplicaAddress) -> ModelList:
         status, body = await self._get(replica, "/v1/models")
         if status != 200:
             raise UpstreamError(f"{replica.name} /v1/models answered {status}", connected=True)
         try:
-            return [str(m["id"]) for m in orjson.loads(body).get("data", [])]
+            return model_list(orjson.loads(body))
         except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise UpstreamError(f"{replica.name} /v1/models is not an OpenAI model list: {e}", connected=True) from None
 

@@ -62,6 +62,9 @@ class SimServerConfig:
     kv_events_replay_endpoint: str | None = None
     #: vLLM's --enable-sleep-mode in dev mode: POST /sleep, POST /wake_up, GET /is_sleeping (404 without)
     sleep_mode: bool = False
+    #: vLLM's --lora-modules: adapters served besides the model, listed in /v1/models with it as ``parent``; a
+    #: request names one as its ``model``, and its prompt's KV is the adapter's own (keyed: steersman.text.lora)
+    lora_modules: tuple[str, ...] = ()
 
 
 class SimServer:
@@ -90,7 +93,7 @@ class SimServer:
         self.spans = OtlpSpans(cfg.otlp_traces_endpoint, "engine-sim") if cfg.otlp_traces_endpoint else None
         self.generator = Generator(self.model_name, self.max_model_len, cfg.engine.block_size, cfg.mean_output_tokens,
                                    self.runner, self.faults, self.clock, self.crash,
-                                   cfg.engine.scheduling_policy == "priority", self.spans)
+                                   cfg.engine.scheduling_policy == "priority", self.spans, cfg.lora_modules)
         self.generator.vocab = self.engine.model.vocab
         self.embedder = Embedder(self.generator, self.engine.model.hidden)
         self.kv_events: KvEventPublisher | None = None
@@ -255,8 +258,10 @@ class SimServer:
         request.respond(200, page, b"text/plain; version=0.0.4; charset=utf-8")
 
     async def models(self, request: HttpRequest) -> None:
+        created = int(self.clock.wall())
         data = {"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": int(self.clock.wall()),
-            "owned_by": "steersman-sim", "root": self.model_name, "max_model_len": self.max_model_len,
-        }]}
+            "id": self.model_name, "object": "model", "created": created,
+            "owned_by": "steersman-sim", "root": self.model_name, "parent": None, "max_model_len": self.max_model_len,
+        }, *({"id": name, "object": "model", "created": created, "owned_by": "steersman-sim", "root": name,
+              "parent": self.model_name, "max_model_len": self.max_model_len} for name in self.cfg.lora_modules)]}
         request.respond(200, orjson.dumps(data))

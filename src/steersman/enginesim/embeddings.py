@@ -17,14 +17,12 @@ import orjson
 
 from steersman.api.embeddings import decode_embedding
 from steersman.api.errors import ApiError, bad_request, not_found_model
-from steersman.api.prompt import cache_root
 from steersman.enginesim.prompts import token_ids
 from steersman.enginesim.runner import Job
 from steersman.enginesim.textgen import Generation
 from steersman.http.server import HttpRequest
 from steersman.obs.tracing import request_id
 from steersman.sim import SimRequest
-from steersman.text import block_hashes
 from steersman.text.tokenizer import tokenize_array
 
 __all__ = ["Embedder"]
@@ -68,7 +66,7 @@ class Embedder:
             req = decode_embedding(request.body)
             if g.faults.should_error():
                 raise ApiError(g.faults.spec.error_status, "Injected engine failure.", "server_error", None, "injected_fault")
-            if req.model != g.model_name:
+            if req.model not in g.keys:
                 raise not_found_model(req.model)
             dims = req.dimensions or self.hidden
             if dims > self.hidden:
@@ -82,7 +80,7 @@ class Embedder:
             now = g.clock.now()
             sid = g.new_id("embd")
             for k, ids in enumerate(inputs):
-                hashes = block_hashes(ids, g.block_size, cache_root(req.cache_salt))
+                hashes = g.hashes(ids, req.cache_salt, req.model)
                 sim = SimRequest(req_id=f"{sid}-{k}", prompt_len=len(ids), max_output=1, block_hashes=hashes,
                                  priority=req.priority, arrival=now)
                 job = Job(sim=sim, gen=Generation([""], "stop", ""), arrival=now, prompt=k)

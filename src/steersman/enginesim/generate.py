@@ -9,6 +9,7 @@ import msgspec
 
 from steersman.api.errors import ApiError, bad_request, not_found_model
 from steersman.api.prompt import cache_root
+from steersman.text.lora import lora_key
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest, decode_chat, decode_completion, decode_with
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
@@ -33,8 +34,10 @@ class Generator:
 
     def __init__(self, model_name: str, max_model_len: int, block_size: int, mean_output_tokens: float,
                  runner: EngineRunner, faults: Faults, clock: Clock, on_die, priority_scheduling: bool = False,
-                 spans: OtlpSpans | None = None) -> None:
+                 spans: OtlpSpans | None = None, lora_modules: tuple[str, ...] = ()) -> None:
         self.model_name = model_name
+        #: the model and each LoRA adapter served -> what its prompts' block hashes are keyed with (0: the model's)
+        self.keys = {model_name: 0, **{name: lora_key(name) for name in lora_modules}}
         self.spans = spans  # vLLM's --otlp-traces-endpoint: an ``llm_request`` span per request
         self.priority_scheduling = priority_scheduling
         self.max_model_len = max_model_len
@@ -48,6 +51,13 @@ class Generator:
         self._id_prefix = secrets.token_hex(4)
         self.vocab: int | None = None  # the model's vocabulary size, once the server sets it
 
+    def hashes(self, ids, salt: str | None, model: str) -> list[int]:
+        """The prompt's block hashes in this engine's cache: under its ``cache_salt``, and the adapter's own when
+        ``model`` is a LoRA adapter (as vLLM hashes ``lora_name`` into every block)."""
+        hashes = block_hashes(ids, self.block_size, cache_root(salt))
+        key = self.keys.get(model, 0)
+        return [h ^ key for h in hashes] if key else hashes
+
     def new_id(self, kind: str) -> str:
         """An id of this engine's own (unique across requests that bring the same X-Request-Id)."""
         return f"{kind}-{self._id_prefix}{next(self._ids):x}"
@@ -59,7 +69,7 @@ class Generator:
         await self._generate(request, chat=False)
 
     def _check(self, req: ChatCompletionRequest | CompletionRequest) -> None:
-        if req.model != self.model_name:
+        if req.model not in self.keys:
             raise not_found_model(req.model)
         if req.priority != 0 and not self.priority_scheduling:  # vLLM's processor refuses it the same way
             raise bad_request(f"Got priority {req.priority} but Priority scheduling is not enabled.", "priority")
@@ -100,7 +110,7 @@ class Generator:
         jobs: list[Job] = []
         many = req.n > 1 or len(prompts) > 1
         for k, (pr, room) in enumerate(zip(prompts, rooms)):
-            hashes = block_hashes(pr.ids, self.block_size, cache_root(req.cache_salt))
+            hashes = self.hashes(pr.ids, req.cache_salt, req.model)
             for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
                 call = plan_tool_call(req, pr.context, want or room, i) if chat else None
                 if call is not None:
@@ -146,7 +156,7 @@ class Generator:
                 opts = req.stream_options
                 include_usage = bool(opts and opts.include_usage)
                 every = include_usage and opts.continuous_usage_stats  # vLLM: usage on every chunk too
-                w = ChunkWriter(chat, rid, created, self.model_name)
+                w = ChunkWriter(chat, rid, created, req.model)  # (vLLM answers with the adapter's name too)
                 if len(jobs) == 1 and jobs[0].tool is not None:
                     await self._stream(request, jobs[0], w, include_usage, tool=jobs[0].tool, every=every)
                 elif len(jobs) == 1 and top is None:  # the common case, on byte templates
@@ -163,7 +173,7 @@ class Generator:
                 choices.append((text, gen.finish_reason, lp))
             usage = _usage(jobs, sum(j.produced for j in jobs))
             tools = [None if j.tool is None else (j.tool.call_id, j.tool.name) for j in jobs] if chat else None
-            request.respond(200, full_response(chat, rid, created, self.model_name, choices, usage, tools))
+            request.respond(200, full_response(chat, rid, created, req.model, choices, usage, tools))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())
             if span is not None:

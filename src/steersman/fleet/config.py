@@ -20,6 +20,7 @@ endpoints:                                     # engines already running
     # kv_events: "tcp://10.0.0.5:5557"   # the engine's KV events (vLLM --kv-events-config): exact prefix matches
     # kv_events_replay: "tcp://10.0.0.5:5558"   # its replay_endpoint: what a gap or a late start missed
   - {name: cpu-0, url: "http://10.0.0.6:8080", engine: llamacpp, kv_unified: true}   # llama-server -kvu (or no -np)
+  # - {url: "http://10.0.0.7:8000", engine: vllm, models: [llama-3.1-8b], lora_modules: [sql-lora]}   # --lora-modules
 simulated:                                     # engine-sim replicas started for you
   speedup: 1.0
   replicas:
@@ -82,6 +83,11 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: pool per slot (-np N); its pages cannot tell (each slot reports the shared pool as its n_ctx).  None: the
     #: adapter reads the smallest pool the slots allow until they show more (steersman.engines.llamacpp)
     kv_unified: bool | None = None
+    #: LoRA adapters the engine serves besides ``models`` (vLLM --lora-modules NAME=PATH, SGLang --lora-paths):
+    #: requested by name, their KV kept apart from the base model's and from each other's (vLLM hashes the adapter
+    #: into every block), so the prefix index keys their prompts apart (steersman.api.prompt.lora_key).  Found in
+    #: ``/v1/models`` (an entry with a ``parent``) when ``models`` is not given.
+    lora_modules: list[str] = msgspec.field(default_factory=list)
 
 
 class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -94,6 +100,8 @@ class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
     cold_start: bool = False
     role: str = "both"  # digital twin: prefill | decode | both (prefill/decode disaggregation)
     scheduling: str = "fcfs"  # the engine's scheduling policy: fcfs | priority (see EndpointConfig.scheduling)
+    #: adapters served too (EndpointConfig.lora_modules; engine-sim --lora-modules); the twin ignores them
+    lora_modules: list[str] = msgspec.field(default_factory=list)
 
 
 class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -247,6 +255,13 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
             raise FleetConfigError(f"{at}.kv_unified is for llama-server's slots (engine: llamacpp), not {ep.engine}")
         if ep.tp < 1:
             raise FleetConfigError(f"{at}.tp must be >= 1, got {ep.tp}")
+        if ep.lora_modules and not ep.models:
+            raise FleetConfigError(f"{at}.lora_modules needs endpoints[{i}].models (the base model they adapt); "
+                                   "without both, /v1/models is asked for them")
+        clash = set(ep.lora_modules) & set(ep.models)
+        if clash:
+            raise FleetConfigError(f"{at}.lora_modules: {sorted(clash)[0]!r} is in models too: a name is a base "
+                                   "model or an adapter")
         price = ep.price_per_hour
         if price is not None and not (math.isfinite(price) and price >= 0):
             raise FleetConfigError(f"{at}.price_per_hour must be a number >= 0, got {price!r}")

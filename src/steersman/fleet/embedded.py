@@ -79,6 +79,8 @@ class SimulatedFleet:
             args += ["--served-model-name", spec.served_model_name]
         if spec.cold_start:
             args.append("--cold-start")
+        for lora in spec.lora_modules:
+            args += ["--lora-modules", lora]
         if spec.scheduling != "fcfs":
             args += ["--scheduling-policy", spec.scheduling]
         if self.cfg.otlp_traces_endpoint:
@@ -107,7 +109,7 @@ class SimulatedFleet:
         return EndpointConfig(
             url=url, name=name, engine="engine-sim", gpu=gpu.name, pool=spec.pool, tp=spec.tp,
             models=[spec.served_model_name or spec.model], price_per_hour=gpu.price_per_hour * spec.tp,
-            scheduling=spec.scheduling, kv_events=events, kv_events_replay=replay,
+            scheduling=spec.scheduling, kv_events=events, kv_events_replay=replay, lora_modules=list(spec.lora_modules),
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

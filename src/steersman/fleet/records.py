@@ -36,6 +36,7 @@ class Replica:
     priority_scheduling: bool = False  # the engine takes a per-request ``priority`` (vLLM --scheduling-policy priority)
     handoff_s_per_token: float = 0.0  # a prefill replica of a disaggregated fleet (the twin): see ReplicaSpec
     kv_unified: bool | None = None  # llama.cpp: its slots share one KV pool (see ReplicaAddress.kv_unified)
+    loras: tuple[str, ...] = ()  # of ``models``, the LoRA adapters (their KV apart: see EndpointConfig.lora_modules)
     address: ReplicaAddress = field(init=False)
 
     def __post_init__(self) -> None:

@@ -39,9 +39,11 @@ async def discover_models(fleet: Fleet, rep: Replica, quiet: bool = False) -> bo
         log.log(logging.DEBUG if quiet else logging.WARNING,
                 "cannot list models of %s (%s); it gets no traffic until they are listed", rep.name, e)
         return False
-    fleet.set_models(rep.index, models)
+    loras = getattr(models, "loras", ())  # (a steersman.engines.base.ModelList says which are LoRA adapters)
+    fleet.set_models(rep.index, models, loras)
     if models:
-        log.info("replica %s serves %s", rep.name, ", ".join(models))
+        log.info("replica %s serves %s", rep.name, ", ".join(models) + (
+            f" (LoRA adapters: {', '.join(loras)})" if loras else ""))
     return True
 
 

@@ -22,6 +22,7 @@ from steersman.fleet.records import Replica, Ticket, attention_pairs
 from steersman.fleet.slots import SlotMirror
 from steersman.fleet.snapshot import WEIGHTS_CODES, FleetSnapshot
 from steersman.fleet.statics import ReplicaSpec, build_statics
+from steersman.text.lora import lora_key
 
 __all__ = ["Replica", "Fleet", "Ticket"]
 
@@ -156,11 +157,16 @@ class Fleet(FleetLearning):
             for m in r.models:
                 masks.setdefault(m, np.zeros(len(reps), dtype=bool))[r.index] = True
         self._masks = MappingProxyType({m: _frozen(a) for m, a in masks.items()})
+        #: model name -> what its prompts' block hashes are keyed with (steersman.api.prompt.lora_key): the LoRA
+        #: adapters some replica serves; a base model is absent (its hashes are the prompt's own)
+        self.lora_keys = MappingProxyType({m: lora_key(m) for r in reps for m in r.loras})
 
-    def set_models(self, index: int, models: Sequence[str]) -> None:
-        """Models discovered from an engine's ``/v1/models``: the statics (its modelled KV capacity among them) and
-        the prefix index's capacities follow (a replica listed late stayed "unlimited" there, residency off)."""
+    def set_models(self, index: int, models: Sequence[str], loras: Sequence[str] = ()) -> None:
+        """Models discovered from an engine's ``/v1/models`` (``loras``: those of them that are LoRA adapters): the
+        statics (its modelled KV capacity among them) and the prefix index's capacities follow (a replica listed
+        late stayed "unlimited" there, residency off)."""
         self.replicas[index].models = tuple(models)
+        self.replicas[index].loras = tuple(m for m in loras if m in models)
         self._static()
         if self._prefix is not None:
             self._prefix.set_capacities(self.statics.kv_blocks, self.live[S.KV_BLOCKS_TOTAL], self._residency)

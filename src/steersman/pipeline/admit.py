@@ -14,6 +14,7 @@ from dataclasses import replace
 from steersman.api.errors import ApiError, bad_request, unauthorized
 from steersman.api.headers import parse_budget
 from steersman.api.prompt import batch_shape
+from steersman.text.lora import rekeyed
 from steersman.control.plane import Dispatch, Refuse, Wait
 from steersman.control.tenants import AuthError, TenantDirectory
 from steersman.control.workflow import WorkflowHeaderError, WorkflowTracker, effective_priority, parse_workflow_headers
@@ -69,6 +70,9 @@ class Describe:
         # a view only: the entry is made once the request is admitted (Schedule), not for one its limits refuse
         workflow = gw.workflows.peek(ctx.tenant.name, wf_headers, now) if wf_headers is not None else None
         tokens, hashes, longest = batch_shape(req, gw.block_size)
+        key = gw.fleet.lora_keys.get(ctx.model)
+        if key is not None:  # a LoRA adapter's KV is its own (steersman.text.lora)
+            hashes = rekeyed(hashes, key)
         limit = req.output_limit
         ctx.sched = SchedRequest(
             seq=ctx.seq, model=ctx.model, kind=ctx.kind, stream=req.stream, tenant=ctx.tenant.name,

@@ -32,6 +32,7 @@ from steersman.policy.request import PriorityClass, SchedRequest
 from steersman.policy.saturation import saturated
 from steersman.policy.scorers import model_holds, sequence_tokens
 from steersman.reliability.brownout import BrownoutState, MoveTo, Shed, browned_out, brownout
+from steersman.text.lora import rekeyed
 
 __all__ = ["Brownout", "full", "holds", "SERVED_MODEL"]
 
@@ -102,12 +103,14 @@ class Brownout:
             return Fail(ApiError(503, act.reason[:1].upper() + act.reason[1:] + ".", "server_error", None, "brownout",
                                  act.retry_after), Retry.NEVER)
         if isinstance(act, MoveTo):
-            self._move(ctx, act.model, gw.expected_output(act.model, sched.tenant, sched.max_tokens))
+            keys = gw.fleet.lora_keys
+            self._move(ctx, act.model, gw.expected_output(act.model, sched.tenant, sched.max_tokens),
+                       keys.get(model, 0) ^ keys.get(act.model, 0))
             self.counts.inc(model, "moved")  # (once moved: nothing above can fail it now)
         return CONTINUE
 
     @staticmethod
-    def _move(ctx: RequestContext, model: str, expected_output: int) -> None:
+    def _move(ctx: RequestContext, model: str, expected_output: int, rekey: int = 0) -> None:
         """Rewrite the request for ``model``: its body gets ``"model"`` again as its last member (the engines'
         JSON parsers, vLLM's and msgspec's, take the last of duplicate keys), not decoded and encoded again (an
         untyped decode refuses some of what the typed parser took: a number out of float range in a forwarded
@@ -117,13 +120,15 @@ class Brownout:
         model's running estimate for the tenant (it sizes the KV the request holds and its predicted latency).  The
         prompt's shape (tokens, block hashes) is the same for every model: the gateway renders and tokenizes every
         prompt alike (``steersman.text``, engine-sim's tokenizer; ``api/prompt.py`` takes no model), so it is not
-        computed again; whether ``model`` can hold it at all was asked before the move (:func:`holds`)."""
+        computed again, only keyed anew when either model is a LoRA adapter (``rekey``: the two models' keys XORed,
+        :mod:`steersman.text.lora`); whether ``model`` can hold it at all was asked before the move (:func:`holds`)."""
         http = ctx.http
         http.body = with_model(ctx.body, model)
         if ctx.request is not None:
             ctx.request = msgspec.structs.replace(ctx.request, model=model)
         ctx.model = model
-        ctx.sched = replace(ctx.sched, model=model, expected_output=expected_output)
+        ctx.sched = replace(ctx.sched, model=model, expected_output=expected_output,
+                            block_hashes=rekeyed(ctx.sched.block_hashes, rekey))
         if model.isascii() and model.isprintable():  # (a header value: no CR/LF from an engine's model list)
             http.extra_headers += b"%b: %b\r\n" % (SERVED_MODEL, model.encode())
         served_by = getattr(http, "served_by", None)  # a Responses call: its Response names the model that answered

@@ -126,7 +126,7 @@ class LiveFleet:
             await s.start()
             self.sims.append(s)
             endpoints.append({"name": f"sim-{i}", "url": s.url, "engine": "engine-sim", "gpu": cfg.gpu, "models": [s.model_name], "tp": cfg.engine.tensor_parallel,
-                              "scheduling": cfg.engine.scheduling_policy})
+                              "scheduling": cfg.engine.scheduling_policy, "lora_modules": list(cfg.lora_modules)})
             if s.kv_events is not None:
                 endpoints[-1].update(kv_events=s.kv_events.endpoint, kv_events_topic=cfg.kv_events_topic,
                                      kv_events_replay=s.kv_events.replay_endpoint)
