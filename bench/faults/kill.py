@@ -86,7 +86,7 @@ def _diff(got: list[str], ref: list[str]) -> tuple[int, int]:
 
 def _migrations(url: str) -> float:
     text = httpx.get(url + "/metrics").text
-    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("steersman_stream_migrations_total"))
+    return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines() if x.startswith("steersman:stream_migrations_total"))
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -52,7 +52,7 @@ def completion(client, **kw) -> Seen:
 
 def migrations(url: str) -> float:
     text = httpx.get(url + "/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("steersman_stream_migrations_total"))
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("steersman:stream_migrations_total"))
 
 
 def sims(n: int = 2, speedup: float = 50.0):

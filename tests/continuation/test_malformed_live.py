@@ -87,7 +87,7 @@ def test_malformed_engine_stream_ends_with_an_error_event(fleet, client, scenari
     assert all(s == " tok" for s in seen)  # only the valid events before the fault reached the client
     if scenario.startswith("tool-call"):  # refused continuation, not migrated
         samples = [x for x in httpx.get(fleet.url + "/metrics").text.splitlines()
-                   if x.startswith("steersman_stream_migrations_total{")]
+                   if x.startswith("steersman:stream_migrations_total{")]
         assert not samples, samples
 
 

@@ -42,7 +42,7 @@ def _release(lf, threads):
 
 
 def _brownouts(lf, model: str, action: str) -> float:
-    """``steersman_brownout_total{model, action}``."""
+    """``steersman:brownout_total{model, action}``."""
     return next(s for s in lf.gateway.pipeline.stages if s.name == "brownout").counts.get(model, action)
 
 

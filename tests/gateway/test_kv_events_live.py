@@ -58,7 +58,7 @@ def test_the_gateway_mirrors_what_the_engine_caches():
         assert max(got) >= shared > 10, (got, shared)
         assert set(index.events) == {0, 1}  # their hashes are the gateway's: still read from the events
         assert lf.call(_pending, index) == 0  # prompts routed there count only until their first token
-        lines = [ln for ln in httpx.get(lf.url + "/metrics").text.splitlines() if ln.startswith("steersman_kv_events_total")]
+        lines = [ln for ln in httpx.get(lf.url + "/metrics").text.splitlines() if ln.startswith("steersman:kv_events_total")]
         assert any('kind="stored"' in ln and float(ln.split()[-1]) > 0 for ln in lines)
         assert not any('replica="sim-2"' in ln for ln in lines)  # the replica without events has no subscriber
         client.close()
@@ -104,7 +104,7 @@ def test_serve_with_kv_events_on_a_simulated_fleet(tmp_path):
 
         def stored() -> float:
             lines = [ln for ln in httpx.get(url + "/metrics").text.splitlines()
-                     if ln.startswith("steersman_kv_events_total") and 'kind="stored"' in ln]
+                     if ln.startswith("steersman:kv_events_total") and 'kind="stored"' in ln]
             return sum(float(ln.split()[-1]) for ln in lines)
 
         _wait(lambda: stored() > 0, "no KV events reached the gateway")

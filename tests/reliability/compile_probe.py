@@ -111,7 +111,7 @@ def main(policy: str) -> dict:
             fault(i, die_after_tokens=3)
         scenario("stream continued, then no replica left", lambda: chat(FAILOVER, "Tell me about replicas.", 12))
         scenario("after the failures", lambda: [chat(RETRY, f"after {k}") for k in range(4)])
-        metrics = {**counter(lf.url, "steersman_retries_total"), **counter(lf.url, "steersman_stream_migrations_total")}
+        metrics = {**counter(lf.url, "steersman:retries_total"), **counter(lf.url, "steersman:stream_migrations_total")}
     return {"scenarios": scenarios, "metrics": metrics}
 
 

@@ -31,5 +31,5 @@ def test_live_scenarios_compile_nothing_after_start(policy):
     m = out["metrics"]
     # the failure paths really ran: a retry away from a refusing replica (the refusal takes it out of rotation, so
     # the retry re-routes without a budget token), a stream continued elsewhere
-    assert m.get('steersman_retries_total{outcome="rerouted"}', 0) >= 1, m
-    assert m.get('steersman_stream_migrations_total{model="llama-3.1-8b"}', 0) >= 1, m
+    assert m.get('steersman:retries_total{outcome="rerouted"}', 0) >= 1, m
+    assert m.get('steersman:stream_migrations_total{model="llama-3.1-8b"}', 0) >= 1, m

@@ -181,7 +181,7 @@ class ResponsesEndpoints:
     response_store: ResponseStore
 
     def _route_responses(self) -> None:
-        self.store_ops = CounterFamily("steersman_response_store_operations", "Stored responses written, read and "
+        self.store_ops = CounterFamily("steersman:response_store_operations", "Stored responses written, read and "
                                        "deleted by outcome (error: the store, e.g. Redis, failed).", ["op", "outcome"])
         self.metrics.registry.register(self.store_ops)
         self.response_store = make_response_store(self.settings, self.clock, self.store_ops.inc)

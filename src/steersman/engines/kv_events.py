@@ -363,7 +363,7 @@ def subscribe_all(fleet, endpoints, block_size: int, mismatch_after: int,
     """A mirror and a started subscriber for each endpoint that names ``kv_events``; the events counter.
     ``mismatch_after``, ``replay_timeout_s``: ``SchedulerSettings.kv_events_mismatch_after``,
     ``kv_events_replay_timeout_s``."""
-    counts = CounterFamily("steersman_kv_events", "KV cache events read from the engines, by kind (blocks stored, "
+    counts = CounterFamily("steersman:kv_events", "KV cache events read from the engines, by kind (blocks stored, "
                            "removed; caches cleared; blocks that could not be chained; batches malformed or missed; "
                            "engine restarts seen in the batch numbers; batches replayed, replays given up; "
                            "subscriptions that failed).",

@@ -11,7 +11,7 @@ deep) and reads the time from the gateway's clock.  It begins only when every
 replica of the model is full.  A moved request is rewritten to the cheaper model
 (its body's ``model`` field, the scheduling context: see :meth:`Brownout._move`),
 its answers carry ``x-steersman-served-model``, and it is counted in
-``steersman_brownout_total{action="moved"}``; a refused one gets 503 with
+``steersman:brownout_total{action="moved"}``; a refused one gets 503 with
 ``Retry-After`` (``action="shed"``).  A request the cheaper model cannot hold
 (:func:`holds`) stays on its own model.
 """
@@ -69,7 +69,7 @@ class Brownout:
         self.depth = gateway.cfg.reliability.brownout_queue_depth
         #: the models in brown-out now (a model leaves once its backlog has been short for the stabilization window)
         self.states: dict[str, BrownoutState] = {}
-        self.counts = CounterFamily("steersman_brownout", "Sheddable requests moved to a cheaper model or shed in brown-out.",
+        self.counts = CounterFamily("steersman:brownout", "Sheddable requests moved to a cheaper model or shed in brown-out.",
                                     ["model", "action"])
         gateway.metrics.registry.register(self.counts)
 

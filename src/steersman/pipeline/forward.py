@@ -244,7 +244,7 @@ class Forward:
         self.max_event_bytes = max_event_bytes
         # once the request is on its way: the prefix index learns what was dispatched (Accounting.dispatched)
         self._sent = fleet.prefix.flush if fleet.prefix is not None else None
-        self.migrations = CounterFamily("steersman_stream_migrations", "Streams continued on another replica after their engine failed mid-stream.", ["model"])
+        self.migrations = CounterFamily("steersman:stream_migrations", "Streams continued on another replica after their engine failed mid-stream.", ["model"])
         metrics.registry.register(self.migrations)
 
     async def run(self, ctx: RequestContext) -> Outcome:

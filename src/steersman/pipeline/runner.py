@@ -270,7 +270,7 @@ class Pipeline:
 
     def watch(self, guard, names: Sequence[str]) -> None:
         """Follow a :class:`~steersman.reliability.ReplicaGuard`: log and count ejections, evict their attempts."""
-        ejections = CounterFamily("steersman_replica_ejections", "Replicas taken out of rotation by outlier detection.",
+        ejections = CounterFamily("steersman:replica_ejections", "Replicas taken out of rotation by outlier detection.",
                                   ["replica"])
         self.retrier.families.append(ejections)
 

@@ -62,7 +62,7 @@ class Retrier:
         self.throttle = AdaptiveThrottle(settings)
         self.requests = 0  # client requests that reached the retry section
         self.attempts = 0  # upstream attempts
-        self.counts = CounterFamily("steersman_retries", "Retry decisions of the gateway by outcome.", ["outcome"])
+        self.counts = CounterFamily("steersman:retries", "Retry decisions of the gateway by outcome.", ["outcome"])
         self.families = [self.counts]  # metric families to register with the gateway's registry
 
     def share(self, sched) -> float:

@@ -85,7 +85,7 @@ class Report:
     recovery: int = 0
     gateway_requests: float = 0.0  # steersman:requests_total summed
     in_flight_after: float = -1.0
-    retries: dict[str, float] = field(default_factory=dict)  # steersman_retries_total by outcome
+    retries: dict[str, float] = field(default_factory=dict)  # steersman:retries_total by outcome
 
     def summary(self) -> str:
         lines = [f"{self.requests} requests ({self.succeeded} succeeded, {self.abandoned} abandoned by their client "
@@ -335,7 +335,7 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
     m = read_samples(text, {"steersman:requests_total": "requests", "steersman:requests_in_flight": "in_flight"})
     report.gateway_requests = m.get("requests", 0.0)
     report.in_flight_after = m.get("in_flight", -1.0)
-    report.retries = read_labelled(text, "steersman_retries_total", "outcome")
+    report.retries = read_labelled(text, "steersman:retries_total", "outcome")
     return report
 
 
