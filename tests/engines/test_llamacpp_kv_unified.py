@@ -167,6 +167,18 @@ def test_the_replicas_steersman_starts_say_their_layout():
     assert fleet("-kvu", "--no-kv-unified").kv_unified is False  # the last one wins, as llama.cpp parses them
 
 
+def test_the_replicas_layout_read_from_the_environment_they_inherit(monkeypatch):
+    """llama.cpp reads ``LLAMA_ARG_KV_UNIFIED`` when the flag is not given (its boolean spellings); a flag beats it."""
+    def fleet(*extra: str) -> LlamaServerFleet:
+        return LlamaServerFleet(1, binary=Path("/x/llama-server"), model=Path("/m.gguf"), extra_args=extra)
+
+    for value, unified in (("1", True), ("true", True), ("on", True), ("enabled", True), ("0", False), ("off", False)):
+        monkeypatch.setenv("LLAMA_ARG_KV_UNIFIED", value)
+        assert fleet().kv_unified is unified, value
+    monkeypatch.setenv("LLAMA_ARG_KV_UNIFIED", "1")
+    assert fleet("-no-kvu").kv_unified is False  # the command line beats the environment
+
+
 def test_a_replica_carries_its_layout_to_the_adapter():
     from steersman.fleet.records import Replica
 

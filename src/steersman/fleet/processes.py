@@ -41,6 +41,11 @@ _PR_SET_PDEATHSIG = 1
 _BUILD_HINT = "build it with `make llama` (scripts/build-llama-server.sh; ~15 min once per machine)"
 
 
+#: llama.cpp's boolean environment values (common/arg.cpp ``is_truthy`` / ``is_falsey``)
+_ENV_BOOL = {"1": True, "true": True, "on": True, "enabled": True, "0": False, "false": False, "off": False,
+             "disabled": False}
+
+
 class EngineStartError(RuntimeError):
     pass
 
@@ -235,9 +240,11 @@ class LlamaServerFleet:
 
     @property
     def kv_unified(self) -> bool:
-        """Whether the replicas' slots share one KV pool: ``-np`` is given, so only ``-kvu`` in the extra arguments
-        makes them (the last of ``-kvu`` / ``-no-kvu`` wins, as llama.cpp reads its arguments)."""
-        unified = False
+        """Whether the replicas' slots share one KV pool: ``-np`` is given, so only ``-kvu`` makes them, in the extra
+        arguments or else in ``LLAMA_ARG_KV_UNIFIED`` (the environment the llama-servers inherit; llama.cpp reads a
+        flag's variable when the flag is not given, its values ``1`` / ``true`` / ``on`` / ``enabled`` and ``0`` /
+        ``false`` / ``off`` / ``disabled``); the last of ``-kvu`` / ``-no-kvu`` wins, as llama.cpp reads them."""
+        unified = _ENV_BOOL.get(os.environ.get("LLAMA_ARG_KV_UNIFIED", ""), False)
         for arg in self.extra_args:
             if arg in ("-kvu", "--kv-unified"):
                 unified = True
