@@ -202,6 +202,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                 for excluded in (frozenset({0}), everyone):  # a reroute; one with no replica left
                     for resumed in (False, True):  # a retry; a continued stream
                         self.policy.pick(snap, replace(req, excluded=excluded, resumed=resumed))
+        forget = getattr(self.policy, "forget_turns", None)  # (a Profile; a custom policy may keep no turns)
+        if forget is not None:
+            forget()  # the first request takes the first turn (round-robin's first replica), as in the twin
 
     async def _discover_models(self) -> None:
         assert self.fleet is not None

@@ -221,6 +221,14 @@ class Profile:
     def context(self, snapshot: FleetSnapshot, request: SchedRequest) -> DecisionContext:
         return DecisionContext(snapshot, request, snapshot.candidates(request.model), settings=self.settings)
 
+    def forget_turns(self) -> None:
+        """Forget the rotations the picker keeps (a picker's optional ``forget_turns``: round-robin's counter, the
+        steersman picker's tie turns): the gateway's warm-up decisions are no requests, and a live gateway's first
+        request takes the first turn as the digital twin's does."""
+        forget = getattr(self.picker, "forget_turns", None)
+        if forget is not None:
+            forget()
+
     def pick(self, snapshot: FleetSnapshot, request: SchedRequest) -> Decision:
         if self._fast is not None:
             return self._fast(snapshot, request)

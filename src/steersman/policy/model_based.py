@@ -105,6 +105,10 @@ class SloCheapest:
         return Route(i, reason, float(p.ttft[j]) / r_ttft, float(p.tpot[j]) / r_tpot, keep, not feasible and not stay,
                      float(p.ttft[j]), float(p.e2e[j]))
 
+    def forget_turns(self) -> None:
+        """Forget every model's tie turns (see :meth:`steersman.policy.framework.Profile.forget_turns`)."""
+        self._ties.clear()
+
     def tie_break(self, req, pool: np.ndarray, total: np.ndarray) -> int:
         """Position among ``pool`` (the equally good candidates) of the pick: the best ``total`` (within 1e-12);
         when several are best, the k-th tied decision of the request's model takes the k-th of them (mod their

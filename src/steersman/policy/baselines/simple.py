@@ -34,6 +34,9 @@ class RoundRobin:
     def __init__(self) -> None:
         self._at: dict[str, tuple[int, int]] = {}  # model -> (seq, k) of its latest request
 
+    def forget_turns(self) -> None:
+        self._at.clear()
+
     def pick(self, ctx: DecisionContext, scores=None) -> Decision:
         cand, req = ctx.candidates, ctx.request
         seq, k = self._at.get(req.model, (-1, -1))
