@@ -9,12 +9,11 @@ another model, whose vectors would not be comparable.
 
 from __future__ import annotations
 
-from typing import Any
 
 import msgspec
 
 from steersman.api.errors import bad_request
-from steersman.api.schema import EMPTY_CACHE_SALT, decode_with
+from steersman.api.schema import EMPTY_CACHE_SALT, check_truncation, decode_with
 
 __all__ = ["EmbeddingRequest", "decode_embedding", "MAX_INPUTS"]
 
@@ -29,7 +28,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     user: str | None = None
     priority: int = 0
     cache_salt: str | None = None
-    truncate_prompt_tokens: Any = None  # vLLM's; forwarded as sent
+    truncate_prompt_tokens: int | None = None  # vLLM's: the last k tokens of each input (left truncation), -1 the model's
 
     # what the request path reads of every request
     stream = False
@@ -76,4 +75,5 @@ def decode_embedding(body: bytes) -> EmbeddingRequest:
                           "'float' and 'base64'.", "encoding_format")
     if req.dimensions is not None and req.dimensions < 1:
         raise bad_request(f"'dimensions' must be at least 1, got {req.dimensions}.", "dimensions")
+    check_truncation(req.truncate_prompt_tokens)
     return req

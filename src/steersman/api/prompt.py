@@ -92,22 +92,33 @@ def batch_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int)
     A completion's or embedding's batch of prompts (strings or token-id lists, each its own sequence in the
     engine) counts every prompt's tokens; its blocks are the first prompt's (a batch's prompts typically share
     their few-shot prefix: where the first is cached, the rest hit too); whether a replica can ever hold the
-    request is judged by its longest prompt (the engine runs them apart), its load by the total."""
+    request is judged by its longest prompt (the engine runs them apart), its load by the total.  vLLM's
+    ``truncate_prompt_tokens`` k keeps each prompt's last k tokens: they are what is counted and hashed."""
+    keep = getattr(req, "truncate_prompt_tokens", None)
+    keep = keep if keep is not None and keep > 0 else None  # vLLM's left truncation (-1: the model's context)
     if isinstance(req, ChatCompletionRequest):
         ids = tokenize_chat_array(req.messages, req.continue_final_message, None, req.tools)
+        if keep is not None:
+            ids = ids[-keep:]
         return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt)), None
     p = req.prompt
     extra = 0
     longest = None
     if isinstance(p, list) and p and not isinstance(p[0], int):  # a batch
         ids = list(p[0]) if isinstance(p[0], list) else tokenize_array(p[0])
+        if keep is not None:
+            ids = ids[-keep:]
         longest = len(ids)
         for x in p[1:]:
             n = len(x) if isinstance(x, list) else len(tokenize_array(x)) if isinstance(x, str) else 0
+            if keep is not None:
+                n = min(n, keep)
             extra += n
             longest = max(longest, n)
     elif isinstance(p, list):
         ids = list(p)  # token ids
     else:
         ids = tokenize_array(p)
+    if keep is not None and longest is None:
+        ids = ids[-keep:]
     return len(ids) + extra, block_hash_tuple(ids, block_size, cache_root(req.cache_salt)), longest

@@ -72,6 +72,8 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     priority: int = 0
     cache_salt: str | None = None  # vLLM: requests share prefix-cache blocks only with the same salt
+    #: vLLM: k >= 1 keeps only the prompt's last k tokens (left truncation), -1 the model's context's worth
+    truncate_prompt_tokens: int | None = None
     # what makes a stream's tokens depend on more than its text (no token-exact continuation): read in this one
     # decode, not checked (any JSON value; forwarded untouched like every field), None when absent
     guided_json: Any = None  # vLLM's guided decoding
@@ -191,6 +193,13 @@ def _check_common(req: _Common, limit_name: str, limit_value: int | None, max_to
         raise bad_request("`stop` must be a non-empty string or a list of them.", "stop")
     if req.cache_salt == "":  # vLLM's check_cache_salt_support: "" would salt nothing (llama.cpp does not check)
         raise bad_request(EMPTY_CACHE_SALT, "cache_salt")
+    check_truncation(req.truncate_prompt_tokens)
+
+
+def check_truncation(k: int | None) -> None:
+    """vLLM's ``truncate_prompt_tokens``: an integer >= 1, or -1 (SamplingParams / PoolingParams ``_verify_args``)."""
+    if k is not None and (k == 0 or k < -1):
+        raise bad_request(f"`truncate_prompt_tokens` must be an integer >= 1 or -1, got {k}.", "truncate_prompt_tokens")
 
 
 def _check_sampling(req: _Common) -> None:

@@ -17,7 +17,7 @@ import orjson
 
 from steersman.api.embeddings import decode_embedding
 from steersman.api.errors import ApiError, bad_request, not_found_model
-from steersman.enginesim.prompts import token_ids
+from steersman.enginesim.prompts import token_ids, truncation
 from steersman.enginesim.runner import Job
 from steersman.enginesim.textgen import Generation
 from steersman.http.server import HttpRequest
@@ -72,6 +72,9 @@ class Embedder:
             if dims > self.hidden:
                 raise bad_request(f"'dimensions' is {dims}: this model's embeddings have {self.hidden}.", "dimensions")
             inputs = self._inputs(req.input)
+            keep = truncation(req.truncate_prompt_tokens, g.max_model_len)
+            if keep is not None:  # vLLM keeps the last k tokens of each input (left truncation)
+                inputs = [ids[-keep:] for ids in inputs]
             for k, ids in enumerate(inputs):
                 if len(ids) > g.max_model_len:
                     raise bad_request(f"This model's maximum context length is {g.max_model_len} tokens. However, "

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from dataclasses import replace
 
 import msgspec
 
 from steersman.api.errors import ApiError, bad_request, not_found_model
 from steersman.api.prompt import cache_root
-from steersman.text.lora import lora_key
 from steersman.api.schema import ChatCompletionRequest, CompletionRequest, decode_chat, decode_completion, decode_with
 from steersman.clock import Clock
 from steersman.config import DEFAULTS
 from steersman.enginesim.chunks import ChunkWriter, full_response, usage_of
 from steersman.enginesim.faults import Faults
 from steersman.enginesim.logprobs import chat_entries, completion_logprobs
-from steersman.enginesim.prompts import Prompt, read_prompts
+from steersman.enginesim.prompts import Prompt, read_prompts, truncation
 from steersman.enginesim.runner import EngineRunner, Job
 from steersman.enginesim.structured import constraint, structured
 from steersman.enginesim.tools import plan_tool_call
@@ -25,6 +25,7 @@ from steersman.http.server import HttpRequest
 from steersman.obs.tracing import OtlpSpans, request_id
 from steersman.sim import SimRequest
 from steersman.text import block_hashes
+from steersman.text.lora import lora_key
 
 __all__ = ["Generator"]
 
@@ -82,6 +83,9 @@ class Generator:
         bring the same header)."""
         self._check(req)
         prompts = read_prompts(req, chat, self.vocab)
+        keep = truncation(req.truncate_prompt_tokens, self.max_model_len)
+        if keep is not None:  # vLLM keeps the last k tokens of each prompt (left truncation)
+            prompts = [replace(pr, ids=pr.ids[-keep:]) for pr in prompts]
         want = req.output_limit
         if want is None and not chat:  # vLLM's CompletionRequest.max_tokens default (chat's: what the context leaves)
             want = DEFAULTS.sim_server.completion_max_tokens

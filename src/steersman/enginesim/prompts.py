@@ -18,7 +18,7 @@ from steersman.text import render_chat
 from steersman.text.chat_tokens import tokenize_chat_array
 from steersman.text.tokenizer import tokenize_array
 
-__all__ = ["Prompt", "read_prompts", "token_ids"]
+__all__ = ["Prompt", "read_prompts", "token_ids", "truncation"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,19 @@ def read_prompts(req: ChatCompletionRequest | CompletionRequest, chat: bool, voc
                 raise bad_request("engine-sim echoes text prompts only: it has no detokenizer for token ids.", "echo")
             out.append(Prompt(token_ids(x, "prompt", vocab), list(x), "x"))
     return out
+
+
+def truncation(k: int | None, max_model_len: int) -> int | None:
+    """How many of a prompt's last tokens vLLM keeps for ``truncate_prompt_tokens`` = ``k`` (None: all; -1: the
+    model's context); over the context it is a 400 naming the field, as vLLM's."""
+    if k is None:
+        return None
+    if k == -1:
+        return max_model_len
+    if k > max_model_len:
+        raise bad_request(f"truncate_prompt_tokens value ({k}) is greater than max_model_len ({max_model_len}). "
+                          "Please, select a smaller truncation size.", "truncate_prompt_tokens")
+    return k
 
 
 def token_ids(ids: list, field: str, vocab: int | None = None) -> list[int]:
