@@ -195,6 +195,19 @@ def test_streamed_tool_calls_become_function_call_items_and_length_is_incomplete
     assert got[-1]["type"] == "response.incomplete"
     assert got[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
     assert [c["id"] for c in ev.assistant["tool_calls"]] == ["c0", "c1"]
+    # the answer was cut in its last call: that item is incomplete (its arguments may be cut), the first one whole
+    assert [i["status"] for i in done] == ["completed", "completed", "incomplete"]
+    assert [o["status"] for o in got[-1]["response"]["output"]] == ["completed", "completed", "incomplete"]
+
+
+def test_a_whole_answer_cut_in_a_call_has_that_call_incomplete():
+    b = ResponseBuilder(_t(input="x"), "m", 7)
+    calls = [{"id": f"c{k}", "type": "function", "function": {"name": "w", "arguments": a}}
+             for k, a in enumerate(("{}", '{"city": "Par'))]
+    body = orjson.dumps({"choices": [{"index": 0, "finish_reason": "length", "message": {
+        "role": "assistant", "content": None, "tool_calls": calls}}]})
+    resp, _ = b.from_chat(body)
+    assert resp["status"] == "incomplete" and [o["status"] for o in resp["output"]] == ["completed", "incomplete"]
 
 
 def test_an_error_event_becomes_error_and_response_failed():

@@ -84,9 +84,10 @@ class ResponseBuilder:
         status, incomplete = _status(choice.get("finish_reason"))
         if text or not calls:
             output.append(_message_item(new_id("msg"), text or "", "completed" if status == "completed" else "incomplete"))
-        for c in calls:
+        for k, c in enumerate(calls):  # the answer cut (max_output_tokens) in its last call: that one is incomplete
+            cut = status != "completed" and k == len(calls) - 1
             output.append(_call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],
-                                     "completed"))
+                                     "incomplete" if cut else "completed"))
         return self.response(status, output, _usage(doc.get("usage")), incomplete), _assistant(text, calls)
 
 
@@ -246,7 +247,7 @@ class ResponseEvents:
         item["status"] = status
         self._ev(out, "response.output_item.done", output_index=i, item=item)
 
-    def _close_call(self, out: list[bytes]) -> None:
+    def _close_call(self, out: list[bytes], status: str = "completed") -> None:
         i = self.open_call
         if i is None:
             return
@@ -254,7 +255,7 @@ class ResponseEvents:
         item = self.items[i]
         self._ev(out, "response.function_call_arguments.done", item_id=item["id"], output_index=i,
                  name=item["name"], arguments=item["arguments"])
-        item["status"] = "completed"
+        item["status"] = status
         self._ev(out, "response.output_item.done", output_index=i, item=item)
 
     def _complete(self, out: list[bytes]) -> None:
@@ -268,7 +269,7 @@ class ResponseEvents:
             self._ev(out, "response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
                      part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
         self._close_message(out, "completed" if status == "completed" else "incomplete")
-        self._close_call(out)
+        self._close_call(out, "completed" if status == "completed" else "incomplete")  # cut in its arguments
         self.finished = True
         self.final = self.b.response(status, self.items, self.usage, incomplete)
         calls = [{"id": it["call_id"], "function": {"name": it["name"], "arguments": it["arguments"]}}
