@@ -102,7 +102,7 @@ def test_one_stream_migrates_with_exact_tokens_and_usage(openai_client, kind, kw
         assert len(ref.pieces) > 6
         if "stop" in kw:
             assert ref.finish == "stop" and len(ref.pieces) < kw["max_tokens"]
-        _die(lf, 0, after=4)  # round-robin sends this stream to replica 0 (the reference went to 1): it dies after 4 tokens
+        _die(lf, 1, after=4)  # round-robin sends this stream to replica 1 (the reference went to 0): it dies after 4 tokens
         first = run(client, model=MODEL, **kw)
         _check_same(first, ref, "stream_options" in kw)
         assert migrations(lf.url) == 1
@@ -138,10 +138,10 @@ def test_engine_dying_after_its_last_token_is_finished_locally(openai_client):
                   stream_options={"include_usage": True})
         ref = chat(client, **kw)
         assert ref.finish == "length" and len(ref.pieces) == 12
-        _die(lf, 0, after=12)  # it streams all 12 tokens (the last with finish_reason), then dies before [DONE]
-        got = chat(client, **kw)
+        _die(lf, 1, after=12)  # it streams all 12 tokens (the last with finish_reason), then dies before [DONE]
+        got = chat(client, **kw)  # (round-robin: to replica 1, the reference went to 0)
         _check_same(got, ref, True)
-        assert lf.sims[0].faults.dead and migrations(lf.url) == 0  # nothing left to generate: no new leg
+        assert lf.sims[1].faults.dead and migrations(lf.url) == 0  # nothing left to generate: no new leg
 
 
 def test_a_tool_call_cut_mid_stream_ends_with_an_error_event_not_a_new_call(openai_client):
@@ -173,7 +173,7 @@ def test_a_responses_stream_continues_token_exact_on_another_replica(openai_clie
         client = openai_client(lf.url)
         kw = dict(model=MODEL, input="Tell me about replicas.", max_output_tokens=30, extra_body={"ignore_eos": True})
         ref = client.responses.create(**kw)
-        _die(lf, 0, after=5)  # round-robin sends the stream to replica 0 (the reference went to 1): it dies after 5 tokens
+        _die(lf, 1, after=5)  # round-robin sends the stream to replica 1 (the reference went to 0): it dies after 5 tokens
         events = list(client.responses.create(stream=True, **kw))
         deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
         assert "".join(deltas) == ref.output_text and len(deltas) == 30
