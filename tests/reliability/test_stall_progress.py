@@ -11,8 +11,10 @@ import re
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 from steersman.config import DEFAULTS
+from steersman.engines.base import EngineMetrics
 from steersman.fleet import snapshot as S_
 from steersman.policy import make_policy
 from steersman.reliability import OutlierDetector
@@ -80,19 +82,34 @@ def _fleet():
     return _stall_fleet()
 
 
-def test_a_replica_streaming_tokens_is_not_stalled_while_its_queue_waits_then_its_hang_is():
+def _event(fleet, k: int, now: float) -> None:
+    fleet.streamed(2, now)  # a token on the running stream
+
+
+def _scrape(fleet, k: int, now: float) -> None:
+    fleet.update_metrics(2, EngineMetrics(num_running=1, num_waiting=1, progress=500.0 + 7 * k))  # the counter moves
+
+
+@pytest.mark.parametrize("progress", [_event, _scrape])
+def test_a_replica_making_progress_is_not_stalled_while_its_queue_waits_then_its_hang_is(progress):
+    """Replica 2 runs a long decode with a stream queued behind it.  ``_event``: the decode streams to us, each
+    token an event; ``_scrape``: it is a whole (non-streamed) response, which shows nothing until it ends, and the
+    scrapes read the engine's work counter advancing (``EngineMetrics.progress``)."""
     fleet, clock = _fleet()
     clock._now = 10.0
-    running = fleet.begin(2)
-    fleet.first_token(running)  # a long decode under way...
+    if progress is _event:
+        fleet.first_token(fleet.begin(2))  # a long decode under way...
+    else:
+        fleet.update_metrics(2, EngineMetrics(progress=500.0))  # (the first read says nothing of when)
+        fleet.begin(2, streamed=False)
     fleet.begin(2)  # ...and a request queued behind it, awaiting a first token
-    for k in range(1, 51):  # 5 s of tokens every 0.1 s: the queued request waits 25x the peers' TTFT
+    for k in range(1, 51):  # 5 s of progress every 0.1 s: the queued request waits 25x the peers' TTFT
         clock._now = 10.0 + k * 0.1
-        fleet.streamed(2, clock._now)
+        progress(fleet, k, clock._now)
         snap = fleet.snapshot()
         assert snap.blocked_until[2] <= snap.time, fleet.guard.state(2, snap.time)
     assert snap.stall[2] == 5.0  # the policies still see how long it has waited (their queueing signal)
-    # the engine hangs: no event after 15.0; judged from then (3x the peers' 0.1 s TTFT)
+    # the engine hangs: no progress after 15.0; judged from then (3x the peers' 0.1 s TTFT)
     clock._now = 15.25
     assert fleet.snapshot().blocked_until[2] <= clock._now
     clock._now = 15.4
@@ -126,37 +143,9 @@ def test_the_detector_judges_a_stall_from_the_later_of_the_stall_row_and_the_las
     assert d.sweep(12.25, since) == [2] and "no first token for 0.35s" in d.reasons[2]
 
 
-# ---- the engine's work counter: progress of requests that stream nothing to us --------------------------------
-
-def test_a_replica_whose_work_counter_advances_is_not_stalled_then_its_hang_is():
-    """Replica 2 decodes a whole (non-streamed) response: no event of ours there, while a stream waits behind it.
-    Its scrapes read the engine's work counter advancing (``EngineMetrics.progress``); when it stops, the
-    stall counts from the last scrape that saw it move."""
-    from steersman.engines.base import EngineMetrics
-
-    fleet, clock = _fleet()
-    clock._now = 10.0
-    fleet.update_metrics(2, EngineMetrics(progress=500.0))  # the first read says nothing of when
-    fleet.begin(2, streamed=False)  # a whole response under way
-    fleet.begin(2)  # a stream queued behind it
-    for k in range(1, 51):  # 5 s of scrapes, the counter moving
-        clock._now = 10.0 + k * 0.1
-        fleet.update_metrics(2, EngineMetrics(num_running=1, num_waiting=1, progress=500.0 + 7 * k))
-        snap = fleet.snapshot()
-        assert snap.blocked_until[2] <= snap.time, fleet.guard.state(2, snap.time)
-    assert snap.stall[2] == 5.0  # the policies still see how long it has waited
-    for k in range(1, 5):  # hung: the counter stops at 15.0
-        clock._now = 15.0 + k * 0.1
-        fleet.update_metrics(2, EngineMetrics(num_running=1, num_waiting=1, progress=850.0))
-    snap = fleet.snapshot()
-    assert snap.blocked_until[2] > snap.time
-    # ejected by the scrape's sweep at 15.3: 3x the peers' 0.1 s TTFT after the last scrape that saw it move
-    assert "no first token for 0.3s" in fleet.guard.state(2, snap.time)["reason"]
-
+# ---- the engine's work counter: a restart is no progress --------------------------------------------------------
 
 def test_a_restarted_engines_counter_is_no_progress():
-    from steersman.engines.base import EngineMetrics
-
     fleet, clock = _fleet()
     clock._now = 10.0
     fleet.update_metrics(2, EngineMetrics(progress=900.0))
