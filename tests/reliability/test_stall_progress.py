@@ -73,7 +73,7 @@ def test_a_hung_replica_is_still_ejected_in_the_twin():
     assert all(i == 0 for _, i, _ in at)
 
 
-# ---- the fleet: every event a stream of ours gets from its engine is progress --------------------------------
+# ---- the fleet: every event a stream of ours gets from its engine, and the engine's work counter, is progress -----
 
 def _fleet():
     """3 replicas, each with 5 first tokens at 0.1 s (TTFT samples to compare with), a 0.2 s TTFT floor."""
