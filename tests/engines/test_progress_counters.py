@@ -47,3 +47,4 @@ def test_the_old_vllm_names_are_still_read_with_the_counters_present():
            "vllm:generation_tokens_total 7\n")
     m = parse_metrics(old, METRIC_NAMES["vllm"])
     assert (m.prefix_queries, m.prefix_hits, m.progress) == (10.0, 4.0, 7.0)
+

@@ -81,6 +81,10 @@ class EngineAdapter(Protocol):
         """The models the engine serves (``/v1/models``); a :class:`ModelList` also says which are LoRA adapters."""
         ...
 
+    async def health(self, replica: ReplicaAddress) -> bool: ...
+
+    async def close(self) -> None: ...
+
 
 class ModelList(list):
     """Model names from an engine's ``/v1/models``; ``loras``: those that are LoRA adapters of a base model listed
@@ -103,7 +107,3 @@ def model_list(page: Any) -> ModelList:
             loras.append(name)
     out.loras = tuple(loras)
     return out
-
-    async def health(self, replica: ReplicaAddress) -> bool: ...
-
-    async def close(self) -> None: ...
