@@ -36,6 +36,25 @@ def test_records_text_tokens_and_builds_the_assistant_prefix_request():
     assert body["x_unknown"] == 1  # unknown fields travel on, as in the original request
 
 
+def test_a_truncated_prompt_keeps_the_emitted_text_too():
+    """``truncate_prompt_tokens`` k: the engine keeps the prompt's last k tokens.  The next leg's prompt is the prompt
+    and the emitted text: it keeps k more (with k alone it dropped as many of the prompt's as were emitted)."""
+    raw = orjson.dumps({"model": "m", "stream": True, "max_tokens": 10, "truncate_prompt_tokens": 12,
+                        "messages": [{"role": "user", "content": "hi"}]})
+    c = Continuation(decode_chat(raw, LIMIT), raw, 7)
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    c.begin_leg()
+    for e in (w.role(), w.token("Hello"), w.token(" world"), w.token("!")):
+        c.observe(payload(e))
+    assert orjson.loads(c.request_body())["truncate_prompt_tokens"] == 12 + 3
+    raw = orjson.dumps({"model": "m", "stream": True, "truncate_prompt_tokens": -1,
+                        "messages": [{"role": "user", "content": "hi"}]})
+    c = Continuation(decode_chat(raw, LIMIT), raw, 7)  # -1 (the model's context): as it was
+    c.begin_leg()
+    c.observe(payload(w.token("a")))
+    assert orjson.loads(c.request_body())["truncate_prompt_tokens"] == -1
+
+
 def test_values_the_gateway_forwards_unread_are_written_back_byte_for_byte():
     """An unknown field holding what no JSON library takes as a float (``1e999``) or an integer past 64 bits, at
     the top level or inside a message, is forwarded untouched: the continuation request keeps it (it was an

@@ -93,6 +93,9 @@ def test_kill_a_replica_mid_stream_every_stream_continues_token_exact(openai_cli
     # (an integer beyond 64 bits, 300 levels): the continuation ended with an internal error
     ("chat", dict(max_tokens=30, messages=[{"role": "user", "content": "Odd extras."}],
                   extra_body={"zz": 10**30, "deep": _nested(300)})),
+    # the engine keeps the prompt's last 12 tokens (its usage counts those: so must the continued stream's)
+    ("chat", dict(max_tokens=30, messages=[{"role": "user", "content": "A long question " * 20}],
+                  extra_body={"truncate_prompt_tokens": 12}, stream_options={"include_usage": True})),
 ])
 def test_one_stream_migrates_with_exact_tokens_and_usage(openai_client, kind, kw):
     with LiveFleet(sims=sims(2), policy="round-robin") as lf:

@@ -51,6 +51,9 @@ class Legs:
         min_tokens = _value(body, "min_tokens")
         if isinstance(min_tokens, int):  # what is left of it (vLLM refuses min_tokens > max_tokens)
             body["min_tokens"] = max(0, min_tokens - self.tokens)
+        keep = _value(body, "truncate_prompt_tokens")
+        if isinstance(keep, int) and keep > 0:  # the engine keeps the prompt's last k tokens: the emitted text too
+            body["truncate_prompt_tokens"] = keep + self.tokens
         body["stream"] = True
         options = _value(body, "stream_options")
         # usage, to report the whole stream's at its end; the client's other options kept (continuous_usage_stats)
