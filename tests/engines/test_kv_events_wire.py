@@ -11,7 +11,7 @@ from steersman.engines.kv_events import (AllBlocksCleared, BlockRemoved, BlockSt
                                          decode_batch, encode_batch)
 from steersman.fleet.kv_events import EventHolders, KvEventMirror
 from steersman.obs.histogram import CounterFamily
-from steersman.text.tokenizer import ROOT_HASH, block_hashes
+from steersman.text.tokenizer import ROOT_HASH, block_hash_tuple, block_hashes
 
 
 def _sub(block_size: int = 16) -> KvEventSubscriber:
@@ -128,20 +128,41 @@ def test_a_salted_prompts_blocks_chain_from_its_salted_root():
 
 
 def test_blocks_the_gateways_hashes_do_not_cover_are_not_credited():
-    """An adapter's KV (``lora_name``: vLLM hashes it into every block) and blocks after a multi-modal input or
-    prompt embeddings are not the base model's text the gateway hashes: crediting them is a false hit."""
+    """A block of an adapter named by its id alone (vLLM < 0.11: which adapter is not known) and blocks after a
+    multi-modal input or prompt embeddings are not text the gateway hashes: crediting them is a false hit."""
     ids = list(range(100, 164))
     ours = block_hashes(ids, 16, ROOT_HASH)
     sub = _sub()
-    sub.apply(BlockStored([b"l0", b"l1"], None, ids[:32], 16, None, "GPU", "sql-adapter",
-                          [("sql-adapter",), ("sql-adapter",)]))
     sub.apply(BlockStored([b"o0"], None, ids[:16], 16, 7, "GPU"))  # vLLM < 0.11: the adapter by its id
-    assert sub.mirror.match(ours) == 0 and sub.counts.get("r0", "unchained") == 3
+    assert sub.mirror.match(ours) == 0 and sub.counts.get("r0", "unchained") == 1
     sub.apply(BlockStored([b"m0", b"m1", b"m2", b"m3"], None, ids, 16, None, "GPU", None,
                           [None, None, (("img-1", 8),), None]))  # an image from the third block on
-    assert sub.mirror.match(ours) == 2 and sub.counts.get("r0", "unchained") == 5
+    assert sub.mirror.match(ours) == 2 and sub.counts.get("r0", "unchained") == 3
     sub.apply(BlockStored([b"s0"], None, ids[:16], 16, None, "GPU", None, [("salt", b"embeds")]))  # salt + more
-    assert sub.counts.get("r0", "unchained") == 6
+    assert sub.counts.get("r0", "unchained") == 4
+
+
+def test_an_adapters_blocks_are_credited_to_the_adapters_prompts_only():
+    """vLLM hashes a LoRA adapter into every block of its KV (``lora_name``; first in each block's ``extra_keys``,
+    then the first block's ``cache_salt``): the blocks are the adapter's prompts' (keyed as the gateway keys a
+    request for it, steersman.text.lora), never the base model's.  They were skipped: an adapter's prompts were
+    never credited, and the hits the engine reported for them counted against the mirror."""
+    from steersman.api.prompt import cache_root
+    from steersman.text.lora import lora_key, rekeyed
+
+    ids = list(range(100, 164))
+    base = block_hashes(ids, 16, ROOT_HASH)
+    sql = rekeyed(block_hash_tuple(ids, 16), lora_key("sql-adapter"))
+    sub = _sub()
+    sub.apply(BlockStored([b"l0", b"l1"], None, ids[:32], 16, None, "GPU", "sql-adapter",
+                          [("sql-adapter",), ("sql-adapter",)]))
+    sub.apply(BlockStored([b"l2"], b"l1", ids[32:48], 16, None, "GPU", "sql-adapter", [("sql-adapter",)]))
+    assert sub.mirror.match(sql) == 3 and sub.mirror.match(base) == 0 and sub.counts.get("r0", "unchained") == 0
+    salted = rekeyed(block_hash_tuple(ids, 16, cache_root("t")), lora_key("sql-adapter"))
+    sub.apply(BlockStored([b"t0"], None, ids[:16], 16, None, "GPU", "sql-adapter", [("sql-adapter", "t")]))
+    assert sub.mirror.match(salted) == 1
+    sub.apply(BlockRemoved([b"l2"]))
+    assert sub.mirror.match(sql) == 2
 
 
 def test_a_block_stored_twice_stays_credited_until_its_last_copy_is_removed():

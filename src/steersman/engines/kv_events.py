@@ -16,9 +16,11 @@ for any engine whose token ids are the gateway's (its tokenizer, :mod:`steersman
 into a block (``extra_keys``: a LoRA adapter's name on every block, multi-modal inputs, the request's
 ``cache_salt`` on its first block, prompt embeddings) is read as the gateway hashes prompts: a ``cache_salt``
 alone on a prompt's first block makes the chain's root the one a request with that salt hashes from
-(:func:`steersman.api.prompt.cache_root`); a block of an adapter's KV (``lora_name``, ``lora_id``) or with other
-extra keys, and the blocks after it, are skipped and counted (``unchained``): the gateway's prompt hashes do not
-cover them, and crediting them would be a false hit.  An event without token ids is taken to carry the
+(:func:`steersman.api.prompt.cache_root`); a block of a LoRA adapter's KV (``lora_name``, also first in every
+block's ``extra_keys``) is hashed as the gateway hashes a request for that adapter, keyed with it
+(:mod:`steersman.text.lora`); one named by its ``lora_id`` alone (vLLM < 0.11), or with other extra keys, and
+the blocks after it, are skipped and counted (``unchained``): the gateway's prompt hashes do not cover them, and
+crediting them would be a false hit.  An event without token ids is taken to carry the
 gateway's hashes themselves (engine-sim's, which hashes as the gateway does).  A block whose parent the
 subscriber never saw stored (it joined late, or missed messages) cannot be chained: it is skipped and counted.
 vLLM may hold two copies of one block (two requests computed the same prefix at once) and evicts each with a
@@ -51,6 +53,7 @@ from steersman.config import DEFAULTS
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.obs.histogram import CounterFamily
 from steersman.api.prompt import cache_root
+from steersman.text.lora import lora_key
 from steersman.text.tokenizer import ROOT_HASH, block_hashes
 
 __all__ = ["END_SEQ", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber",
@@ -235,9 +238,11 @@ class KvEventSubscriber:
             self._count("unchained", n - len(ours))
             return ours
         bs = ev.block_size
-        if bs != self.block_size or len(ev.token_ids) != n * bs or ev.lora_name is not None or ev.lora_id is not None:
-            self._count("unchained", n)  # (an adapter's KV: the gateway's hashes of a prompt are the base model's)
+        lora = ev.lora_name
+        if bs != self.block_size or len(ev.token_ids) != n * bs or (ev.lora_id is not None and lora is None):
+            self._count("unchained", n)  # (an adapter named by its id alone, vLLM < 0.11: which one is not known)
             return []
+        key = lora_key(lora) if lora is not None else 0  # an adapter's KV: its prompts' hashes are keyed
         if ev.parent_block_hash is None:
             parent = ROOT_HASH
         else:
@@ -245,11 +250,13 @@ class KvEventSubscriber:
             if got is None:
                 self._count("unchained", n)
                 return []
-            parent = got
+            parent = got ^ key  # (the chain runs on the unkeyed hashes: steersman.text.lora.rekeyed)
         keep = n
         extra = ev.extra_keys
         if extra:
             for j, keys in enumerate(extra[:n]):
+                if keys and lora is not None and keys[0] in (lora, ev.lora_id):
+                    keys = keys[1:]  # vLLM puts the adapter first in every block's keys
                 if not keys:
                     continue
                 salt = keys[0] if len(keys) == 1 and isinstance(keys[0], str) else None
@@ -263,6 +270,8 @@ class KvEventSubscriber:
                 if not keep:
                     return []
         ours = block_hashes(ev.token_ids[: keep * bs], bs, parent)
+        if key:
+            ours = [h ^ key for h in ours]
         self._gateway.update(zip(ev.block_hashes, ours))
         return ours
 
