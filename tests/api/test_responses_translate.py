@@ -208,6 +208,10 @@ def test_a_whole_answer_cut_in_a_call_has_that_call_incomplete():
         "role": "assistant", "content": None, "tool_calls": calls}}]})
     resp, _ = b.from_chat(body)
     assert resp["status"] == "incomplete" and [o["status"] for o in resp["output"]] == ["completed", "incomplete"]
+    body = orjson.dumps({"choices": [{"index": 0, "finish_reason": "length", "message": {
+        "role": "assistant", "content": "Let me look.", "tool_calls": calls[1:]}}]})
+    resp, _ = b.from_chat(body)  # text, then the cut call: the message is whole (as the stream closes it)
+    assert [(o["type"], o["status"]) for o in resp["output"]] == [("message", "completed"), ("function_call", "incomplete")]
 
 
 def test_an_error_event_becomes_error_and_response_failed():

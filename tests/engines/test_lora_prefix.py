@@ -59,6 +59,16 @@ def test_the_fleet_file_names_adapters_beside_their_base_model():
         parse_fleet({"endpoints": [{"url": "http://127.0.0.1:8000", "lora_modules": [LORA]}]})
     with pytest.raises(FleetConfigError, match=r"endpoints\[0\]\.lora_modules: 'm' is in models too"):
         parse_fleet({"endpoints": [{"url": "http://127.0.0.1:8000", "models": ["m"], "lora_modules": ["m"]}]})
+    with pytest.raises(FleetConfigError, match=r"endpoints\[1\]\.models: 'a' is a LoRA adapter of endpoints\[0\]"):
+        parse_fleet({"endpoints": [{"url": "http://127.0.0.1:8000", "models": ["m"], "lora_modules": ["a"]},
+                                   {"url": "http://127.0.0.1:8001", "models": ["a"]}]})
+
+
+def test_engine_sim_refuses_an_adapter_named_as_its_model():
+    from steersman.enginesim.app import SimServer
+
+    with pytest.raises(ValueError, match="model's own name"):
+        SimServer(SimServerConfig(lora_modules=(MODEL,)))
 
 
 def _chat(c: OpenAI, model: str, question: str):
@@ -94,6 +104,7 @@ def _drive(lf: LiveFleet) -> None:
         again = _chat(c, LORA, "List the columns.")  # the adapter's own prompt again: a hit where it ran
         assert again.usage.prompt_tokens_details.cached_tokens >= 40 * 16
         assert lf.call(_accuracy, lf.gateway) == [1.0, 1.0]
+        assert c.embeddings.create(model=LORA, input="a query").model == LORA
 
 
 def test_an_adapters_cached_prompt_is_no_hit_for_the_base_model_named_in_the_fleet_file():

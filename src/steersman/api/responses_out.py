@@ -83,7 +83,9 @@ class ResponseBuilder:
                 "name": fn.get("name") or "", "arguments": _arguments(fn.get("arguments"))}})
         status, incomplete = _status(choice.get("finish_reason"))
         if text or not calls:
-            output.append(_message_item(new_id("msg"), text or "", "completed" if status == "completed" else "incomplete"))
+            # a cut answer ends in its last item: the message when no call follows it (as the stream closes them)
+            whole = status == "completed" or bool(calls)
+            output.append(_message_item(new_id("msg"), text or "", "completed" if whole else "incomplete"))
         for k, c in enumerate(calls):  # the answer cut (max_output_tokens) in its last call: that one is incomplete
             cut = status != "completed" and k == len(calls) - 1
             output.append(_call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"],

@@ -27,12 +27,15 @@ read through :attr:`MetricNames.legacy` (the old name of a field, read when its 
 
 ``progress`` is a counter (or the sum of a few) that advances while the engine computes, whoever the work is for:
 the outlier detector's live sign that a replica is not hung when none of the gateway's streams there shows an
-event (its requests there are whole responses, or wait behind them).  vLLM counts ``prompt_tokens_total`` and
-``generation_tokens_total`` every engine step (``PrometheusStatLogger.record`` of each step's ``IterationStats``);
+event (its requests there are whole responses, or wait behind them).  vLLM counts ``generation_tokens_total`` at
+every engine step that decodes and ``prompt_tokens_total`` when a prompt's prefill is done
+(``PrometheusStatLogger.record`` of each step's ``IterationStats``: a long chunked prefill with nothing decoding
+beside it moves neither until it ends, which the stall rule's allowance for a predicted TTFT covers);
 llama.cpp's ``tokens_predicted_total`` moves only when a request ends (``on_prediction`` at the slot's release),
 its ``n_decode_total`` at every ``llama_decode`` call (``on_decoded``: a recorded busy page reads 8 decode calls and
 0 predicted tokens); SGLang's ``realtime_tokens_total`` (per ``mode``, since 2025) moves every decode log interval
-(``--decode-log-interval``, 40 steps), ``generation_tokens_total`` at a request's end.
+(``--decode-log-interval``, 40 steps), ``generation_tokens_total`` at a request's end.  The counters are summed
+over the engines one page speaks for (data parallelism): one hung engine among working ones shows no stall here.
 
 vLLM's sleep mode (``--enable-sleep-mode``, ``POST /sleep?level=1|2``) leaves the replica answering ``/health`` and
 ``/metrics`` with its weights offloaded or discarded: ``vllm:engine_sleep_state`` (``loggers.py``, since vLLM PR

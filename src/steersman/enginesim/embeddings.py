@@ -100,7 +100,7 @@ class Embedder:
                     else v.tolist()
                 data.append({"object": "embedding", "index": k, "embedding": emb})
             tokens = sum(len(ids) for ids in inputs)
-            request.respond(200, orjson.dumps({"object": "list", "data": data, "model": g.model_name, "usage": {
+            request.respond(200, orjson.dumps({"object": "list", "data": data, "model": req.model, "usage": {
                 "prompt_tokens": tokens, "total_tokens": tokens}}))
         except ApiError as e:
             request.respond(e.status, e.body(), extra=e.header_lines())

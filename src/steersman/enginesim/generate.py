@@ -37,6 +37,8 @@ class Generator:
                  runner: EngineRunner, faults: Faults, clock: Clock, on_die, priority_scheduling: bool = False,
                  spans: OtlpSpans | None = None, lora_modules: tuple[str, ...] = ()) -> None:
         self.model_name = model_name
+        if model_name in lora_modules:
+            raise ValueError(f"--lora-modules: {model_name!r} is the model's own name")
         #: the model and each LoRA adapter served -> what its prompts' block hashes are keyed with (0: the model's)
         self.keys = {model_name: 0, **{name: lora_key(name) for name in lora_modules}}
         self.spans = spans  # vLLM's --otlp-traces-endpoint: an ``llm_request`` span per request

@@ -85,8 +85,8 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     kv_unified: bool | None = None
     #: LoRA adapters the engine serves besides ``models`` (vLLM --lora-modules NAME=PATH, SGLang --lora-paths):
     #: requested by name, their KV kept apart from the base model's and from each other's (vLLM hashes the adapter
-    #: into every block), so the prefix index keys their prompts apart (steersman.api.prompt.lora_key).  Found in
-    #: ``/v1/models`` (an entry with a ``parent``) when ``models`` is not given.
+    #: into every block), so the prefix index keys their prompts apart (steersman.text.lora).  Found in ``/v1/models``
+    #: (an entry with a ``parent``) when ``models`` is not given.  A name is an adapter on every endpoint serving it.
     lora_modules: list[str] = msgspec.field(default_factory=list)
 
 
@@ -231,6 +231,7 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
     from steersman.engines import ADAPTERS
 
     named: dict[str, int] = {}  # endpoint name -> its index: a replica's name is its identity (metrics, logs, guard)
+    loras = {m: i for i, ep in enumerate(raw.endpoints) for m in ep.lora_modules}  # adapter -> an endpoint naming it
     for i, ep in enumerate(raw.endpoints):
         at = f"{where}: endpoints[{i}]"
         problem = _url_problem(ep.url)
@@ -262,6 +263,10 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
         if clash:
             raise FleetConfigError(f"{at}.lora_modules: {sorted(clash)[0]!r} is in models too: a name is a base "
                                    "model or an adapter")
+        base = next((m for m in ep.models if m in loras), None)
+        if base is not None:  # its prompts are keyed fleet-wide (Fleet.lora_keys): its base model's would never match
+            raise FleetConfigError(f"{at}.models: {base!r} is a LoRA adapter of endpoints[{loras[base]}] "
+                                   "(lora_modules): a name is a base model or an adapter across the fleet")
         price = ep.price_per_hour
         if price is not None and not (math.isfinite(price) and price >= 0):
             raise FleetConfigError(f"{at}.price_per_hour must be a number >= 0, got {price!r}")

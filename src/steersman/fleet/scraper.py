@@ -44,6 +44,10 @@ async def discover_models(fleet: Fleet, rep: Replica, quiet: bool = False) -> bo
     if models:
         log.info("replica %s serves %s", rep.name, ", ".join(models) + (
             f" (LoRA adapters: {', '.join(loras)})" if loras else ""))
+    mixed = sorted(m for r in fleet.replicas for m in r.models if m in fleet.lora_keys and m not in r.loras)
+    if mixed:  # keyed everywhere (Fleet.lora_keys): the replicas serving it as a base model get no prefix credit
+        log.warning("%s is a LoRA adapter on one replica and a base model on another: its prompts are keyed as the "
+                    "adapter's everywhere (give the names apart)", ", ".join(dict.fromkeys(mixed)))
     return True
 
 

@@ -89,7 +89,7 @@ class Fleet(FleetLearning):
     @guard.setter
     def guard(self, guard) -> None:
         """Attach the reliability guard; its stall rule reads what this fleet predicted (expected_first_token)
-        and when each replica last streamed (last_output)."""
+        and when each replica last made progress (last_output: a stream's event, or its engine's work counter)."""
         self._guard = guard
         if guard is not None:
             guard.outliers.stall_allowance = self.expected_first_token
@@ -157,8 +157,9 @@ class Fleet(FleetLearning):
             for m in r.models:
                 masks.setdefault(m, np.zeros(len(reps), dtype=bool))[r.index] = True
         self._masks = MappingProxyType({m: _frozen(a) for m, a in masks.items()})
-        #: model name -> what its prompts' block hashes are keyed with (steersman.api.prompt.lora_key): the LoRA
-        #: adapters some replica serves; a base model is absent (its hashes are the prompt's own)
+        #: model name -> what its prompts' block hashes are keyed with (steersman.text.lora.lora_key): the LoRA
+        #: adapters some replica serves; a base model is absent (its hashes are the prompt's own).  Fleet-wide: a
+        #: name is an adapter everywhere (the fleet file refuses one that is a base model elsewhere; discovery warns)
         self.lora_keys = MappingProxyType({m: lora_key(m) for r in reps for m in r.loras})
 
     def set_models(self, index: int, models: Sequence[str], loras: Sequence[str] = ()) -> None:

@@ -16,9 +16,10 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   is meant to stop (the overload drill did exactly that); a degraded GPU shows in
   its TPOT, a hung one in its stall.  A stall is how long a
   replica holding requests awaiting a first token has shown no progress at all: no
-  first token, no finished stream, and no event (a token) on any stream of ours
-  under way there.  That is how a hung GPU shows — it sends nothing — while a merely
-  busy replica keeps streaming to its running requests however long its queue: a
+  first token, no finished stream, no event (a token) on any stream of ours
+  under way there, and no advance of its engine's work counter.  That is how a
+  hung GPU shows — it sends nothing — while a merely busy replica keeps streaming
+  to (or computing for) its running requests however long its queue: a
   request waiting behind long decodes starts only when one ends and frees its slot
   and KV, far later than the TTFT predicted for it, and a full replica can go
   seconds without a first token.  That is queueing, which the picker's saturation
@@ -27,8 +28,9 @@ Passive detection, per replica (Envoy's outlier detection, adapted to LLM latenc
   fleet does — its ``stalled_since`` row (since the oldest awaiting dispatch or
   the latest first token / stream served to its end; the policies read it as
   their queueing signal, see :mod:`steersman.fleet.state`) and, per replica, when
-  a stream of ours there last got an event (``last_output``, set by the fleet:
-  ``Fleet.last_output``).  Each sweep is handed that row: stall = now - the later
+  a stream of ours there last got an event or a scrape last found its engine's work
+  counter advanced (requests of ours that stream nothing: ``last_output``, set by the
+  fleet: ``Fleet.last_output``, ``EngineMetrics.progress``).  Each sweep is handed that row: stall = now - the later
   of the two, none where the row is NaN (nothing awaits).
   Nothing under the standard SLO targets (``latency_floor_ttft_s`` /
   ``latency_floor_tpot_s``) is ever an outlier.  Envoy has no latency detector; its
