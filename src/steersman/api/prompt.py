@@ -96,29 +96,24 @@ def batch_shape(req: ChatCompletionRequest | CompletionRequest, block_size: int)
     ``truncate_prompt_tokens`` k keeps each prompt's last k tokens: they are what is counted and hashed."""
     keep = getattr(req, "truncate_prompt_tokens", None)
     keep = keep if keep is not None and keep > 0 else None  # vLLM's left truncation (-1: the model's context)
+    extra = 0
+    others: list[int] | None = None  # a batch's other prompts' tokens
     if isinstance(req, ChatCompletionRequest):
         ids = tokenize_chat_array(req.messages, req.continue_final_message, None, req.tools)
-        if keep is not None:
-            ids = ids[-keep:]
-        return len(ids), block_hash_tuple(ids, block_size, cache_root(req.cache_salt)), None
-    p = req.prompt
-    extra = 0
-    longest = None
-    if isinstance(p, list) and p and not isinstance(p[0], int):  # a batch
+    elif isinstance(p := req.prompt, list) and p and not isinstance(p[0], int):  # a batch
         ids = list(p[0]) if isinstance(p[0], list) else tokenize_array(p[0])
-        if keep is not None:
-            ids = ids[-keep:]
-        longest = len(ids)
-        for x in p[1:]:
-            n = len(x) if isinstance(x, list) else len(tokenize_array(x)) if isinstance(x, str) else 0
-            if keep is not None:
-                n = min(n, keep)
-            extra += n
-            longest = max(longest, n)
+        others = [len(x) if isinstance(x, list) else len(tokenize_array(x)) if isinstance(x, str) else 0
+                  for x in p[1:]]
     elif isinstance(p, list):
         ids = list(p)  # token ids
     else:
         ids = tokenize_array(p)
-    if keep is not None and longest is None:
+    if keep is not None:
         ids = ids[-keep:]
+    longest = None
+    if others is not None:
+        if keep is not None:
+            others = [min(n, keep) for n in others]
+        extra = sum(others)
+        longest = max([len(ids), *others])
     return len(ids) + extra, block_hash_tuple(ids, block_size, cache_root(req.cache_salt)), longest

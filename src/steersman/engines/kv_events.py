@@ -53,7 +53,7 @@ from steersman.config import DEFAULTS
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.obs.histogram import CounterFamily
 from steersman.api.prompt import cache_root
-from steersman.text.lora import lora_key
+from steersman.text.lora import lora_key, rekeyed
 from steersman.text.tokenizer import ROOT_HASH, block_hashes
 
 __all__ = ["END_SEQ", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch", "KvEventSubscriber",
@@ -269,9 +269,7 @@ class KvEventSubscriber:
                 self._count("unchained", n - keep)
                 if not keep:
                     return []
-        ours = block_hashes(ev.token_ids[: keep * bs], bs, parent)
-        if key:
-            ours = [h ^ key for h in ours]
+        ours = rekeyed(block_hashes(ev.token_ids[: keep * bs], bs, parent), key)
         self._gateway.update(zip(ev.block_hashes, ours))
         return ours
 

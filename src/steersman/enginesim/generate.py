@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from collections.abc import Sequence
 from dataclasses import replace
 
 import msgspec
@@ -25,7 +26,7 @@ from steersman.http.server import HttpRequest
 from steersman.obs.tracing import OtlpSpans, request_id
 from steersman.sim import SimRequest
 from steersman.text import block_hashes
-from steersman.text.lora import lora_key
+from steersman.text.lora import lora_key, rekeyed
 
 __all__ = ["Generator"]
 
@@ -54,12 +55,10 @@ class Generator:
         self._id_prefix = secrets.token_hex(4)
         self.vocab: int | None = None  # the model's vocabulary size, once the server sets it
 
-    def hashes(self, ids, salt: str | None, model: str) -> list[int]:
+    def hashes(self, ids, salt: str | None, model: str) -> Sequence[int]:
         """The prompt's block hashes in this engine's cache: under its ``cache_salt``, and the adapter's own when
         ``model`` is a LoRA adapter (as vLLM hashes ``lora_name`` into every block)."""
-        hashes = block_hashes(ids, self.block_size, cache_root(salt))
-        key = self.keys.get(model, 0)
-        return [h ^ key for h in hashes] if key else hashes
+        return rekeyed(block_hashes(ids, self.block_size, cache_root(salt)), self.keys.get(model, 0))
 
     def new_id(self, kind: str) -> str:
         """An id of this engine's own (unique across requests that bring the same X-Request-Id)."""
