@@ -12,6 +12,7 @@ def test_the_adapter_protocol_still_asks_for_every_method():
     class NoClose:
         kind = "x"
         shares_prefill_in_flight = True
+        idle_probe = True
 
         async def send(self, *a, **k): ...
         async def scrape(self, *a): ...

@@ -16,6 +16,7 @@ class _Engine:
     """An adapter whose engine is down (every call refused) until ``up``; ``models`` is what it lists."""
 
     shares_prefill_in_flight = True
+    idle_probe = True
 
     def __init__(self, models: list[str]) -> None:
         self.up = False

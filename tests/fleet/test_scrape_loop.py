@@ -21,6 +21,7 @@ class _Engine:
     """Scrapes answer (after ``raise_first`` unexpected errors); the first ``fail_lists`` listings time out."""
 
     shares_prefill_in_flight = True
+    idle_probe = True
 
     def __init__(self, fail_lists: int = 0, raise_first: int = 0) -> None:
         self.fail_lists = fail_lists

@@ -34,6 +34,7 @@ from steersman.engines.kv_events import subscribe_all
 from steersman.fleet.config import EndpointConfig, FleetConfig, make_profile
 from steersman.fleet.embedded import SimulatedFleet
 from steersman.fleet.prefix_index import PrefixIndex
+from steersman.fleet.prober import IdleProber
 from steersman.fleet.scraper import Scraper, discover_models
 from steersman.fleet.state import Fleet, Replica
 from steersman.http.busypoll import BusyPoll
@@ -96,6 +97,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.adapters: dict[str, EngineAdapter] = {}
         self.fleet: Fleet | None = None
         self.scraper: Scraper | None = None
+        self.prober: IdleProber | None = None
         self.kv_events: list = []  # steersman.engines.kv_events.KvEventSubscriber, one per endpoint naming kv_events
         self.pipeline: Pipeline | None = None
         self._seq = 0
@@ -173,6 +175,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             self.fleet,
         )
         self.pipeline.watch(self.fleet.guard, [r.name for r in replicas])
+        self.prober = IdleProber(self.fleet, self.cfg.reliability, self.clock)
+        self.metrics.registry.register(self.prober.counts)
+        self.prober.start()
         self._warm_decisions()
         for fam in self.pipeline.retrier.families:
             self.metrics.registry.register(fam)
@@ -221,6 +226,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             await self.http.stop()
             self.stop_lifecycle()
             await self.response_store.close()
+            if self.prober is not None:
+                await self.prober.stop()
             if self.scraper is not None:
                 await self.scraper.stop()
             for sub in self.kv_events:

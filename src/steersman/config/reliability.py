@@ -59,6 +59,20 @@ class ReliabilitySettings:
         "Envoy successful_active_health_check_uneject_host defaults true; false here: a hung GPU's engine "
         "still answers /metrics and /health, so a good scrape says nothing about serving",
     )
+    idle_probe_s: float = setting(
+        5.0, "Envoy active health checking (health_check interval; 5 s is its documented examples' interval), asked "
+        "only where the passive signals are silent: a replica with nothing of ours in flight that has shown no sign "
+        "of life (an answer, a stream's event, an advance of its engine's work counter, a probe answered) for 5 s "
+        "gets a canary request (1 output token).  A hung GPU's engine still answers /metrics, and an idle one got "
+        "no request for the stall rule to judge: the first request sent there waited for the stall rule to notice.  "
+        "0 turns it off", ge=0
+    )
+    idle_probe_timeout_s: float = setting(
+        4.0, "Envoy active health check timeout (required; its examples use 1-5 s): a canary of one output token on "
+        "a replica with nothing of ours running answers in milliseconds on a GPU (~0.1 s for a cold prompt on a "
+        "llama.cpp CPU replica here); no answer in 4 s and no sign of work meanwhile ejects it (idle_probe_s + "
+        "this stays within the reliability issue's 10 s to take out a hung replica)", gt=0
+    )
     # ---- circuit breaker ---------------------------------------------------------------------
     breaker_window_s: float = setting(10.0, "Hystrix metrics.rollingStats.timeInMilliseconds 10000", gt=0)
     breaker_buckets: int = setting(10, "Hystrix metrics.rollingStats.numBuckets 10", ge=1)

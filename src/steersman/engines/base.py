@@ -61,6 +61,12 @@ class EngineAdapter(Protocol):
     #: When False the gateway credits the replica with a prompt's blocks when its request ends (if it ran)
     #: instead of at dispatch; ``tests/real/test_llamacpp_slot_reuse.py`` pins the engine's behaviour.
     shares_prefill_in_flight: bool
+    #: Does an idle replica need a canary request to show that its engine hangs
+    #: (:mod:`steersman.reliability.idle_probe`)?  vLLM and SGLang serve ``/metrics`` from their API server,
+    #: which answers while the engine core hangs; llama-server answers ``/metrics`` from a task on its
+    #: inference loop's queue (``SERVER_TASK_TYPE_METRICS``, tools/server/server-context.cpp), so a hung loop
+    #: already fails the scrape, and a canary would take a free slot and evict the prompt cached there.
+    idle_probe: bool
 
     async def send(self, replica: ReplicaAddress, path: str, body: bytes,
                    sent: Callable[[], None] | None = None, headers: bytes = b"") -> Exchange:

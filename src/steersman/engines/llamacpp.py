@@ -143,6 +143,7 @@ class LlamaCppAdapter(OpenAIHttpAdapter):
     """llama-server: requests as any OpenAI server; load from ``/metrics`` + ``/slots``."""
 
     shares_prefill_in_flight = False  # a prompt is reused from the slot that ran it, once free (see EngineAdapter)
+    idle_probe = False  # a hung inference loop fails the /metrics scrape; a canary would evict a slot's prompt
 
     def __init__(self, kind: str = "llamacpp", settings: GatewaySettings = DEFAULTS.gateway,
                  now: Callable[[], float] = time.monotonic) -> None:

@@ -202,6 +202,7 @@ class OpenAIHttpAdapter:
     """Talks to OpenAI-compatible engines over HTTP/1.1 keep-alive connections."""
 
     shares_prefill_in_flight = True  # vLLM, SGLang, engine-sim (see EngineAdapter)
+    idle_probe = True  # their /metrics answers while the engine core hangs (see EngineAdapter)
 
     def __init__(self, kind: str = "openai", settings: GatewaySettings = DEFAULTS.gateway,
                  now: Callable[[], float] = time.monotonic) -> None:

@@ -359,6 +359,14 @@ class Fleet(FleetLearning):
         ejected or its breaker open?  A retry away from it re-routes its share (no retry-budget token)."""
         return not self.routable[index] or self.blocked(index)
 
+    def in_rotation(self) -> np.ndarray:
+        """Per replica, does it get new requests now (a new array: routable, not ejected, breaker not open)?"""
+        out = self.routable.copy()
+        if self.guard is not None:
+            now = self.clock.now()
+            out &= self.guard.blocked_until(now, self.live[S.STALLED_SINCE]) <= now
+        return out
+
     def set_healthy(self, index: int, healthy: bool) -> None:
         self._own()
         self.healthy[index] = healthy

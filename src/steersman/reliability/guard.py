@@ -142,6 +142,21 @@ class ReplicaGuard:
         if ok and self.s.uneject_on_active_health:
             self.outliers.uneject(i, now)
 
+    def probe_timed_out(self, i: int, now: float, reason: str) -> bool:
+        """An idle probe got no answer in time and the replica showed no work meanwhile (a hang, see
+        :mod:`steersman.reliability.idle_probe`): eject it (within ``max_ejection_percent``); True if it was."""
+        if self.outliers.is_ejected(i, now) or not self.outliers.eject(i, now, reason):
+            return False
+        self._ejected(i)
+        return True
+
+    def probe_answered(self, i: int) -> None:
+        """An idle probe was answered: progress, as a whole answer is (a replica back from an ejection leaves
+        probation)."""
+        if self._probation[i]:
+            self._probation[i] = False
+            self.limits[i] = self.limiters[i].limit
+
     # ---- introspection -----------------------------------------------------------------------
     def state(self, i: int, now: float) -> dict:
         o = self.outliers

@@ -1,0 +1,77 @@
+"""Idle probes (steersman.reliability.idle_probe): who gets a canary, and when a silent one is a hang."""
+
+import math
+
+import numpy as np
+
+from steersman.config.reliability import ReliabilitySettings
+from steersman.reliability.guard import ReplicaGuard
+from steersman.reliability.idle_probe import IdleProbes
+
+S = ReliabilitySettings(idle_probe_s=5.0, idle_probe_timeout_s=4.0)
+NEVER = np.full(3, -np.inf)
+ALL = np.ones(3, dtype=bool)
+NONE = np.zeros(3, dtype=bool)
+
+
+def test_an_idle_silent_replica_is_probed_once_an_interval_has_passed():
+    p = IdleProbes(3, S, now=100.0)
+    assert p.tick(104.9, NONE, NEVER, ALL) == ([], [])
+    assert p.tick(105.0, NONE, NEVER, ALL) == ([0, 1, 2], [])
+    assert p.tick(106.0, NONE, NEVER, ALL) == ([], [])  # one probe in flight at a time
+
+
+def test_our_requests_in_flight_and_engine_work_are_signs_of_life():
+    p = IdleProbes(3, S, now=0.0)
+    busy = np.array([True, False, False])
+    worked = np.array([-np.inf, 3.0, -np.inf])  # replica 1's work counter advanced at t=3 (or a stream's event)
+    assert p.tick(2.0, busy, NEVER, ALL) == ([], [])
+    assert p.tick(6.0, NONE, worked, ALL) == ([2], [])  # 0 was busy at 2, 1 worked at 3: not silent 5 s
+    assert p.tick(7.0, NONE, worked, ALL) == ([0], [])
+    assert p.tick(8.0, NONE, worked, ALL) == ([1], [])
+
+
+def test_out_of_rotation_replicas_are_not_probed_and_one_back_is_probed_at_once():
+    p = IdleProbes(3, S, now=0.0)
+    elig = np.array([True, False, True])
+    assert p.tick(5.0, NONE, NEVER, elig) == ([0, 2], [])
+    assert p.tick(40.0, NONE, NEVER, ALL)[0] == [1]  # back from an ejection: silent all along
+
+
+def test_no_answer_in_time_without_work_meanwhile_is_a_hang():
+    p = IdleProbes(3, S, now=0.0)
+    p.tick(5.0, NONE, NEVER, ALL)
+    assert p.answered(0, 5.01, 5.0)
+    assert p.tick(8.9, NONE, NEVER, ALL) == ([], [])
+    worked = np.array([-np.inf, 7.0, -np.inf])  # replica 1 is computing (a busy engine: someone else's work)
+    assert p.tick(9.0, NONE, worked, ALL) == ([], [2])  # 2: 4 s and nothing; 1: it worked, no verdict
+    assert not p.answered(2, 9.5, 5.0)  # too late: already judged
+    assert math.isnan(p.sent_at[1]) and math.isnan(p.sent_at[2])
+
+
+def test_an_error_answer_is_no_sign_of_life_and_paces_the_next_probe():
+    p = IdleProbes(3, S, now=0.0)
+    p.tick(5.0, NONE, NEVER, ALL)
+    assert p.failed(1, 5.0) and not p.failed(1, 5.0)
+    assert p.answered(0, 5.1, 5.0) and p.answered(2, 5.1, 5.0)
+    assert p.tick(9.9, NONE, NEVER, np.array([False, True, False])) == ([], [])
+    assert p.tick(10.0, NONE, NEVER, np.array([False, True, False])) == ([1], [])
+
+
+def test_off_with_a_zero_interval():
+    p = IdleProbes(3, ReliabilitySettings(idle_probe_s=0.0), now=0.0)
+    assert not p.enabled
+    assert p.tick(1e6, NONE, NEVER, ALL) == ([], [])
+
+
+def test_a_timed_out_probe_ejects_and_an_answer_ends_probation():
+    g = ReplicaGuard(3, S, alpha=0.3)
+    assert g.probe_timed_out(2, 10.0, "no answer to an idle probe in 4s")
+    st = g.state(2, 10.0)
+    assert st["ejected"] and st["probation"] and "idle probe" in st["reason"]
+    assert not g.probe_timed_out(2, 11.0, "again")  # already out
+    assert not g.probe_timed_out(1, 11.0, "a second one")  # max_ejection_percent: one of three at most
+    back = 10.0 + S.base_ejection_time_s
+    assert not g.state(2, back)["ejected"]
+    g.probe_answered(2)
+    assert not g.state(2, back)["probation"] and g.state(2, back)["limit"] > S.probation_limit
