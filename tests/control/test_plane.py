@@ -59,9 +59,14 @@ def test_full_queue_sheds_the_least_important():
 
 def test_infeasible_deadline_refused_at_once_and_queued_ones_expire():
     p, t = plane()
-    tight = sched_request(prompt_tokens=4000, expected_output=400, budget=LatencyBudget(deadline=0.01))
-    out, _ = p.arrive("x", tight, t, FREE, 0.0)
-    assert isinstance(out, Refuse) and out.status == 503 and out.code == "deadline_infeasible"
+    loaded = sched_request(prompt_tokens=2000, expected_output=200, budget=LatencyBudget(deadline=2.0))
+    out, _ = p.arrive("x", loaded, t, FULL, 0.0)  # ~2.3 s with the load ahead, ~1.7 s alone: retry once it drains
+    assert isinstance(out, Refuse) and (out.status, out.code) == (503, "deadline_infeasible") and out.retry_after > 0
+    tight = replace(loaded, budget=LatencyBudget(deadline=1.0))
+    for snap in (FULL, FREE):  # longer than its window even on an idle fleet: the client's to change, not retried
+        out, _ = p.arrive("x", tight, t, snap, 0.0)
+        assert isinstance(out, Refuse) and (out.status, out.code, out.retry_after) == (400, "deadline_infeasible", None)
+        assert "alone" in out.reason
     ok = sched_request(seq=1, prompt_tokens=100, expected_output=10, budget=LatencyBudget(deadline=5.0))
     assert isinstance(p.arrive("y", ok, t, FULL, 0.0)[0], Wait)
     assert p.expire(FULL, 1.0) == []

@@ -46,11 +46,14 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Infeasible:
-    """The deadline cannot be met: 503; ``retry_after`` None when no retry with the same window can succeed."""
+    """The deadline cannot be met: 503, with ``retry_after`` when the load ahead is why (None when no retry with
+    the same window can succeed: the deadline passed); 400 when the request alone needs longer than its
+    window, even on an idle fleet: the client's to change (a longer deadline, a shorter answer), and a 503 its
+    client would retry (the OpenAI SDKs retry every 5xx) was refused again at once, every time."""
 
     reason: str
     retry_after: float | None
-    status: ClassVar[int] = 503
+    status: int = 503
     code: ClassVar[str] = "deadline_infeasible"
 
 
@@ -125,7 +128,9 @@ def check_deadline(deadline: float | None, predicted_finish: float, now: float, 
         return None
     window = deadline - now
     if min_service_s is not None and min_service_s > window:
-        return Infeasible(f"the request needs at least {min_service_s:.3f} s but its deadline is {window:.3f} s away", None)
+        return Infeasible(f"the request alone is predicted to take {min_service_s:.3f} s (on an idle replica), "
+                          f"longer than its deadline allows ({window:.3f} s away): allow more time or ask for a "
+                          "shorter answer", None, 400)
     if math.isinf(predicted_finish):
         return Infeasible(f"no completion time can be predicted within its deadline ({window:.3f} s away)", None)
     late = predicted_finish - deadline

@@ -30,6 +30,7 @@ from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.control.admission import Admit, Admitter, check_deadline
 from steersman.control.queue import Enqueued, GatewayQueue
 from steersman.control.tenants import TenantConfig
+from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.policy.base import Queue, Reject, Route, RoutingPolicy
 from steersman.policy.framework import DecisionContext
@@ -101,6 +102,26 @@ def _earliest_finish(snapshot: FleetSnapshot, req: SchedRequest) -> float:
     return snapshot.time + float(np.min(pred.e2e))
 
 
+#: the live rows that are load (engine-reported and the gateway's own), zero on an idle replica
+_LOAD_ROWS = [S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE, S.PENDING_PREFILL, S.DECODING, S.ACTIVE_BLOCKS,
+              S.RECENT_TOKENS, S.SINCE_SCRAPE, S.RESIDENT_TPOT, S.FAIL_SHARE, S.PENDING_PAIRS, S.AWAITING]
+
+
+def _alone(snapshot: FleetSnapshot, req: SchedRequest) -> float:
+    """The request's predicted run time on its best candidate were every replica idle: each keeps its speed
+    (learnt corrections, engine timing) and its cached prefixes, and loses its load.  A deadline window shorter
+    than this is one no retry with the same window meets, however much the fleet drains: asked only of a
+    request already refused (the refusal then says so, not "retry later")."""
+    idx = snapshot.candidates(req.model)
+    if idx.size == 0:
+        return np.inf
+    live = snapshot.live.copy()
+    live[_LOAD_ROWS] = 0.0
+    live[S.STALLED_SINCE] = np.nan
+    idle = replace(snapshot, live=live, recent_at=None)
+    return float(np.min(DecisionContext(idle, req, idx).feature("prediction").e2e))
+
+
 class ControlPlane:
     def __init__(self, policy: RoutingPolicy, admitter: Admitter, queue: GatewayQueue,
                  settings: SchedulerSettings = DEFAULTS.scheduler) -> None:
@@ -123,6 +144,9 @@ class ControlPlane:
         if req.budget.deadline is not None and snapshot.candidates(req.model).size:  # (none: the policy's 503 says
             # when to retry; refused at once, not queued or sent to time out)
             late = check_deadline(req.budget.deadline, _earliest_finish(snapshot, req), now)
+            if late is not None and late.retry_after is not None:  # late because of the load ahead, or always?
+                late = check_deadline(req.budget.deadline, _earliest_finish(snapshot, req), now,
+                                      min_service_s=_alone(snapshot, req))
             if late is not None:
                 self.admitter.release(a, now)
                 return Refuse(late.status, late.code, late.reason, late.retry_after), []

@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import replace
 
 from steersman.api.errors import ApiError, bad_request, unauthorized
-from steersman.api.headers import parse_budget
+from steersman.api.headers import DEADLINE, parse_budget
 from steersman.api.prompt import batch_shape
 from steersman.text.lora import rekeyed
 from steersman.control.plane import Dispatch, Refuse, Wait
@@ -106,6 +106,8 @@ class Schedule:
         out, shed = gw.plane.arrive(ctx, ctx.sched, ctx.tenant, gw.fleet.snapshot(), gw.clock.now())
         gw.notify(shed)
         if isinstance(out, Refuse):
+            if out.code == "deadline_infeasible" and out.status < 500:  # too short for the request itself
+                out = replace(out, param=DEADLINE)
             return Fail(refusal_error(out), Retry.NEVER)
         wf = ctx.sched.workflow
         if wf is not None:  # admitted (dispatched or queued): its workflow's entry is made or refreshed now
