@@ -2,10 +2,13 @@
 
 from dataclasses import replace
 
+import pytest
+
 from steersman.config import DEFAULTS
 from steersman.config.admission import AdmissionSettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig
-from steersman.control.plane import ControlPlane, Dispatch, Refuse, Wait
+from steersman.control.plane import DISPATCH_PICKS, ControlPlane, Dispatch, Refuse, Wait
+from steersman.policy.base import Queue
 from steersman.policy import make_policy
 from steersman.policy.request import LatencyBudget, PriorityClass
 from steersman.testing.snapshots import fleet_snapshot, sched_request
@@ -191,3 +194,61 @@ def test_an_expiry_pass_predicts_a_bounded_number_of_deadlines():
         plane_mod._earliest_finish = real
     # every queued request was predicted each pass (every 50 ms: ~25 ms for 1,024); the earliest deadlines first
     assert sorted(asked) == sorted(1e6 - i for i in range(3 * plane_mod.EXPIRE_CHECKS))[:plane_mod.EXPIRE_CHECKS]
+
+
+class _Holding:
+    """A policy that holds every request back (no replica meets its SLO now), counting its decisions."""
+
+    def __init__(self) -> None:
+        self.picks = 0
+
+    def pick(self, snap, req):
+        self.picks += 1
+        return Queue("held back")
+
+
+class _CountingQueue(GatewayQueue):
+    """Counts the entries a pop's walk visits."""
+
+    walked = 0
+
+    def _candidates(self, flow, models):
+        for e in super()._candidates(flow, models):
+            self.walked += 1
+            yield e
+
+
+@pytest.mark.parametrize("now", [1.0, 100.0])  # TTFT budgets with time left (first pass) / all spent (second)
+def test_a_dispatch_pass_walks_a_bounded_part_of_a_long_queue(now):
+    """3,000 requests wait and the policy holds each back: a pass makes its DISPATCH_PICKS decisions, then stops.
+    It walked the whole queue, twice, once its decisions were spent (~5 us an entry, at every request end of an
+    overload: the twin's retry drill walked 4.7M entries for 800 requests)."""
+    s = AdmissionSettings(queue_max_entries=4096)
+    policy, q = _Holding(), _CountingQueue(s)
+    p, t = ControlPlane(policy, DefaultAdmitter(s), q), TenantConfig("t", PriorityClass.STANDARD)
+    for i in range(3000):
+        out, _ = p.arrive(i, sched_request(seq=i, budget=LatencyBudget(ttft_s=2.0)), t, FREE, 0.0)
+        assert isinstance(out, Wait)
+    policy.picks, q.walked = 0, 0
+    assert p.dispatch(lambda: FREE, now) == [] and p.waiting == 3000
+    assert policy.picks == DISPATCH_PICKS
+    # its picks, and the entry each pass stopped at; with every budget spent the first pass is not walked at all
+    # (it looked at DISPATCH_FIRST_LOOKS stale entries for nothing)
+    assert q.walked <= DISPATCH_PICKS + 2, q.walked
+
+
+def test_a_request_with_budget_left_behind_stale_ones_is_still_served_first():
+    """The first pass is skipped only when no waiting request of the band has TTFT budget left: one that has, behind
+    200 whose budget ran out (fewer than DISPATCH_FIRST_LOOKS; and one that left the queue while it had some), goes
+    first."""
+    p, t = plane()
+    for i in range(200):
+        assert isinstance(p.arrive(i, sched_request(seq=i, budget=LatencyBudget(ttft_s=2.0)), t, FULL, 0.0)[0], Wait)
+    assert isinstance(p.arrive("gone", sched_request(seq=300, arrival=99.0, budget=LatencyBudget(ttft_s=2.0)), t,
+                               FULL, 99.0)[0], Wait)
+    p.abandon("gone", 99.0)
+    assert p.dispatch(lambda: FREE, 100.0, limit=1)[0][0] == 0  # none with budget left: the queue's order
+    fresh = sched_request(seq=301, arrival=99.5, budget=LatencyBudget(ttft_s=2.0))
+    assert isinstance(p.arrive("fresh", fresh, t, FULL, 99.5)[0], Wait)
+    assert p.dispatch(lambda: FREE, 100.0, limit=1)[0][0] == "fresh"
+    assert p.dispatch(lambda: FREE, 102.0, limit=1)[0][0] == 1  # (its budget would have run out by now)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from steersman.config.admission import AdmissionSettings
-from steersman.control.queue import Enqueued, GatewayQueue, Shed
+from steersman.control.queue import STOP, Enqueued, GatewayQueue, Shed
 from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest, WorkflowView
 
 C, S, SH, B = PriorityClass.CRITICAL, PriorityClass.STANDARD, PriorityClass.SHEDDABLE, PriorityClass.BATCH
@@ -198,6 +198,23 @@ def test_models_filter_and_can_serve_combine():
     with pytest.raises(TypeError, match="collection of model names"):
         q.pop(0.0, models="Y")
     assert drain(q) == [a, b]
+
+
+def test_can_serve_may_stop_the_walk():
+    """``STOP`` (None) from ``can_serve``: nothing after that entry is asked, nothing is popped, all keep their place."""
+    q = GatewayQueue()
+    items = [Item(str(i), "X") for i in range(5)]
+    for i, it in enumerate(items):
+        q.push(it, req(i, model=it.model), 0.0)
+    asked = []
+
+    def serve(it):
+        asked.append(it)
+        return STOP if it is items[2] else False
+
+    assert q.pop(0.0, serve) is None and asked == items[:3]
+    assert q.pop(0.0, lambda it: it is items[3], models={"X"}) is items[3]
+    assert drain(q) == [items[0], items[1], items[2], items[4]]
 
 
 # -- brute-force model ----------------------------------------------------------------------

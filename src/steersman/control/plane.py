@@ -20,6 +20,9 @@ outcomes saying what to do with which item:
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +31,7 @@ import numpy as np
 
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.control.admission import Admit, Admitter, check_deadline
-from steersman.control.queue import Enqueued, GatewayQueue
+from steersman.control.queue import STOP, Enqueued, GatewayQueue
 from steersman.control.tenants import TenantConfig
 from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import FleetSnapshot
@@ -60,6 +63,14 @@ def _first(req: SchedRequest, now: float) -> bool:
         return True
     ttft = req.budget.ttft_s
     return ttft is not None and now - req.arrival < ttft
+
+
+def _first_until(req: SchedRequest) -> float:
+    """Until when :func:`_first` holds for ``req`` (inf: always; -inf: never)."""
+    if req.priority == PriorityClass.CRITICAL or req.protection > 0:
+        return math.inf
+    ttft = req.budget.ttft_s
+    return -math.inf if ttft is None else req.arrival + ttft
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +145,10 @@ class ControlPlane:
         self._held: set[int] = set()  # ... and the queued requests the policy held back in it (by id)
         self._kept: set[int] = set()  # queued requests waiting for a slot (Queue.keeps_place), by id: first pass
         self._no_replica: dict[str, float] = {}  # a model waited for that has had no replica in rotation since
+        #: band -> heap of (until when its TTFT budget has time left, seq, item) of the requests that waited there
+        #: with one (see _queued); entries that left or whose budget ran out are dropped as they surface
+        self._fresh: dict[int, list[tuple[float, int, Any]]] = {}
+        self._fresh_seq = itertools.count()
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
@@ -167,13 +182,13 @@ class ControlPlane:
         if decision.keeps_place:
             self._kept.add(id(item))
         if isinstance(pushed, Enqueued):
-            self._waiting[item] = _Queued(req, a)
+            self._queued(item, _Queued(req, a))
             return Wait(pushed.depth), []
         if pushed.newcomer:
             self._kept.discard(id(item))
             self.admitter.release(a, now)
             return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
-        self._waiting[item] = _Queued(req, a)
+        self._queued(item, _Queued(req, a))
         return Wait(len(self.queue)), [self._shed(pushed.item, now)]
 
     def requeue(self, item: Any, req: SchedRequest, admit: Admit, weight: float,
@@ -185,12 +200,33 @@ class ControlPlane:
         settles it.  Like :meth:`arrive`, queueing it may shed a less important request."""
         pushed = self.queue.push(item, req, now, weight=weight)
         if isinstance(pushed, Enqueued):
-            self._waiting[item] = _Queued(req, admit, ran=True)
+            self._queued(item, _Queued(req, admit, ran=True))
             return Wait(pushed.depth), []
         if pushed.newcomer:
             return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
-        self._waiting[item] = _Queued(req, admit, ran=True)
+        self._queued(item, _Queued(req, admit, ran=True))
         return Wait(len(self.queue)), [self._shed(pushed.item, now)]
+
+    def _queued(self, item: Any, q: _Queued) -> None:
+        """``item`` waits in the queue now.  Until when it is served in the first pass (:func:`_first`) is kept per
+        band, so a pass over a band where no waiting request has TTFT budget left skips that walk (a long overload
+        leaves the queue like that: DISPATCH_FIRST_LOOKS stale entries were walked for nothing at every pop)."""
+        self._waiting[item] = q
+        req = q.req
+        until = _first_until(req)
+        if until > -math.inf:
+            heapq.heappush(self._fresh.setdefault(int(req.priority), []), (until, next(self._fresh_seq), item))
+
+    def _any_first(self, band: int, now: float) -> bool:
+        """Might a request waiting in ``band`` be served in the first pass at ``now``?  (False: surely none.)"""
+        h = self._fresh.get(band)
+        waiting = self._waiting
+        while h:
+            q = waiting.get(h[0][2])
+            if q is not None and _first(q.req, now):
+                return True
+            heapq.heappop(h)  # it left the queue, or its budget ran out (for good: _first_until)
+        return False
 
     def _shed(self, victim: Any, now: float) -> tuple[Any, Refuse]:
         q = self._waiting.pop(victim)
@@ -264,10 +300,15 @@ class ControlPlane:
         waiters: dict[int, int] = {}  # a prompt's first block -> requests met so far that wait for its slots
         counted: set[int] = set()
 
-        def serve(item: Any, first_pass: bool) -> bool:
+        def serve(item: Any, first_pass: bool) -> bool | None:
+            """Take ``item`` now?  :data:`STOP` once no later entry can be taken in this pass either (the walk
+            ends: before, a pop out of decisions walked the whole queue, ~5 us an entry, at every dispatch pass
+            of an overload).  Only a walk that still counts slot waiters (``kept``) goes on to the end."""
             nonlocal picks, looks, decision
             key = id(item)
-            if key in held or picks >= DISPATCH_PICKS:
+            if picks >= DISPATCH_PICKS:
+                return STOP  # (the second pass asks nothing either once the picks are spent)
+            if key in held:
                 if key in kept and key not in counted:
                     counted.add(key)
                     req = self._waiting[item].req
@@ -277,8 +318,9 @@ class ControlPlane:
             req = self._waiting[item].req
             if first_pass:
                 looks += 1
-                if looks > DISPATCH_FIRST_LOOKS or req.priority != top or not (
-                        _first(req, now) or key in kept):
+                if looks > DISPATCH_FIRST_LOOKS or req.priority != top:  # (bands are walked in order)
+                    return False if kept else STOP
+                if not (_first(req, now) or key in kept):
                     return False
             picks += 1
             first = req.block_hashes[0] if req.block_hashes else None
@@ -297,7 +339,9 @@ class ControlPlane:
             decision = d
             return True
 
-        item = self.queue.pop(now, lambda it: serve(it, True), models=models)
+        item = None
+        if kept or self._any_first(int(top), now):  # (with none that can be, the first pass would walk for nothing)
+            item = self.queue.pop(now, lambda it: serve(it, True), models=models)
         if item is None:
             item = self.queue.pop(now, lambda it: serve(it, False), models=models)
         return None if item is None else (item, decision)

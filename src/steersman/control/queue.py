@@ -41,7 +41,11 @@ from typing import Any
 from steersman.config.admission import AdmissionSettings
 from steersman.policy.request import PriorityClass, SchedRequest
 
-__all__ = ["GatewayQueue", "Enqueued", "Shed"]
+__all__ = ["GatewayQueue", "Enqueued", "Shed", "STOP"]
+
+#: what a ``can_serve`` predicate of :meth:`GatewayQueue.pop` answers when no later entry can be served either:
+#: the walk ends there (a caller out of decisions for this pop must not be walked through the whole queue)
+STOP = None
 
 _INF = math.inf
 _BANDS = tuple(PriorityClass)
@@ -223,15 +227,17 @@ class GatewayQueue:
     # -- pop ----------------------------------------------------------------------------------
 
     def pop(
-        self, now: float, can_serve: Callable[[Any], bool] | None = None, *, models: Collection[str] | None = None
+        self, now: float, can_serve: Callable[[Any], bool | None] | None = None, *,
+        models: Collection[str] | None = None
     ) -> Any | None:
         """The most important item the caller can serve now, or None.
 
         ``models``: only entries whose request names one of these models (e.g.
         those with a free replica) -- the fast way to filter.  ``can_serve``:
         only items it accepts, asked in queue order (costs a call per rejected
-        entry).  Skipped entries keep their place.  Ordering does not depend on
-        ``now``; it is taken for the uniform control-plane signature.
+        entry); :data:`STOP` (None) ends the walk: nothing after that entry can
+        be served either.  Skipped entries keep their place.  Ordering does not
+        depend on ``now``; it is taken for the uniform control-plane signature.
         """
         if isinstance(models, str):
             raise TypeError("models must be a collection of model names, not one str")
@@ -252,9 +258,14 @@ class GatewayQueue:
                 if version != flow.version:
                     continue
                 for e in self._candidates(flow, models):
-                    if e.alive and (can_serve is None or can_serve(e.item)):
+                    if not e.alive:
+                        continue
+                    ok = True if can_serve is None else can_serve(e.item)
+                    if ok:
                         self._serve(band, flow, e)
                         return e.item
+                    if ok is STOP:
+                        return None
         return None
 
     def _candidates(self, flow: _Flow, models: Collection[str] | None) -> Iterator[_Entry]:
