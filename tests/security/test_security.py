@@ -66,10 +66,25 @@ def test_admin_endpoints_need_the_admin_key(fleet, path):
 
 def test_public_endpoints_reveal_no_internals(fleet):
     for path in ("/health", "/v1/models", "/openapi.json"):
-        r = httpx.get(fleet.url + path)
+        r = httpx.get(fleet.url + path, headers=_auth(KEY_A) if path == "/v1/models" else None)
         assert r.status_code == 200
         text = r.text
         assert "127.0.0.1" not in text and "sim-0" not in text and "acme" not in text and "rival" not in text
+
+
+def test_the_model_list_needs_a_tenants_key_when_keys_are_configured(fleet):
+    """As OpenAI's /v1/models and vLLM's with --api-key: no key or a wrong one is a 401 (the list was open)."""
+    import openai
+
+    for path in ("/v1/models", "/v1/models/llama-3.1-8b", "/v1/models/no-such-model"):
+        for headers in (None, _auth("sk-wrong")):
+            r = httpx.get(fleet.url + path, headers=headers)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (path, r.text)
+    r = httpx.get(fleet.url + "/v1/models/llama-3.1-8b", headers=_auth(KEY_B))
+    assert r.status_code == 200 and r.json()["id"] == "llama-3.1-8b"
+    assert "llama-3.1-8b" in [m.id for m in openai.OpenAI(base_url=fleet.url + "/v1", api_key=KEY_A).models.list()]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=fleet.url + "/v1", api_key="sk-wrong", max_retries=0).models.list()
 
 
 def test_engine_sim_admin_faults_need_its_admin_key(fleet):

@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from steersman.api.errors import ApiError, error_body, not_found_model
+from steersman.api.errors import ApiError, error_body, not_found_model, unauthorized
 from steersman.api.headers import tag_request_id
 from steersman.api.lifecycle import RequestLifecycle
 from steersman.api.responses_http import ResponsesEndpoints
@@ -108,9 +108,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.http.route("POST", "/v1/completions", self.completions)
         self.http.route("POST", "/v1/embeddings", self.embeddings)
         self._route_responses()
-        for path, handler in (("/v1/models", self.models), ("/v1/models/", self.model), ("/health", self.health),
-                              ("/metrics", self.metrics_handler), ("/openapi.json", self.openapi),
-                              ("/admin/fleet", self.admin_fleet)):
+        for path, handler in (("/v1/models", self._keyed(self.models)), ("/v1/models/", self._keyed(self.model)),
+                              ("/health", self.health), ("/metrics", self.metrics_handler),
+                              ("/openapi.json", self.openapi), ("/admin/fleet", self.admin_fleet)):
             self.http.route("GET", path, _with_request_id(handler))
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None
@@ -311,6 +311,19 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                 counts[mdl] = counts.get(mdl, 0) + 1
         return {mdl: {"id": mdl, "object": "model", "created": created, "owned_by": "steersman", "replicas": n}
                 for mdl, n in sorted(counts.items())}
+
+    def _keyed(self, handler):
+        """A GET of the API that needs a tenant's key when keys are configured (401 ``invalid_api_key`` otherwise),
+        as OpenAI's ``/v1/models`` and vLLM's (``--api-key`` guards every ``/v1`` route) do.  ``/health`` and
+        ``/openapi.json`` stay open; ``/metrics`` and ``/admin/*`` take the admin key."""
+        async def keyed(request: HttpRequest) -> None:
+            got = self.tenants.authenticate(request.headers.get("authorization"))
+            if isinstance(got, AuthError):
+                err = unauthorized(got)
+                request.respond(err.status, err.body())
+                return
+            await handler(request)
+        return keyed
 
     async def models(self, request: HttpRequest) -> None:
         request.respond(200, orjson.dumps({"object": "list", "data": list(self._model_objects().values())}))
