@@ -79,6 +79,9 @@ def test_infeasible_deadline_is_rejected_at_once():
         assert r.status_code == 400 and (err["code"], err["param"], err["type"]) == (
             "deadline_infeasible", "x-steersman-deadline-ms", "invalid_request_error"), r.text
         assert "Retry-After" not in r.headers
+        # a window that passes before the request could even be scheduled: the same (was a 503, which SDKs retry)
+        r = httpx.post(lf.url + "/v1/chat/completions", json=body, headers={"x-steersman-deadline-ms": "0.0001"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "x-steersman-deadline-ms", r.text
         assert time.monotonic() - t0 < 1.0
         r = httpx.post(lf.url + "/v1/chat/completions", json=body, headers={"x-steersman-deadline-ms": "600000"}, timeout=60)
         assert r.status_code == 200

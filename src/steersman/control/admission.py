@@ -46,10 +46,11 @@ class Admit:
 
 @dataclass(frozen=True, slots=True)
 class Infeasible:
-    """The deadline cannot be met: 503, with ``retry_after`` when the load ahead is why (None when no retry with
-    the same window can succeed: the deadline passed); 400 when the request alone needs longer than its
-    window, even on an idle fleet: the client's to change (a longer deadline, a shorter answer), and a 503 its
-    client would retry (the OpenAI SDKs retry every 5xx) was refused again at once, every time."""
+    """The deadline cannot be met: 503 with ``retry_after`` when the load ahead is why, or when no completion time
+    can be predicted; 400 (``retry_after`` None) when no retry with the same window can succeed: the request
+    alone needs longer than its window even on an idle fleet, or the window passed before it could be scheduled.
+    That is the client's to change (a longer deadline, a shorter answer): a 503 its client would retry (the
+    OpenAI SDKs retry every 5xx) was refused again at once, every time."""
 
     reason: str
     retry_after: float | None
@@ -122,8 +123,9 @@ def check_deadline(deadline: float | None, predicted_finish: float, now: float, 
     for name, v in (("deadline", deadline), ("predicted_finish", predicted_finish), ("now", now)):
         if math.isnan(v):
             raise ValueError(f"{name} must be a number, got NaN")
-    if deadline <= now:
-        return Infeasible(f"the deadline passed {now - deadline:.3f} s ago", None)
+    if deadline <= now:  # before it could even be scheduled: as hopeless as a request too long for its window
+        return Infeasible(f"the deadline passed {now - deadline:.3f} s ago, before the request could be scheduled: "
+                          "allow more time", None, 400)
     if predicted_finish <= deadline:
         return None
     window = deadline - now

@@ -321,8 +321,11 @@ async def _soak(base: str, ref: str, engines: _Engines, seconds: float, concurre
             report.slowest_s = max(report.slowest_s, a["s"])
             if a["ok"] is False:
                 kind = a["kind"]
-                if kind in (503, 504) and "x-steersman-deadline-ms" in (q.get("headers") or {}):
-                    kind = "deadline"  # refused as predicted late, or cut at its deadline: what the header asked for
+                if "x-steersman-deadline-ms" in (q.get("headers") or {}) and (
+                        kind in (503, 504) or (kind == 400 and "deadline" in a["msg"])):
+                    # refused as predicted late (400: too short for the request itself), or cut at its deadline:
+                    # what the header asked for
+                    kind = "deadline"
                 key = (kind, a["partial"])
                 if not report.failures[key]:
                     report.failure_messages.append(f"{kind}{' (after output)' if a['partial'] else ''}: {a['msg']}")
