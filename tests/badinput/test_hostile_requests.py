@@ -99,6 +99,24 @@ CASES = [
     _case("response_format {}", CHAT, _j(G, response_format={}), 400, "response_format.type"),
     _case("gzip body", CHAT, _j(G), 415, "Content-Encoding", {**JSON, "Content-Encoding": "gzip"}),
     _case("responses: gzip body", RESP, _j(R), 415, "Content-Encoding", {**JSON, "Content-Encoding": "gzip"}),
+    # found by a black-box fuzzing helper (thirty-first session); each answered 200 before its fix
+    _case("tool parameters not an object", CHAT, _j(G, tools=[{"type": "function", "function": {"name": "f",
+          "parameters": "x"}}], tool_choice="required"), 400, "tools[0].function.parameters"),
+    _case("tool description not a string", CHAT, _j(G, tools=[{"type": "function", "function": {"name": "f",
+          "description": 5}}]), 400, "tools[0].function.description"),
+    _case("tool strict not a boolean", CHAT, _j(G, tools=[{"type": "function", "function": {"name": "f",
+          "strict": "x"}}]), 400, "tools[0].function.strict"),
+    _case("responses: tool parameters not an object", RESP, _j(R, tools=[{"type": "function", "name": "f",
+          "parameters": [1, 2]}]), 400, "tools[0].parameters"),
+    _case("json_schema strict not a boolean", CHAT, _j(G, response_format={"type": "json_schema", "json_schema": {
+          "name": "x", "schema": {}, "strict": "yes"}}), 400, "response_format.json_schema.strict"),
+    _case("seed beyond 64 bits", CHAT, _j(G, seed=2**63), 400, "seed"),
+    _case("completion seed below 64 bits", CMPL, _j(C, seed=-(2**63) - 1), 400, "seed"),
+    _case("UTF-16 declared", CHAT, _j(G), 415, "Content-Type", {"Content-Type": "application/json; charset=utf-16"}),
+    _case("responses: input item id not a string", RESP, _j(R, input=[{"role": "user", "content": "c", "id": 5}]), 400,
+          "input[0].id"),
+    _case("responses: input item status unknown", RESP, _j(R, input=[{"role": "user", "content": "c",
+          "status": "bogus"}]), 400, "input[0].status"),
 ] + [_case(f"chat {f}={v!r}", CHAT, _j(G, **{f: v}), 400, f) for f, v in WRONG_TYPES] + [
     _case(f"completion {f}={v!r}", CMPL, _j(C, **{f: v}), 400, f)
     for f, v in (("prompt", 5), ("prompt", None), ("max_tokens", "5"), ("echo", "x"), ("stream", 1), ("n", 1.5))
@@ -120,6 +138,29 @@ def check(r: httpx.Response, status: int, param: str | None) -> dict:
 def test_hostile_request(fleet, path, body, status, param, headers):
     r = httpx.post(fleet.url + path, content=body, headers=headers, timeout=10)
     check(r, status, param)
+
+
+def test_the_edges_of_what_is_accepted(fleet):
+    """The other side of the cases above: the largest seed, a charset of UTF-8 (any case, quoted), a tool with
+    every optional field right, a string item id listed back and usable as ``after``."""
+    for body, headers in ((_j(G, seed=2**63 - 1), JSON), (_j(C, seed=-(2**63)), JSON),
+                          (_j(G), {"Content-Type": 'application/json; charset="UTF-8"'}),
+                          (_j(G, tools=[{"type": "function", "function": {"name": "f", "description": "d", "strict": True,
+                                                                           "parameters": {"type": "object"}}}]), JSON)):
+        r = httpx.post(fleet.url + (CMPL if b'"prompt"' in body else CHAT), content=body, headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+    import openai
+
+    client = openai.OpenAI(base_url=fleet.url + "/v1", api_key="unused", max_retries=0)
+    resp = client.responses.create(model="llama-3.1-8b", max_output_tokens=3, store=True,
+                                   input=[{"role": "user", "content": "c", "id": "msg_1", "status": "completed"},
+                                          {"role": "user", "content": "d"}])
+    ids = [it.id for it in client.responses.input_items.list(resp.id, limit=1, order="asc")]  # pages by `after`
+    assert ids[0] == "msg_1" and len(ids) == 2
+    with pytest.raises(openai.BadRequestError, match="stream"):  # a stream of a stored response: refused, not empty
+        list(client.responses.retrieve(resp.id, stream=True))
+    r = httpx.get(fleet.url + f"/v1/responses/{resp.id}?stream=false")
+    assert r.status_code == 200 and r.json()["id"] == resp.id
 
 
 @pytest.mark.parametrize("path,body", [(CHAT, _j(G, frobnicate=1, ignore_eos=True)), (CMPL, _j(C, frobnicate={"a": [1]}))])

@@ -25,6 +25,7 @@ import msgspec
 import orjson
 
 from steersman.api.errors import ApiError, bad_request
+from steersman.api.tools import check_function_fields
 
 __all__ = ["ResponsesCall", "translate_request", "chat_param", "input_items", "new_id"]
 
@@ -127,6 +128,9 @@ def _content(parts: Any, where: str, role: str) -> str | list[dict[str, Any]]:
     return out
 
 
+_STATUSES = ("in_progress", "completed", "incomplete")  # an input item's (OpenAI's ResponseInputItem)
+
+
 def _messages(items: Any) -> list[dict[str, Any]]:
     """``input`` (a string, or a list of items) as chat messages."""
     if isinstance(items, str):
@@ -140,6 +144,11 @@ def _messages(items: Any) -> list[dict[str, Any]]:
         if not isinstance(it, dict):
             raise bad_request(f"Invalid type for '{at}': expected an object, but got {_kind(it)}.", at, "invalid_type")
         kind = it.get("type", "message" if "role" in it else None)
+        _str(it, "id", f"{at}.id")  # kept as the item's id (input_items lists it; its `after` takes a string)
+        status = it.get("status")
+        if status is not None and status not in _STATUSES:
+            raise bad_request(f"Invalid value for '{at}.status': {str(status)[:40]!r}. Supported values are: "
+                              "'in_progress', 'completed' and 'incomplete'.", f"{at}.status", "invalid_value")
         if kind == "message":
             role = _str(it, "role", f"{at}.role", required=True)
             if role not in _ROLES:
@@ -194,6 +203,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         for key in ("description", "parameters", "strict"):
             if t.get(key) is not None:
                 fn[key] = t[key]
+        check_function_fields(fn, at)
         out.append({"type": "function", "function": fn})
     return out
 

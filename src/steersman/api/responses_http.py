@@ -268,6 +268,11 @@ class ResponsesEndpoints:
         got = await self._by_id(request, self.response_store.get, "read")
         if got is None:
             return
+        if not items and _asks_stream(request.query):  # (streaming a stored response is for background ones)
+            err = bad_request("Streaming a stored response (`stream=true`) is not supported by this gateway: it stores "
+                              "finished responses only; retrieve it without `stream`.", "stream", "unsupported_value")
+            request.respond(err.status, err.body())
+            return
         if not items:
             request.respond(200, got.response)
             return
@@ -304,6 +309,11 @@ class ResponsesEndpoints:
             request.respond(err.status, err.body())
             return None
         return got
+
+
+def _asks_stream(query: str) -> bool:
+    values = parse_qs(query).get("stream")
+    return bool(values) and values[-1].strip().lower() not in ("false", "0", "")
 
 
 def list_page(items: list[dict[str, Any]], query: str) -> dict[str, Any]:

@@ -211,6 +211,11 @@ def _check_sampling(req: _Common) -> None:
         raise bad_request(f"`repetition_penalty` must be > 0, got {req.repetition_penalty}.", "repetition_penalty")
     if req.min_p is not None and not 0.0 <= req.min_p <= 1.0:
         raise bad_request(f"`min_p` must be between 0 and 1, got {req.min_p}.", "min_p")
+    if req.seed is not None and not _INT64_MIN <= req.seed <= _INT64_MAX:  # vLLM's Field(ge=, le=) of a torch.long
+        raise bad_request(f"`seed` must be a 64-bit signed integer, got {req.seed}.", "seed")
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -220,9 +225,17 @@ def content_type_error(content_type: str | None) -> ApiError | None:
     """A JSON API: a body declared as something else is a 415 naming the header (no header: read as JSON)."""
     if content_type is None:
         return None
-    media = content_type.split(";", 1)[0].strip().lower()
+    media, _, params = content_type.partition(";")
+    media = media.strip().lower()
     if media in ("", "application/json") or media.endswith("+json"):
-        return None
+        charset = next((v.strip().strip('"').lower() for k, _, v in (p.partition("=") for p in params.split(";"))
+                        if k.strip().lower() == "charset"), None)
+        # JSON is UTF-8 (RFC 8259 8.1) and read as such; a body declared in an encoding that is not even
+        # ASCII-compatible (UTF-16/32) would only fail as "not valid JSON": say why instead
+        if charset is None or not charset.replace("-", "").startswith(("utf16", "utf32", "ucs")):
+            return None
+        return ApiError(415, f"Header `Content-Type` declares charset {charset[:20]!r}: the body must be UTF-8 JSON.",
+                        "invalid_request_error", "Content-Type", "unsupported_media_type")
     return ApiError(415, f"Header `Content-Type` must be application/json, got {content_type[:60]!r}.",
                     "invalid_request_error", "Content-Type", "unsupported_media_type")
 
@@ -312,6 +325,10 @@ def _check_response_format(rf: dict[str, Any]) -> None:
     if "schema" in js and not isinstance(js["schema"], (dict, bool)):
         raise bad_request("`response_format.json_schema.schema` must be a JSON Schema object.",
                           "response_format.json_schema.schema")
+    for key, kind, what in (("strict", bool, "a boolean"), ("description", str, "a string")):
+        if js.get(key) is not None and not isinstance(js[key], kind):
+            raise bad_request(f"`response_format.json_schema.{key}` must be {what}.",
+                              f"response_format.json_schema.{key}")
 
 
 def _check_logprobs(k: int, field: str, most: int) -> None:

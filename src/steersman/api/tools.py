@@ -10,9 +10,21 @@ from typing import Any
 
 from steersman.api.errors import bad_request
 
-__all__ = ["tool_functions", "chosen_tool"]
+__all__ = ["tool_functions", "chosen_tool", "check_function_fields"]
 
 _CHOICES = ("none", "auto", "required")
+#: a function's optional fields and the JSON type each must have (OpenAI's FunctionObject; vLLM's
+#: FunctionDefinition types them alike: a 200 for ``parameters: "x"`` made engine-sim call a tool it could not
+#: describe, and a real engine answered a 400 naming a field the client did not write)
+_FUNCTION_FIELDS = (("description", str, "a string"), ("parameters", dict, "an object"), ("strict", bool, "a boolean"))
+
+
+def check_function_fields(fn: dict[str, Any], where: str) -> None:
+    """A 400 naming ``{where}.{field}`` for a function field of the wrong JSON type (``null`` is absent)."""
+    for key, kind, what in _FUNCTION_FIELDS:
+        v = fn.get(key)
+        if v is not None and not isinstance(v, kind):
+            raise bad_request(f"`{where}.{key}` must be {what}.", f"{where}.{key}", "invalid_type")
 
 
 def tool_functions(tools: list[Any] | None) -> list[dict[str, Any]]:
@@ -24,6 +36,7 @@ def tool_functions(tools: list[Any] | None) -> list[dict[str, Any]]:
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise bad_request(f"`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}.",
                               f"tools[{i}]")
+        check_function_fields(fn, f"tools[{i}].function")
         out.append(fn)
     return out
 
