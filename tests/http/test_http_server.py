@@ -85,13 +85,21 @@ async def test_streaming_is_chunked_and_http10_is_close_delimited():
 @pytest.mark.parametrize(
     "raw,status",
     [
-        (b"POST /echo HTTP/1.1\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000, 413),
-        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3e8\r\n" + b"x" * 1000 + b"\r\n3e8\r\n" + b"x" * 1000 + b"\r\n0\r\n\r\n", 413),
-        (b"GET /nope HTTP/1.1\r\n\r\n", 404),
-        (b"GET /echo HTTP/1.1\r\n\r\n", 405),
+        (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + b"x" * 5000, 413),
+        (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"3e8\r\n" + b"x" * 1000 + b"\r\n3e8\r\n" + b"x" * 1000 + b"\r\n0\r\n\r\n", 413),
+        (b"GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+        (b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n", 405),
         (b"NOT HTTP AT ALL\r\n\r\n", 400),
-        (b"GET /stream HTTP/1.1\r\nX-Big: " + b"y" * 70000 + b"\r\n\r\n", 431),
-        (b"GET /boom HTTP/1.1\r\n\r\n", 500),
+        (b"GET /stream HTTP/1.1\r\nHost: x\r\nX-Big: " + b"y" * 70000 + b"\r\n\r\n", 431),
+        (b"GET /boom HTTP/1.1\r\nHost: x\r\n\r\n", 500),
+        # RFC 9112 (found by a fuzzing helper, thirty-first session; each was served as HTTP/1.1 before): 3.2, an
+        # HTTP/1.1 request without exactly one Host; 6.1, a transfer coding other than chunked (a gzipped body read
+        # as plain JSON); a major version other than 1
+        (b"GET /echo HTTP/1.1\r\nX: y\r\n\r\n", 400),
+        (b"GET /echo HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        (b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n", 501),
+        (b"GET /echo HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+        (b"GET /echo HTTP/0.9\r\nHost: x\r\n\r\n", 505),
     ],
 )
 async def test_errors_are_openai_json(raw, status):
@@ -110,7 +118,7 @@ async def test_expect_100_continue():
     srv = await _server()
     try:
         r, w = await asyncio.open_connection("127.0.0.1", srv.port)
-        w.write(b"POST /echo HTTP/1.1\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
+        w.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n")
         assert (await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)).startswith(b"HTTP/1.1 100")
         w.write(b"data")
         head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)
@@ -124,7 +132,7 @@ async def test_client_disconnect_cancels_the_handler():
     srv = await _server()
     try:
         r, w = await asyncio.open_connection("127.0.0.1", srv.port)
-        w.write(b"GET /slow HTTP/1.1\r\n\r\n")
+        w.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
         await w.drain()
         for _ in range(100):
             if srv.connections and any(c._current for c in srv.connections):

@@ -26,7 +26,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "server", "loop", "transport", "parser", "_url", "_headers", "_hname", "_body", "_size", "_header_bytes",
         "_queue", "_current", "_task", "_paused_writing", "_drain", "_timer", "_timer_at", "_due", "_on_due", "_rejected",
-        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf",
+        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf", "_hosts",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -62,6 +62,7 @@ class _Connection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._size = 0
         self._header_bytes = 0  # the message's complete headers so far
+        self._hosts = 0  # Host header lines (RFC 9112 3.2: exactly one in an HTTP/1.1 request)
         self._head_raw = 0  # the reads that ended inside its head (so at most one read more than the head itself)
         self._in_head = False  # its headers are still arriving (anything ``on_header`` gets after them: trailers)
 
@@ -196,7 +197,10 @@ class _Connection(asyncio.Protocol):
         if not self._in_head:
             return  # a chunked body's trailer: never a request header (a front proxy checked the headers only)
         self._count_header(len(name) + len(value))
-        self._headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        key = name.decode("latin-1").lower()
+        if key == "host":
+            self._hosts += 1
+        self._headers[key] = value.decode("latin-1")
 
     def _count_header(self, n: int) -> None:
         self._header_bytes += n
@@ -205,6 +209,10 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        bad = _head_error(self.parser.get_http_version(), self._hosts, self._headers.get("transfer-encoding"))
+        if bad is not None:
+            self._reject(*bad)
+            return
         length = self._headers.get("content-length")
         limit = self.server.max_body_bytes
         if length is not None and length.isdigit() and int(length) > limit:
@@ -337,3 +345,17 @@ class _Connection(asyncio.Protocol):
         if t.can_write_eof():
             t.write_eof()
         self.loop.call_later(_REJECT_GRACE_S, t.close)
+
+
+def _head_error(version: str, hosts: int, coding: str | None) -> tuple[int, str, str] | None:
+    """What RFC 9112 says a server must (or should) refuse in a request's head: another major version than 1 (505),
+    an HTTP/1.1 request without exactly one Host (400, 3.2: "MUST respond with a 400"), or a transfer coding other
+    than chunked (501, 6.1: a body gzipped under ``Transfer-Encoding: gzip, chunked`` was read as plain JSON)."""
+    if version not in ("1.0", "1.1"):
+        return 505, f"HTTP/{version} is not supported: send HTTP/1.1.", "http_version_not_supported"
+    if version == "1.1" and hosts != 1:
+        return 400, ("An HTTP/1.1 request must have a Host header." if not hosts
+                     else "A request must have one Host header, not several."), "invalid_host"
+    if coding is not None and coding.strip().lower() != "chunked":
+        return 501, f"Transfer-Encoding {coding[:40]!r} is not supported: only chunked.", "unsupported_transfer_encoding"
+    return None
