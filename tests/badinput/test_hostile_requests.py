@@ -117,7 +117,18 @@ CASES = [
           "input[0].id"),
     _case("responses: input item status unknown", RESP, _j(R, input=[{"role": "user", "content": "c",
           "status": "bogus"}]), 400, "input[0].status"),
-] + [_case(f"chat {f}={v!r}", CHAT, _j(G, **{f: v}), 400, f) for f, v in WRONG_TYPES] + [
+] + [_case(f"responses: {f}={v!r}", RESP, _j(R, **{f: v}), 400, p) for f, v, p in (
+    # Responses fields the gateway takes and does not pass on, dropped unchecked before (each a 200)
+    ("parallel_tool_calls", "x", "parallel_tool_calls"), ("include", "zz", "include"), ("include", [1], "include"),
+    ("reasoning", "x", "reasoning"), ("reasoning", {"effort": "max"}, "reasoning.effort"),
+    ("service_tier", "ultra", "service_tier"), ("max_tool_calls", "x", "max_tool_calls"), ("max_tool_calls", 0, "max_tool_calls"),
+    ("prompt_cache_key", 5, "prompt_cache_key"), ("safety_identifier", 5, "safety_identifier"),
+    ("text", {"verbosity": "extreme"}, "text.verbosity"), ("stream_options", {"include_obfuscation": False}, "stream_options"),
+    ("background", 0, "background"), ("conversation", 0, "conversation"), ("prompt", 0, "prompt"),
+    # chat completion fields with a Responses counterpart: they ran behind its back (8 tokens for max_output_tokens 3)
+    ("max_completion_tokens", 8, "max_completion_tokens"), ("max_tokens", "x", "max_tokens"),
+    ("response_format", {"type": "json_object"}, "response_format"),
+)] + [_case(f"chat {f}={v!r}", CHAT, _j(G, **{f: v}), 400, f) for f, v in WRONG_TYPES] + [
     _case(f"completion {f}={v!r}", CMPL, _j(C, **{f: v}), 400, f)
     for f, v in (("prompt", 5), ("prompt", None), ("max_tokens", "5"), ("echo", "x"), ("stream", 1), ("n", 1.5))
 ]
@@ -161,6 +172,14 @@ def test_the_edges_of_what_is_accepted(fleet):
         list(client.responses.retrieve(resp.id, stream=True))
     r = httpx.get(fleet.url + f"/v1/responses/{resp.id}?stream=false")
     assert r.status_code == 200 and r.json()["id"] == resp.id
+    ok = client.responses.create(model="llama-3.1-8b", input="hi", max_output_tokens=3, parallel_tool_calls=True,
+                                 include=[], reasoning={"effort": "low"}, service_tier="auto", max_tool_calls=3,
+                                 prompt_cache_key="k", safety_identifier="u1", text={"verbosity": "low"},
+                                 background=False, top_logprobs=0)
+    assert ok.status == "incomplete" and ok.incomplete_details.reason == "max_output_tokens"  # (3 tokens)
+    events = list(client.responses.create(model="llama-3.1-8b", input="hi", max_output_tokens=3, stream=True,
+                                          stream_options={"include_obfuscation": False}))
+    assert events[-1].type == "response.incomplete" and events[-1].response.status == "incomplete"
 
 
 @pytest.mark.parametrize("path,body", [(CHAT, _j(G, frobnicate=1, ignore_eos=True)), (CMPL, _j(C, frobnicate={"a": [1]}))])

@@ -45,6 +45,59 @@ _REFUSED = {
 }
 
 
+# chat completion fields whose Responses counterpart has another name: forwarded as engine extensions, they ran
+# behind the Responses field's back (max_completion_tokens 8 beside max_output_tokens 3 generated 8 tokens, and the
+# Response echoed 3); refused with a 400 that names the field to use
+_CHAT_ONLY = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+              "response_format": "text.format", "messages": "input", "functions": "tools", "function_call": "tool_choice"}
+_SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+_VERBOSITY = ("low", "medium", "high")
+_EFFORTS = ("none", "minimal", "low", "medium", "high")
+
+
+def _check_own(doc: dict[str, Any]) -> None:
+    """The types and values of the Responses fields the gateway takes and does not pass on (a 400 naming each;
+    they were dropped unchecked, and the Response echoed ``parallel_tool_calls: "x"``)."""
+    for key, use in _CHAT_ONLY.items():
+        if key in doc:
+            raise bad_request(f"Unknown parameter: '{key}' (a chat completion field): use '{use}' on /v1/responses.",
+                              key, "unknown_parameter")
+    for key in ("parallel_tool_calls",):
+        if doc.get(key) is not None and not isinstance(doc[key], bool):
+            raise bad_request(f"Invalid type for '{key}': expected a boolean, but got {_kind(doc[key])}.", key,
+                              "invalid_type")
+    for key in ("prompt_cache_key", "safety_identifier", "prompt_cache_retention"):
+        _str(doc, key, key)
+    mtc = doc.get("max_tool_calls")
+    if mtc is not None and (type(mtc) is not int or mtc < 1):
+        raise bad_request(f"Invalid value for 'max_tool_calls': expected an integer >= 1, got {str(mtc)[:40]}.",
+                          "max_tool_calls", "invalid_value")
+    include = doc.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
+        raise bad_request(f"Invalid type for 'include': expected an array of strings, but got {_kind(include)}.",
+                          "include", "invalid_type")
+    tier = doc.get("service_tier")
+    if tier is not None and tier not in _SERVICE_TIERS:
+        raise bad_request(f"Invalid value for 'service_tier': {str(tier)[:40]!r}. Supported values are: "
+                          f"{', '.join(repr(t) for t in _SERVICE_TIERS)}.", "service_tier", "invalid_value")
+    reasoning = doc.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, dict):
+            raise bad_request(f"Invalid type for 'reasoning': expected an object, but got {_kind(reasoning)}.",
+                              "reasoning", "invalid_type")
+        if reasoning.get("effort") is not None and reasoning["effort"] not in _EFFORTS:
+            raise bad_request(f"Invalid value for 'reasoning.effort': {str(reasoning['effort'])[:40]!r}. Supported "
+                              f"values are: {', '.join(repr(e) for e in _EFFORTS)}.", "reasoning.effort", "invalid_value")
+    so = doc.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad_request(f"Invalid type for 'stream_options': expected an object, but got {_kind(so)}.",
+                              "stream_options", "invalid_type")
+        if doc.get("stream") is not True:
+            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options",
+                              "invalid_value")
+
+
 @dataclass(slots=True)
 class ResponsesCall:
     """One Responses request, translated: the chat body to run and what the Response object echoes."""
@@ -222,6 +275,10 @@ def _tool_choice(choice: Any) -> Any:
 def _text_format(text: Any) -> dict[str, Any] | None:
     if not isinstance(text, dict):
         raise bad_request(f"Invalid type for 'text': expected an object, but got {_kind(text)}.", "text", "invalid_type")
+    verbosity = text.get("verbosity")
+    if verbosity is not None and verbosity not in _VERBOSITY:
+        raise bad_request(f"Invalid value for 'text.verbosity': {str(verbosity)[:40]!r}. Supported values are: 'low', "
+                          "'medium' and 'high'.", "text.verbosity", "invalid_value")
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -252,8 +309,11 @@ def translate_request(body: bytes | dict[str, Any], history: list[dict[str, Any]
     (looked up by the caller, after :func:`previous_id`)."""
     doc = body if isinstance(body, dict) else parse_body(body)
     for key, why in _REFUSED.items():
-        if doc.get(key) not in (None, False):
-            raise bad_request(f"'{key}': {why}.", key, "unsupported_value")
+        v = doc.get(key)
+        if v is None or v is False or (key == "top_logprobs" and type(v) is int and v == 0):
+            continue  # (not `in (None, False)`: 0 == False, and `background: 0` went by as "off")
+        raise bad_request(f"'{key}': {why}.", key, "unsupported_value")
+    _check_own(doc)
     for key in ("n", "best_of"):  # OpenAI's Responses API has none: one answer per response
         v = doc.get(key)
         if v is not None and (type(v) is not int or v != 1):
