@@ -80,6 +80,8 @@ CASES = [
     _case("text/plain body", CHAT, _j(G), 415, "Content-Type", {"Content-Type": "text/plain"}),
     _case("form body (curl -d)", CMPL, _j(C), 415, "Content-Type", {"Content-Type": "application/x-www-form-urlencoded"}),
     _case("bad deadline header", CHAT, _j(G), 400, "x-steersman-deadline-ms", {**JSON, "x-steersman-deadline-ms": "soon"}),
+    _case("deadline with underscores", CHAT, _j(G), 400, "x-steersman-deadline-ms",
+          {**JSON, "x-steersman-deadline-ms": "1_000"}),
     # found by review (twenty-seventh session); each failed before its fix
     _case("invalid UTF-8 in an unknown field", CHAT, b'{"model":"llama-3.1-8b","messages":[{"role":"user","content":"hi"}],'
           b'"zz":"\xff"}', 400),

@@ -44,6 +44,8 @@ def parse_budget(headers: Mapping[str, str], now: float, settings: SchedulerSett
     raw = headers.get(DEADLINE)
     if raw is not None:
         try:
+            if "_" in raw:  # (Python's float() takes "1_000"; no HTTP client means that)
+                raise ValueError(raw)
             ms = float(raw)
         except ValueError:
             raise _header_error(DEADLINE, f"must be a number of milliseconds, got {raw[:40]!r}.") from None
