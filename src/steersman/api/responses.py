@@ -80,22 +80,20 @@ def _check_own(doc: dict[str, Any]) -> None:
     if tier is not None and tier not in _SERVICE_TIERS:
         raise bad_request(f"Invalid value for 'service_tier': {str(tier)[:40]!r}. Supported values are: "
                           f"{', '.join(repr(t) for t in _SERVICE_TIERS)}.", "service_tier", "invalid_value")
-    reasoning = doc.get("reasoning")
-    if reasoning is not None:
-        if not isinstance(reasoning, dict):
-            raise bad_request(f"Invalid type for 'reasoning': expected an object, but got {_kind(reasoning)}.",
-                              "reasoning", "invalid_type")
-        if reasoning.get("effort") is not None and reasoning["effort"] not in _EFFORTS:
-            raise bad_request(f"Invalid value for 'reasoning.effort': {str(reasoning['effort'])[:40]!r}. Supported "
-                              f"values are: {', '.join(repr(e) for e in _EFFORTS)}.", "reasoning.effort", "invalid_value")
-    so = doc.get("stream_options")
-    if so is not None:
-        if not isinstance(so, dict):
-            raise bad_request(f"Invalid type for 'stream_options': expected an object, but got {_kind(so)}.",
-                              "stream_options", "invalid_type")
-        if doc.get("stream") is not True:
-            raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options",
-                              "invalid_value")
+    reasoning = _obj(doc, "reasoning")
+    if reasoning is not None and reasoning.get("effort") is not None and reasoning["effort"] not in _EFFORTS:
+        raise bad_request(f"Invalid value for 'reasoning.effort': {str(reasoning['effort'])[:40]!r}. Supported "
+                          f"values are: {', '.join(repr(e) for e in _EFFORTS)}.", "reasoning.effort", "invalid_value")
+    if _obj(doc, "stream_options") is not None and doc.get("stream") is not True:
+        raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options", "invalid_value")
+
+
+def _obj(doc: dict, key: str) -> dict | None:
+    """``doc[key]``: an object, or None when absent (a 400 naming ``key`` for any other type)."""
+    v = doc.get(key)
+    if v is not None and not isinstance(v, dict):
+        raise bad_request(f"Invalid type for '{key}': expected an object, but got {_kind(v)}.", key, "invalid_type")
+    return v
 
 
 @dataclass(slots=True)
