@@ -122,8 +122,8 @@ CASES = [
 ] + [_case(f"responses: {f}={v!r}", RESP, _j(R, **{f: v}), 400, p) for f, v, p in (
     # Responses fields the gateway takes and does not pass on, dropped unchecked before (each a 200)
     ("parallel_tool_calls", "x", "parallel_tool_calls"), ("include", "zz", "include"), ("include", [1], "include"),
-    ("reasoning", "x", "reasoning"), ("reasoning", {"effort": "max"}, "reasoning.effort"),
-    ("service_tier", "ultra", "service_tier"), ("max_tool_calls", "x", "max_tool_calls"), ("max_tool_calls", 0, "max_tool_calls"),
+    ("reasoning", "x", "reasoning"), ("reasoning", {"effort": 5}, "reasoning.effort"),
+    ("service_tier", 5, "service_tier"), ("max_tool_calls", "x", "max_tool_calls"), ("max_tool_calls", 0, "max_tool_calls"),
     ("prompt_cache_key", 5, "prompt_cache_key"), ("safety_identifier", 5, "safety_identifier"),
     ("text", {"verbosity": "extreme"}, "text.verbosity"), ("stream_options", {"include_obfuscation": False}, "stream_options"),
     ("background", 0, "background"), ("conversation", 0, "conversation"), ("prompt", 0, "prompt"),
@@ -175,7 +175,7 @@ def test_the_edges_of_what_is_accepted(fleet):
     r = httpx.get(fleet.url + f"/v1/responses/{resp.id}?stream=false")
     assert r.status_code == 200 and r.json()["id"] == resp.id
     ok = client.responses.create(model="llama-3.1-8b", input="hi", max_output_tokens=3, parallel_tool_calls=True,
-                                 include=[], reasoning={"effort": "low"}, service_tier="auto", max_tool_calls=3,
+                                 include=[], reasoning={"effort": "xhigh"}, service_tier="fast", max_tool_calls=3,
                                  prompt_cache_key="k", safety_identifier="u1", text={"verbosity": "low"},
                                  background=False, top_logprobs=0)
     assert ok.status == "incomplete" and ok.incomplete_details.reason == "max_output_tokens"  # (3 tokens)

@@ -31,6 +31,19 @@ def test_our_requests_in_flight_and_engine_work_are_signs_of_life():
     assert p.tick(8.0, NONE, worked, ALL) == ([1], [])
 
 
+def test_a_request_routed_to_a_replica_whose_probe_is_out_does_not_void_the_probe():
+    """Our own request is no sign of life: a hung idle replica the next request went to was never judged by the probe
+    already out (review, thirty-first session); an engine that works (its counter moves) is."""
+    p = IdleProbes(3, S, now=0.0)
+    assert p.tick(5.0, NONE, NEVER, ALL) == ([0, 1, 2], [])
+    busy = np.array([True, True, False])
+    assert p.answered(2, 5.1, 5.0)
+    assert p.tick(5.4, busy, NEVER, ALL) == ([], [])
+    worked = np.array([-np.inf, 6.0, -np.inf])
+    assert p.tick(9.0, busy, worked, ALL) == ([], [0])  # 0: hung under our request; 1: working
+    assert p.tick(30.0, busy, worked, ALL) == ([2], [])  # 0 and 1 busy: no new probe; 2 quiet since its answer
+
+
 def test_out_of_rotation_replicas_are_not_probed_and_one_back_is_probed_at_once():
     p = IdleProbes(3, S, now=0.0)
     elig = np.array([True, False, True])
@@ -75,3 +88,15 @@ def test_a_timed_out_probe_ejects_and_an_answer_ends_probation():
     assert not g.state(2, back)["ejected"]
     g.probe_answered(2)
     assert not g.state(2, back)["probation"] and g.state(2, back)["limit"] > S.probation_limit
+
+
+def test_an_answered_probe_breaks_a_run_of_failures():
+    """A failed probe counts among the consecutive failures; an answered one is a success (it was not: a replica
+    answering 3 probes in 4 was ejected for "5 consecutive failures" after 20 probes)."""
+    g = ReplicaGuard(3, S, alpha=0.3)
+    for k in range(20):
+        if k % 4 == 3:
+            g.failed(1, -1, float(k))
+        else:
+            g.probe_answered(1)
+    assert not g.state(1, 20.0)["ejected"] and g.outliers.consecutive[1] == 1  # (the last one failed)

@@ -123,9 +123,10 @@ def openapi_document(models: Sequence[str], max_tokens: int,
             "/v1/responses": _generation("Response (OpenAI's Responses API, run as a chat completion)",
                                          "ResponsesRequest", "Response"),
             "/v1/responses/{response_id}": {
-                "get": {"summary": "A stored response", "parameters": by_id,
+                "get": {"summary": "A stored response (stream=true: 400, only finished responses are stored)",
+                        "parameters": by_id + [{"name": "stream", "in": "query", "schema": {"type": "boolean"}}],
                         "responses": {"200": {"description": "The Response object", "content": {
-                            "application/json": {"schema": _ref("Response")}}}, **_error_responses(401, 404, 503)}},
+                            "application/json": {"schema": _ref("Response")}}}, **_error_responses(400, 401, 404, 503)}},
                 "delete": {"summary": "Delete a stored response", "parameters": by_id,
                            "responses": {**plain, **_error_responses(401, 404, 503)}}},
             "/v1/responses/{response_id}/input_items": {"get": {
@@ -135,11 +136,12 @@ def openapi_document(models: Sequence[str], max_tokens: int,
                     {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
                     {"name": "after", "in": "query", "schema": {"type": "string"}}],
                 "responses": {**plain, **_error_responses(400, 401, 404, 503)}}},
-            "/v1/models": {"get": {"summary": "Models served by the fleet", "responses": plain}},
+            "/v1/models": {"get": {"summary": "Models served by the fleet",
+                                   "responses": {**plain, **_error_responses(401)}}},
             "/v1/models/{model}": {"get": {
                 "summary": "One model served by the fleet",
                 "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {**plain, **_error_responses(404)}}},
+                "responses": {**plain, **_error_responses(401, 404)}}},
             "/health": {"get": {"summary": "200 while a replica is healthy", "responses": {
                 **plain, "503": {"description": "No healthy replica", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/openapi.json": {"get": {"summary": "This document", "responses": plain}},

@@ -198,9 +198,12 @@ class _Connection(asyncio.Protocol):
             return  # a chunked body's trailer: never a request header (a front proxy checked the headers only)
         self._count_header(len(name) + len(value))
         key = name.decode("latin-1").lower()
+        v = value.decode("latin-1")
         if key == "host":
             self._hosts += 1
-        self._headers[key] = value.decode("latin-1")
+        elif key == "transfer-encoding" and key in self._headers:  # one list over its lines (RFC 9110 5.3)
+            v = self._headers[key] + ", " + v
+        self._headers[key] = v
 
     def _count_header(self, n: int) -> None:
         self._header_bytes += n

@@ -152,7 +152,9 @@ class ReplicaGuard:
 
     def probe_answered(self, i: int) -> None:
         """An idle probe was answered: progress, as a whole answer is (a replica back from an ejection leaves
-        probation)."""
+        probation), and a success (a failed probe counts among the consecutive failures: a replica answering 3
+        probes in 4 was ejected for "5 consecutive failures" after 20)."""
+        self.outliers.success(i)
         if self._probation[i]:
             self._probation[i] = False
             self.limits[i] = self.limiters[i].limit

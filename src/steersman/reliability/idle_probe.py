@@ -10,8 +10,9 @@ engine.  No answer within ``idle_probe_timeout_s`` and no sign of work meanwhile
 counter moves: :attr:`steersman.fleet.state.Fleet.output_at`) is a hang: the replica is ejected
 (:meth:`steersman.reliability.guard.ReplicaGuard.probe_timed_out`).
 
-Signs of life: something of ours in flight there (judged by the stall rule and the stream idle timeout
-meanwhile, so not probed), a stream's event or a work-counter advance (``output_at``), a probe answered.
+Signs of life: a stream's event or a work-counter advance (``output_at``), a probe answered.  Something of ours
+in flight there is not one, but no probe is sent meanwhile (the stall rule and the stream idle timeout judge it);
+a probe already out is judged all the same.
 A replica not routable (unhealthy, weights not warm), out of rotation (ejected, breaker open) or without a
 model to ask is not probed; one back from an ejection has been silent all that time and is probed at once.
 """
@@ -32,6 +33,7 @@ class IdleProbes:
         self.interval = settings.idle_probe_s
         self.timeout = settings.idle_probe_timeout_s
         self.alive_at = np.full(n, now)  # the latest sign of life seen (the start: none needed before interval)
+        self.busy_at = np.full(n, -math.inf)  # when something of ours was last seen in flight there
         self.sent_at = np.full(n, math.nan)  # the probe in flight since (NaN: none)
 
     @property
@@ -43,16 +45,19 @@ class IdleProbes:
 
         ``busy``: something of ours in flight there; ``output_at``: when a stream of ours there last got an event
         or its engine's work counter last advanced; ``eligible``: routable, in rotation and with a model to ask."""
-        alive = np.maximum(self.alive_at, output_at)
-        alive[busy] = now
-        self.alive_at = alive
+        alive = self.alive_at = np.maximum(self.alive_at, output_at)
+        # ours in flight: no new probe (the stall rule judges them), but no sign of life either: a probe already
+        # out is still judged (routing the next request to a hung idle replica voided its probe)
+        self.busy_at[busy] = now
         sent = self.sent_at
         waiting = np.isfinite(sent)
         # a probe overdue with no sign of life since it was sent (a busy engine's counter moved: it is working)
         late = waiting & (now - sent >= self.timeout) & (alive <= sent)
         sent[waiting & (alive > sent)] = math.nan  # life seen: whatever the probe says now, nothing to judge
         sent[late] = math.nan
-        due = eligible & np.isnan(sent) & (now - alive >= self.interval) if self.enabled else np.zeros_like(eligible)
+        quiet = now - np.maximum(alive, self.busy_at)
+        due = (eligible & ~busy & np.isnan(sent) & (quiet >= self.interval) if self.enabled
+               else np.zeros_like(eligible))
         due &= ~late
         sent[due] = now
         return np.flatnonzero(due).tolist(), np.flatnonzero(late).tolist()
