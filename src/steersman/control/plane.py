@@ -165,8 +165,7 @@ class ControlPlane:
             finish = _earliest_finish(snapshot, req)
             late = check_deadline(req.budget.deadline, finish, now)
             if late is not None and late.retry_after is not None:  # late because of the load ahead, or always?
-                # (at most the loaded prediction: an idle replica without observations of its own predicts with the
-                # fleet's prior, which can be slower than what the loaded one learnt)
+                # (at most the loaded prediction: both are predictions, and "alone" must not read longer)
                 late = check_deadline(req.budget.deadline, finish, now,
                                       min_service_s=min(_alone(snapshot, req), finish - now))
             if late is not None:
