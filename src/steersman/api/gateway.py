@@ -15,7 +15,7 @@ from urllib.parse import unquote
 
 import orjson
 
-from steersman.api.errors import ApiError, error_body, not_found_model, unauthorized
+from steersman.api.errors import ApiError, error_body, not_found_model
 from steersman.api.headers import tag_request_id
 from steersman.api.lifecycle import RequestLifecycle
 from steersman.api.responses_http import ResponsesEndpoints
@@ -317,12 +317,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         as OpenAI's ``/v1/models`` and vLLM's (``--api-key`` guards every ``/v1`` route) do.  ``/health`` and
         ``/openapi.json`` stay open; ``/metrics`` and ``/admin/*`` take the admin key."""
         async def keyed(request: HttpRequest) -> None:
-            got = self.tenants.authenticate(request.headers.get("authorization"))
-            if isinstance(got, AuthError):
-                err = unauthorized(got)
-                request.respond(err.status, err.body())
-                return
-            await handler(request)
+            if self._tenant_or_refuse(request) is not None:  # (ResponsesEndpoints': a 401 answered when refused)
+                await handler(request)
         return keyed
 
     async def models(self, request: HttpRequest) -> None:

@@ -60,10 +60,10 @@ def _check_own(doc: dict[str, Any]) -> None:
         if key in doc:
             raise bad_request(f"Unknown parameter: '{key}' (a chat completion field): use '{use}' on /v1/responses.",
                               key, "unknown_parameter")
-    for key in ("parallel_tool_calls",):
-        if doc.get(key) is not None and not isinstance(doc[key], bool):
-            raise bad_request(f"Invalid type for '{key}': expected a boolean, but got {_kind(doc[key])}.", key,
-                              "invalid_type")
+    ptc = doc.get("parallel_tool_calls")
+    if ptc is not None and not isinstance(ptc, bool):
+        raise bad_request(f"Invalid type for 'parallel_tool_calls': expected a boolean, but got {_kind(ptc)}.",
+                          "parallel_tool_calls", "invalid_type")
     # strings only: their values grow with OpenAI's models (the SDK already lists effort xhigh and max, service tiers
     # fast and ultrafast), and the gateway passes none of them on
     for key in ("prompt_cache_key", "safety_identifier", "prompt_cache_retention", "service_tier"):

@@ -105,6 +105,10 @@ class ReplicaGuard:
 
     def first_token(self, i: int, ttft: float) -> None:
         self.outliers.latency(i, ttft=ttft)
+        self._progressed(i)
+
+    def _progressed(self, i: int) -> None:
+        """Replica ``i`` showed progress: a replica back from an ejection leaves probation (its own limit again)."""
         if self._probation[i]:
             self._probation[i] = False
             self.limits[i] = self.limiters[i].limit
@@ -155,9 +159,7 @@ class ReplicaGuard:
         probation), and a success (a failed probe counts among the consecutive failures: a replica answering 3
         probes in 4 was ejected for "5 consecutive failures" after 20)."""
         self.outliers.success(i)
-        if self._probation[i]:
-            self._probation[i] = False
-            self.limits[i] = self.limiters[i].limit
+        self._progressed(i)
 
     # ---- introspection -----------------------------------------------------------------------
     def state(self, i: int, now: float) -> dict:
