@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from steersman.http._eager import eager_task
 from steersman.http.request import HttpRequest, _status_line
 
 if TYPE_CHECKING:
@@ -272,7 +273,7 @@ class _Connection(asyncio.Protocol):
 
     def _arrived(self, req: HttpRequest) -> None:
         self._reset_message()
-        if self._current is None:
+        if self._current is None and not self._paused_writing:  # (else resume_writing starts it, via _next)
             self._start(req)
         else:
             self._queue.append(req)
@@ -282,7 +283,10 @@ class _Connection(asyncio.Protocol):
     # -- request lifecycle --------------------------------------------------------------
     def _start(self, req: HttpRequest) -> None:
         self._current = req
-        self._task = self.loop.create_task(self.server.dispatch(req))
+        # its first step runs now, not behind the loop's turn (``_eager``); the task is kept first: a handler that
+        # finishes in that step serves the next pipelined request from ``finished``, which replaces it
+        self._task, step = eager_task(self.loop, self.server.dispatch(req))
+        step()
 
     def finished(self, req: HttpRequest, keep_alive: bool) -> None:
         """The response of ``req`` is complete: close, or serve the next queued request."""

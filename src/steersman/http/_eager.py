@@ -1,0 +1,118 @@
+"""Eager tasks: a request's handler runs its first step at once, inside the read that completed the request, not
+one event-loop turn later.
+
+``loop.create_task`` schedules a coroutine's first step behind every callback already ready, so under load a
+request waits for the rest of the loop's turn (the other connections' reads, the relays of other streams) before
+the gateway even looks at it.  Its first step is most of its work before the engine (parse, admit, route, the
+upstream write: nothing in it awaits while an idle engine connection is pooled), so running it at once takes the
+turn's queueing off its time to first token.  CPython 3.12 does this itself (``Task(..., eager_start=True)``, what
+``asyncio.eager_task_factory`` makes); on 3.11 :func:`eager_task` does the same: the task is made first (so
+``asyncio.current_task()`` is that task during the step, as the request path needs), the step runs in the task's
+context, and the task continues the coroutine from where the step stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from asyncio.tasks import _enter_task, _leave_task, current_task
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+__all__ = ["eager_task"]
+
+_PENDING = object()  # nothing left from the step: the task's turns are the coroutine's
+_DONE = object()  # the coroutine ended in its first step
+_FAILED = object()  # it raised in its first step
+
+
+class _Continued(Coroutine):
+    """What the task runs: the coroutine from where its eager step stopped.  Its first turn takes up what the step
+    left (the future to wait on, the result, the exception); a cancel before that turn is thrown into the coroutine
+    where it stopped (a coroutine wrapping it would have taken the cancel unstarted, leaving it suspended forever);
+    every later turn is the coroutine's own."""
+
+    __slots__ = ("coro", "first", "result", "error")
+
+    def __init__(self, coro: Coroutine) -> None:
+        self.coro = coro
+        self.first: Any = _PENDING
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def send(self, value: Any) -> Any:
+        first = self.first
+        if first is _PENDING:
+            return self.coro.send(value)
+        self.first = _PENDING
+        if first is _DONE:
+            raise StopIteration(self.result)
+        if first is _FAILED:
+            self._raise()
+        return first  # the future the step stopped at (or None: a bare yield, as asyncio.sleep(0) makes)
+
+    def __next__(self) -> Any:
+        return self.send(None)
+
+    def throw(self, typ, val=None, tb=None):  # type: ignore[override]
+        first, self.first = self.first, _PENDING
+        if first is _DONE:
+            raise StopIteration(self.result)  # it had ended: the task takes the result (or the cancel)
+        if first is _FAILED:
+            self._raise()
+        try:
+            if val is None and tb is None:
+                return self.coro.throw(typ)
+            return self.coro.throw(typ, val, tb)
+        finally:  # what the coroutine raises holds this frame: not the exception thrown (a cycle per cancelled request)
+            typ = val = tb = None
+
+    def _raise(self) -> None:
+        error, self.error = self.error, None
+        try:
+            raise error  # type: ignore[misc]
+        finally:
+            error = None  # (the frame in its traceback would hold it: a cycle)
+
+    def close(self) -> None:
+        self.coro.close()
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+
+def eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine) -> tuple[asyncio.Task, Callable[[], None]]:
+    """(the task, its first step): the caller keeps the task, then calls the step, which may finish the coroutine.
+
+    The task exists before the step (``asyncio.current_task()`` is it during the step; a caller that must know the
+    task before any of the coroutine runs, as a connection that a finished handler starts the next request on,
+    has it) and its first scheduled turn only takes up what the step left: waiting on the future it stopped at, or
+    the result or exception it ended with."""
+    rest = _Continued(coro)
+    ctx = contextvars.copy_context()
+    task = loop.create_task(rest, context=ctx)
+
+    def step() -> None:
+        outer = current_task(loop)  # started from inside another task's step (a handler ending serves the next
+        if outer is not None:       # pipelined request): that one is set aside for the step, as 3.12 does
+            _leave_task(loop, outer)
+        _enter_task(loop, task)
+        try:
+            rest.first = ctx.run(coro.send, None)
+        except StopIteration as stop:
+            rest.first, rest.result = _DONE, stop.value
+        except (KeyboardInterrupt, SystemExit) as e:  # the task ends with it, and it goes on up, as in a task's step
+            rest.first, rest.error = _FAILED, e
+            raise
+        except BaseException as e:  # noqa: BLE001 - raised from the task, as a task's first step would
+            # without this frame in its traceback: it holds the task (which will hold the exception), a cycle
+            rest.first, rest.error = _FAILED, e.with_traceback(e.__traceback__.tb_next if e.__traceback__ else None)
+        finally:
+            _leave_task(loop, task)
+            if outer is not None:
+                _enter_task(loop, outer)
+
+    return task, step
