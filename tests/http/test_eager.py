@@ -12,7 +12,7 @@ import uvloop
 
 from steersman.api.errors import error_body
 from steersman.http._connection import _Connection
-from steersman.http._eager import eager_task
+from steersman._eager import eager_task
 from steersman.http.server import HttpServer
 
 

@@ -211,3 +211,21 @@ def test_a_stream_under_way_is_continued_even_while_the_throttle_refuses_new_wor
 
     asyncio.run(go())
     assert ctx.attempts == 2 and ctx.http.answer is None  # continued on replica 1 (no error event, no 503)
+
+
+async def test_an_attempt_with_a_deadline_starts_at_once():
+    # failed before: the attempt ran in a task of its own (to race the deadline's timer) whose first step, up to
+    # the engine request's write, came a loop turn later, behind every callback already ready
+    order = []
+
+    class _Marking(_Forward):
+        async def run(self, ctx):
+            order.append("forward")
+            return await super().run(ctx)
+
+    clock = FakeClock()
+    p = Pipeline([_Schedule(3), _Marking(["ok"])], Retrier(DEFAULTS.reliability, clock, random.Random(0)))
+    ctx = _ctx(LatencyBudget(deadline=30.0))
+    asyncio.get_running_loop().call_soon(order.append, "ready before")
+    await p.handle(ctx)
+    assert order[0] == "forward"

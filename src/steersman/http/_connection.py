@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from steersman.http._eager import eager_task
+from steersman._eager import eager_task
 from steersman.http.request import HttpRequest, _status_line
 
 if TYPE_CHECKING:

@@ -38,6 +38,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from steersman._eager import eager_task
 from steersman.api.errors import ApiError, sse_error_event, upstream_failed
 from steersman.obs.histogram import CounterFamily
 from steersman.pipeline.context import RequestContext
@@ -243,7 +244,10 @@ class Pipeline:
         return task
 
     async def _before_deadline(self, ctx: RequestContext, forward: Stage, left: float) -> Outcome:
-        task = asyncio.ensure_future(forward.run(ctx))
+        # the attempt's first step (to its upstream write) runs now, not a loop turn later: a request with a
+        # deadline is the last one to queue behind the turn (``steersman._eager``)
+        task, step = eager_task(self._loop or asyncio.get_running_loop(), forward.run(ctx))
+        step()
         timer = asyncio.ensure_future(self.retrier.clock.sleep(left))
         try:
             await asyncio.wait((task, timer), return_when=asyncio.FIRST_COMPLETED)

@@ -1,14 +1,15 @@
-"""Eager tasks: a request's handler runs its first step at once, inside the read that completed the request, not
-one event-loop turn later.
+"""Eager tasks: a coroutine's first step runs at once, not one event-loop turn later.
 
 ``loop.create_task`` schedules a coroutine's first step behind every callback already ready, so under load a
-request waits for the rest of the loop's turn (the other connections' reads, the relays of other streams) before
-the gateway even looks at it.  Its first step is most of its work before the engine (parse, admit, route, the
+request waited for the rest of the loop's turn (the other connections' reads, the relays of other streams) before
+the gateway even looked at it.  Its first step is most of its work before the engine (parse, admit, route, the
 upstream write: nothing in it awaits while an idle engine connection is pooled), so running it at once takes the
-turn's queueing off its time to first token.  CPython 3.12 does this itself (``Task(..., eager_start=True)``, what
-``asyncio.eager_task_factory`` makes); on 3.11 :func:`eager_task` does the same: the task is made first (so
-``asyncio.current_task()`` is that task during the step, as the request path needs), the step runs in the task's
-context, and the task continues the coroutine from where the step stopped.
+turn's queueing off its time to first token.  Used where the request path starts a task: the HTTP server's
+handler (inside the read that completed the request) and an attempt raced against its deadline
+(``pipeline/runner.py``).  CPython 3.12 can do this itself (``asyncio.eager_task_factory``); :func:`eager_task`
+does it on 3.11 too, and hands the caller the task before the step (which 3.12's does not): the task is made
+first (``asyncio.current_task()`` is that task during the step, as the request path needs), the step runs in
+the task's context, and the task continues the coroutine from where the step stopped.
 """
 
 from __future__ import annotations
