@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from steersman._eager import eager_task
 from steersman.http.request import HttpRequest, _status_line
 
 if TYPE_CHECKING:
@@ -273,7 +272,7 @@ class _Connection(asyncio.Protocol):
 
     def _arrived(self, req: HttpRequest) -> None:
         self._reset_message()
-        if self._current is None and not self._paused_writing:  # (else resume_writing starts it, via _next)
+        if self._current is None:
             self._start(req)
         else:
             self._queue.append(req)
@@ -283,10 +282,7 @@ class _Connection(asyncio.Protocol):
     # -- request lifecycle --------------------------------------------------------------
     def _start(self, req: HttpRequest) -> None:
         self._current = req
-        # its first step runs now, not behind the loop's turn (``_eager``); the task is kept first: a handler that
-        # finishes in that step serves the next pipelined request from ``finished``, which replaces it
-        self._task, step = eager_task(self.loop, self.server.dispatch(req))
-        step()
+        self._task = self.loop.create_task(self.server.dispatch(req))
 
     def finished(self, req: HttpRequest, keep_alive: bool) -> None:
         """The response of ``req`` is complete: close, or serve the next queued request."""

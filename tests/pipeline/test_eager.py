@@ -1,19 +1,11 @@
-"""Eager tasks (steersman.http._eager) and the server starting a request's handler inside the read that completed it.
-
-A handler started with ``loop.create_task`` first ran one loop turn later, behind every callback already ready: under
-load, the rest of the turn's reads and relays came before the gateway even looked at a new request (its queueing on
-the gateway's core was most of the added time to first token at 64 streams).
-"""
+"""Eager tasks (steersman._eager): a coroutine's first step at once, as a task (an attempt raced against its
+deadline starts so: tests/reliability/test_runner.py)."""
 
 import asyncio
 
 import pytest
-import uvloop
 
-from steersman.api.errors import error_body
-from steersman.http._connection import _Connection
 from steersman._eager import eager_task
-from steersman.http.server import HttpServer
 
 
 async def test_the_first_step_runs_at_once_as_the_task():
@@ -118,80 +110,6 @@ async def test_started_from_inside_another_task():
     task = await me
     assert seen == [task, me]
     assert await task == 1
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self):
-        super().__init__()
-        self.out = []
-
-    def write(self, data):
-        self.out.append(bytes(data))
-
-    def is_closing(self):
-        return False
-
-    def close(self):
-        pass
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-
-@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
-def test_a_request_is_handled_inside_the_read_that_completed_it(loop_kind):
-    # failed before: the handler ran a loop turn after the read, behind everything already ready
-    order = []
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        srv = HttpServer(error_body, 1000)
-
-        async def handler(req):
-            order.append("handler")
-            req.respond(200, b"{}")
-
-        srv.route("POST", "/x", handler)
-        conn = _Connection(srv)
-        t = _Transport()
-        conn.connection_made(t)
-        loop.call_soon(order.append, "ready before")  # e.g. another stream's relay, queued by this turn
-        conn.data_received(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n{}")
-        assert order == ["handler"]  # answered in the read, before the loop's turn goes on
-        assert t.out and t.out[0].startswith(b"HTTP/1.1 200")
-        await asyncio.sleep(0)
-        assert order == ["handler", "ready before"]
-        conn.connection_lost(None)
-
-    if loop_kind == "uvloop":
-        uvloop.run(main())
-    else:
-        asyncio.run(main())
-
-
-async def test_pipelined_requests_in_one_read_are_answered_in_order():
-    srv = HttpServer(error_body, 1000)
-    gate = asyncio.get_running_loop().create_future()
-
-    async def first(req):
-        await gate  # the second waits its turn behind it, even though it is already in
-        req.respond(200, b"1")
-
-    async def second(req):
-        req.respond(200, b"2")
-
-    srv.route("GET", "/1", first)
-    srv.route("GET", "/2", second)
-    conn = _Connection(srv)
-    t = _Transport()
-    conn.connection_made(t)
-    conn.data_received(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHost: a\r\n\r\n")
-    assert t.out == []
-    gate.set_result(None)
-    for _ in range(5):
-        await asyncio.sleep(0)
-    assert [o.rsplit(b"\r\n\r\n", 1)[1] for o in t.out] == [b"1", b"2"]
-    conn.connection_lost(None)
 
 
 class _Marker:
