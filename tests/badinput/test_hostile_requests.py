@@ -68,6 +68,36 @@ CASES = [
     _case("message without role", CHAT, _j(G, messages=[{"content": "x"}]), 400, "messages[0].role"),
     _case("unknown role", CHAT, _j(G, messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role"),
     _case("content of wrong type", CHAT, _j(G, messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    # what vLLM renders as an empty turn or a tool answer to nothing, and OpenAI refuses (thirty-second session)
+    _case("user content null", CHAT, _j(G, messages=[{"role": "user", "content": None}]), 400, "messages[0].content"),
+    _case("system content null", CHAT, _j(G, messages=[{"role": "system", "content": None}, {"role": "user", "content": "q"}]),
+          400, "messages[0].content"),
+    _case("empty content array", CHAT, _j(G, messages=[{"role": "user", "content": []}]), 400, "messages[0].content"),
+    _case("content part without type", CHAT, _j(G, messages=[{"role": "user", "content": [{"text": "x"}]}]), 400,
+          "messages[0].content[0].type"),
+    _case("image part without url", CHAT, _j(G, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+          400, "messages[0].content[0].image_url.url"),
+    _case("assistant with neither content nor calls", CHAT, _j(G, messages=[{"role": "user", "content": "q"},
+          {"role": "assistant"}, {"role": "user", "content": "r"}]), 400, "messages[1].content"),
+    _case("tool message without tool_call_id", CHAT, _j(G, messages=[{"role": "user", "content": "q"},
+          {"role": "tool", "content": "42"}]), 400, "messages[1].tool_call_id"),
+    _case("function message without name", CHAT, _j(G, messages=[{"role": "user", "content": "q"},
+          {"role": "function", "content": "42"}]), 400, "messages[1].name"),
+    _case("tool_calls on a user message", CHAT, _j(G, messages=[{"role": "user", "content": "q", "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]), 400, "messages[0].tool_calls"),
+    _case("empty tool_calls", CHAT, _j(G, messages=[{"role": "user", "content": "q"},
+          {"role": "assistant", "content": None, "tool_calls": []}]), 400, "messages[1].tool_calls"),
+    _case("tool call without id", CHAT, _j(G, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+          {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]), 400, "messages[1].tool_calls[0].id"),
+    _case("tool call of another type", CHAT, _j(G, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+          {"id": "c1", "type": "custom", "function": {"name": "f", "arguments": "{}"}}]}]), 400, "messages[1].tool_calls[0].type"),
+    _case("tool call without function", CHAT, _j(G, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+          {"id": "c1", "type": "function"}]}]), 400, "messages[1].tool_calls[0].function"),
+    _case("tool call without a name", CHAT, _j(G, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"arguments": "{}"}}]}]), 400, "messages[1].tool_calls[0].function.name"),
+    _case("tool call arguments as an object", CHAT, _j(G, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]}]), 400,
+          "messages[1].tool_calls[0].function.arguments"),
     _case("empty prompt", CMPL, _j(C, prompt=[]), 400, "prompt"),
     _case("mixed prompt", CMPL, _j(C, prompt=[1, "a"]), 400, "prompt"),
     _case("prompt of wrong type", CMPL, _j(C, prompt={"a": 1}), 400, "prompt"),
@@ -159,7 +189,15 @@ def test_the_edges_of_what_is_accepted(fleet):
     for body, headers in ((_j(G, seed=2**63 - 1), JSON), (_j(C, seed=-(2**63)), JSON),
                           (_j(G), {"Content-Type": 'application/json; charset="UTF-8"'}),
                           (_j(G, tools=[{"type": "function", "function": {"name": "f", "description": "d", "strict": True,
-                                                                           "parameters": {"type": "object"}}}]), JSON)):
+                                                                           "parameters": {"type": "object"}}}]), JSON),
+                          # a tool turn answered, a legacy function call, an assistant turn of parts
+                          (_j(G, messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": None, "tool_calls": [
+                              {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                              {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "42"}]},
+                              {"role": "assistant", "function_call": {"name": "f", "arguments": "{}"}},
+                              {"role": "function", "name": "f", "content": "42"},
+                              {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+                              {"role": "user", "content": [{"type": "text", "text": "r"}]}]), JSON)):
         r = httpx.post(fleet.url + (CMPL if b'"prompt"' in body else CHAT), content=body, headers=headers, timeout=10)
         assert r.status_code == 200, r.text
     import openai

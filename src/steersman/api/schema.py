@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from steersman.api.errors import ApiError, bad_request
+from steersman.api.messages import check_message
 from steersman.api.tools import chosen_tool
 from steersman.config import DEFAULTS
 
@@ -46,6 +47,7 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    function_call: Any = None  # (the legacy form of an assistant's call: its content may then be null)
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -262,11 +264,7 @@ def decode_chat(body: bytes, max_tokens_limit: int,
         if m.role not in _ROLES:
             raise bad_request(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES))}, got {m.role[:40]!r}.",
                               f"messages[{i}].role")
-        if isinstance(m.content, list):
-            for j, part in enumerate(m.content):
-                if isinstance(part, dict) and part.get("type") == "text" and not isinstance(part.get("text"), str):
-                    raise bad_request(f"`messages[{i}].content[{j}].text` must be a string.",
-                                      f"messages[{i}].content[{j}].text")
+        check_message(i, m.role, m.content, m.tool_calls, m.tool_call_id, m.function_call, m.name)
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
     if req.response_format is not None:
