@@ -87,6 +87,18 @@ def test_the_model_list_needs_a_tenants_key_when_keys_are_configured(fleet):
         openai.OpenAI(base_url=fleet.url + "/v1", api_key="sk-wrong", max_retries=0).models.list()
 
 
+def test_the_api_description_lists_the_models_only_to_a_tenants_key(fleet):
+    """/openapi.json stays open (tools read it), but its `model` enum named the fleet's models to anyone."""
+    def model_field(headers):
+        r = httpx.get(fleet.url + "/openapi.json", headers=headers)
+        assert r.status_code == 200
+        return r.json()["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
+
+    for headers in (None, _auth("sk-wrong")):
+        assert "enum" not in model_field(headers) and "llama-3.1-8b" not in httpx.get(fleet.url + "/openapi.json").text
+    assert model_field(_auth(KEY_A))["enum"] == [MODEL]
+
+
 def test_engine_sim_admin_faults_need_its_admin_key(fleet):
     url = fleet.sims[0].url + "/admin/faults"
     assert httpx.get(url).status_code == 401

@@ -315,7 +315,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
     def _keyed(self, handler):
         """A GET of the API that needs a tenant's key when keys are configured (401 ``invalid_api_key`` otherwise),
         as OpenAI's ``/v1/models`` and vLLM's (``--api-key`` guards every ``/v1`` route) do.  ``/health`` and
-        ``/openapi.json`` stay open; ``/metrics`` and ``/admin/*`` take the admin key."""
+        ``/openapi.json`` stay open (the latter lists the models only to a tenant's key); ``/metrics`` and ``/admin/*`` take the admin key."""
         async def keyed(request: HttpRequest) -> None:
             if self._tenant_or_refuse(request) is not None:  # (ResponsesEndpoints': a 401 answered when refused)
                 await handler(request)
@@ -335,8 +335,11 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         request.respond(200, orjson.dumps(obj))
 
     async def openapi(self, request: HttpRequest) -> None:
+        """Open, as the API's description is; its list of models (the ``model`` field's enum) only with a tenant's
+        key when keys are configured, as ``/v1/models`` (the open document listed the fleet's models to anyone)."""
         assert self.fleet is not None
-        models = sorted({m for r in self.fleet.replicas for m in r.models})
+        known = not isinstance(self.tenants.authenticate(request.headers.get("authorization")), AuthError)
+        models = sorted({m for r in self.fleet.replicas for m in r.models}) if known else []
         doc = openapi_document(models, self.settings.max_tokens_limit, self.settings.max_logprobs)
         request.respond(200, orjson.dumps(doc))
 
