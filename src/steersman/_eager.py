@@ -36,15 +36,17 @@ class _Continued(Coroutine):
     where it stopped (a coroutine wrapping it would have taken the cancel unstarted, leaving it suspended forever);
     every later turn is the coroutine's own."""
 
-    __slots__ = ("coro", "first", "result", "error")
+    __slots__ = ("coro", "first", "result", "error", "started")
 
     def __init__(self, coro: Coroutine) -> None:
         self.coro = coro
         self.first: Any = _PENDING
         self.result: Any = None
         self.error: BaseException | None = None
+        self.started = False  # the coroutine has run (the step, or a turn of the task's own)
 
     def send(self, value: Any) -> Any:
+        self.started = True
         first = self.first
         if first is _PENDING:
             return self.coro.send(value)
@@ -59,11 +61,18 @@ class _Continued(Coroutine):
         return self.send(None)
 
     def throw(self, typ, val=None, tb=None):  # type: ignore[override]
+        self.started = True
         first, self.first = self.first, _PENDING
+        cancel = isinstance(typ, asyncio.CancelledError) or typ is asyncio.CancelledError
         if first is _DONE:
-            raise StopIteration(self.result)  # it had ended: the task takes the result (or the cancel)
+            if cancel:  # cancelled before its first turn: cancel() said True, so the task ends cancelled
+                self.result = None
+                raise typ
+            raise StopIteration(self.result)
         if first is _FAILED:
             self._raise()
+        if cancel and isinstance(first, asyncio.Future):  # Task.cancel() cancels what the task waits on: the
+            first.cancel()  # step left it unknown to the task (a child task awaited there is cancelled with it)
         try:
             if val is None and tb is None:
                 return self.coro.throw(typ)
@@ -92,24 +101,27 @@ def eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine) -> tuple[asynci
     """(the task, its first step): the caller keeps the task, then calls the step, which may finish the coroutine.
 
     The task exists before the step (``asyncio.current_task()`` is it during the step; a caller that must know the
-    task before any of the coroutine runs, as a connection that a finished handler starts the next request on,
-    has it) and its first scheduled turn only takes up what the step left: waiting on the future it stopped at, or
-    the result or exception it ended with."""
+    task before any of the coroutine runs has it) and its first scheduled turn only takes up what the step left:
+    waiting on the future it stopped at, or the result or exception it ended with.  The step runs once, and not
+    for a task already cancelled (its first turn then throws the cancel into the coroutine unstarted)."""
     rest = _Continued(coro)
     ctx = contextvars.copy_context()
     task = loop.create_task(rest, context=ctx)
 
     def step() -> None:
+        if rest.started or task.done() or task.cancelling():
+            return  # stepped already (or the loop starts tasks eagerly itself), or cancelled: the task's own turn
         outer = current_task(loop)  # started from inside another task's step (a handler ending serves the next
         if outer is not None:       # pipelined request): that one is set aside for the step, as 3.12 does
             _leave_task(loop, outer)
         _enter_task(loop, task)
+        rest.started = True
         try:
             rest.first = ctx.run(coro.send, None)
         except StopIteration as stop:
             rest.first, rest.result = _DONE, stop.value
-        except (KeyboardInterrupt, SystemExit) as e:  # the task ends with it, and it goes on up, as in a task's step
-            rest.first, rest.error = _FAILED, e
+        except (KeyboardInterrupt, SystemExit):  # it goes on up from here, once (the task then ends, with None)
+            rest.first = _DONE
             raise
         except BaseException as e:  # noqa: BLE001 - raised from the task, as a task's first step would
             # without this frame in its traceback: it holds the task (which will hold the exception), a cycle

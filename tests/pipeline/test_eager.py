@@ -147,3 +147,74 @@ async def test_no_reference_cycles_on_any_path():
             pass
         del task, step
     assert cyclic_garbage(lambda o: isinstance(o, _Marker)) == {}
+
+
+# ---- found by review (thirty-second session); each failed before its fix ---------------------------------------------
+
+async def test_a_cancel_before_the_first_turn_cancels_what_the_step_awaits():
+    # Task.cancel() cancels the future the task waits on; the step's future was unknown to the task, so a child
+    # task awaited there ran on to its end
+    loop = asyncio.get_running_loop()
+    ran = []
+
+    async def child():
+        await asyncio.sleep(0.05)
+        ran.append("child finished")
+
+    async def parent():
+        await asyncio.ensure_future(child())
+
+    task, step = eager_task(loop, parent())
+    step()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.1)
+    assert ran == []
+
+
+async def test_a_cancel_before_the_first_turn_of_a_finished_step_ends_it_cancelled():
+    loop = asyncio.get_running_loop()
+
+    async def done():
+        return 5
+
+    task, step = eager_task(loop, done())
+    step()
+    assert task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert task.cancelled()
+
+
+async def test_the_step_runs_once_and_not_once_cancelled():
+    loop = asyncio.get_running_loop()
+    runs = []
+
+    async def body():
+        runs.append(1)
+        await asyncio.sleep(0)
+        return len(runs)
+
+    task, step = eager_task(loop, body())
+    step()
+    step()  # (a second call resumed the coroutine outside the task: "await wasn't used with future")
+    assert await task == 1
+    task, step = eager_task(loop, body())
+    task.cancel()
+    step()  # (ran the first step, side effects and all, of a task already cancelled)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert runs == [1]
+
+
+async def test_keyboard_interrupt_in_the_step_goes_up_once():
+    loop = asyncio.get_running_loop()
+
+    async def interrupted():
+        raise KeyboardInterrupt
+
+    task, step = eager_task(loop, interrupted())
+    with pytest.raises(KeyboardInterrupt):
+        step()
+    assert await task is None  # (raised it again from the task's first turn, out of asyncio.run's cleanup)

@@ -4,6 +4,8 @@ import asyncio
 import random
 from dataclasses import replace
 
+import pytest
+
 from steersman.api.errors import ApiError
 from steersman.config import DEFAULTS
 from steersman.fleet.state import Fleet, Replica
@@ -229,3 +231,25 @@ async def test_an_attempt_with_a_deadline_starts_at_once():
     asyncio.get_running_loop().call_soon(order.append, "ready before")
     await p.handle(ctx)
     assert order[0] == "forward"
+
+
+async def test_a_client_leaving_before_the_attempts_first_turn_cancels_it():
+    # the eager attempt's first turn comes after the client's cancel: the cancel still reaches where it waits
+    cancelled = []
+
+    class _Waits(_Forward):
+        async def run(self, ctx):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(ctx.replica)
+                raise
+
+    p = Pipeline([_Schedule(3), _Waits([])], Retrier(DEFAULTS.reliability, FakeClock(), random.Random(0)))
+    outer = asyncio.ensure_future(p.handle(_ctx(LatencyBudget(deadline=30.0))))
+    await asyncio.sleep(0)  # the handler's step: the attempt started, its task's first turn still queued
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    await asyncio.sleep(0)
+    assert cancelled == [0]

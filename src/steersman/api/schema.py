@@ -47,7 +47,6 @@ class ChatMessage(msgspec.Struct):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
-    function_call: Any = None  # (the legacy form of an assistant's call: its content may then be null)
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -264,7 +263,7 @@ def decode_chat(body: bytes, max_tokens_limit: int,
         if m.role not in _ROLES:
             raise bad_request(f"`messages[{i}].role` must be one of {', '.join(sorted(_ROLES))}, got {m.role[:40]!r}.",
                               f"messages[{i}].role")
-        check_message(i, m.role, m.content, m.tool_calls, m.tool_call_id, m.function_call, m.name)
+        check_message(i, m.role, m.content, m.tool_calls, m.tool_call_id, m.name)
     name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     _check_common(req, name, req.output_limit, max_tokens_limit)
     if req.response_format is not None:
