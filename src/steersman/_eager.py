@@ -111,8 +111,8 @@ def eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine) -> tuple[asynci
     def step() -> None:
         if rest.started or task.done() or task.cancelling():
             return  # stepped already (or the loop starts tasks eagerly itself), or cancelled: the task's own turn
-        outer = current_task(loop)  # started from inside another task's step (a handler ending serves the next
-        if outer is not None:       # pipelined request): that one is set aside for the step, as 3.12 does
+        outer = current_task(loop)  # started from inside another task's step (the runner's request task): that
+        if outer is not None:       # one is set aside for the step, as 3.12 does
             _leave_task(loop, outer)
         _enter_task(loop, task)
         rest.started = True

@@ -315,7 +315,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
     def _keyed(self, handler):
         """A GET of the API that needs a tenant's key when keys are configured (401 ``invalid_api_key`` otherwise),
         as OpenAI's ``/v1/models`` and vLLM's (``--api-key`` guards every ``/v1`` route) do.  ``/health`` and
-        ``/openapi.json`` stay open (the latter lists the models only to a tenant's key); ``/metrics`` and ``/admin/*`` take the admin key."""
+        ``/openapi.json`` stay open (the latter names the models only to a tenant's key); ``/metrics`` and
+        ``/admin/*`` take the admin key."""
         async def keyed(request: HttpRequest) -> None:
             if self._tenant_or_refuse(request) is not None:  # (ResponsesEndpoints': a 401 answered when refused)
                 await handler(request)

@@ -48,7 +48,6 @@ def check_message(i: int, role: str, content: Any, tool_calls: list | None, tool
                           f"{at}.name", "missing_required_parameter")
 
 
-
 def _check_part(at: str, part: Any) -> None:
     """A typed part's own fields; a part without ``type`` is vLLM's short form (``{"image_url": "https://..."}``,
     ``chat_utils``' simple content params), left to the engine."""

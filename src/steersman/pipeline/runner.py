@@ -244,8 +244,8 @@ class Pipeline:
         return task
 
     async def _before_deadline(self, ctx: RequestContext, forward: Stage, left: float) -> Outcome:
-        # the attempt's first step (to its upstream write) runs now, not a loop turn later: a request with a
-        # deadline is the last one to queue behind the turn (``steersman._eager``)
+        # the attempt's first step (to its engine write) runs now, inside this request's step, not a loop turn
+        # later behind the other requests' steps (``steersman._eager``)
         task, step = eager_task(self._loop or asyncio.get_running_loop(), forward.run(ctx))
         step()
         timer = asyncio.ensure_future(self.retrier.clock.sleep(left))
