@@ -93,9 +93,6 @@ class _Continued(Coroutine):
     def __await__(self):
         return self
 
-    def __iter__(self):
-        return self
-
 
 def eager_task(loop: asyncio.AbstractEventLoop, coro: Coroutine) -> tuple[asyncio.Task, Callable[[], None]]:
     """(the task, its first step): the caller keeps the task, then calls the step, which may finish the coroutine.
