@@ -1,6 +1,7 @@
 """Budgets, the default admitter and the deadline feasibility check."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -51,6 +52,60 @@ def test_admitter_is_an_admitter_and_reserves_prompt_plus_expected_output():
     got = adm.admit(_req(prompt=1000, out=500), ACME, 0.0)
     assert isinstance(got, Admit) and got.reservation.tokens == 1500
     assert adm.limiter.levels("acme", 0.0) == (59.0, 4500.0)
+
+
+def test_the_token_bucket_reserves_max_tokens_not_the_expected_output():
+    """OpenAI counts max_tokens against a TPM limit on arrival: a tenant whose answers were learnt to be short
+    cannot burst requests asking for long ones past its bucket (state audit: 30 requests of max_tokens 1,000 took
+    30,660 tokens of a 2,000-token minute in 0.5 s when the reservation was the expected output)."""
+    adm = DefaultAdmitter()
+    tenant = TenantConfig("acme", PriorityClass.STANDARD, tokens_per_minute=2000)
+    short = SchedRequest(0, "m", "chat", False, "acme", PriorityClass.STANDARD, 0.0, 10, (), 1000, 1)
+    assert short.limit_tokens == 1010 and short.kv_tokens == 11
+    first = adm.admit(short, tenant, 0.0)
+    assert isinstance(first, Admit) and first.reservation.tokens == 1010
+    assert isinstance(adm.admit(short, tenant, 0.0), Throttle)  # 1,010 more do not fit the 990 left
+    adm.settle(first, used_tokens=11, now=0.0, cost_usd=0.0)  # it used 11: the rest comes back
+    assert isinstance(adm.admit(short, tenant, 0.0), Admit)
+    # a request whose max_tokens alone exceeds the bucket can never be served within it
+    huge = replace(short, max_tokens=20_000)
+    got = adm.admit(huge, tenant, 0.0)
+    assert isinstance(got, TooLarge) and got.tokens == 20_010
+    # n samples reserve max_tokens each; without max_tokens the expected output is what there is to reserve
+    assert replace(short, samples=3).limit_tokens == 3010
+    assert replace(short, max_tokens=None, expected_output=211).limit_tokens == 221
+
+
+def test_requests_in_flight_hold_their_expected_cost_against_the_budget():
+    """A burst of concurrent requests stops once their expected costs reach what is left of the budget (state
+    audit: 30 of 30 admitted after the budget was spent, 35x over, because spend was counted only at the end)."""
+    adm = DefaultAdmitter()
+    tenant = TenantConfig("acme", PriorityClass.STANDARD, budget_usd=1.0)
+    first = adm.admit(_req(prompt=128, out=128), tenant, 0.0)
+    assert first.held_usd == 0.0  # nothing has ended yet: no price to expect
+    adm.settle(first, used_tokens=256, cost_usd=0.125, now=0.0)  # model "m": 0.125 / 256 $ a token
+    assert adm.ledger.spent("acme") == 0.125
+    got = [adm.admit(_req(prompt=128, out=128, seq=i), tenant, 0.0) for i in range(1, 12)]
+    admitted = [t for t in got if isinstance(t, Admit)]
+    assert len(admitted) == 7  # 0.125 spent + 7 x 0.125 held reaches 1.0: the eighth is refused
+    assert all(t.held_usd == 0.125 for t in admitted)
+    over = got[7]
+    assert isinstance(over, OverBudget) and "in flight are expected to cost $0.875 more" in over.reason
+    adm.release(admitted[0], 0.0)  # one never ran: its hold comes back
+    assert adm.ledger.held("acme") == 0.75
+    assert isinstance(adm.admit(_req(prompt=128, out=128, seq=20), tenant, 0.0), Admit)
+    for t in admitted[1:]:  # each ends cheaper than expected: the real cost is what counts
+        adm.settle(t, used_tokens=256, cost_usd=0.0625, now=0.0)
+    assert adm.ledger.spent("acme") == 0.5 and adm.ledger.held("acme") == 0.125
+
+
+def test_a_tiny_budget_reads_in_significant_digits():
+    led = BudgetLedger()
+    led.charge("z", 2.3e-05)
+    over = led.check(TenantConfig("z", PriorityClass.BATCH, budget_usd=2e-05))
+    assert "has spent $2.3e-05 of its $2e-05 budget" in over.reason
+    led.charge("big", 12.5)
+    assert "$12.50 of its $10.00 budget" in led.check(TenantConfig("big", PriorityClass.BATCH, budget_usd=10)).reason
 
 
 def test_admitter_checks_budget_first_then_buckets():

@@ -42,6 +42,9 @@ class Admit:
 
     tenant: TenantConfig
     reservation: Reservation
+    #: the model it runs on, and the dollars its budget holds for it until it ends (:class:`BudgetLedger`)
+    model: str = ""
+    held_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,20 +94,24 @@ class DefaultAdmitter:
         over = self.ledger.check(tenant)
         if over is not None:
             return over
-        tokens = req.kv_tokens  # the prompt and every sample's expected output (settled with what it used)
+        tokens = req.limit_tokens  # the prompt and every sample's max_tokens (settled with what it used)
         got = self.limiter.reserve(tenant, tokens, now)
-        if isinstance(got, Reservation):
-            return Admit(tenant, got)
-        return got
+        if not isinstance(got, Reservation):
+            return got
+        usd = self.ledger.estimate(req.model, tokens) if tenant.budget_usd is not None else 0.0
+        self.ledger.hold(tenant.name, usd)
+        return Admit(tenant, got, req.model, usd)
 
     def settle(self, ticket: Admit, *, used_tokens: int, cost_usd: float, now: float) -> None:
         """The request ran: refund or charge the token difference, add its cost to the budget."""
         self.limiter.settle(ticket.reservation, used_tokens, now)
-        self.ledger.charge(ticket.tenant.name, cost_usd)
+        self.ledger.unhold(ticket.tenant.name, ticket.held_usd)
+        self.ledger.charge(ticket.tenant.name, cost_usd, ticket.model or None, used_tokens)
 
     def release(self, ticket: Admit, now: float) -> None:
-        """The request never ran: give back its request slot and tokens."""
+        """The request never ran: give back its request slot, tokens and the budget it held."""
         self.limiter.release(ticket.reservation, now)
+        self.ledger.unhold(ticket.tenant.name, ticket.held_usd)
 
 
 def check_deadline(deadline: float | None, predicted_finish: float, now: float, *, min_service_s: float | None = None) -> Infeasible | None:

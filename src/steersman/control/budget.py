@@ -1,12 +1,19 @@
 """Per-tenant spend in US dollars against the tenant's ``budget_usd``.
 
-A tenant whose recorded spend is at or over its budget is refused
-(:class:`OverBudget`: 429 with code ``insufficient_quota``, as OpenAI answers an
-exhausted quota; no ``Retry-After``, a budget does not refill by itself).
-Spend is charged when a request ends, with its real cost, so a tenant just
-under its budget can overshoot it by the cost of the requests it has in flight.
-The ledger lives in memory: it starts at zero with the process (persisting or
-resetting it per billing period is the caller's job, see :meth:`reset`).
+A tenant whose recorded spend, with what its requests in flight are expected to
+cost, is at or over its budget is refused (:class:`OverBudget`: 429 with code
+``insufficient_quota``, as OpenAI answers an exhausted quota; no
+``Retry-After``, a budget does not refill by itself).  Spend is charged when a
+request ends, with its real cost; until then the request holds an *estimate*
+(:meth:`BudgetLedger.hold`: its reserved tokens at the dollars per token its model's
+requests have cost so far), so a burst of concurrent requests stops once their
+estimates reach what is left of the budget: without it a tenant just under its
+budget overshot it by whatever it had in flight (a state audit: 30 concurrent
+requests admitted after the budget was spent, 35x over).  The overshoot left is
+one request's misestimate, and, before any request of its model has ended, the
+requests in flight (nothing is known of their price yet).  The ledger lives in
+memory: it starts at zero with the process (persisting or resetting it per
+billing period is the caller's job, see :meth:`reset`).
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ from typing import ClassVar
 from steersman.control.tenants import TenantConfig
 
 __all__ = ["BudgetLedger", "OverBudget"]
+
+#: smoothing of the dollars-per-token estimate of a model (the scheduler's latency EWMA weight)
+_PRICE_ALPHA = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,38 +42,80 @@ class OverBudget:
     code: ClassVar[str] = "insufficient_quota"
 
 
-class BudgetLedger:
-    """Dollars spent per tenant name."""
+def _usd(x: float) -> str:
+    """Dollars as a budget message shows them: cents above $1, else 4 significant digits (a $2e-05 budget's spend
+    read "$0.0000 of its $2e-05")."""
+    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4g}"
 
-    __slots__ = ("_spent",)
+
+class BudgetLedger:
+    """Dollars spent per tenant name, and held by the requests in flight."""
+
+    __slots__ = ("_spent", "_held", "_price")
 
     def __init__(self) -> None:
         self._spent: dict[str, float] = {}
+        self._held: dict[str, float] = {}
+        self._price: dict[str, float] = {}  # model -> dollars per token of its ended requests (EWMA)
 
     def check(self, tenant: TenantConfig) -> OverBudget | None:
-        """``None`` if the tenant may spend more, else why not."""
+        """``None`` if the tenant may spend more (its spend and its requests in flight's estimates are under its
+        budget), else why not."""
         if tenant.budget_usd is None:
             return None
         spent = self._spent.get(tenant.name, 0.0)
-        if spent >= tenant.budget_usd:
+        held = self._held.get(tenant.name, 0.0)
+        if spent + held >= tenant.budget_usd:
+            flight = f" and its requests in flight are expected to cost {_usd(held)} more" if held > 0 else ""
             return OverBudget(
-                f"tenant {tenant.name!r} has spent ${spent:.4f} of its ${tenant.budget_usd:g} budget",
+                f"tenant {tenant.name!r} has spent {_usd(spent)} of its {_usd(tenant.budget_usd)} budget{flight}",
                 spent, tenant.budget_usd,
             )
         return None
 
-    def charge(self, tenant: str, usd: float) -> None:
-        """Record ``usd`` (finite, >= 0) spent by ``tenant``."""
+    def estimate(self, model: str, tokens: int) -> float:
+        """Dollars ``tokens`` of ``model`` are expected to cost: at its requests' price so far, else the dearest
+        model's, else 0 (nothing has ended yet)."""
+        price = self._price.get(model)
+        if price is None:
+            price = max(self._price.values(), default=0.0)
+        return tokens * price
+
+    def hold(self, tenant: str, usd: float) -> None:
+        """A request of ``tenant`` expected to cost ``usd`` starts: count it until :meth:`unhold`."""
+        if usd > 0:
+            self._held[tenant] = self._held.get(tenant, 0.0) + usd
+
+    def unhold(self, tenant: str, usd: float) -> None:
+        """The request that held ``usd`` ended (then :meth:`charge` its real cost) or never ran."""
+        if usd > 0:
+            left = self._held.get(tenant, 0.0) - usd
+            if left > 1e-12:
+                self._held[tenant] = left
+            else:
+                self._held.pop(tenant, None)
+
+    def charge(self, tenant: str, usd: float, model: str | None = None, tokens: int = 0) -> None:
+        """Record ``usd`` (finite, >= 0) spent by ``tenant``; with ``model`` and the ``tokens`` it used, learn that
+        model's price per token."""
         if isinstance(usd, bool) or not isinstance(usd, (int, float)) or not math.isfinite(usd) or usd < 0:
             raise ValueError(f"cost must be a finite number of dollars >= 0, got {usd!r}")
         if usd:
             self._spent[tenant] = self._spent.get(tenant, 0.0) + float(usd)
+        if model is not None and tokens > 0:
+            p = float(usd) / tokens
+            old = self._price.get(model)
+            self._price[model] = p if old is None else old + _PRICE_ALPHA * (p - old)
 
     def spent(self, tenant: str) -> float:
         return self._spent.get(tenant, 0.0)
 
+    def held(self, tenant: str) -> float:
+        """Dollars the tenant's requests in flight are expected to cost."""
+        return self._held.get(tenant, 0.0)
+
     def reset(self, tenant: str | None = None) -> None:
-        """Forget the spend of one tenant (or of all): a new billing period."""
+        """Forget the spend of one tenant (or of all): a new billing period.  What is in flight stays held."""
         if tenant is None:
             self._spent.clear()
         else:

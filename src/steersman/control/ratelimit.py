@@ -7,9 +7,12 @@ shape of Envoy's local rate limit token bucket (``max_tokens = tokens_per_fill``
 ``fill_interval`` 60 s), refilled smoothly instead of once a minute.  Over any
 window of length T a bucket hands out at most ``rate * T + capacity``.
 
-Tokens are *reserved* at admission (prompt tokens + expected output) and
+Tokens are *reserved* at admission (prompt tokens + ``max_tokens`` for each
+sample, as OpenAI counts a request against a TPM limit; the expected output when
+the request names no ``max_tokens``: :attr:`SchedRequest.limit_tokens`) and
 *settled* when the request ends with the real usage: the difference is refunded
-(never above capacity) or charged extra.  An extra charge may leave the bucket
+(never above capacity) or charged extra.  A request whose reservation alone
+exceeds the bucket's capacity is :class:`TooLarge`.  An extra charge may leave the bucket
 in debt (a negative level); the next admission then waits until the debt and its
 own cost have refilled.  A refusal carries ``retry_after``: the seconds until
 the bucket holds enough, assuming nobody else takes from it meanwhile.

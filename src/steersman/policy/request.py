@@ -101,5 +101,14 @@ class SchedRequest:
         return self.prompt_tokens + self.samples * self.expected_output
 
     @property
+    def limit_tokens(self) -> int:
+        """What a tenant's tokens-per-minute bucket reserves for it on arrival: the prompt and each sample's
+        ``max_tokens`` (OpenAI counts ``max_tokens`` against a TPM limit when the request arrives), so a burst of
+        requests cannot take more than the bucket holds whatever they end up generating; without ``max_tokens``,
+        each sample's expected output (:attr:`kv_tokens`).  Settled with what it used."""
+        per_sample = self.expected_output if self.max_tokens is None else max(self.max_tokens, self.expected_output)
+        return self.prompt_tokens + self.samples * per_sample
+
+    @property
     def protection(self) -> float:
         return self.workflow.value if self.workflow is not None else 0.0
