@@ -332,3 +332,25 @@ def test_a_value_the_gateway_refuses_while_starting_is_a_one_line_error(capsys):
     assert e.value.exit_code == 2
     err = capsys.readouterr().err
     assert "steersman serve: " in err and "bogus" in err, err
+
+
+def test_the_banners_examples_work_as_pasted_when_api_keys_are_configured():
+    """With keys configured the examples sent api_key="unused": pasted, each was a 401 (state audit)."""
+    from steersman.cli.gateway_cmd import examples
+    from steersman.control import generate_key
+    from steersman.enginesim.app import SimServerConfig
+    from steersman.testing import LiveFleet
+
+    key, digest = generate_key()
+    extra = {"tenants": {"t": {}}, "api_keys": [{"sha256": digest, "tenant": "t"}]}
+    with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], extra=extra) as lf:
+        env = {**os.environ, "STEERSMAN_API_KEY": key}
+        curl, py = examples(lf.url, "llama-3.1-8b", keyed=True)
+        ran = subprocess.run([sys.executable, "-c", py], capture_output=True, text=True, timeout=60, env=env)
+        assert ran.returncode == 0 and len(ran.stdout.strip().splitlines()) == 1, ran.stderr
+        got = subprocess.run(["bash", "-c", curl + " -sS -w '\\n%{http_code}'"], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert got.stdout.rstrip().endswith("200") and "data: [DONE]" in got.stdout, got.stdout[-300:]
+        _, open_py = examples(lf.url, "llama-3.1-8b", keyed=False)  # what the banner printed before
+        ran = subprocess.run([sys.executable, "-c", open_py], capture_output=True, text=True, timeout=60, env=env)
+        assert ran.returncode != 0 and "401" in ran.stderr

@@ -111,9 +111,10 @@ def test_two_gateways_share_a_conversation(prefix):
         assert ops(a)[("write", "written")] >= 1 and ops(b)[("read", "found")] >= 1 and ops(a)[("read", "missing")] == 1
 
 
-def test_a_gateway_whose_store_is_down_answers_503_for_stored_turns():
+def test_a_gateway_whose_store_is_down_answers_503_for_stored_turns(caplog):
     gw = {"response_store_url": f"redis://127.0.0.1:{_free_port()}/0", "response_store_timeout_s": 0.5}
     with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], gateway=gw) as lf:
+        assert any("does not answer at start" in m for m in caplog.messages)  # said at start, not at a first write
         with openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
             assert c.responses.create(model=MODEL, input="Hi", max_output_tokens=4).output  # served; not stored
             for call in (lambda: c.responses.create(model=MODEL, input="Hi", previous_response_id="resp_x"),
@@ -121,6 +122,7 @@ def test_a_gateway_whose_store_is_down_answers_503_for_stored_turns():
                 with pytest.raises(openai.InternalServerError) as e:
                     call()
                 assert e.value.status_code == 503 and e.value.body["code"] == "store_unavailable"
+                assert "127.0.0.1" not in e.value.message and "Connection" not in e.value.message  # logged, not sent
         assert lf.gateway.store_ops.get("read", "error") == 2 and lf.gateway.store_ops.get("delete", "error") == 1
         assert lf.gateway.store_ops.get("write", "error") == 1  # the first answer's write failed (logged)
 
@@ -207,3 +209,31 @@ def test_a_hanging_store_delays_the_answer_by_its_timeout_at_most():
                 assert got.output_text and time.monotonic() - t0 < 0.3 + 0.5
     finally:
         proxy.close()
+
+
+def test_a_corrupt_record_is_answered_as_not_found_counted_and_logged(prefix, caplog):
+    """A key under the gateway's prefix that it did not write (bad JSON, another JSON shape, a conversation of
+    non-objects, a Redis hash instead of a string) was a 500 with a traceback (``decode_stored``), a retryable 503
+    naming Redis's WRONGTYPE, or a 200 whose continuation blamed the client's input; none was counted."""
+    gw = {"response_store_url": URL, "response_store_prefix": prefix}
+    with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], gateway=gw) as lf, \
+            openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
+        store = lf.gateway.response_store
+        r = redis.Redis.from_url(URL)
+        bad = {"resp_json": b"{not json", "resp_array": b"[1, 2]", "resp_noconv": b'{"response": {"id": "resp_noconv"}}',
+               "resp_int": b'{"response": {"id": "resp_int"}, "conversation": 5}',
+               "resp_items": b'{"response": {"id": "resp_items"}, "conversation": [1, "x"]}'}
+        for rid, raw in bad.items():
+            r.set(store.key("default", rid), raw)
+        r.hset(store.key("default", "resp_hash"), "a", "b")
+        r.close()
+        for rid in [*bad, "resp_hash"]:
+            with pytest.raises(openai.NotFoundError):
+                c.responses.retrieve(rid)
+            with pytest.raises(openai.NotFoundError):
+                c.responses.input_items.list(rid)
+            with pytest.raises(openai.BadRequestError) as e:  # (OpenAI's answer to an unknown previous response)
+                c.responses.create(model=MODEL, input="Hi", previous_response_id=rid, max_output_tokens=3)
+            assert e.value.body["param"] == "previous_response_id"
+        assert lf.gateway.store_ops.get("read", "corrupt") == 3 * 6
+        assert sum("corrupt" in m or "unreadable" in m for m in caplog.messages) == 3 * 6

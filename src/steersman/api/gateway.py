@@ -154,7 +154,10 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open")
         if self.tenants.open:
             log.warning("no API keys configured: the gateway is OPEN, every request runs as tenant %r", self.tenants.open_tenant.name)
+        check = getattr(self.response_store, "check", None)  # a store with IO says at start whether it answers
         await self._discover_models()
+        if check is not None:
+            await check()
         self.scraper = Scraper(self.fleet, self.settings, self.clock, on_update=self.kick)
         self.fleet.on_first_token = self.kick  # a prefill done: requests held back for one may go
         await asyncio.gather(*(self.scraper.scrape_once(r) for r in replicas))

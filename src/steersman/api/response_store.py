@@ -25,7 +25,8 @@ import orjson
 
 from steersman.clock import Clock
 
-__all__ = ["ResponseStore", "MemoryResponseStore", "Stored", "encode_stored", "decode_stored", "make_response_store"]
+__all__ = ["ResponseStore", "MemoryResponseStore", "Stored", "StoreUnavailable", "StoredCorrupt", "encode_stored",
+           "decode_stored", "make_response_store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +45,30 @@ def encode_stored(response: dict[str, Any], conversation: list[dict[str, Any]],
 
 
 def decode_stored(raw: bytes, expires: float = float("inf")) -> Stored:
-    doc = orjson.loads(raw)
-    return Stored(orjson.dumps(doc["response"]), tuple(doc["conversation"]), len(raw),
-                  input_items=tuple(doc.get("input_items", ())), expires=expires)
+    """The record :func:`encode_stored` wrote; :class:`StoredCorrupt` for anything else (a shared store's key
+    overwritten by hand or by another program: the gateway answers as for a response it does not have)."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise StoredCorrupt(f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise StoredCorrupt(f"a JSON {type(doc).__name__}, not an object")
+    response, conversation, items = doc.get("response"), doc.get("conversation"), doc.get("input_items", [])
+    if not isinstance(response, dict) or not isinstance(response.get("id"), str):
+        raise StoredCorrupt("no response object with an id")
+    for name, v in (("conversation", conversation), ("input_items", items)):
+        if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
+            raise StoredCorrupt(f"its {name} is not a list of objects")
+    return Stored(orjson.dumps(response), tuple(conversation), len(raw), input_items=tuple(items), expires=expires)
 
 
 class StoreUnavailable(Exception):
     """The store could not be read or written (its server is down): the request gets a 503."""
+
+
+class StoredCorrupt(Exception):
+    """The stored record is not one this gateway wrote: the request is answered as for a response it does not
+    have (404; retrying cannot help), the read counted ``corrupt`` and the record's key logged."""
 
 
 @runtime_checkable

@@ -19,7 +19,7 @@ import orjson
 
 from steersman.api.errors import ApiError, bad_request, unauthorized, upstream_failed
 from steersman.api.headers import tag_request_id
-from steersman.api.response_store import ResponseStore, StoreUnavailable, make_response_store
+from steersman.api.response_store import ResponseStore, StoreUnavailable, StoredCorrupt, make_response_store
 from steersman.api.responses import chat_param, parse_body, previous_id, translate_request
 from steersman.api.responses_out import ResponseBuilder, ResponseEvents
 from steersman.api.schema import body_headers_error
@@ -170,9 +170,11 @@ def _not_found(response_id: str) -> ApiError:
     return ApiError(404, f"No response found with id '{response_id}'.", "invalid_request_error", None, "not_found")
 
 
-def _store_down(e: Exception) -> ApiError:
-    return ApiError(503, f"Stored responses cannot be read right now: {e}", "server_error", None,
-                    "store_unavailable", 1.0)
+def _store_down(op: str = "read") -> ApiError:
+    """503 for a store that failed (the cause is logged by the store: its server's address is not the client's)."""
+    what = "deleted" if op == "delete" else "read"
+    return ApiError(503, f"Stored responses cannot be {what} right now: the response store is unavailable",
+                    "server_error", None, "store_unavailable", 1.0)
 
 
 class ResponsesEndpoints:
@@ -182,7 +184,7 @@ class ResponsesEndpoints:
 
     def _route_responses(self) -> None:
         self.store_ops = CounterFamily("steersman:response_store_operations", "Stored responses written, read and "
-                                       "deleted by outcome (error: the store, e.g. Redis, failed).", ["op", "outcome"])
+                                       "deleted by outcome (error: the store, e.g. Redis, failed; corrupt: a record it did not write, answered as not found).", ["op", "outcome"])
         self.metrics.registry.register(self.store_ops)
         self.response_store = make_response_store(self.settings, self.clock, self.store_ops.inc)
         self.http.route("POST", "/v1/responses", self.responses)
@@ -253,9 +255,12 @@ class ResponsesEndpoints:
     async def _stored(self, tenant: str, response_id: str):
         try:
             got = await self.response_store.get(tenant, response_id)
-        except StoreUnavailable as e:
+        except StoreUnavailable:
             self.store_ops.inc("read", "error")
-            raise _store_down(e) from None
+            raise _store_down() from None
+        except StoredCorrupt:
+            self.store_ops.inc("read", "corrupt")
+            return None
         self.store_ops.inc("read", "found" if got is not None else "missing")
         return got
 
@@ -298,12 +303,16 @@ class ResponsesEndpoints:
         response_id = request.path[len("/v1/responses/"):]
         try:
             got = await op(tenant, response_id)
-        except StoreUnavailable as e:
+        except StoreUnavailable:
             self.store_ops.inc(label, "error")
-            err = _store_down(e)
+            err = _store_down(label)
             request.respond(err.status, err.body(), extra=err.header_lines())
             return None
-        self.store_ops.inc(label, "found" if got else "missing")
+        except StoredCorrupt:
+            self.store_ops.inc(label, "corrupt")
+            got = None
+        else:
+            self.store_ops.inc(label, "found" if got else "missing")
         if not got:
             err = _not_found(response_id)
             request.respond(err.status, err.body())

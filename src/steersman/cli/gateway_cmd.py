@@ -19,6 +19,31 @@ def _default_fleet():
     return parse_fleet(load_yaml(text), "embedded default fleet")
 
 
+def examples(url: str, model: str, keyed: bool) -> tuple[str, str]:
+    """The ready-to-paste curl and Python examples of the banner; with API keys configured (``keyed``) they send
+    the key in ``$STEERSMAN_API_KEY`` (with a placeholder key they were a 401)."""
+    auth = " -H \"Authorization: Bearer $STEERSMAN_API_KEY\"" if keyed else ""
+    curl = (
+        f"curl -N {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\\n"
+        f"  -d '{{\"model\": \"{model}\", \"stream\": true, \"max_tokens\": 32, "
+        f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
+    )
+    key = "os.environ[\"STEERSMAN_API_KEY\"]" if keyed else "\"unused\""
+    py = (
+        ("import os\n" if keyed else "")
+        + "from openai import OpenAI\n"
+        f"client = OpenAI(base_url=\"{url}/v1\", api_key={key})\n"
+        f"for chunk in client.chat.completions.create(model=\"{model}\", stream=True, max_tokens=32,\n"
+        "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
+        "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
+        f"print(client.responses.create(model=\"{model}\", input=\"Hello!\", max_output_tokens=32).output_text)"
+    )
+    if keyed:
+        curl = ("# API keys are configured: export STEERSMAN_API_KEY=<a tenant's key> "
+                "(steersman keys create --tenant NAME makes one)\n" + curl)
+    return curl, py
+
+
 def _banner(gw) -> None:
     from rich.console import Console
     from rich.panel import Panel
@@ -31,19 +56,7 @@ def _banner(gw) -> None:
     for r in gw.fleet.replicas:
         t.add_row(r.name, r.engine, r.gpu or "?", r.pool, ", ".join(r.models), f"{r.price_per_hour:.2f}", r.url)
     con.print(t)
-    curl = (
-        f"curl -N {gw.url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
-        f"  -d '{{\"model\": \"{model}\", \"stream\": true, \"max_tokens\": 32, "
-        f"\"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'"
-    )
-    py = (
-        "from openai import OpenAI\n"
-        f"client = OpenAI(base_url=\"{gw.url}/v1\", api_key=\"unused\")\n"
-        f"for chunk in client.chat.completions.create(model=\"{model}\", stream=True, max_tokens=32,\n"
-        "        messages=[{\"role\": \"user\", \"content\": \"Hello!\"}]):\n"
-        "    print(chunk.choices[0].delta.content or \"\", end=\"\", flush=True)\n"
-        f"print(client.responses.create(model=\"{model}\", input=\"Hello!\", max_output_tokens=32).output_text)"
-    )
+    curl, py = examples(gw.url, model, keyed=not gw.tenants.open)
     con.print(Panel.fit(f"[bold green]steersman gateway ready[/] at [bold]{gw.url}[/]  (models: {', '.join(models)})\n"
                         f"metrics: {gw.url}/metrics   health: {gw.url}/health   Ctrl-C stops everything", title="steersman"))
     # plain print: rich would wrap the examples at the terminal width and break copy-paste

@@ -201,8 +201,12 @@ class _Connection(asyncio.Protocol):
         v = value.decode("latin-1")
         if key == "host":
             self._hosts += 1
-        elif key == "transfer-encoding" and key in self._headers:  # one list over its lines (RFC 9110 5.3)
-            v = self._headers[key] + ", " + v
+        elif key in self._headers:
+            if key == "transfer-encoding":  # one list over its lines (RFC 9110 5.3)
+                v = self._headers[key] + ", " + v
+            elif key == "authorization":  # a singleton (RFC 9110 11.6.2): which line a front proxy read is unknown
+                self._reject(400, "A request must have one Authorization header, not several.", "invalid_authorization")
+                return
         self._headers[key] = v
 
     def _count_header(self, n: int) -> None:

@@ -9,7 +9,8 @@ is part of the key, so another tenant's id is simply not there.
 reads find a pending write first, and the gateway holds the answer's last bytes until the write landed (at most
 ``response_store_timeout_s``), so a client that sends its next turn as soon as the stream ends finds it whichever
 gateway that turn reaches.  A write that fails is logged and counted (``failed_writes``); a read or delete
-that fails raises :class:`StoreUnavailable` (the gateway answers 503, which clients retry).
+that fails raises :class:`StoreUnavailable` (the gateway answers 503, which clients retry; the Redis error is
+logged, not sent); a record that is not one the gateway wrote raises :class:`StoredCorrupt` (answered 404).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
-from steersman.api.response_store import Stored, StoreUnavailable, decode_stored, encode_stored
+from steersman.api.response_store import Stored, StoreUnavailable, StoredCorrupt, decode_stored, encode_stored
 
 __all__ = ["RedisResponseStore"]
 
@@ -80,9 +81,19 @@ class RedisResponseStore:
         if raw is None:
             try:
                 raw = await self.client.get(key)
-            except (RedisError, OSError) as e:
-                raise StoreUnavailable(f"the response store (Redis) cannot be read: {e}") from None
-        return None if raw is None else decode_stored(raw)
+            except ResponseError as e:  # a data error (WRONGTYPE: not a string there): retrying cannot help
+                log.warning("stored response %r unreadable in Redis (%s): answered as not found", key, e)
+                raise StoredCorrupt(str(e)) from None
+            except (RedisError, OSError) as e:  # the details are the operator's, not the client's
+                log.warning("response store (Redis) read failed: %s", e)
+                raise StoreUnavailable("the response store cannot be read") from None
+        if raw is None:
+            return None
+        try:
+            return decode_stored(raw)
+        except StoredCorrupt as e:
+            log.warning("stored response %r in Redis is corrupt (%s): answered as not found", key, e)
+            raise
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         key = self.key(tenant, response_id)
@@ -93,8 +104,20 @@ class RedisResponseStore:
         try:
             n = await self.client.delete(key)
         except (RedisError, OSError) as e:
-            raise StoreUnavailable(f"the response store (Redis) cannot be written: {e}") from None
+            log.warning("response store (Redis) delete failed: %s", e)
+            raise StoreUnavailable("the response store cannot be written") from None
         return bool(n) or pending is not None
+
+    async def check(self) -> bool:
+        """Whether Redis answers now (a ``PING``); logs a warning naming the URL when it does not (at the gateway's
+        start: an unreachable store was first reported by the first failed write)."""
+        try:
+            await self.client.ping()
+            return True
+        except (RedisError, OSError) as e:
+            log.warning("the response store (Redis) does not answer at start (%s): stored Responses cannot be read "
+                        "or written until it does (chat is served meanwhile)", e)
+            return False
 
     async def close(self) -> None:
         if self._writing:
