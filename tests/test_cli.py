@@ -271,6 +271,7 @@ def test_defaults_piped_never_cuts_a_setting_name():
 @pytest.mark.parametrize("gateway, says", [
     ("{admin_key_sha256: notahash}", "gateway.admin_key_sha256 must be the SHA-256 hex digest"),
     ("{response_store_url: 'http://x'}", "gateway.response_store_url must be a redis://"),
+    ("{limits_url: 'http://x'}", "gateway.limits_url must be a redis://"),
 ])
 def test_serve_refuses_a_value_start_up_used_to_trip_on(tmp_path, gateway, says):
     fleet = tmp_path / "fleet.yaml"

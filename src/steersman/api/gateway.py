@@ -98,6 +98,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.fleet: Fleet | None = None
         self.scraper: Scraper | None = None
         self.prober: IdleProber | None = None
+        self.shared_limits = None  # steersman.state.shared_limits.SharedLimits with gateway.limits_url
         self.kv_events: list = []  # steersman.engines.kv_events.KvEventSubscriber, one per endpoint naming kv_events
         self.pipeline: Pipeline | None = None
         self._seq = 0
@@ -158,6 +159,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         await self._discover_models()
         if check is not None:
             await check()
+        if self.settings.limits_url:
+            await self._share_limits()
         self.scraper = Scraper(self.fleet, self.settings, self.clock, on_update=self.kick)
         self.fleet.on_first_token = self.kick  # a prefill done: requests held back for one may go
         await asyncio.gather(*(self.scraper.scrape_once(r) for r in replicas))
@@ -214,6 +217,23 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         if forget is not None:
             forget()  # the first request takes the first turn (round-robin's first replica), as in the twin
 
+    async def _share_limits(self) -> None:
+        """Tenants' rate limits and spend shared through Redis (``gateway.limits_url``), synced once before the first
+        request."""
+        from steersman.state.shared_limits import SharedLimits
+
+        adm = self.plane.admitter
+        if not isinstance(adm, DefaultAdmitter):
+            log.warning("gateway.limits_url is set but the admitter (%s) keeps no token buckets: nothing is shared",
+                        type(adm).__name__)
+            return
+        s = self.settings
+        tenants = self.tenants
+        self.shared_limits = SharedLimits(
+            s.limits_url, s.limits_prefix, s.limits_sync_s, s.limits_timeout_s, adm.limiter, adm.ledger,
+            lambda: {**tenants.tenants, tenants.open_tenant.name: tenants.open_tenant}, self.clock.now)
+        await self.shared_limits.start()
+
     async def _discover_models(self) -> None:
         assert self.fleet is not None
         for rep in self.fleet.replicas:
@@ -229,6 +249,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             await self.http.stop()
             self.stop_lifecycle()
             await self.response_store.close()
+            if self.shared_limits is not None:
+                await self.shared_limits.close()
             if self.prober is not None:
                 await self.prober.stop()
             if self.scraper is not None:

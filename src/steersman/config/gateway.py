@@ -126,6 +126,25 @@ class GatewaySettings:
         1.0, "design: a Redis read of a stored response slower than 1 s fails (503, retryable) rather than holding "
         "the request: a local Redis answers in well under a millisecond", gt=0
     )
+    limits_url: str | None = setting(
+        None, "Kong's rate limiting keeps counters in each node's memory unless its policy names Redis (APISIX's "
+        "limit-count likewise: local multiplies the quota by the instances): so do tenants' rate limits and spend "
+        "here; `redis://host:port/db` shares them among every gateway naming it (each tenant's buckets and spend "
+        "live in Redis, spend across restarts: steersman.state.shared_limits)"
+    )
+    limits_prefix: str = setting(
+        "steersman:", "design: Redis keys of shared limits start with this (several deployments, or test runs, share "
+        "one Redis server without colliding)"
+    )
+    limits_sync_s: float = setting(
+        0.1, "Kong's Rate Limiting Advanced syncs its counters with Redis every sync_rate seconds (as low as 0.02 s); "
+        "here every 100 ms, one Redis script per gateway for every tenant: the gateways together may admit what "
+        "they each see within one sync over a limit", gt=0, le=60
+    )
+    limits_timeout_s: float = setting(
+        1.0, "design: a sync with Redis slower than 1 s fails (the gateway goes on with its own limits until the "
+        "next one) rather than growing a backlog of deltas in flight", gt=0
+    )
     log_prompts: bool = setting(
         False, "prompts are user data: never logged unless asked (GDPR art. 5(1)(c) data minimisation); "
         "true logs request bodies at DEBUG"
@@ -170,9 +189,10 @@ def _check_host_and_keys(s: GatewaySettings) -> None:
     if key is not None and not _is_sha256_hex(key.strip().lower()):  # what AdminGuard compares with
         raise ValueError("admin_key_sha256 must be the SHA-256 hex digest of the admin key (64 hex digits), "
                          "not the key itself")
-    url = s.response_store_url
-    if url and not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError(f"response_store_url must be a redis://, rediss:// or unix:// URL, got {url!r}")
+    for name in ("response_store_url", "limits_url"):
+        url = getattr(s, name)
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{name} must be a redis://, rediss:// or unix:// URL, got {url!r}")
 
 
 def _is_sha256_hex(s: str) -> bool:

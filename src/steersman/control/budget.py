@@ -51,12 +51,14 @@ def _usd(x: float) -> str:
 class BudgetLedger:
     """Dollars spent per tenant name, and held by the requests in flight."""
 
-    __slots__ = ("_spent", "_held", "_price")
+    __slots__ = ("_spent", "_held", "_price", "_others", "_unsynced")
 
     def __init__(self) -> None:
         self._spent: dict[str, float] = {}
         self._held: dict[str, float] = {}
         self._price: dict[str, float] = {}  # model -> dollars per token of its ended requests (EWMA)
+        self._others: dict[str, float] = {}  # tenant -> dollars other gateways' requests in flight hold (shared)
+        self._unsynced: dict[str, float] | None = None  # spend not yet handed to the other gateways (None: not shared)
 
     def check(self, tenant: TenantConfig) -> OverBudget | None:
         """``None`` if the tenant may spend more (its spend and its requests in flight's estimates are under its
@@ -64,7 +66,7 @@ class BudgetLedger:
         if tenant.budget_usd is None:
             return None
         spent = self._spent.get(tenant.name, 0.0)
-        held = self._held.get(tenant.name, 0.0)
+        held = self._held.get(tenant.name, 0.0) + self._others.get(tenant.name, 0.0)
         if spent + held >= tenant.budget_usd:
             flight = f" and its requests in flight are expected to cost {_usd(held)} more" if held > 0 else ""
             return OverBudget(
@@ -102,6 +104,8 @@ class BudgetLedger:
             raise ValueError(f"cost must be a finite number of dollars >= 0, got {usd!r}")
         if usd:
             self._spent[tenant] = self._spent.get(tenant, 0.0) + float(usd)
+            if self._unsynced is not None:
+                self._unsynced[tenant] = self._unsynced.get(tenant, 0.0) + float(usd)
         if model is not None and tokens > 0:
             p = float(usd) / tokens
             old = self._price.get(model)
@@ -120,3 +124,31 @@ class BudgetLedger:
             self._spent.clear()
         else:
             self._spent.pop(tenant, None)
+
+    # -- shared among gateways (steersman.state.shared_limits does the IO) -------------------------------------
+
+    def share(self) -> None:
+        """Keep the spend charged here (:meth:`take_spend`) for a sync with the other gateways."""
+        if self._unsynced is None:
+            self._unsynced = {}
+
+    def take_spend(self) -> dict[str, float]:
+        """Dollars each tenant spent here since the last call."""
+        out, self._unsynced = self._unsynced or {}, {}
+        return out
+
+    def restore_spend(self, spend: dict[str, float]) -> None:
+        """Spend a failed sync could not hand over: it goes with the next one."""
+        unsynced = self._unsynced if self._unsynced is not None else {}
+        for tenant, usd in spend.items():
+            unsynced[tenant] = unsynced.get(tenant, 0.0) + usd
+        self._unsynced = unsynced
+
+    def apply_shared(self, tenant: str, spent_usd: float, others_held_usd: float) -> None:
+        """Every gateway together has spent ``spent_usd`` for ``tenant`` (with what this one handed over), and the
+        others' requests in flight hold ``others_held_usd``: the spend here is that, plus what was charged since."""
+        self._spent[tenant] = spent_usd + (self._unsynced or {}).get(tenant, 0.0)
+        if others_held_usd > 0:
+            self._others[tenant] = others_held_usd
+        else:
+            self._others.pop(tenant, None)

@@ -138,6 +138,8 @@ class RateLimiter:
             raise ValueError(f"rate_burst_s must be > 0, got {settings.rate_burst_s!r}")
         self._burst_s = settings.rate_burst_s
         self._by_tenant: dict[str, _Buckets] = {}
+        #: net [requests, tokens] each tenant took since :meth:`take_deltas` (None: not shared, nothing kept)
+        self._delta: dict[str, list[float]] | None = None
 
     def _buckets(self, tenant: TenantConfig, now: float) -> _Buckets:
         b = self._by_tenant.get(tenant.name)
@@ -166,7 +168,17 @@ class RateLimiter:
             b.requests.take(1.0, now)
         if b.tokens is not None:
             b.tokens.take(tokens, now)
+        if self._delta is not None:
+            self._moved(tenant.name, 1.0, float(tokens))
         return Reservation(tenant.name, tokens)
+
+    def _moved(self, tenant: str, requests: float, tokens: float) -> None:
+        d = self._delta.get(tenant)  # type: ignore[union-attr]
+        if d is None:
+            self._delta[tenant] = [requests, tokens]  # type: ignore[index]
+        else:
+            d[0] += requests
+            d[1] += tokens
 
     def settle(self, res: Reservation, used_tokens: int, now: float) -> None:
         """The request ended having used ``used_tokens``: refund the rest or charge the excess."""
@@ -175,6 +187,8 @@ class RateLimiter:
         b = self._finish(res)
         if b is not None and b.tokens is not None:
             b.tokens.give(res.tokens - used_tokens, now)
+        if self._delta is not None:
+            self._moved(res.tenant, 0.0, float(used_tokens - res.tokens))
 
     def release(self, res: Reservation, now: float) -> None:
         """The request never ran (shed, expired, cancelled while queued): give back the request and its tokens."""
@@ -184,6 +198,8 @@ class RateLimiter:
                 b.requests.give(1.0, now)
             if b.tokens is not None:
                 b.tokens.give(res.tokens, now)
+        if self._delta is not None:
+            self._moved(res.tenant, -1.0, -float(res.tokens))
 
     def _finish(self, res: Reservation) -> _Buckets | None:
         if res.done:
@@ -197,3 +213,35 @@ class RateLimiter:
         if b is None:
             return None, None
         return (None if b.requests is None else b.requests.level(now), None if b.tokens is None else b.tokens.level(now))
+
+    # -- shared among gateways (steersman.state.shared_limits does the IO) -------------------------------------
+
+    def share(self) -> None:
+        """Keep what each tenant takes (:meth:`take_deltas`) for a sync with the other gateways."""
+        if self._delta is None:
+            self._delta = {}
+
+    def take_deltas(self) -> dict[str, list[float]]:
+        """Net [requests, tokens] each tenant took here since the last call (refunds and releases subtracted)."""
+        out, self._delta = self._delta or {}, {}
+        return out
+
+    def restore_deltas(self, deltas: dict[str, list[float]]) -> None:
+        """Deltas a failed sync could not hand over: they go with the next one."""
+        for tenant, (r, t) in deltas.items():
+            self._moved(tenant, r, t)
+
+    def buckets_of(self, tenant: TenantConfig, now: float) -> tuple[TokenBucket | None, TokenBucket | None]:
+        """The tenant's (requests, tokens) buckets, made if need be (None where unlimited)."""
+        b = self._buckets(tenant, now)
+        return b.requests, b.tokens
+
+    def apply_shared(self, tenant: TenantConfig, requests: float | None, tokens: float | None, now: float) -> None:
+        """Every gateway's buckets for ``tenant`` hold ``requests`` / ``tokens`` (the shared levels after the deltas
+        this gateway handed over): its own buckets take them, less what it took since it handed those over."""
+        b = self._buckets(tenant, now)
+        d = (self._delta or {}).get(tenant.name, (0.0, 0.0))
+        for bucket, level, since in ((b.requests, requests, d[0]), (b.tokens, tokens, d[1])):
+            if bucket is not None and level is not None:
+                bucket._advance(now)
+                bucket._level = min(bucket.capacity, level - since)
