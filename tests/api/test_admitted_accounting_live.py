@@ -8,21 +8,11 @@ import openai
 import pytest
 
 from steersman.config.engine import EngineSettings
-from steersman.control import generate_key
 from steersman.enginesim.app import SimServerConfig
-from steersman.testing import LiveFleet
+from steersman.testing import LiveFleet, tenants_with_keys
 
 MODEL = "llama-3.1-8b"
 HI = [{"role": "user", "content": "hi"}]
-
-
-def _keys(tenants: dict) -> tuple[dict[str, str], list[dict[str, str]]]:
-    keys, entries = {}, []
-    for name in tenants:
-        k, digest = generate_key()
-        keys[name] = k
-        entries.append({"sha256": digest, "tenant": name})
-    return keys, entries
 
 
 def _client(lf: LiveFleet, key: str) -> openai.OpenAI:
@@ -31,8 +21,8 @@ def _client(lf: LiveFleet, key: str) -> openai.OpenAI:
 
 def test_a_throttled_tenants_refused_requests_do_not_evict_other_tenants_workflows():
     tenants = {"good": {}, "spam": {"requests_per_minute": 1}}
-    keys, entries = _keys(tenants)
-    extra = {"tenants": tenants, "api_keys": entries, "admission": {"workflow_max_entries": 4}}
+    keys, extra = tenants_with_keys(tenants)
+    extra["admission"] = {"workflow_max_entries": 4}
     with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], extra=extra) as lf, \
             _client(lf, keys["good"]) as good, _client(lf, keys["spam"]) as spam:
         wf = lf.gateway.workflows
@@ -59,11 +49,11 @@ def test_a_truncated_responses_call_is_one_call_to_its_workflow_and_its_rate_lim
     request from the tenant's bucket (the client got a 429 mid-sequence) and were recorded as failed calls of its
     workflow (calls 2-3 and missed for one client call)."""
     tenants = {"t": {"requests_per_minute": 4}}  # a bucket of 4 requests, refilled one per 15 s
-    keys, entries = _keys(tenants)
+    keys, extra = tenants_with_keys(tenants)
     sim = SimServerConfig(speedup=50.0, port=0, engine=EngineSettings(max_model_len=512))
     words = lambda tag: " ".join(f"{tag}{i}" for i in range(110))  # noqa: E731  (~120 tokens a turn)
     wfh = {"x-steersman-workflow-id": "task", "x-steersman-workflow-step": "1", "x-steersman-workflow-steps": "3"}
-    with LiveFleet(sims=[sim], extra={"tenants": tenants, "api_keys": entries}) as lf, _client(lf, keys["t"]) as c:
+    with LiveFleet(sims=[sim], extra=extra) as lf, _client(lf, keys["t"]) as c:
         gw = lf.gateway
         tries = []
         ended, withdrawn = gw.accounting.ended, gw.accounting.withdrawn

@@ -7,10 +7,9 @@ import httpx
 import pytest
 
 from steersman.config import EngineSettings
-from steersman.control import generate_key
 from steersman.enginesim.app import SimServerConfig
 from steersman.engines.promtext import read_samples
-from steersman.testing import LiveFleet
+from steersman.testing import LiveFleet, tenants_with_keys
 
 SYSTEM = "You are the support assistant of a large retailer. " + " ".join(f"Policy {i}: returns within {i} days." for i in range(300))
 
@@ -39,17 +38,8 @@ def test_shared_prefix_lands_on_the_replica_holding_it():
         assert met == [7.0] and 'slo_prediction="missed"' not in g, g
 
 
-def _keyed(tenants: dict) -> tuple[dict, dict]:
-    keys, entries = {}, []
-    for name in tenants:
-        k, digest = generate_key()
-        keys[name] = k
-        entries.append({"sha256": digest, "tenant": name})
-    return keys, {"tenants": tenants, "api_keys": entries}
-
-
 def test_auth_rate_limit_and_bad_headers():
-    keys, extra = _keyed({"small": {"priority": "standard", "requests_per_minute": 2}, "big": {"priority": "critical"}})
+    keys, extra = tenants_with_keys({"small": {"priority": "standard", "requests_per_minute": 2}, "big": {"priority": "critical"}})
     with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], extra=extra) as lf:
         url = lf.url + "/v1/chat/completions"
         body = {"model": "llama-3.1-8b", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -88,7 +78,7 @@ def test_infeasible_deadline_is_rejected_at_once():
 
 
 def test_saturated_fleet_queues_then_sheds_lowest_class_first():
-    keys, extra = _keyed({t: {"priority": t} for t in ("critical", "standard", "sheddable", "batch")})
+    keys, extra = tenants_with_keys({t: {"priority": t} for t in ("critical", "standard", "sheddable", "batch")})
     extra["scheduler"] = {"saturation_queue_depth": 0}  # saturated once a request waits in the engine (GIE: > depth)
     extra["admission"] = {"queue_max_entries": 2}
     with LiveFleet(sims=[SimServerConfig(speedup=20.0, port=0, engine=EngineSettings(max_num_seqs=1))], extra=extra) as lf:
@@ -143,7 +133,7 @@ def test_a_sheddable_request_no_replica_can_serve_in_time_is_refused_early_in_op
     a standard tenant's request runs (late); with a budget that can be met the sheddable one runs too."""
     import openai
 
-    keys, extra = _keyed({"spare": {"priority": "sheddable"}, "std": {"priority": "standard"}})
+    keys, extra = tenants_with_keys({"spare": {"priority": "sheddable"}, "std": {"priority": "standard"}})
     extra["scheduler"] = {"slo_classes": {"standard": {"ttft_s": 2.0, "tpot_s": 0.2},
                                           "instant": {"ttft_s": 0.001, "tpot_s": 0.2}}}
     with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0) for _ in range(2)], extra=extra) as lf:

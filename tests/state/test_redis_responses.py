@@ -7,7 +7,6 @@ import asyncio
 import socket
 import threading
 import time
-import uuid
 
 import openai
 import pytest
@@ -20,17 +19,6 @@ from steersman.testing import LiveFleet
 
 URL = "redis://127.0.0.1:6379/0"
 MODEL = "llama-3.1-8b"
-
-
-@pytest.fixture
-def prefix():
-    p = f"steersman-test-{uuid.uuid4().hex[:12]}:"
-    yield p
-    r = redis.Redis.from_url(URL)
-    keys = list(r.scan_iter(match=p + "*"))
-    if keys:
-        r.delete(*keys)
-    r.close()
 
 
 def _free_port() -> int:

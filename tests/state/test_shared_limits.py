@@ -5,43 +5,23 @@ requests admitted with two gateways and a limit of 10 a minute), and a restart d
 from __future__ import annotations
 
 import asyncio
-import socket
-import uuid
 
 import openai
 import pytest
 import redis
 
 from steersman.config.admission import AdmissionSettings
-from steersman.control import generate_key
 from steersman.control.budget import BudgetLedger
 from steersman.control.ratelimit import RateLimiter, Reservation, Throttle
 from steersman.control.tenants import TenantConfig
 from steersman.enginesim.app import SimServerConfig
 from steersman.policy.request import PriorityClass
 from steersman.state import SharedLimits
-from steersman.testing import LiveFleet
+from steersman.testing import LiveFleet, tenants_with_keys
 
 URL = "redis://127.0.0.1:6379/0"
 MODEL = "llama-3.1-8b"
 HI = [{"role": "user", "content": "hi"}]
-
-
-@pytest.fixture
-def prefix():
-    p = f"steersman-test-{uuid.uuid4().hex[:12]}:"
-    yield p
-    r = redis.Redis.from_url(URL)
-    keys = list(r.scan_iter(match=p + "*"))
-    if keys:
-        r.delete(*keys)
-    r.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Clock:
@@ -115,10 +95,10 @@ async def test_spend_is_shared_kept_across_a_restart_and_others_in_flight_count(
         await c.close()
 
 
-async def test_an_unreachable_redis_keeps_local_limits_and_hands_the_deltas_over_later(prefix, caplog):
+async def test_an_unreachable_redis_keeps_local_limits_and_hands_the_deltas_over_later(prefix, caplog, down_url):
     t = TenantConfig("t", PriorityClass.STANDARD, requests_per_minute=10)
     clock = _Clock()
-    down = _gateway(prefix, {"t": t}, clock, url=f"redis://127.0.0.1:{_free_port()}/0")
+    down = _gateway(prefix, {"t": t}, clock, url=down_url)
     try:
         assert not await down.sync() and not await down.sync()
         assert sum("unreachable" in m for m in caplog.messages) == 1  # said once per outage
@@ -129,19 +109,9 @@ async def test_an_unreachable_redis_keeps_local_limits_and_hands_the_deltas_over
         await down.client.aclose()
 
 
-def _keyed(tenants: dict) -> tuple[dict[str, str], list[dict[str, str]]]:
-    keys, entries = {}, []
-    for name in tenants:
-        k, digest = generate_key()
-        keys[name] = k
-        entries.append({"sha256": digest, "tenant": name})
-    return keys, entries
-
-
 def test_two_live_gateways_give_a_tenant_its_limit_once(prefix):
     tenants = {"rl": {"requests_per_minute": 10}, "bud": {"budget_usd": 1e-9}}
-    keys, entries = _keyed(tenants)
-    extra = {"tenants": tenants, "api_keys": entries}
+    keys, extra = tenants_with_keys(tenants)
     gw = {"limits_url": URL, "limits_prefix": prefix}
     sims = lambda: [SimServerConfig(speedup=50.0, port=0)]  # noqa: E731
     with LiveFleet(sims=sims(), gateway=gw, extra=extra) as a, LiveFleet(sims=sims(), gateway=gw, extra=extra) as b:

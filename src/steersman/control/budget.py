@@ -26,7 +26,8 @@ from steersman.control.tenants import TenantConfig
 
 __all__ = ["BudgetLedger", "OverBudget"]
 
-#: smoothing of the dollars-per-token estimate of a model (the scheduler's latency EWMA weight)
+#: how fast the dollars-per-token estimate of a model comes down (the scheduler's latency EWMA weight); it goes up
+#: at once (a request's cost per token grows with the batch it shares its engine with)
 _PRICE_ALPHA = 0.2
 
 
@@ -108,8 +109,8 @@ class BudgetLedger:
                 self._unsynced[tenant] = self._unsynced.get(tenant, 0.0) + float(usd)
         if model is not None and tokens > 0:
             p = float(usd) / tokens
-            old = self._price.get(model)
-            self._price[model] = p if old is None else old + _PRICE_ALPHA * (p - old)
+            old = self._price.get(model)  # a peak EWMA (Finagle's): up at once, down slowly; a budget is better
+            self._price[model] = p if old is None or p > old else old + _PRICE_ALPHA * (p - old)  # refused early
 
     def spent(self, tenant: str) -> float:
         return self._spent.get(tenant, 0.0)

@@ -6,8 +6,9 @@ talk to them from a test.  ``ReplayWorkload`` feeds the twin a fixed list of arr
 """
 
 from steersman.testing.clock import FakeClock
+from steersman.testing.keys import tenants_with_keys
 from steersman.testing.live import LiveFleet
 from steersman.testing.replay import ReplayWorkload, arrival, poisson
 from steersman.testing.scripted import Script, ScriptedEngine
 
-__all__ = ["FakeClock", "LiveFleet", "ReplayWorkload", "Script", "ScriptedEngine", "arrival", "poisson"]
+__all__ = ["FakeClock", "LiveFleet", "ReplayWorkload", "Script", "ScriptedEngine", "arrival", "poisson", "tenants_with_keys"]
