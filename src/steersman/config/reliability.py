@@ -103,8 +103,14 @@ class ReliabilitySettings:
         "2x of 20% still bounds retries to 40% of active requests",
     )
     throttle_k: float = setting(2.0, "Google SRE book ch. 21 client-side adaptive throttling: K = 2", gt=0)
-    throttle_window_s: float = setting(120.0, "Google SRE book ch. 21: requests and accepts over the last 2 minutes", gt=0)
-    throttle_buckets: int = setting(12, "design: the 2-minute window kept as 12 buckets of 10 s", ge=1)
+    throttle_window_s: float = setting(
+        30.0, "Envoy admission control (its client-side throttling from the SRE book) sampling_window default 30 s "
+        "(the SRE book's 2 minutes kept a 0.2 s burst of failures refusing attempts for 2 minutes after the engines "
+        "had recovered)", gt=0)
+    throttle_buckets: int = setting(12, "design: the 30 s window kept as 12 buckets of 2.5 s", ge=1)
+    throttle_max_reject: float = setting(
+        0.8, "Envoy admission control max_rejection_probability default 80%: a failing fleet still gets a fifth of "
+        "the attempts, whose answers show its recovery", gt=0, le=1)
     throttle_min_requests: int = setting(
         20, "Hystrix circuitBreaker.requestVolumeThreshold 20 (as breaker_min_requests): the SRE formula alone rejects "
         "half of all attempts after a gateway's first failure (1 request, 0 accepts: p = 1/2), a healthy replica's "
