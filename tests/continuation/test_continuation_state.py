@@ -299,3 +299,29 @@ def test_a_group_with_one_different_event_takes_the_event_parser():
         got, c = _relay_run(first + [group, w.done()])
         want, ref = _relay_run([b"".join(first) + group + w.done()])
         assert got == want and (c.text, c.tokens, c.finish_reason) == (ref.text, ref.tokens, ref.finish_reason)
+
+
+@pytest.mark.parametrize("include,stops,pieces,expect", [
+    # the stop string's end comes in the new leg's first piece: cut there (included) or at its start (not)
+    (True, ["this of"], [" than this", " of public"], " of"),
+    (False, ["this of"], [" than this", " of public"], ""),
+    # of two stop strings the one that ends first wins; a stop string wholly in the new leg is the engine's own
+    (True, ["is of", "this o"], [" than this", " of"], " o"),
+    (True, ["public"], [" than this", " of public"], None),
+    # one that ends two pieces into the leg
+    (True, ["this of pub"], [" than this", " of", " public"], " pub"),
+])
+def test_a_stop_string_the_failover_split_ends_the_stream_in_the_next_leg(include, stops, pieces, expect):
+    c = chat_cont(stop=stops, include_stop_str_in_output=include)
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    c.begin_leg()
+    for e in (w.role(), w.token(pieces[0])):
+        c.observe(payload(e))
+    c.begin_leg()  # the engine died: another replica goes on
+    out = [c.rewrite(payload(w.token(p))) for p in pieces[1:]]
+    last = orjson.loads(out[-1])["choices"][0]
+    if expect is None:
+        assert not c.stopped and last["finish_reason"] is None
+        return
+    assert c.stopped and c.finish_reason == "stop" and last["finish_reason"] == "stop"
+    assert last["delta"]["content"] == expect and c.text == pieces[0] + "".join(pieces[1:-1]) + expect

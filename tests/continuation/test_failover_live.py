@@ -195,3 +195,28 @@ def test_a_responses_stream_that_cannot_continue_ends_with_error_and_response_fa
         assert [e.type for e in events][-2:] == ["error", "response.failed"]
         assert "cannot be continued" in events[-2].message and events[-1].response.status == "failed"
         assert migrations(lf.url) == 0
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_stop_string_split_by_the_failover_ends_the_stream_as_it_would_have(openai_client, kind):
+    """Reliability audit: with ``include_stop_str_in_output`` (vLLM then holds nothing back), the dying replica sent
+    the stop string's first word and the new one its second, which it alone could not match: the stream went on 24
+    tokens past the stop to max_tokens, finish ``length``."""
+    with LiveFleet(sims=sims(2), policy="round-robin") as lf:
+        client = openai_client(lf.url)
+        run = chat if kind == "chat" else completion
+        body = (dict(messages=[{"role": "user", "content": "Describe the river delta."}]) if kind == "chat"
+                else dict(prompt="The river delta is"))
+        base = run(client, model=MODEL, max_tokens=55, extra_body={"ignore_eos": True}, **body)
+        k = next(i for i in range(20, 50) if base.pieces[i].strip() and base.pieces[i + 1].strip()
+                 and (base.pieces[i] + base.pieces[i + 1]).strip() not in base.text[: sum(map(len, base.pieces[:i + 1]))])
+        stop = (base.pieces[k] + base.pieces[k + 1]).strip()
+        kw = dict(model=MODEL, max_tokens=55, stop=[stop], stream_options={"include_usage": True},
+                  extra_body={"ignore_eos": True, "include_stop_str_in_output": True}, **body)
+        ref = run(client, **kw)  # (round-robin: replica 1 served base, replica 0 this one)
+        assert ref.finish == "stop" and ref.text.endswith(stop) and len(ref.pieces) == k + 2
+        _die(lf, 0, after=k + 1)  # the stop string's first word is the last token it sends
+        got = run(client, **kw)
+        assert got.text == ref.text and got.finish == "stop"
+        assert got.usage.completion_tokens == ref.usage.completion_tokens
+        assert migrations(lf.url) == 1

@@ -98,7 +98,7 @@ class Continuation(Legs):
 
     __slots__ = ("chat", "allowed", "reason", "id", "created", "model", "texts", "tokens", "leg_start",
                  "finish_reason", "usage", "usage_sent", "done", "legs", "include_usage", "limit", "prompt_tokens",
-                 "last_sent", "_body", "_head", "_fh", "_ft")
+                 "last_sent", "_body", "_head", "_fh", "_ft", "_stops", "_tail", "_leg_text", "stopped")
 
     def __init__(self, req: ChatCompletionRequest | CompletionRequest, body: bytes, prompt_tokens: int | None) -> None:
         self.chat = isinstance(req, ChatCompletionRequest)
@@ -120,6 +120,10 @@ class Continuation(Legs):
         self.prompt_tokens = prompt_tokens  # the original prompt's tokens, when the gateway knows them exactly
         self._head: tuple[Any, Any, Any] | None = None
         self._fh = self._ft = b""  # a plain token event's bytes around its text (see _learn)
+        # stop strings a continuation leg's first text may complete across the failover (Legs.rewrite)
+        self._stops: tuple[tuple[str, ...], bool] | None = None  # (stop strings, include_stop_str_in_output)
+        self._tail = self._leg_text = ""
+        self.stopped = False  # the gateway ended the stream on a stop string the failover split
 
     # ---- relaying ------------------------------------------------------------------------------
     @property

@@ -64,6 +64,41 @@ class Legs:
         """A replica starts serving this stream (the first, or a continuation)."""
         self.legs += 1
         self.leg_start = self.tokens
+        if self.legs > 1:
+            if self._stops is None:
+                body = msgspec.json.decode(self._body, type=dict[str, msgspec.Raw])
+                stop = _value(body, "stop")
+                stops = (stop,) if isinstance(stop, str) else tuple(x for x in stop or () if isinstance(x, str) and x)
+                self._stops = (stops, bool(_value(body, "include_stop_str_in_output")))
+            longest = max(map(len, self._stops[0]), default=0)
+            # the emitted text's end that a stop string may begin in and this leg's text end (the new engine
+            # matches only its own output: "... than this" + " of" never matched "this of")
+            self._tail = self.text[len(self.text) - longest + 1:] if longest > 1 else ""
+            self._leg_text = ""
+
+    def _straddled(self, text: str) -> str | None:
+        """This leg's next ``text`` against the stop strings begun before the failover: None if none completes in
+        it, else what of ``text`` the client gets (up to the stop string's end when it is to be included, else up
+        to its start: the engine would have held back its beginning, as vLLM does while a stop string may form)."""
+        tail, before = self._tail, self._leg_text
+        window = tail + before + text
+        n = len(tail)
+        best = None
+        for stop in self._stops[0]:  # type: ignore[index]
+            i = window.find(stop, max(0, n - len(stop) + 1))
+            while 0 <= i < n:  # begins before the failover; ends in this leg
+                end = i + len(stop)
+                if end > n and (best is None or end < best[1]):
+                    best = (i, end)
+                    break
+                i = window.find(stop, i + 1)
+        if best is None:
+            self._leg_text = before + text
+            if len(self._leg_text) >= n:  # past the tail: a stop string from here on is the engine's own to match
+                self._tail = ""
+            return None
+        cut = (best[1] if self._stops[1] else best[0]) - n - len(before)  # type: ignore[index]
+        return text[: max(0, cut)]
 
     def rewrite(self, payload: bytes) -> bytes | None:
         """A continuation leg's event as the client must see it (None: drop it)."""
@@ -85,6 +120,8 @@ class Legs:
                 role_chunk = True
         if role_chunk and all(_empty_chat_choice(ch) for ch in choices) and obj.get("usage") is None:
             return None  # the continuation's own role chunk: the client already had one
+        if self._tail and len(choices) == 1 and isinstance(choices[0], dict):
+            self._stop_across(choices[0])
         usage = obj.get("usage")
         if usage is not None:
             obj["usage"] = self.whole_usage(usage)
@@ -94,6 +131,22 @@ class Legs:
         elif "usage" in obj and not self.include_usage:
             del obj["usage"]
         return orjson.dumps(obj)
+
+    def _stop_across(self, ch: dict) -> None:
+        """End the stream at a stop string the failover split (its text cut, finish ``stop``; ``stopped``)."""
+        d = ch.get("delta") if self.chat else None
+        holder, key = (d, "content") if self.chat else (ch, "text")
+        text = holder.get(key) if isinstance(holder, dict) else None
+        if not isinstance(text, str) or not text:
+            return
+        kept = self._straddled(text)
+        if kept is None:
+            return
+        holder[key] = kept
+        ch["finish_reason"] = self.finish_reason = "stop"
+        if self.texts and self.texts[-1] == text:  # (what observe_leg recorded: the client gets ``kept``)
+            self.texts[-1] = kept
+        self.stopped = True
 
     def observe_leg(self, payload: bytes) -> None:
         """Validate and record a continuation leg's event (its own head and usage are not the stream's)."""

@@ -146,12 +146,17 @@ class _Relay:
                 q = cont.rewrite(p)
                 if q is not None:
                     kept.append(q)
-                if cont.done:
+                if cont.done or cont.stopped:
                     break
         except BadEvent as e:
             if kept:
                 self.write(_frame(kept))
             self.fail(str(e))
+            return
+        if cont.stopped and not cont.done:  # a stop string the failover split: the stream ends here, as it would have
+            sched = self.ctx.sched
+            self.write((_frame(kept) if kept else b"") + cont.closing_events(sched.prompt_tokens if sched is not None else None))
+            self.ex.abort()  # the engine goes on past it: stop it (the relay ends the stream once the exchange is)
             return
         if kept:
             self.write(_frame(kept))
