@@ -79,3 +79,33 @@ async def _whole_on(gw, replica: int) -> int:
 
 async def _counts(gw):
     return dict(gw.pipeline.retrier.counts.values)
+
+
+def test_a_replica_hung_under_whole_responses_alone_is_ejected():
+    """Reliability audit: with no stream in flight anywhere, a hung replica's non-streamed requests waited for the
+    client's timeout (90 s there) and it was never ejected: only requests awaiting a first token counted as a
+    stall, and a whole response shows none."""
+    gc.collect()
+    sims = [SimServerConfig(speedup=SPEEDUP, port=0) for _ in range(3)]
+    rel = scaled(latency_floor_ttft_s=2.0 / SPEEDUP)
+    with LiveFleet(sims=sims, policy="round-robin", extra={"reliability": rel}) as lf:
+        gw = lf.gateway
+
+        async def whole():
+            async with httpx.AsyncClient(timeout=30.0) as http:
+                async def one(k: int):
+                    await asyncio.sleep(0.05 * k)  # one every 50 ms, over 1.2 s
+                    t0 = time.monotonic()
+                    r = await http.post(lf.url + "/v1/chat/completions", json=body(f"{k} whole answer", 40))
+                    return r.status_code, time.monotonic() - t0
+                return await asyncio.gather(*(one(k) for k in range(WHOLE)))
+
+        fault(lf.sims[1].url, hang=True)
+        wt, wbox = background(whole)
+        until(lambda: lf.call(_blocked, gw, 1), "the hung replica is ejected", timeout=10.0)
+        answers = result(wt, wbox, timeout=30.0)
+        fault(lf.sims[1].url)
+        counts = lf.call(_counts, gw)
+    assert [s for s, _ in answers] == [200] * WHOLE
+    assert max(t for _, t in answers) < 10.0, sorted(t for _, t in answers)[-3:]
+    assert counts.get(("evicted",), 0) >= 1, counts

@@ -225,12 +225,23 @@ def test_a_stream_served_to_its_end_is_progress():
     assert snap.stall[2] == pytest.approx(0.07) and snap.blocked_until[2] <= snap.time
 
 
-def test_a_non_streamed_request_is_not_watched_for_a_first_token():
+def test_a_non_streamed_request_is_watched_for_its_answer_not_a_first_token():
+    """Reliability audit: a replica that hung under whole responses alone was never ejected (a whole response
+    shows no first token); it is judged now by when its answers were predicted, or by its engine's progress."""
     fleet, clock = _stall_fleet()
     clock._now = 10.0
-    fleet.begin(2, streamed=False)  # its response comes whole: no first token to await
+    t = fleet.begin(2, streamed=False)  # its response comes whole: no first token to await, an answer to
+    fleet.expect_answer(t, 6.0)  # predicted to take 6 s (a long answer)
     snap = _at(fleet, clock, 15.0)
-    assert snap.stall[2] == 0.0 and snap.blocked_until[2] <= snap.time
+    assert snap.stall[2] == 0.0  # not a stall of the saturation's (its row counts first tokens awaited)
+    assert snap.blocked_until[2] <= snap.time  # within what its answer was predicted to take (x the outlier ratio)
+    fleet.output_at[2] = 40.0  # its engine's work counter rose at 40 s (a scrape): progress
+    assert _at(fleet, clock, 45.0).blocked_until[2] <= 45.0
+    snap = _at(fleet, clock, 10.0 + 6.0 * S.latency_outlier_ratio + 40.0)  # long past it, no progress since 40 s
+    assert snap.blocked_until[2] > snap.time
+    fleet.first_token(t)  # it came after all (the ejection stands; nothing is awaited there any more)
+    fleet.end(t, 10, streamed=False)
+    assert np.isnan(fleet.whole_since()[2])
 
 
 def test_a_scrape_sweeps_too_with_no_traffic():

@@ -77,6 +77,8 @@ class Accounting:
         ticket = fleet.begin(i, uncached, self._blocks(req), route.predicted_ttft_s, route.predicted_tpot_s, req.stream,
                              route.tpot_target_s, req.prompt_tokens)
         fleet.expect_first_token(ticket, route.expected_ttft_s)  # NaN (a policy that does not predict): nothing
+        if not req.stream:
+            fleet.expect_answer(ticket, route.expected_e2e_s)
         if fleet.caches_after_prefill[i]:  # llama.cpp: the request takes a slot; the prompt is reusable once it is free
             e2e = route.expected_e2e_s
             due = ticket.started + e2e if e2e == e2e else math.inf

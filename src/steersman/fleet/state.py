@@ -67,6 +67,10 @@ class Fleet(FleetLearning):
         self.output_at = np.full(n, -np.inf)
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self._expected: list[dict[int, float]] = [{} for _ in range(n)]  # awaiting ticket key -> predicted TTFT
+        # whole (non-streamed) responses in flight, which show no first token: ticket key -> predicted end-to-end
+        # seconds (0: none); their replica's stall counts from the oldest's dispatch (or the last one answered)
+        self._whole: list[dict[int, float]] = [{} for _ in range(n)]
+        self._whole_since = np.full(n, np.nan)
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
         self._prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
         self._residency = settings.prefix_residency
@@ -93,6 +97,7 @@ class Fleet(FleetLearning):
         self._guard = guard
         if guard is not None:
             guard.outliers.stall_allowance = self.expected_first_token
+            guard.outliers.whole_since = self.whole_since
             guard.outliers.last_output = self.last_output
 
     def streamed(self, index: int, now: float) -> None:
@@ -111,12 +116,27 @@ class Fleet(FleetLearning):
         if seconds > 0.0 and t.key in self._awaiting[t.replica]:
             self._expected[t.replica][t.key] = seconds
 
+    def expect_answer(self, t: Ticket, seconds: float) -> None:
+        """``t`` is a whole response predicted ``seconds`` (end to end) after its dispatch: until then its replica's
+        stall is no outlier (see expected_first_token)."""
+        whole = self._whole[t.replica]
+        if seconds > 0.0 and t.key in whole:
+            whole[t.key] = seconds
+
     def expected_first_token(self, index: int) -> float:
-        """The TTFT predicted for the oldest request of ours awaiting a first token on ``index`` (0: none, or not
-        predicted).  The oldest only: later ones were predicted with the stall so far in (a hung replica's
-        predictions grow with its stall, so they would excuse it for ever)."""
-        waiting = self._awaiting[index]
-        return self._expected[index].get(next(iter(waiting)), 0.0) if waiting else 0.0
+        """The TTFT predicted for the oldest request of ours awaiting a first token on ``index``, or the end-to-end
+        latency predicted for its oldest whole response, whichever is longer (0: none, or not predicted).  The
+        oldest only: later ones were predicted with the stall so far in (a hung replica's predictions grow with its
+        stall, so they would excuse it for ever)."""
+        waiting, whole = self._awaiting[index], self._whole[index]
+        first = self._expected[index].get(next(iter(waiting)), 0.0) if waiting else 0.0
+        return max(first, next(iter(whole.values()))) if whole else first
+
+    def whole_since(self) -> np.ndarray:
+        """Per replica, since when it has held whole responses of ours without answering one (NaN: none in flight):
+        the reliability guard's stall rule reads it beside the streams' ``stalled_since`` row (a hung replica
+        answering nothing was never ejected when its requests were not streamed: reliability audit)."""
+        return self._whole_since
 
     prefix = property(lambda self: self._prefix)
 
@@ -215,6 +235,11 @@ class Fleet(FleetLearning):
                 live[S.STALLED_SINCE, index] = now
             waiting[t.key] = now
             live[S.AWAITING, index] = len(waiting)
+        else:  # it awaits its answer: the stall rule's too (not the saturation's: it may be decoding already)
+            whole = self._whole[index]
+            if not whole:
+                self._whole_since[index] = now
+            whole[t.key] = 0.0
         if self.guard is not None:
             self.guard.dispatched(index, t.key, now)
         return t
@@ -240,6 +265,7 @@ class Fleet(FleetLearning):
         if self.on_first_token is not None:
             self.on_first_token()
         if not t.streamed:
+            self._answered(t, now)
             return  # the whole response, not a first token: no TTFT to learn from
         ttft = now - t.started
         self._ewma(S.TTFT_EWMA, t.replica, ttft, now)
@@ -286,6 +312,8 @@ class Fleet(FleetLearning):
                 del res[t.tpot_target]
                 live[S.RESIDENT_TPOT, i] = min(res, default=0.0)
         tpot = None
+        if not t.streamed:
+            self._answered(t, None)
         if t.first_at is None:
             live[S.PENDING_PREFILL, i] -= t.uncached
             live[S.PENDING_PAIRS, i] -= t.pairs
@@ -307,6 +335,16 @@ class Fleet(FleetLearning):
                 if live[S.FAIL_SHARE, i] > 0.0:  # a success only lowers it (a zero share rises at a failure or scrape)
                     live[S.FAIL_SHARE, i] = self.guard.failure_share(i, now)
         return cost
+
+    def _answered(self, t: Ticket, now: float | None) -> None:
+        """The whole response ``t`` is no longer awaited; ``now``: it came (progress on its replica)."""
+        whole = self._whole[t.replica]
+        if whole.pop(t.key, None) is None:
+            return
+        if not whole:
+            self._whole_since[t.replica] = math.nan
+        elif now is not None:
+            self._whole_since[t.replica] = now
 
     def _progress(self, t: Ticket, now: float | None) -> None:
         """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica).

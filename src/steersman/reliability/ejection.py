@@ -74,6 +74,9 @@ class OutlierDetector:
         #: replica -> the predicted TTFT of the oldest request awaiting a first token there (0: none
         #: predicted); a stall is judged against it too (set by the fleet: Fleet.expected_first_token)
         self.stall_allowance = None
+        #: optional () -> per replica, since when it has held whole responses without answering one (NaN: none):
+        #: a stall as much as requests awaiting a first token (set by the fleet)
+        self.whole_since = None
         #: now -> per replica, when a stream of ours there last got an event from its engine (set by the fleet:
         #: Fleet.last_output); None: stalls are judged from ``stalled_since`` alone
         self.last_output = None
@@ -152,6 +155,10 @@ class OutlierDetector:
         active = self.until <= now
         judged = active & (self.samples >= s.latency_min_samples)
         since = np.asarray(stalled_since, dtype=float)
+        whole = None
+        if self.whole_since is not None:
+            whole = self.whole_since()
+            since = np.fmin(since, whole)  # (NaN where neither waits)
         stalls = np.nan_to_num(np.maximum(now - since, 0.0))
         if self.last_output is not None and (stalls >= s.latency_floor_ttft_s).any():
             # progress can only shorten a stall: asked only when one is past the floor (a twin computes it)
@@ -165,9 +172,12 @@ class OutlierDetector:
         for i in np.flatnonzero(maybe):
             peers = judged.copy()
             peers[i] = False
-            if not peers.any():
+            if peers.any():
+                ref_ttft = float(np.median(self.ttft[peers]))  # judged peers have a TTFT
+            elif whole is not None and whole[i] == whole[i]:  # whole responses alone (no TTFT anywhere): judged
+                ref_ttft = 0.0  # against the floor, the other replicas' stalls and its own predicted answers
+            else:
                 continue
-            ref_ttft = float(np.median(self.ttft[peers]))  # judged peers have a TTFT
             ref_tpot = float(np.nanmedian(self.tpot[peers])) if np.isfinite(self.tpot[peers]).any() else math.nan
             others = active.copy()
             others[i] = False
