@@ -100,3 +100,57 @@ def test_an_answered_probe_breaks_a_run_of_failures():
         else:
             g.probe_answered(1)
     assert not g.state(1, 20.0)["ejected"] and g.outliers.consecutive[1] == 1  # (the last one failed)
+
+
+def test_an_ejected_replica_that_serves_again_makes_room_when_the_cap_holds_back_a_hung_one():
+    """Reliability audit: replica 0 ejected (then recovered, but out for its 30 s), replica 1 hangs: its ejection
+    was refused by max_ejection_percent (one of three) and its waiting requests waited out replica 0's ejection
+    (29 s, against 2.4 s without it).  While the cap refuses an ejection, the ejected replicas are probed, and one
+    that answers comes back, making room."""
+    g = ReplicaGuard(3, S, alpha=0.3)
+    assert g.probe_timed_out(0, 10.0, "no answer to an idle probe in 4s")
+    assert not g.probe_ejected(12.0).any()  # no pressure on the cap: an ejection runs its course
+    assert not g.outliers.eject(1, 12.0, "no first token for 3s")  # the cap (1 of 3) refuses it
+    assert g.probe_ejected(12.1).tolist() == [True, False, False]
+    assert g.probe_answered(0, 12.2)  # replica 0 serves again: back at once
+    assert not g.state(0, 12.2)["ejected"]
+    assert g.outliers.eject(1, 12.3, "no first token for 3s")  # room for the hung one
+    later = 12.0 + 10 * S.outlier_sweep_s + 0.01  # (each sweep refusing an ejection renews the pressure)
+    assert not g.probe_ejected(later).any()  # the pressure passed
+    assert not g.probe_answered(1, later) and g.state(1, later)["ejected"]  # (no pressure now: it stays out)
+
+
+def test_the_prober_asks_an_ejected_replica_only_under_the_caps_pressure():
+    import asyncio
+
+    from steersman.fleet.prober import IdleProber
+    from steersman.fleet.state import Fleet, Replica
+    from steersman.testing.clock import FakeClock
+
+    clock = FakeClock(start=100.0)
+    reps = [Replica(i, f"r{i}", f"http://127.0.0.1:{9000 + i}", "openai", "H100", ("m",), "p", 1.0, 1, None)
+            for i in range(3)]
+    fleet = Fleet(reps, clock)
+    fleet.guard = g = ReplicaGuard(3, S, alpha=0.3)
+    prober = IdleProber(fleet, S, clock)
+    asked: list[int] = []
+
+    async def probe(rep, sent):
+        asked.append(rep.index)
+    prober._probe = probe  # (the IO edge: which replicas it asks is the question here)
+
+    async def run():
+        g.probe_timed_out(0, 100.0, "hung")
+        clock._now = 106.0
+        prober.tick()
+        await asyncio.sleep(0)
+        first = sorted(asked)
+        asked.clear()
+        prober.state.sent_at[:] = math.nan  # (the first tick's probes judged)
+        clock._now = 112.0
+        g.outliers.eject(1, 111.9, "stall")  # refused for the cap (each sweep while replica 1 stalls)
+        prober.tick()
+        await asyncio.sleep(0)
+        return first, sorted(asked)
+    first, second = asyncio.run(run())
+    assert 0 not in first and 0 in second, (first, second)

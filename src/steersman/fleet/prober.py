@@ -54,6 +54,8 @@ class IdleProber:
         now = self.clock.now()
         guard = fleet.guard
         eligible = fleet.in_rotation()
+        if guard is not None:  # an ejected replica holding the place a hung one needs is asked too
+            eligible |= guard.probe_ejected(now) & fleet.routable
         for i in np.flatnonzero(eligible):
             rep = fleet.replicas[i]
             if _model(rep) is None or not getattr(rep.adapter, "idle_probe", True):
@@ -93,8 +95,9 @@ class IdleProber:
         guard = self.fleet.guard
         if ok and self.state.answered(rep.index, now, sent):
             self.counts.inc(rep.name, "ok")
-            if guard is not None:
-                guard.probe_answered(rep.index)
+            if guard is not None and guard.probe_answered(rep.index, now):
+                log.warning("replica %s: answered an idle probe while ejected, and the ejection cap held back another "
+                            "replica's ejection: back in rotation now", rep.name)
         elif not ok and self.state.failed(rep.index, sent):
             self.counts.inc(rep.name, "error")
             if guard is not None:

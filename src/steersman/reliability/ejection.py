@@ -74,6 +74,8 @@ class OutlierDetector:
         #: replica -> the predicted TTFT of the oldest request awaiting a first token there (0: none
         #: predicted); a stall is judged against it too (set by the fleet: Fleet.expected_first_token)
         self.stall_allowance = None
+        #: when an ejection was last refused because max_ejection_percent was reached (-inf: never)
+        self.capped_at = -math.inf
         #: optional () -> per replica, since when it has held whole responses without answering one (NaN: none):
         #: a stall as much as requests awaiting a first token (set by the fleet)
         self.whole_since = None
@@ -114,6 +116,7 @@ class OutlierDetector:
 
     def eject(self, i: int, now: float, reason: str) -> bool:
         if int((self.until > now).sum()) >= self.max_ejected():
+            self.capped_at = now  # refused for the cap: an ejected replica that serves again should make room
             return False
         self._decay(i, now)
         self.count[i] += 1

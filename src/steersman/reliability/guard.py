@@ -154,12 +154,30 @@ class ReplicaGuard:
         self._ejected(i)
         return True
 
-    def probe_answered(self, i: int) -> None:
+    def probe_ejected(self, now: float) -> np.ndarray:
+        """Per replica, whether an idle probe should ask it although it is ejected: while the ejection cap
+        (``max_ejection_percent``) has refused another replica's ejection within the last sweep interval x 10, an
+        ejected replica that serves again is holding the place a hung one needs (its waiting requests stay stuck
+        there for the rest of the other's ejection: 29 s instead of 2.4 s in a reliability audit)."""
+        o = self.outliers
+        if now - o.capped_at > 10 * self.s.outlier_sweep_s:
+            return np.zeros(o.n, dtype=bool)
+        return o.until > now
+
+    def probe_answered(self, i: int, now: float | None = None) -> bool:
         """An idle probe was answered: progress, as a whole answer is (a replica back from an ejection leaves
         probation), and a success (a failed probe counts among the consecutive failures: a replica answering 3
-        probes in 4 was ejected for "5 consecutive failures" after 20)."""
+        probes in 4 was ejected for "5 consecutive failures" after 20).  An ejected replica asked because the cap
+        held back another ejection (:meth:`probe_ejected`) comes back at once (Envoy's
+        successful_active_health_check_uneject_host: an inference probe answered, not a scrape, shows it serves).
+        True if it came back."""
+        o = self.outliers
+        back = now is not None and o.until[i] > now and now - o.capped_at <= 10 * self.s.outlier_sweep_s
+        if back:
+            o.uneject(i, now)
         self.outliers.success(i)
         self._progressed(i)
+        return back
 
     # ---- introspection -----------------------------------------------------------------------
     def state(self, i: int, now: float) -> dict:
