@@ -109,3 +109,33 @@ def test_a_replica_hung_under_whole_responses_alone_is_ejected():
     assert [s for s, _ in answers] == [200] * WHOLE
     assert max(t for _, t in answers) < 10.0, sorted(t for _, t in answers)[-3:]
     assert counts.get(("evicted",), 0) >= 1, counts
+
+
+def test_a_fleet_frozen_all_at_once_answers_504_not_never():
+    """Reliability audit: every replica hung, no deadline asked: a streamed and a whole request got no byte for
+    150 s (the stall rule never ejects the whole fleet).  An attempt whose replica shows no progress for
+    stream_idle_timeout_s (and 3x its prediction) is a failure of that replica: retried elsewhere, then 504."""
+    gc.collect()
+    sims = [SimServerConfig(speedup=SPEEDUP, port=0) for _ in range(2)]
+    rel = scaled(latency_floor_ttft_s=2.0 / SPEEDUP, stream_idle_timeout_s=1.0)
+    with LiveFleet(sims=sims, policy="round-robin", extra={"reliability": rel}) as lf:
+        for s in lf.sims:
+            fault(s.url, hang=True)
+
+        async def both():
+            async with httpx.AsyncClient(timeout=30.0) as http:
+                async def one(stream: bool):
+                    t0 = time.monotonic()
+                    r = await http.post(lf.url + "/v1/chat/completions", json={**body("frozen", 8), "stream": stream})
+                    return r.status_code, r.text, time.monotonic() - t0
+                return await asyncio.gather(one(False), one(True))
+
+        th, box = background(both)
+        (whole, whole_text, whole_s), (stream, stream_text, stream_s) = result(th, box, timeout=30.0)
+        for s in lf.sims:
+            fault(s.url)
+        counts = lf.call(_counts, lf.gateway)
+    assert whole == 504 and "no progress" in whole_text and "upstream_timeout" in whole_text, whole_text
+    assert "no progress" in stream_text and (stream == 504 or "upstream_timeout" in stream_text), stream_text
+    assert max(whole_s, stream_s) < 15.0, (whole_s, stream_s)
+    assert counts.get(("attempt_idle",), 0) >= 2, counts

@@ -132,6 +132,11 @@ class Fleet(FleetLearning):
         first = self._expected[index].get(next(iter(waiting)), 0.0) if waiting else 0.0
         return max(first, next(iter(whole.values()))) if whole else first
 
+    def expected_of(self, t: Ticket) -> float:
+        """What ``t`` was predicted to take before its first token (a stream) or its answer (a whole response):
+        seconds after its dispatch, 0 when not predicted or no longer awaited."""
+        return self._expected[t.replica].get(t.key, 0.0) or self._whole[t.replica].get(t.key, 0.0)
+
     def whole_since(self) -> np.ndarray:
         """Per replica, since when it has held whole responses of ours without answering one (NaN: none in flight):
         the reliability guard's stall rule reads it beside the streams' ``stalled_since`` row (a hung replica

@@ -94,6 +94,7 @@ class Pipeline:
         self._evicted: set[RequestContext] = set()  # attempts abandoned because their replica was ejected
         self._tasks: dict[RequestContext, asyncio.Task] = {}  # attempt -> the task running it (for eviction)
         self._cancelling: set[RequestContext] = set()  # attempts cancelled by an eviction (not by the client)
+        self._stuck: dict[RequestContext, float] = {}  # attempts cancelled as stuck -> their replica's quiet seconds
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def handle(self, ctx: RequestContext) -> None:
@@ -224,15 +225,20 @@ class Pipeline:
             if ctx not in self._cancelling:
                 raise
             self._cancelling.discard(ctx)
+            quiet = self._stuck.pop(ctx, None)
             if self._tasks[ctx].uncancel() > 0:
                 raise  # cancelled for another reason too (the client left)
             name = self.fleet.replicas[i].name if self.fleet is not None else str(i)
+            if quiet is not None:  # a verdict on the replica (not an eviction): retried elsewhere, 504 at the end
+                return Fail(ApiError(504, f"Engine {name} showed no progress for {quiet:.3g} s while this request "
+                                     "waited for its answer.", "server_error", None, "upstream_timeout"), Retry.SAFE)
             return Fail(upstream_failed(f"Engine {name} was taken out of rotation before it answered", 502), Retry.SAFE)
         finally:
             if active is not None:
                 active.discard(ctx)
                 self._tasks.pop(ctx, None)
                 self._cancelling.discard(ctx)
+                self._stuck.pop(ctx, None)
 
     def _current_task(self) -> asyncio.Task:
         # asyncio.current_task() without a loop costs a getpid syscall on CPython 3.11: pass the loop
@@ -295,6 +301,9 @@ class Pipeline:
         n = 0
         for replica, attempts in self._active.items():
             for ctx in attempts:
+                if not ctx.bytes_sent:
+                    n += self._stuck_attempt(ctx, replica, now, idle)
+                    continue
                 last = ctx.last_event_at
                 if not ctx.bytes_sent or last is None or now - last < idle or ctx.http.client_paused:
                     continue  # (paused: the client cannot keep up and the gateway stopped reading the engine)
@@ -305,6 +314,27 @@ class Pipeline:
                     log.warning("stream on replica %s idle for %.3gs: engine connection dropped", name, now - last)
                     n += 1
         return n
+
+    def _stuck_attempt(self, ctx: RequestContext, replica: int, now: float, idle: float) -> bool:
+        """An attempt awaiting its first byte (or its whole answer) on a replica that has shown no progress since
+        it was sent (no stream event there, no advance of its engine's work counter) for ``stream_idle_timeout_s``
+        and 3x (``latency_outlier_ratio``) what it was predicted to take: cancelled, a failure of the replica,
+        retried elsewhere (504 ``upstream_timeout`` when no retry is left).  The stall rule ejects an outlier within
+        seconds, but never the whole fleet: frozen all at once, with no deadline asked, every request waited for
+        its client's timeout (reliability audit: 150 s, no byte).  True if it was cancelled now."""
+        fleet, t = self.fleet, ctx.ticket
+        if fleet is None or t is None or t.replica != replica or ctx in self._cancelling or ctx not in self._tasks:
+            return False
+        quiet = now - max(t.started, float(fleet.output_at[replica]))
+        if quiet < max(idle, self.retrier.s.latency_outlier_ratio * fleet.expected_of(t)):
+            return False
+        self._stuck[ctx] = quiet
+        self._cancelling.add(ctx)
+        self._tasks[ctx].cancel()
+        self.retrier.counts.inc("attempt_idle")
+        log.warning("replica %s showed no progress for %.3gs while a request waited there: attempt cancelled",
+                    fleet.replicas[replica].name, quiet)
+        return True
 
     def evict(self, replica: int) -> tuple[int, int]:
         """The replica was ejected: move its attempts elsewhere; returns (retried, continued).
