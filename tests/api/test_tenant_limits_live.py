@@ -67,8 +67,13 @@ def test_a_burst_stops_at_the_budget_not_after_it():
         one, ok, errors = asyncio.run(run())
         spent = ledger.spent("t")
         assert one > 0 and 0 < ok < 30
-        # over by the requests' misestimates at most (a request costs more in a batch of 30 than alone; before: all
-        # 30 admitted, 4x over here, 35x over in the audit's)
-        assert spent <= 1.5 * 2e-5, (spent, one, ok)
-        assert all(isinstance(e, openai.RateLimitError) and e.code == "insufficient_quota" for e in errors)
+        # over by the requests' misestimates at most (a request costs up to ~2x more in a batch than alone, its
+        # price learnt from one alone; before: all 30 admitted, ~4x over here, 35x over in the audit's)
+        assert spent <= 2 * 2e-5 and ok < 15, (spent, one, ok)
+        # refused while the burst's own requests held the rest of the budget: retryable (rate_limit_exceeded with
+        # Retry-After), not the exhausted quota's insufficient_quota
+        assert all(isinstance(e, openai.RateLimitError) for e in errors)
+        assert {e.code for e in errors} <= {"insufficient_quota", "rate_limit_exceeded"}
+        held = [e for e in errors if e.code == "rate_limit_exceeded"]
+        assert all(e.response.headers.get("retry-after") == "1" for e in held)
         assert ledger.held("t") == 0.0  # every request ended: nothing is held any more

@@ -310,6 +310,9 @@ def test_a_group_with_one_different_event_takes_the_event_parser():
     (True, ["public"], [" than this", " of public"], None),
     # one that ends two pieces into the leg
     (True, ["this of pub"], [" than this", " of", " public"], " pub"),
+    # less text sent before the failover than the stop string's length (review: the tail kept the wrong end)
+    (True, ["abcd"], ["ab", "cd and more"], "cd"),
+    (True, ["###END"], ["a ##", "#END then"], "#END"),
 ])
 def test_a_stop_string_the_failover_split_ends_the_stream_in_the_next_leg(include, stops, pieces, expect):
     c = chat_cont(stop=stops, include_stop_str_in_output=include)

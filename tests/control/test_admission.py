@@ -91,6 +91,8 @@ def test_requests_in_flight_hold_their_expected_cost_against_the_budget():
     assert all(t.held_usd == 0.125 for t in admitted)
     over = got[7]
     assert isinstance(over, OverBudget) and "in flight are expected to cost $0.875 more" in over.reason
+    # not spent yet: a retryable 429 (the holds clear as the requests end), not the exhausted quota's
+    assert (over.status, over.code, over.retry_after) == (429, "rate_limit_exceeded", 1.0)
     adm.release(admitted[0], 0.0)  # one never ran: its hold comes back
     assert adm.ledger.held("acme") == 0.75
     assert isinstance(adm.admit(_req(prompt=128, out=128, seq=20), tenant, 0.0), Admit)

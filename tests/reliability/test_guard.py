@@ -229,6 +229,8 @@ def test_a_non_streamed_request_is_watched_for_its_answer_not_a_first_token():
     """Reliability audit: a replica that hung under whole responses alone was never ejected (a whole response
     shows no first token); it is judged now by when its answers were predicted, or by its engine's progress."""
     fleet, clock = _stall_fleet()
+    for i in range(3):
+        fleet._worked(i, 0.0)  # their engines report a work counter (a scrape read it)
     clock._now = 10.0
     t = fleet.begin(2, streamed=False)  # its response comes whole: no first token to await, an answer to
     fleet.expect_answer(t, 6.0)  # predicted to take 6 s (a long answer)
@@ -242,6 +244,17 @@ def test_a_non_streamed_request_is_watched_for_its_answer_not_a_first_token():
     fleet.first_token(t)  # it came after all (the ejection stands; nothing is awaited there any more)
     fleet.end(t, 10, streamed=False)
     assert np.isnan(fleet.whole_since()[2])
+
+
+def test_a_whole_response_is_not_watched_where_no_work_counter_shows_progress():
+    """Review: an ``engine: openai`` endpoint (TGI, Ollama, a hosted API) reports no work counter, so a long whole
+    answer there looked like a hang (and a baseline policy predicts no answer time to allow it)."""
+    fleet, clock = _stall_fleet()
+    clock._now = 10.0
+    fleet.begin(2, streamed=False)
+    assert np.isnan(fleet.whole_since()[2])
+    snap = _at(fleet, clock, 100.0)
+    assert snap.blocked_until[2] <= snap.time
 
 
 def test_a_scrape_sweeps_too_with_no_traffic():

@@ -225,3 +225,27 @@ def test_a_corrupt_record_is_answered_as_not_found_counted_and_logged(prefix, ca
             assert e.value.body["param"] == "previous_response_id"
         assert lf.gateway.store_ops.get("read", "corrupt") == 3 * 6
         assert sum("corrupt" in m or "unreadable" in m for m in caplog.messages) == 3 * 6
+
+
+@pytest.mark.parametrize("err,expect", [
+    ("WRONGTYPE Operation against a key holding the wrong kind of value", "corrupt"),
+    ("BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", "unavailable"),
+    ("TRYAGAIN Multiple keys request during rehashing of slot", "unavailable"),
+])
+async def test_only_a_wrong_type_is_a_corrupt_record_other_redis_errors_are_retryable(prefix, err, expect):
+    """Review: every ResponseError was answered as a corrupt record (404: the client's previous_response_id lost
+    for good), BUSY or MASTERDOWN included, which pass."""
+    from redis.exceptions import ResponseError
+
+    from steersman.api.response_store import StoredCorrupt
+
+    store = RedisResponseStore(URL, prefix, 10**6, 60.0, timeout_s=1.0)
+
+    async def failing(key):
+        raise ResponseError(err)
+    store.client.get = failing
+    try:
+        with pytest.raises(StoredCorrupt if expect == "corrupt" else StoreUnavailable):
+            await store.get("acme", "resp_1")
+    finally:
+        await store.close()

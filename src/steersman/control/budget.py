@@ -33,14 +33,16 @@ _PRICE_ALPHA = 0.2
 
 @dataclass(frozen=True, slots=True)
 class OverBudget:
-    """The tenant has spent its budget: refuse until the budget is raised or the ledger reset."""
+    """The tenant has spent its budget: refuse until the budget is raised or the ledger reset (``insufficient_quota``,
+    no ``Retry-After``).  Or, its spend under the budget, its requests in flight are expected to spend the rest:
+    ``rate_limit_exceeded`` with ``Retry-After`` 1 s (it clears as they end, on less than expected, or it does not)."""
 
     reason: str
     spent_usd: float
     budget_usd: float
-    retry_after: ClassVar[None] = None
+    retry_after: float | None = None
+    code: str = "insufficient_quota"
     status: ClassVar[int] = 429
-    code: ClassVar[str] = "insufficient_quota"
 
 
 def _usd(x: float) -> str:
@@ -68,12 +70,13 @@ class BudgetLedger:
             return None
         spent = self._spent.get(tenant.name, 0.0)
         held = self._held.get(tenant.name, 0.0) + self._others.get(tenant.name, 0.0)
-        if spent + held >= tenant.budget_usd:
-            flight = f" and its requests in flight are expected to cost {_usd(held)} more" if held > 0 else ""
-            return OverBudget(
-                f"tenant {tenant.name!r} has spent {_usd(spent)} of its {_usd(tenant.budget_usd)} budget{flight}",
-                spent, tenant.budget_usd,
-            )
+        if spent >= tenant.budget_usd:
+            return OverBudget(f"tenant {tenant.name!r} has spent {_usd(spent)} of its {_usd(tenant.budget_usd)} budget",
+                              spent, tenant.budget_usd)
+        if spent + held >= tenant.budget_usd:  # not spent yet: retry once its requests in flight end
+            return OverBudget(f"tenant {tenant.name!r} has spent {_usd(spent)} of its {_usd(tenant.budget_usd)} budget "
+                              f"and its requests in flight are expected to cost {_usd(held)} more; retry once they "
+                              "end", spent, tenant.budget_usd, 1.0, "rate_limit_exceeded")
         return None
 
     def estimate(self, model: str, tokens: int) -> float:

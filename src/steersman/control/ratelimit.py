@@ -226,11 +226,6 @@ class RateLimiter:
         out, self._delta = self._delta or {}, {}
         return out
 
-    def restore_deltas(self, deltas: dict[str, list[float]]) -> None:
-        """Deltas a failed sync could not hand over: they go with the next one."""
-        for tenant, (r, t) in deltas.items():
-            self._moved(tenant, r, t)
-
     def buckets_of(self, tenant: TenantConfig, now: float) -> tuple[TokenBucket | None, TokenBucket | None]:
         """The tenant's (requests, tokens) buckets, made if need be (None where unlimited)."""
         b = self._buckets(tenant, now)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from steersman.engines.base import EngineMetrics
 from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import WEIGHTS_CODES
@@ -110,6 +112,11 @@ class FleetLearning:
             now = self.clock.now()
             if now > self.output_at[i]:
                 self.output_at[i] = now
+
+    def counts_work(self) -> np.ndarray:
+        """Per replica, whether its engine reports a work counter (read at least once): only there does a whole
+        response's long silence say anything (an ``engine: openai`` endpoint shows no work while it computes one)."""
+        return ~np.isnan(self._work[4])
 
     def timing_unlearnt(self, index: int) -> bool:
         """The engine reports its own prefill timing but has computed no prompt token yet (a fresh llama-server)."""

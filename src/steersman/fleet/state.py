@@ -67,9 +67,9 @@ class Fleet(FleetLearning):
         self.output_at = np.full(n, -np.inf)
         self._awaiting: list[dict[int, float]] = [{} for _ in range(n)]  # ticket key -> dispatch time, in order
         self._expected: list[dict[int, float]] = [{} for _ in range(n)]  # awaiting ticket key -> predicted TTFT
-        # whole (non-streamed) responses in flight, which show no first token: ticket key -> predicted end-to-end
-        # seconds (0: none); their replica's stall counts from the oldest's dispatch (or the last one answered)
-        self._whole: list[dict[int, float]] = [{} for _ in range(n)]
+        # whole (non-streamed) responses in flight, which show no first token: ticket key -> [dispatch time, predicted
+        # end-to-end seconds (0: none)]; their replica's stall counts from the oldest's dispatch (or the last answer)
+        self._whole: list[dict[int, list[float]]] = [{} for _ in range(n)]
         self._whole_since = np.full(n, np.nan)
         self._residents: list[dict[float, int]] = [{} for _ in range(n)]  # TPOT target -> our requests there
         self._prefix = None  # a steersman.fleet.prefix_index.PrefixIndex, attached by the gateway / twin
@@ -119,9 +119,9 @@ class Fleet(FleetLearning):
     def expect_answer(self, t: Ticket, seconds: float) -> None:
         """``t`` is a whole response predicted ``seconds`` (end to end) after its dispatch: until then its replica's
         stall is no outlier (see expected_first_token)."""
-        whole = self._whole[t.replica]
-        if seconds > 0.0 and t.key in whole:
-            whole[t.key] = seconds
+        entry = self._whole[t.replica].get(t.key)
+        if seconds > 0.0 and entry is not None:
+            entry[1] = seconds
 
     def expected_first_token(self, index: int) -> float:
         """The TTFT predicted for the oldest request of ours awaiting a first token on ``index``, or the end-to-end
@@ -130,18 +130,20 @@ class Fleet(FleetLearning):
         stall, so they would excuse it for ever)."""
         waiting, whole = self._awaiting[index], self._whole[index]
         first = self._expected[index].get(next(iter(waiting)), 0.0) if waiting else 0.0
-        return max(first, next(iter(whole.values()))) if whole else first
+        return max(first, next(iter(whole.values()))[1]) if whole else first
 
     def expected_of(self, t: Ticket) -> float:
         """What ``t`` was predicted to take before its first token (a stream) or its answer (a whole response):
         seconds after its dispatch, 0 when not predicted or no longer awaited."""
-        return self._expected[t.replica].get(t.key, 0.0) or self._whole[t.replica].get(t.key, 0.0)
+        entry = self._whole[t.replica].get(t.key)
+        return self._expected[t.replica].get(t.key, 0.0) or (entry[1] if entry is not None else 0.0)
 
     def whole_since(self) -> np.ndarray:
         """Per replica, since when it has held whole responses of ours without answering one (NaN: none in flight):
         the reliability guard's stall rule reads it beside the streams' ``stalled_since`` row (a hung replica
-        answering nothing was never ejected when its requests were not streamed: reliability audit)."""
-        return self._whole_since
+        answering nothing was never ejected when its requests were not streamed: reliability audit).  NaN too where
+        the engine reports no work counter: nothing there tells a long answer from a hang."""
+        return np.where(self.counts_work(), self._whole_since, np.nan)
 
     prefix = property(lambda self: self._prefix)
 
@@ -244,7 +246,7 @@ class Fleet(FleetLearning):
             whole = self._whole[index]
             if not whole:
                 self._whole_since[index] = now
-            whole[t.key] = 0.0
+            whole[t.key] = [now, 0.0]
         if self.guard is not None:
             self.guard.dispatched(index, t.key, now)
         return t
@@ -350,6 +352,8 @@ class Fleet(FleetLearning):
             self._whole_since[t.replica] = math.nan
         elif now is not None:
             self._whole_since[t.replica] = now
+        else:  # it left unanswered: the rest wait since the oldest's dispatch, or the last answer
+            self._whole_since[t.replica] = max(self._whole_since[t.replica], next(iter(whole.values()))[0])
 
     def _progress(self, t: Ticket, now: float | None) -> None:
         """``t`` no longer awaits a first token; ``now``: it got one (progress on its replica).

@@ -73,7 +73,7 @@ class Legs:
             longest = max(map(len, self._stops[0]), default=0)
             # the emitted text's end that a stop string may begin in and this leg's text end (the new engine
             # matches only its own output: "... than this" + " of" never matched "this of")
-            self._tail = self.text[len(self.text) - longest + 1:] if longest > 1 else ""
+            self._tail = self.text[max(0, len(self.text) - longest + 1):] if longest > 1 else ""
             self._leg_text = ""
 
     def _straddled(self, text: str) -> str | None:

@@ -317,7 +317,8 @@ class Pipeline:
 
     def _stuck_attempt(self, ctx: RequestContext, replica: int, now: float, idle: float) -> bool:
         """An attempt awaiting its first byte (or its whole answer) on a replica that has shown no progress since
-        it was sent (no stream event there, no advance of its engine's work counter) for ``stream_idle_timeout_s``
+        it was sent (no stream event there, no advance of its engine's work counter; a whole answer only where the
+        engine has one) for ``stream_idle_timeout_s``
         and 3x (``latency_outlier_ratio``) what it was predicted to take: cancelled, a failure of the replica,
         retried elsewhere (504 ``upstream_timeout`` when no retry is left).  The stall rule ejects an outlier within
         seconds, but never the whole fleet: frozen all at once, with no deadline asked, every request waited for
@@ -325,6 +326,8 @@ class Pipeline:
         fleet, t = self.fleet, ctx.ticket
         if fleet is None or t is None or t.replica != replica or ctx in self._cancelling or ctx not in self._tasks:
             return False
+        if not t.streamed and not fleet.counts_work()[replica]:
+            return False  # a whole answer computed where no work counter shows progress: its silence says nothing
         quiet = now - max(t.started, float(fleet.output_at[replica]))
         if quiet < max(idle, self.retrier.s.latency_outlier_ratio * fleet.expected_of(t)):
             return False

@@ -81,7 +81,11 @@ class RedisResponseStore:
         if raw is None:
             try:
                 raw = await self.client.get(key)
-            except ResponseError as e:  # a data error (WRONGTYPE: not a string there): retrying cannot help
+            except ResponseError as e:
+                if not str(e).startswith("WRONGTYPE"):  # BUSY, MASTERDOWN, TRYAGAIN, NOPERM...: the server's state
+                    log.warning("response store (Redis) read failed: %s", e)
+                    raise StoreUnavailable("the response store cannot be read") from None
+                # a data error (not a string there): retrying cannot help
                 log.warning("stored response %r unreadable in Redis (%s): answered as not found", key, e)
                 raise StoredCorrupt(str(e)) from None
             except (RedisError, OSError) as e:  # the details are the operator's, not the client's
