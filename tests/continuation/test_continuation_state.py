@@ -328,3 +328,17 @@ def test_a_stop_string_the_failover_split_ends_the_stream_in_the_next_leg(includ
         return
     assert c.stopped and c.finish_reason == "stop" and last["finish_reason"] == "stop"
     assert last["delta"]["content"] == expect and c.text == pieces[0] + "".join(pieces[1:-1]) + expect
+
+
+def test_a_stop_string_longer_than_the_text_before_the_failover_is_watched_over_several_pieces():
+    """Re-review: with less text before the failover than the stop string's length, the window closed once the
+    new leg's text reached the (shorter) tail: "a" + "bc" + "def" ran past the stop "abcdef"."""
+    c = chat_cont(stop=["abcdef"], include_stop_str_in_output=True)
+    w = ChunkWriter(True, "chatcmpl-1", 123, "m")
+    c.begin_leg()
+    for e in (w.role(), w.token("a")):
+        c.observe(payload(e))
+    c.begin_leg()
+    assert orjson.loads(c.rewrite(payload(w.token("bc"))))["choices"][0]["finish_reason"] is None
+    last = orjson.loads(c.rewrite(payload(w.token("def then"))))["choices"][0]
+    assert c.stopped and last["finish_reason"] == "stop" and last["delta"]["content"] == "def"

@@ -37,6 +37,15 @@ def _gateway(prefix: str, tenants: dict, clock: _Clock, url: str = URL) -> Share
     return SharedLimits(url, prefix, 0.1, 1.0, limiter, ledger, lambda: tenants, clock.now)
 
 
+async def _one(prefix: str) -> tuple[TenantConfig, _Clock, SharedLimits, object]:
+    """One gateway, one tenant with a budget, synced once: (tenant, clock, gateway, its real script)."""
+    t = TenantConfig("t", PriorityClass.STANDARD, budget_usd=10.0)
+    clock = _Clock()
+    a = _gateway(prefix, {"t": t}, clock)
+    await a.sync()
+    return t, clock, a, a.script
+
+
 async def test_two_gateways_take_from_one_bucket_and_hand_back_refunds(prefix):
     t = TenantConfig("t", PriorityClass.STANDARD, requests_per_minute=10, tokens_per_minute=6000)
     clock = _Clock()
@@ -203,3 +212,80 @@ def test_two_live_gateways_give_a_tenant_its_limit_once(prefix):
             openai.OpenAI(base_url=fresh.url + "/v1", api_key=keys["bud"], max_retries=0, timeout=30) as c:
         with pytest.raises(openai.RateLimitError):
             c.chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
+
+
+async def test_a_stop_while_resending_a_lost_sync_keeps_the_spend_since(prefix):
+    """Re-review: close() cancelling the loop's resend of a lost sync lost every dollar charged since (taken
+    before the resend, restored on no path)."""
+    t, clock, a, real = await _one(prefix)
+    try:
+
+        async def down(**kw):
+            raise redis.exceptions.ConnectionError("Connection refused")
+        a.script = down
+        a.ledger.charge("t", 1.0)
+        assert not await a.sync()  # lost: resent later under its number
+        a.ledger.charge("t", 2.0)
+        hang = asyncio.Event()
+
+        async def slow(**kw):
+            await hang.wait()
+        a.script = slow
+        task = asyncio.ensure_future(a.sync())
+        await asyncio.sleep(0.01)
+        task.cancel()  # (what close() does to the loop's sync)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        a.script = real
+        assert await a.sync()
+        r = redis.Redis.from_url(URL)
+        assert float(r.hget(a.key("t"), "usd")) == 3.0 and a.ledger.spent("t") == 3.0
+        r.close()
+    finally:
+        a.script = real
+        await a.close()
+
+
+async def test_a_key_that_is_not_a_tenant_record_spoils_no_other_tenant(prefix, caplog):
+    """Re-review: a script error at one tenant's key left the tenants before it written (Redis keeps a script's
+    writes before an error) under a sync number that then skipped its resend: the others' spend was lost."""
+    ts = {n: TenantConfig(n, PriorityClass.STANDARD, budget_usd=10.0) for n in ("t", "u", "v")}
+    clock = _Clock()
+    a = _gateway(prefix, ts, clock)
+    r = redis.Redis.from_url(URL)
+    try:
+        await a.sync()
+        r.delete(a.key("u"))
+        r.set(a.key("u"), "not a hash")  # hand-edited, or another program's
+        for n in ts:
+            a.ledger.charge(n, 1.0)
+        assert await a.sync()
+        assert float(r.hget(a.key("t"), "usd")) == 1.0 and float(r.hget(a.key("v"), "usd")) == 1.0
+        assert sum("is not a tenant record" in m for m in caplog.messages) == 1
+        r.delete(a.key("u"))  # repaired: its spend goes with the next sync
+        assert await a.sync()
+        assert float(r.hget(a.key("u"), "usd")) == 1.0 and a.ledger.spent("u") == 1.0
+    finally:
+        r.close()
+        await a.close()
+
+
+async def test_a_lost_sync_older_than_its_number_is_kept_is_dropped_not_counted_twice(prefix, caplog):
+    t, clock, a, real = await _one(prefix)
+    try:
+
+        async def lost(**kw):
+            await real(**kw)
+            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        a.script = lost
+        a.ledger.charge("t", 1.0)
+        assert not await a.sync()
+        a.script = real
+        clock.t += 30 * 24 * 3600.0  # a month apart from Redis: its number has expired there
+        assert await a.sync()
+        assert any("is dropped" in m for m in caplog.messages)
+        r = redis.Redis.from_url(URL)
+        assert float(r.hget(a.key("t"), "usd")) == 1.0  # once
+        r.close()
+    finally:
+        await a.close()

@@ -13,9 +13,10 @@ queued).
 met given the scheduler's best predicted completion time (:class:`Infeasible`,
 503 with ``Retry-After``).
 
-Each refusal type has ``status`` (HTTP) and ``code`` (OpenAI error code) class
-attributes, a human ``reason`` and ``retry_after`` (seconds, or ``None`` when
-retrying cannot help).  Pure: ``now`` comes from the caller.
+Each refusal has ``status`` (HTTP) and ``code`` (OpenAI error code), a human
+``reason`` and ``retry_after`` (seconds, or ``None`` when retrying cannot help):
+class attributes where a type has one answer, fields where it has several
+(:class:`OverBudget`: spent, or held by requests in flight; :class:`Infeasible`).  Pure: ``now`` comes from the caller.
 """
 
 from __future__ import annotations

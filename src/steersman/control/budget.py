@@ -1,9 +1,10 @@
 """Per-tenant spend in US dollars against the tenant's ``budget_usd``.
 
-A tenant whose recorded spend, with what its requests in flight are expected to
-cost, is at or over its budget is refused (:class:`OverBudget`: 429 with code
-``insufficient_quota``, as OpenAI answers an exhausted quota; no
-``Retry-After``, a budget does not refill by itself).  Spend is charged when a
+A tenant whose recorded spend is at or over its budget is refused (:class:`OverBudget`:
+429 with code ``insufficient_quota``, as OpenAI answers an exhausted quota; no
+``Retry-After``, a budget does not refill by itself); one whose spend, with what its
+requests in flight are expected to cost, is at or over it is refused too, with a
+retryable 429 ``rate_limit_exceeded`` (``Retry-After`` 1 s: the holds clear as they end).  Spend is charged when a
 request ends, with its real cost; until then the request holds an *estimate*
 (:meth:`BudgetLedger.hold`: its reserved tokens at the dollars per token its model's
 requests have cost so far), so a burst of concurrent requests stops once their
@@ -12,8 +13,10 @@ budget overshot it by whatever it had in flight (a state audit: 30 concurrent
 requests admitted after the budget was spent, 35x over).  The overshoot left is
 one request's misestimate, and, before any request of its model has ended, the
 requests in flight (nothing is known of their price yet).  The ledger lives in
-memory: it starts at zero with the process (persisting or resetting it per
-billing period is the caller's job, see :meth:`reset`).
+memory: it starts at zero with the process, unless ``gateway.limits_url`` shares it
+through Redis (:mod:`steersman.state.shared_limits`: spend kept across restarts; a
+reset there is deleting the tenant key's ``usd`` field, :meth:`reset` alone is undone
+by the next sync).
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ class Legs:
                 i = window.find(stop, i + 1)
         if best is None:
             self._leg_text = before + text
-            if len(self._leg_text) >= n:  # past the tail: a stop string from here on is the engine's own to match
-                self._tail = ""
+            if len(self._leg_text) >= max(map(len, self._stops[0])) - 1:  # type: ignore[index]
+                self._tail = ""  # no stop string begun before the failover can end past here: the engine's own now
             return None
         cut = (best[1] if self._stops[1] else best[0]) - n - len(before)  # type: ignore[index]
         return text[: max(0, cut)]

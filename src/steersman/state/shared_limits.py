@@ -17,6 +17,7 @@ and spent here since the last sync and gets back the shared state, which the loc
 Each sync carries the tenants served here within the last minute (or with requests in flight) and a tenth of the
 others in turn (each idle tenant's mirror refreshed every ten syncs; all of them at the first): its cost follows
 the active tenants, not the configured ones (~25 us of the event loop and ~25 us of Redis per tenant synced).
+An idle tenant's mirror may be up to ten syncs (1 s) old when its first request comes to this gateway.
 
 Handing over is exactly once: each sync is numbered, and the script applies a gateway's sync only if its number
 is newer than the last it applied (a sync whose answer was lost, a timeout after Redis ran it, is sent again and
@@ -47,59 +48,78 @@ __all__ = ["SharedLimits"]
 log = logging.getLogger("steersman.state")
 
 _SLICES = 10  # an idle tenant's mirror is refreshed every this many syncs
+_RETRY_MAX_S = 29 * 24 * 3600.0  # a lost sync is sent again within its number's 30 days in Redis, else dropped
 _RECENT_S = 60.0  # a tenant served here within this long is synced every time (a bucket's burst: one minute's worth)
 
 # ARGV: prefix, gateway id, gateway liveness (s), tenants, the sync's number; then per tenant: name, request rate
 # (/s), request capacity, requests taken, token rate, token capacity, tokens taken, dollars spent, dollars held here.
 # A rate of 0: that bucket is unlimited.  A sync numbered no newer than the gateway's last applied one changes no
-# level or spend (sent again after its answer was lost).  Returns per tenant: request level, token level, dollars
-# spent, dollars the other live gateways hold (strings: Lua numbers would come back as integers).
+# level or spend (sent again after its answer was lost; numbers are kept 30 days).  Returns per tenant: request
+# level, token level, dollars spent, dollars the other live gateways hold (strings: Lua numbers would come back as
+# integers), or 'bad' first for a tenant whose key is not one it wrote (nothing of it changed; the others are).
 _SCRIPT = """
 local prefix, gw, live_s, n, seq = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 local gws = prefix .. 'limits:gateways'
-redis.call('ZADD', gws, now, gw)
-redis.call('ZREMRANGEBYSCORE', gws, '-inf', now - live_s)
-redis.call('PEXPIRE', gws, math.floor(live_s * 1000) + 1000)
 local seqkey = prefix .. 'limits:seq:' .. gw
 local fresh = seq > (tonumber(redis.call('GET', seqkey)) or 0)
-if fresh then redis.call('SET', seqkey, tostring(seq), 'PX', 3600000) end
-local out = {}
+-- read and check everything first: a script's writes before an error stay, so none is made before all are known
+local rows = {}
 local i = 6
 for k = 1, n do
   local key = prefix .. 'limits:tenant:' .. ARGV[i]
-  local s = redis.call('HMGET', key, 'rl', 'tl', 't')
-  local dt = math.max(0, now - (tonumber(s[3]) or now))
-  local levels = {'', ''}
-  for b = 0, 1 do
-    local rate, cap, taken = tonumber(ARGV[i + 1 + 3 * b]), tonumber(ARGV[i + 2 + 3 * b]), tonumber(ARGV[i + 3 + 3 * b])
-    if not fresh then taken = 0 end
-    if rate > 0 then
-      local level = tonumber(s[1 + b]) or cap
-      level = math.min(cap, math.min(cap, level + dt * rate) - taken)
-      redis.call('HSET', key, b == 0 and 'rl' or 'tl', tostring(level))
-      levels[b + 1] = tostring(level)
-    end
+  local kind = redis.call('TYPE', key)['ok']
+  local s = {}
+  if kind == 'hash' then s = redis.call('HMGET', key, 'rl', 'tl', 't', 'usd') end
+  local ok = (kind == 'hash' or kind == 'none')
+  for f = 1, 4 do
+    if s[f] and not tonumber(s[f]) then ok = false end
   end
-  redis.call('HSET', key, 't', tostring(now))
-  local spent = fresh and redis.call('HINCRBYFLOAT', key, 'usd', ARGV[i + 7]) or (redis.call('HGET', key, 'usd') or '0')
-  redis.call('HSET', key, 'held:' .. gw, ARGV[i + 8])
-  local others = 0
-  local fields = redis.call('HKEYS', key)
-  for j = 1, #fields do
-    local f = fields[j]
-    if string.sub(f, 1, 5) == 'held:' and f ~= 'held:' .. gw then
-      if redis.call('ZSCORE', gws, string.sub(f, 6)) then
-        others = others + (tonumber(redis.call('HGET', key, f)) or 0)
-      else
-        redis.call('HDEL', key, f)
-      end
-    end
-  end
-  out[k] = {levels[1], levels[2], spent, tostring(others)}
+  rows[k] = {key, ok, s, i}
   i = i + 9
 end
+redis.call('ZADD', gws, now, gw)
+redis.call('ZREMRANGEBYSCORE', gws, '-inf', now - live_s)
+redis.call('PEXPIRE', gws, math.floor(live_s * 1000) + 1000)
+local out = {}
+for k = 1, n do
+  local key, ok, s, j = rows[k][1], rows[k][2], rows[k][3], rows[k][4]
+  if not ok then
+    out[k] = {'bad', '', '', ''}
+  else
+    local dt = math.max(0, now - (tonumber(s[3]) or now))
+    local levels = {'', ''}
+    for b = 0, 1 do
+      local rate, cap, taken = tonumber(ARGV[j + 1 + 3 * b]), tonumber(ARGV[j + 2 + 3 * b]), tonumber(ARGV[j + 3 + 3 * b])
+      if not fresh then taken = 0 end
+      if rate > 0 then
+        local level = tonumber(s[1 + b]) or cap
+        level = math.min(cap, math.min(cap, level + dt * rate) - taken)
+        redis.call('HSET', key, b == 0 and 'rl' or 'tl', tostring(level))
+        levels[b + 1] = tostring(level)
+      end
+    end
+    redis.call('HSET', key, 't', tostring(now))
+    local spent = tonumber(s[4]) or 0
+    if fresh then spent = tonumber(redis.call('HINCRBYFLOAT', key, 'usd', ARGV[j + 7])) end
+    redis.call('HSET', key, 'held:' .. gw, ARGV[j + 8])
+    local others = 0
+    local fields = redis.call('HKEYS', key)
+    for f = 1, #fields do
+      local name = fields[f]
+      if string.sub(name, 1, 5) == 'held:' and name ~= 'held:' .. gw then
+        if redis.call('ZSCORE', gws, string.sub(name, 6)) then
+          others = others + (tonumber(redis.call('HGET', key, name)) or 0)
+        else
+          redis.call('HDEL', key, name)
+        end
+      end
+    end
+    out[k] = {levels[1], levels[2], tostring(spent), tostring(others)}
+  end
+end
+if fresh then redis.call('SET', seqkey, tostring(seq), 'PX', 2592000000) end
 return out
 """
 
@@ -121,7 +141,9 @@ class SharedLimits:
         self.down = False
         self._task: asyncio.Task | None = None
         self._seq = 0  # the last sync's number
-        self._retry: tuple[int, dict[str, float]] | None = None  # a sync whose outcome is unknown: (number, spend)
+        # a sync whose outcome is unknown: (its number, its spend, when it was sent)
+        self._retry: tuple[int, dict[str, float], float] | None = None
+        self._bad: set[str] = set()  # tenants whose Redis key is not a record of ours (logged once)
         self._turn = 0  # the next slice of idle tenants to refresh
         self._first = True  # the first sync loads every tenant
         self._recent: dict[str, float] = {}  # tenant -> when it last took or spent here
@@ -184,43 +206,59 @@ class SharedLimits:
         limited = self._limited()
         if not limited:
             return True
-        deltas, spend = self.limiter.take_deltas(), self.ledger.take_spend()
         if self._retry is not None:  # a sync whose answer was lost: sent again as it was numbered (skipped if applied)
-            seq, lost = self._retry
-            tenants = [t for t in limited if t.name in lost]
-            if tenants and not await self._send(seq, tenants, {}, lost, spend_only=True):
-                self.ledger.restore_spend(spend)  # (still down: the takes since are dropped, the spend kept)
-                return False
-            self._retry = None
+            seq, lost, at = self._retry
+            if self.now() - at > _RETRY_MAX_S:  # its number is forgotten by now: sent again it could count twice
+                log.warning("shared limits: a sync of $%.6g spend whose answer was lost %.0f s ago is dropped (its "
+                            "outcome can no longer be known)", sum(lost.values()), self.now() - at)
+                self._retry = None
+            else:
+                tenants = [t for t in limited if t.name in lost]
+                if tenants and not await self._send(seq, tenants, {}, lost, retry=True):
+                    self.limiter.take_deltas()  # (still down: the takes since are dropped, the spend kept)
+                    return False
+                self._retry = None
+        # taken only now: a cancel above (close()) leaves them where they were
+        deltas, spend = self.limiter.take_deltas(), self.ledger.take_spend()
         self._seq += 1
         return await self._send(self._seq, self._synced(limited, deltas, spend, self.now()), deltas, spend)
 
     async def _send(self, seq: int, tenants: list[TenantConfig], deltas: dict, spend: dict,
-                    spend_only: bool = False) -> bool:
+                    retry: bool = False) -> bool:
         now = self.now()
         try:
             got = await self.script(args=self._args(seq, tenants, deltas, spend, now))
         except (RedisError, OSError, asyncio.CancelledError) as e:
             # its outcome is unknown: its spend goes again under its number; its takes are dropped (each gateway
             # held its tenants to its own buckets meanwhile)
-            self._retry = (seq, spend) if spend else None
+            if not retry:
+                self._retry = (seq, spend, now) if spend else None
+            if isinstance(e, asyncio.CancelledError):
+                raise
             self.failures += 1
-            if not isinstance(e, asyncio.CancelledError) and not self.down:
+            if not self.down:
                 self.down = True
                 log.warning("shared limits (Redis) unreachable (%s): each gateway enforces its own tenants' limits "
                             "and spend until it answers again", e)
-            if isinstance(e, asyncio.CancelledError):
-                raise
             return False
         if self.down:
             self.down = False
             log.warning("shared limits (Redis) answer again: tenants' limits and spend are shared")
         now = self.now()
         for t, (rl, tl, spent, others) in zip(tenants, got):
-            if not spend_only:
+            if _text(rl) == "bad":  # its key is not one this wrote: nothing of it changed in Redis
+                if t.name not in self._bad:
+                    self._bad.add(t.name)
+                    log.warning("shared limits: Redis key %s is not a tenant record (another program's?): tenant "
+                                "%r is not shared until it is deleted or repaired", self.key(t.name), t.name)
+                if t.name in spend:
+                    self.ledger.restore_spend({t.name: spend[t.name]})  # (its takes are dropped, as in an outage)
+                continue
+            self._bad.discard(t.name)
+            if not retry:
                 self.limiter.apply_shared(t, _num(rl), _num(tl), now)
             self.ledger.apply_shared(t.name, float(spent), float(others))
-        if not spend_only:
+        if not retry:
             self._first = False
             self.syncs += 1
         return True
@@ -235,8 +273,11 @@ class SharedLimits:
         await self.client.aclose()
 
 
+def _text(v: bytes | str) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
 def _num(v: bytes | str) -> float | None:
     """A level the script returned ('' for an unlimited bucket)."""
-    if isinstance(v, bytes):
-        v = v.decode()
+    v = _text(v)
     return float(v) if v else None
