@@ -37,6 +37,22 @@ def _gateway(prefix: str, tenants: dict, clock: _Clock, url: str = URL) -> Share
     return SharedLimits(url, prefix, 0.1, 1.0, limiter, ledger, lambda: tenants, clock.now)
 
 
+def _answer_lost(real):
+    """The sync script as Redis runs it when its answer never arrives (a timeout after it ran)."""
+    async def lost(**kw):
+        await real(**kw)
+        raise redis.exceptions.TimeoutError("Timeout reading from socket")
+    return lost
+
+
+async def _lose_a_dollar(a: SharedLimits, real) -> None:
+    """Tenant t spends $1 and the sync handing it over runs in Redis, but its answer is lost."""
+    a.script = _answer_lost(real)
+    a.ledger.charge("t", 1.0)
+    assert not await a.sync()
+    a.script = real
+
+
 async def _one(prefix: str) -> tuple[TenantConfig, _Clock, SharedLimits, object]:
     """One gateway, one tenant with a budget, synced once: (tenant, clock, gateway, its real script)."""
     t = TenantConfig("t", PriorityClass.STANDARD, budget_usd=10.0)
@@ -133,9 +149,7 @@ async def test_a_sync_whose_answer_was_lost_is_not_counted_twice(prefix):
         await a.sync()
         real = a.script
 
-        async def lost(**kw):  # Redis runs it; its answer never arrives
-            await real(**kw)
-            raise redis.exceptions.TimeoutError("Timeout reading from socket")
+        lost = _answer_lost(real)  # Redis runs it; its answer never arrives
         a.script = lost
         a.ledger.charge("t", 1.0)
         a.limiter.reserve(t, 0, clock.now())
@@ -273,14 +287,7 @@ async def test_a_key_that_is_not_a_tenant_record_spoils_no_other_tenant(prefix, 
 async def test_a_lost_sync_older_than_its_number_is_kept_is_dropped_not_counted_twice(prefix, caplog):
     t, clock, a, real = await _one(prefix)
     try:
-
-        async def lost(**kw):
-            await real(**kw)
-            raise redis.exceptions.TimeoutError("Timeout reading from socket")
-        a.script = lost
-        a.ledger.charge("t", 1.0)
-        assert not await a.sync()
-        a.script = real
+        await _lose_a_dollar(a, real)
         clock.t += 30 * 24 * 3600.0  # a month apart from Redis: its number has expired there
         assert await a.sync()
         assert any("is dropped" in m for m in caplog.messages)
@@ -288,4 +295,47 @@ async def test_a_lost_sync_older_than_its_number_is_kept_is_dropped_not_counted_
         assert float(r.hget(a.key("t"), "usd")) == 1.0  # once
         r.close()
     finally:
+        await a.close()
+
+
+@pytest.mark.parametrize("bad,u_spent", [("1 ", 2.0), (" 1", 2.0), ("inf", 1.0), ("nan", 1.0), ("oops", 1.0)])
+async def test_a_spend_field_redis_cannot_add_to_is_a_bad_record_not_a_failing_script(prefix, bad, u_spent):
+    """Final review: Lua's tonumber took "1 " and "inf", Redis's HINCRBYFLOAT then failed half-way through the
+    script: the tenants before it were written, the sync counted as lost and resent, and charged them again every
+    100 ms."""
+    ts = {n: TenantConfig(n, PriorityClass.STANDARD, budget_usd=10.0) for n in ("t", "u")}
+    clock = _Clock()
+    a = _gateway(prefix, ts, clock)
+    r = redis.Redis.from_url(URL)
+    try:
+        await a.sync()
+        r.hset(a.key("u"), "usd", bad)
+        for n in ts:
+            a.ledger.charge(n, 1.0)
+        for _ in range(3):
+            assert await a.sync()
+        assert float(r.hget(a.key("t"), "usd")) == 1.0 and a._retry is None
+        # "1 " is $1 to the script (read, added, written back as "2"); inf, nan and words are bad records: the
+        # spend stays here for once the record is repaired
+        assert a.ledger.spent("u") == u_spent
+    finally:
+        r.close()
+        await a.close()
+
+
+async def test_a_resent_sync_gives_back_no_spend_it_had_already_handed_over(prefix):
+    """Final review: a lost sync (applied), then the tenant's record damaged: its resend answered 'bad' and the
+    spend came back to the gateway, to be handed over a second time once the record was repaired."""
+    t, clock, a, real = await _one(prefix)
+    r = redis.Redis.from_url(URL)
+    try:
+        await _lose_a_dollar(a, real)
+        r.hset(a.key("t"), "rl", "oops")  # damaged after the lost sync ran
+        assert await a.sync()
+        r.hdel(a.key("t"), "rl")  # repaired
+        assert await a.sync()
+        assert float(r.hget(a.key("t"), "usd")) == 1.0
+    finally:
+        r.close()
+        a.script = real
         await a.close()

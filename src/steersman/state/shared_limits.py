@@ -73,8 +73,9 @@ for k = 1, n do
   local s = {}
   if kind == 'hash' then s = redis.call('HMGET', key, 'rl', 'tl', 't', 'usd') end
   local ok = (kind == 'hash' or kind == 'none')
-  for f = 1, 4 do
-    if s[f] and not tonumber(s[f]) then ok = false end
+  for f = 1, 4 do  -- numbers Lua reads and finite (Lua's tonumber takes ' 1' and 'inf', which Redis's would not)
+    local v = s[f] and tonumber(s[f])
+    if s[f] and (not v or v ~= v or v == math.huge or v == -math.huge) then ok = false end
   end
   rows[k] = {key, ok, s, i}
   i = i + 9
@@ -86,7 +87,7 @@ local out = {}
 for k = 1, n do
   local key, ok, s, j = rows[k][1], rows[k][2], rows[k][3], rows[k][4]
   if not ok then
-    out[k] = {'bad', '', '', ''}
+    out[k] = {'bad', fresh and '1' or '0', '', ''}  -- (whether this sync was new: its spend is the gateway's again)
   else
     local dt = math.max(0, now - (tonumber(s[3]) or now))
     local levels = {'', ''}
@@ -102,7 +103,10 @@ for k = 1, n do
     end
     redis.call('HSET', key, 't', tostring(now))
     local spent = tonumber(s[4]) or 0
-    if fresh then spent = tonumber(redis.call('HINCRBYFLOAT', key, 'usd', ARGV[j + 7])) end
+    if fresh then  -- added here, not by HINCRBYFLOAT: nothing Redis parses can fail after the first write
+      spent = spent + tonumber(ARGV[j + 7])
+      redis.call('HSET', key, 'usd', string.format('%.17g', spent))
+    end
     redis.call('HSET', key, 'held:' .. gw, ARGV[j + 8])
     local others = 0
     local fields = redis.call('HKEYS', key)
@@ -116,7 +120,7 @@ for k = 1, n do
         end
       end
     end
-    out[k] = {levels[1], levels[2], tostring(spent), tostring(others)}
+    out[k] = {levels[1], levels[2], string.format('%.17g', spent), tostring(others)}
   end
 end
 if fresh then redis.call('SET', seqkey, tostring(seq), 'PX', 2592000000) end
@@ -251,7 +255,7 @@ class SharedLimits:
                     self._bad.add(t.name)
                     log.warning("shared limits: Redis key %s is not a tenant record (another program's?): tenant "
                                 "%r is not shared until it is deleted or repaired", self.key(t.name), t.name)
-                if t.name in spend:
+                if t.name in spend and _text(tl) == "1":  # (a resend of a sync applied before: spent then)
                     self.ledger.restore_spend({t.name: spend[t.name]})  # (its takes are dropped, as in an outage)
                 continue
             self._bad.discard(t.name)
