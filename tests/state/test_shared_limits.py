@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 import redis
@@ -156,6 +157,7 @@ async def test_a_sync_whose_answer_was_lost_is_not_counted_twice(prefix):
         assert not await a.sync()
         a.script = real
         assert await a.sync()  # the lost sync again (skipped: applied), then a new one
+        assert (a.counts.get("error"), a.counts.get("resent"), a.counts.get("ok")) == (1, 1, 2)
         r = redis.Redis.from_url(URL)
         assert float(r.hget(a.key("t"), "usd")) == 1.0 and a.ledger.spent("t") == 1.0
         assert float(r.hget(a.key("t"), "rl")) == pytest.approx(599.0, abs=0.5)  # the take counted once (598: twice)
@@ -212,6 +214,8 @@ def test_two_live_gateways_give_a_tenant_its_limit_once(prefix):
                     lf.call(lf.gateway.shared_limits.sync)
             return ok
         admitted = asyncio.run(burst())
+        text = httpx.get(a.url + "/metrics").text
+        assert 'steersman:shared_limits_syncs_total{outcome="ok"}' in text
         assert admitted <= 11, admitted  # 10, +1 for the refill over the test's seconds (was 20: 10 per gateway)
         # a budget spent through one gateway is spent for the other, and for a gateway started afresh
         with openai.OpenAI(base_url=a.url + "/v1", api_key=keys["bud"], max_retries=0, timeout=30) as c:
@@ -276,6 +280,7 @@ async def test_a_key_that_is_not_a_tenant_record_spoils_no_other_tenant(prefix, 
         assert await a.sync()
         assert float(r.hget(a.key("t"), "usd")) == 1.0 and float(r.hget(a.key("v"), "usd")) == 1.0
         assert sum("is not a tenant record" in m for m in caplog.messages) == 1
+        assert a.counts.get("bad_record") == 1 and a.counts.get("ok") == 2
         r.delete(a.key("u"))  # repaired: its spend goes with the next sync
         assert await a.sync()
         assert float(r.hget(a.key("u"), "usd")) == 1.0 and a.ledger.spent("u") == 1.0

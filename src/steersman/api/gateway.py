@@ -232,6 +232,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.shared_limits = SharedLimits(
             s.limits_url, s.limits_prefix, s.limits_sync_s, s.limits_timeout_s, adm.limiter, adm.ledger,
             lambda: {**tenants.tenants, tenants.open_tenant.name: tenants.open_tenant}, self.clock.now)
+        self.metrics.registry.register(self.shared_limits.counts)
         await self.shared_limits.start()
 
     async def _discover_models(self) -> None:

@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 from steersman.control.budget import BudgetLedger
 from steersman.control.ratelimit import RateLimiter
 from steersman.control.tenants import TenantConfig
+from steersman.obs.histogram import CounterFamily
 
 __all__ = ["SharedLimits"]
 
@@ -142,6 +143,10 @@ class SharedLimits:
         self.script = self.client.register_script(_SCRIPT)
         self.id = uuid.uuid4().hex[:12]
         self.syncs = self.failures = 0
+        #: syncs by outcome (ok, error: Redis failed or did not answer in time, resent: a lost one sent again,
+        #: dropped: a lost one too old to send again) and tenants skipped for a key not of ours (bad_record)
+        self.counts = CounterFamily("steersman:shared_limits_syncs", "Syncs of tenants' limits and spend with Redis "
+                                    "(gateway.limits_url), by outcome.", ["outcome"])
         self.down = False
         self._task: asyncio.Task | None = None
         self._seq = 0  # the last sync's number
@@ -215,6 +220,7 @@ class SharedLimits:
             if self.now() - at > _RETRY_MAX_S:  # its number is forgotten by now: sent again it could count twice
                 log.warning("shared limits: a sync of $%.6g spend whose answer was lost %.0f s ago is dropped (its "
                             "outcome can no longer be known)", sum(lost.values()), self.now() - at)
+                self.counts.inc("dropped")
                 self._retry = None
             else:
                 tenants = [t for t in limited if t.name in lost]
@@ -240,6 +246,7 @@ class SharedLimits:
             if isinstance(e, asyncio.CancelledError):
                 raise
             self.failures += 1
+            self.counts.inc("error")
             if not self.down:
                 self.down = True
                 log.warning("shared limits (Redis) unreachable (%s): each gateway enforces its own tenants' limits "
@@ -251,6 +258,7 @@ class SharedLimits:
         now = self.now()
         for t, (rl, tl, spent, others) in zip(tenants, got):
             if _text(rl) == "bad":  # its key is not one this wrote: nothing of it changed in Redis
+                self.counts.inc("bad_record")
                 if t.name not in self._bad:
                     self._bad.add(t.name)
                     log.warning("shared limits: Redis key %s is not a tenant record (another program's?): tenant "
@@ -262,6 +270,7 @@ class SharedLimits:
             if not retry:
                 self.limiter.apply_shared(t, _num(rl), _num(tl), now)
             self.ledger.apply_shared(t.name, float(spent), float(others))
+        self.counts.inc("resent" if retry else "ok")
         if not retry:
             self._first = False
             self.syncs += 1
