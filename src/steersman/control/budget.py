@@ -11,8 +11,9 @@ requests have cost so far), so a burst of concurrent requests stops once their
 estimates reach what is left of the budget: without it a tenant just under its
 budget overshot it by whatever it had in flight (a state audit: 30 concurrent
 requests admitted after the budget was spent, 35x over).  The overshoot left is
-one request's misestimate, and, before any request of its model has ended, the
-requests in flight (nothing is known of their price yet).  The ledger lives in
+the misestimates of the requests in flight (a request costs more in a batch than
+alone: up to ~2x measured live), and, before any request of its model has ended,
+their whole cost (nothing is known of their price yet).  The ledger lives in
 memory: it starts at zero with the process, unless ``gateway.limits_url`` shares it
 through Redis (:mod:`steersman.state.shared_limits`: spend kept across restarts; a
 reset there is deleting the tenant key's ``usd`` field, :meth:`reset` alone is undone

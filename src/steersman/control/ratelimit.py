@@ -74,6 +74,11 @@ class TokenBucket:
             self._level -= cost
         return w
 
+    def set_level(self, level: float, now: float) -> None:
+        """Hold ``level`` (at most the capacity; a debt as it is) from ``now`` on: a bucket mirroring a shared one."""
+        self._advance(now)
+        self._level = min(self.capacity, level)
+
     def give(self, amount: float, now: float) -> None:
         """Refund (``amount`` > 0, capped at capacity) or charge extra (< 0, may leave a debt)."""
         self._advance(now)
@@ -238,5 +243,4 @@ class RateLimiter:
         d = (self._delta or {}).get(tenant.name, (0.0, 0.0))
         for bucket, level, since in ((b.requests, requests, d[0]), (b.tokens, tokens, d[1])):
             if bucket is not None and level is not None:
-                bucket._advance(now)
-                bucket._level = min(bucket.capacity, level - since)
+                bucket.set_level(level - since, now)

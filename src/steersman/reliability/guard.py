@@ -160,9 +160,14 @@ class ReplicaGuard:
         ejected replica that serves again is holding the place a hung one needs (its waiting requests stay stuck
         there for the rest of the other's ejection: 29 s instead of 2.4 s in a reliability audit)."""
         o = self.outliers
-        if now - o.capped_at > 10 * self.s.outlier_sweep_s:
+        if not self._cap_pressed(now):
             return np.zeros(o.n, dtype=bool)
         return o.until > now
+
+    def _cap_pressed(self, now: float) -> bool:
+        """The ejection cap refused an ejection within the last 10 sweep intervals (each sweep that finds the hung
+        replica still stalled refuses it again, so the pressure lasts while it does)."""
+        return now - self.outliers.capped_at <= 10 * self.s.outlier_sweep_s
 
     def probe_answered(self, i: int, now: float | None = None) -> bool:
         """An idle probe was answered: progress, as a whole answer is (a replica back from an ejection leaves
@@ -172,7 +177,7 @@ class ReplicaGuard:
         successful_active_health_check_uneject_host: an inference probe answered, not a scrape, shows it serves).
         True if it came back."""
         o = self.outliers
-        back = now is not None and o.until[i] > now and now - o.capped_at <= 10 * self.s.outlier_sweep_s
+        back = now is not None and o.until[i] > now and self._cap_pressed(now)
         if back:
             o.uneject(i, now)
         self.outliers.success(i)
