@@ -8,6 +8,7 @@ a parseable body, the right status code and the field at fault.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import orjson
@@ -15,6 +16,7 @@ import orjson
 __all__ = [
     "ApiError",
     "bad_request",
+    "json_error",
     "not_found_model",
     "unauthorized",
     "too_large",
@@ -64,7 +66,7 @@ def unauthorized(why) -> ApiError:
 def not_found_model(model: str) -> ApiError:
     return ApiError(
         404,
-        f"The model `{model}` does not exist or is not served by this gateway.",
+        f"The model `{model[:64]}{'...' if len(model) > 64 else ''}` does not exist or is not served by this gateway.",
         "invalid_request_error",
         "model",
         "model_not_found",
@@ -145,3 +147,16 @@ def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
     out = {"message": message, "type": "rate_limit_error" if status == 429 else "invalid_request_error",
            "param": param if isinstance(param, str) else None, "code": code}
     return orjson.dumps({"error": out | extra})
+
+
+#: a ``\uD800``-``\uDBFF`` escape (not itself escaped) that no low-surrogate escape follows
+_LONE_HIGH = re.compile(rb"(?<!\\)(?:\\\\)*\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u)")
+
+
+def json_error(e: Exception, body: bytes) -> str:
+    """What msgspec's decode error ``e`` of ``body`` says, with its one misleading case put right: a lone high
+    surrogate escape (``"a\\ud800b"``) reads "Input data was truncated" for a body that is whole."""
+    text = str(e)
+    if "truncated" in text and _LONE_HIGH.search(body):
+        return "JSON is malformed: invalid utf-16 surrogate pair (a \\uD800-\\uDBFF escape without its low half)"
+    return text

@@ -78,6 +78,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self.scheduler_settings = cfg.scheduler
         self.block_size = DEFAULTS.engine.block_size
         self.clock = clock or WallClock()
+        self._models_created = int(self.clock.wall())  # the models' ``created``: fixed, as OpenAI's (was: every call's now)
         self.metrics = GatewayMetrics(self.settings.loop_lag_interval_s)
         self.tracer = make_tracer(self.settings.otlp_traces_endpoint, self.settings.trace_sample_ratio,
                                   self.settings.otlp_shutdown_timeout_s)
@@ -330,7 +331,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
     def _model_objects(self) -> dict[str, dict]:
         """OpenAI model objects of the fleet's models (the union of its replicas'), by id."""
         assert self.fleet is not None
-        created = int(self.clock.wall())
+        created = self._models_created
         counts: dict[str, int] = {}
         for r in self.fleet.replicas:
             for mdl in r.models:

@@ -24,7 +24,10 @@ from typing import Any
 import msgspec
 import orjson
 
-from steersman.api.errors import ApiError, bad_request
+from steersman.api.chat_checks import check_metadata
+from steersman.api.errors import ApiError, bad_request, json_error
+from steersman.api.responses_checks import check_own as _check_own, check_tool_pairs as _check_tool_pairs
+from steersman.api.responses_checks import kind as _kind, reasoning_echo as _reasoning_echo, str_field as _str
 from steersman.api.tools import check_function_fields
 
 __all__ = ["ResponsesCall", "translate_request", "chat_param", "input_items", "new_id"]
@@ -45,50 +48,7 @@ _REFUSED = {
 }
 
 
-# chat completion fields whose Responses counterpart has another name: forwarded as engine extensions, they ran
-# behind the Responses field's back (max_completion_tokens 8 beside max_output_tokens 3 generated 8 tokens, and the
-# Response echoed 3); refused with a 400 that names the field to use
-_CHAT_ONLY = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-              "response_format": "text.format", "messages": "input", "functions": "tools", "function_call": "tool_choice"}
 _VERBOSITY = ("low", "medium", "high")
-
-
-def _check_own(doc: dict[str, Any]) -> None:
-    """The types and values of the Responses fields the gateway takes and does not pass on (a 400 naming each;
-    they were dropped unchecked, and the Response echoed ``parallel_tool_calls: "x"``)."""
-    for key, use in _CHAT_ONLY.items():
-        if key in doc:
-            raise bad_request(f"Unknown parameter: '{key}' (a chat completion field): use '{use}' on /v1/responses.",
-                              key, "unknown_parameter")
-    ptc = doc.get("parallel_tool_calls")
-    if ptc is not None and not isinstance(ptc, bool):
-        raise bad_request(f"Invalid type for 'parallel_tool_calls': expected a boolean, but got {_kind(ptc)}.",
-                          "parallel_tool_calls", "invalid_type")
-    # strings only: their values grow with OpenAI's models (the SDK already lists effort xhigh and max, service tiers
-    # fast and ultrafast), and the gateway passes none of them on
-    for key in ("prompt_cache_key", "safety_identifier", "prompt_cache_retention", "service_tier"):
-        _str(doc, key, key)
-    mtc = doc.get("max_tool_calls")
-    if mtc is not None and (type(mtc) is not int or mtc < 1):
-        raise bad_request(f"Invalid value for 'max_tool_calls': expected an integer >= 1, got {str(mtc)[:40]}.",
-                          "max_tool_calls", "invalid_value")
-    include = doc.get("include")
-    if include is not None and (not isinstance(include, list) or not all(isinstance(x, str) for x in include)):
-        raise bad_request(f"Invalid type for 'include': expected an array of strings, but got {_kind(include)}.",
-                          "include", "invalid_type")
-    reasoning = _obj(doc, "reasoning")
-    if reasoning is not None:
-        _str(reasoning, "effort", "reasoning.effort")
-    if _obj(doc, "stream_options") is not None and doc.get("stream") is not True:
-        raise bad_request("'stream_options' is only allowed when 'stream' is true.", "stream_options", "invalid_value")
-
-
-def _obj(doc: dict, key: str) -> dict | None:
-    """``doc[key]``: an object, or None when absent (a 400 naming ``key`` for any other type)."""
-    v = doc.get(key)
-    if v is not None and not isinstance(v, dict):
-        raise bad_request(f"Invalid type for '{key}': expected an object, but got {_kind(v)}.", key, "invalid_type")
-    return v
 
 
 @dataclass(slots=True)
@@ -120,22 +80,6 @@ class ResponsesCall:
         cuts = [i for i, m in enumerate(self.history) if i > 0 and m.get("role") == "user"]
         tries = [0] + [cuts[min(2**k, len(cuts)) - 1] for k in range(len(cuts).bit_length() + 1)] if cuts else [0]
         return list(dict.fromkeys(tries))
-
-
-def _str(doc: dict, key: str, where: str, required: bool = False) -> str | None:
-    v = doc.get(key)
-    if v is None:
-        if required:
-            raise bad_request(f"Missing required parameter: '{where}'.", where, "missing_required_parameter")
-        return None
-    if not isinstance(v, str):
-        raise bad_request(f"Invalid type for '{where}': expected a string, but got {_kind(v)}.", where, "invalid_type")
-    return v
-
-
-def _kind(v: Any) -> str:
-    return {dict: "an object", list: "an array", bool: "a boolean", int: "an integer", float: "a decimal number",
-            str: "a string", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 def _content(parts: Any, where: str, role: str) -> str | list[dict[str, Any]]:
@@ -320,6 +264,7 @@ def translate_request(body: bytes | dict[str, Any], history: list[dict[str, Any]
         raise bad_request("'input' is empty: give a string or at least one input item.", "input", "empty_array")
     instructions = _str(doc, "instructions", "instructions")
     conversation = list(history or ()) + turn
+    _check_tool_pairs(history or (), doc["input"])
     messages = ([{"role": "system", "content": instructions}] if instructions else []) + conversation
     chat: dict[str, Any] = {k: v for k, v in doc.items() if k not in _OWN}  # engine extensions, as sent
     chat["model"] = model
@@ -350,8 +295,7 @@ def translate_request(body: bytes | dict[str, Any], history: list[dict[str, Any]
     metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise bad_request("Invalid type for 'metadata': expected an object of string values.", "metadata", "invalid_type")
-    if len(metadata) > 16:
-        raise bad_request(f"'metadata' has {len(metadata)} keys: at most 16 are allowed.", "metadata")
+    check_metadata(metadata)
     truncation = doc.get("truncation")
     truncation = "disabled" if truncation is None else truncation
     if truncation not in ("auto", "disabled"):
@@ -362,7 +306,7 @@ def translate_request(body: bytes | dict[str, Any], history: list[dict[str, Any]
             "tool_choice": doc.get("tool_choice") if doc.get("tool_choice") is not None else "auto",
             "tools": doc.get("tools") or [], "parallel_tool_calls": doc.get("parallel_tool_calls", True),
             "text": doc.get("text") or {"format": {"type": "text"}}, "truncation": truncation,
-            "user": doc.get("user"), "reasoning": {"effort": None, "summary": None}, "store": store,
+            "user": doc.get("user"), "reasoning": _reasoning_echo(doc), "store": store,
             "previous_response_id": doc.get("previous_response_id"), "metadata": metadata}
     return ResponsesCall(chat, echo, conversation, stream, store, doc.get("previous_response_id"), metadata,
                          input_items(doc["input"]))
@@ -410,7 +354,7 @@ def parse_body(body: bytes) -> dict[str, Any]:
         doc = msgspec.json.decode(body)  # (orjson reads 1,024 levels but writes 254, and reads big integers as floats)
         orjson.dumps(_wrapped(doc))  # what cannot be written again is refused now, not after the engine answered
     except (msgspec.DecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"We could not parse the JSON body of your request: {e}.", "invalid_request_error",
+        raise ApiError(400, f"We could not parse the JSON body of your request: {json_error(e, body)}.", "invalid_request_error",
                        None, "invalid_json") from None
     except (RecursionError, TypeError) as e:
         why = "has a number out of range" if "Integer" in str(e) else "is nested too deeply"

@@ -18,7 +18,8 @@ from typing import Any
 
 import msgspec
 
-from steersman.api.errors import ApiError, bad_request
+from steersman.api.chat_checks import check_metadata, check_unsupported
+from steersman.api.errors import ApiError, bad_request, json_error
 from steersman.api.messages import check_message
 from steersman.api.tools import chosen_tool
 from steersman.config import DEFAULTS
@@ -102,6 +103,15 @@ class ChatCompletionRequest(_Common, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None  # alternatives per token, up to GatewaySettings.max_logprobs; needs logprobs: true
+    # OpenAI's, typed so a wrong type is a 400 naming it (forwarded as sent; api/chat_checks.py)
+    parallel_tool_calls: bool | None = None
+    metadata: dict[str, str] | None = None
+    # what no engine behind the gateway does: refused (api/chat_checks.py), not answered as plain text
+    modalities: Any = None
+    audio: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
 
     @property
     def output_limit(self) -> int | None:
@@ -156,7 +166,7 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         text = _AT.sub("", msg)
         raise bad_request(f"Invalid request: {text}" + (f" (field `{param}`)" if param else ""), param) from None
     except msgspec.DecodeError as e:
-        raise bad_request(f"Request body is not valid JSON: {e}", None, "invalid_json") from None
+        raise bad_request(f"Request body is not valid JSON: {json_error(e, body)}", None, "invalid_json") from None
     except UnicodeDecodeError:
         raise bad_request("Request body is not valid UTF-8.", None, "invalid_encoding") from None
     except RecursionError:
@@ -270,6 +280,9 @@ def decode_chat(body: bytes, max_tokens_limit: int,
         _check_response_format(req.response_format)
     if req.tools is not None or req.tool_choice is not None:
         chosen_tool(req.tools, req.tool_choice)
+    check_metadata(req.metadata)
+    check_unsupported({"audio": req.audio, "web_search_options": req.web_search_options, "functions": req.functions,
+                       "function_call": req.function_call, "modalities": req.modalities})
     if req.top_logprobs is not None:
         _check_logprobs(req.top_logprobs, "top_logprobs", max_logprobs)
         if req.top_logprobs and not req.logprobs:

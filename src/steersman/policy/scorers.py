@@ -130,8 +130,8 @@ def _too_long(snap, req: SchedRequest, least: int) -> Reject:
     output = req.max_tokens if req.kind != "embedding" else None  # an embedding's one token is no one's ask
     where = f"the longest entry of the {field}" if req.longest_prompt != req.prompt_tokens else f"the {field}"
     ask = f"about {req.longest_prompt} in {where}" + (f" and {output} of output (`max_tokens`)" if output else "")
-    return Reject(f"this request needs {least} tokens of context ({ask}), more than any replica serving "
-                  f"{req.model!r} holds ({most} tokens): reduce the length of the {field}"
+    return Reject(f"this request needs {least} tokens of context ({ask}), more than the KV cache of any replica "
+                  f"serving {req.model!r} holds ({most} tokens): reduce the length of the {field}"
                   + (" or `max_tokens`" if output else ""),
                   None, "context_length_exceeded", 400, field)
 
