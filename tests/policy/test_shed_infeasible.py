@@ -38,7 +38,7 @@ def test_a_sheddable_request_no_replica_can_serve_in_time_is_refused_early(fused
     snap = fleet_snapshot(2)
     d = policy.pick(snap, _req(PriorityClass.SHEDDABLE))
     assert isinstance(d, Reject) and d.code == "slo_infeasible"
-    assert "first token in" in d.reason and "target 0.05 s" in d.reason and "shed_infeasible" in d.reason
+    assert "first token in" in d.reason and "0.05 s TTFT budget left" in d.reason and "shed_infeasible" in d.reason
     # Retry-After: how late the best predicted first token is, at least 1 s
     assert d.retry_after is not None and d.retry_after >= 1.0
     # the same request with a budget a replica meets is routed; a standard one is routed late (default)

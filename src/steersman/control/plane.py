@@ -14,7 +14,8 @@ outcomes saying what to do with which item:
   queue again, already admitted.
 * :meth:`ControlPlane.dispatch` — capacity may have freed: queued requests that
   can now run, in queue order.
-* :meth:`ControlPlane.expire` — queued requests whose deadline can no longer be met.
+* :meth:`ControlPlane.expire` — queued requests whose deadline can no longer be met, and those of an
+  early-rejection class whose TTFT budget ran out while they waited (when the policy sheds them).
 * :meth:`ControlPlane.finish` / :meth:`ControlPlane.abandon` — a dispatched request
   ended (settle tokens and spend) / a queued one was given up by its client.
 """
@@ -33,6 +34,7 @@ import numpy as np
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.control.admission import Admit, Admitter, check_deadline
 from steersman.control.queue import STOP, Enqueued, GatewayQueue
+from steersman.control.shed_watch import ShedWatch
 from steersman.control.tenants import TenantConfig
 from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import FleetSnapshot
@@ -153,6 +155,8 @@ class ControlPlane:
         #: with one (see _queued); entries that left or whose budget ran out are dropped as they surface
         self._fresh: dict[int, list[tuple[float, int, Any]]] = {}
         self._fresh_seq = itertools.count()
+        self._shed_watch = ShedWatch(settings.shed_infeasible)  # early rejection of what waits (control/shed_watch.py)
+        self._early = getattr(policy, "early_reject", None)  # the profile's (policy/framework.py Profile)
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
@@ -176,6 +180,11 @@ class ControlPlane:
             # fairness, value, deadline), not to whoever arrives at that moment (issue #5: a critical request
             # queued behind a stream of new standard arrivals missed its SLO)
             decision = Queue("requests for this model are already waiting")
+            if self._early is not None and self._shed_watch.applies(req):  # early rejection: asked all the
+                asked = self._early(snapshot, req)  # same (control/shed_watch.py)
+                if asked is not None:
+                    self.admitter.release(a, now)
+                    return _refusal(asked), []
         else:
             decision = self.policy.pick(snapshot, req)
         if isinstance(decision, Route):
@@ -219,6 +228,8 @@ class ControlPlane:
         leaves the queue like that: DISPATCH_FIRST_LOOKS stale entries were walked for nothing at every pop)."""
         self._waiting[item] = q
         req = q.req
+        if self._early is not None and self._shed_watch.applies(req):
+            self._shed_watch.watch(item, req)
         until = _first_until(req)
         if until > -math.inf:
             h = self._fresh.setdefault(int(req.priority), [])
@@ -374,6 +385,13 @@ class ControlPlane:
                     continue
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
                 out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
+        for item in self._shed_watch.due(now):  # its TTFT budget ran out while it waited: refused if the policy sheds
+            q = self._waiting.get(item)
+            if q is not None and self._early is not None:
+                asked = self._early(snapshot, q.req)
+                if asked is not None:
+                    self.abandon(item, now)
+                    out.append((item, _refusal(asked)))
         for model in self._orphaned(snapshot, now):
             gone = Refuse(503, "no_capacity", f"no replica of model {model!r} has been in rotation for "
                           f"{self.settings.queue_without_replica_s:g} s", 1.0)

@@ -229,6 +229,25 @@ class Profile:
         if forget is not None:
             forget()
 
+    def early_reject(self, snapshot: FleetSnapshot, request: SchedRequest) -> Reject | None:
+        """The picker's early rejection of ``request`` (its optional ``early_reject(ctx)``: Mooncake's, in the
+        steersman picker) over the candidates the reliability gate keeps, saturated ones included: asked of a
+        request that waits in the gateway queue, which :meth:`pick` would only answer "saturated" (see
+        ``control/shed_watch.py``).  None when the picker has none or refuses nothing."""
+        judge = getattr(self.picker, "early_reject", None)
+        if judge is None:
+            return None
+        ctx = self.context(snapshot, request)
+        if ctx.candidates.size == 0:
+            return None
+        keep = self.gate.filter(ctx)
+        kept = np.count_nonzero(keep)
+        if not kept:
+            return None
+        if kept < keep.size:
+            ctx.narrow(keep)
+        return judge(ctx)
+
     def pick(self, snapshot: FleetSnapshot, request: SchedRequest) -> Decision:
         if self._fast is not None:
             return self._fast(snapshot, request)

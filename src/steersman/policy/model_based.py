@@ -68,6 +68,20 @@ class SloCheapest:
             raise ValueError(f"takes no params (its knobs are scheduler settings), got {sorted(params)}")
         return cls(settings)
 
+    def early_reject(self, ctx: DecisionContext) -> Reject | None:
+        """:func:`shed` for a request no candidate (saturated ones included) is predicted to give its first token
+        within the TTFT budget it has left: asked of requests that wait in the gateway queue
+        (``control/shed_watch.py``); the TPOT and deadline tests stay :meth:`pick`'s."""
+        req = ctx.request
+        protected = req.priority == PriorityClass.CRITICAL or req.protection > 0
+        if req.priority not in self.shed or protected or req.resumed:
+            return None
+        ttft = targets(req, ctx.snapshot.time)[0]
+        p = ctx.feature("prediction")
+        if not p.ttft.size or float(p.ttft.min()) <= ttft:
+            return None
+        return shed(self.shed, req, protected, p.ttft, ttft)
+
     def pick(self, ctx: DecisionContext, scores: Scores) -> Decision:
         req = ctx.request
         p = ctx.feature("prediction")
@@ -138,14 +152,20 @@ def shed(classes: frozenset, req, protected: bool, ttft: np.ndarray, target_ttft
     """A request no replica is predicted to serve within its SLO: refused early (Mooncake's early rejection)
     when its priority class is in ``classes`` (``SchedulerSettings.shed_infeasible``), it is not protected and
     not a stream under way; else None (it goes where it is predicted to finish soonest, as ever).
-    ``Retry-After``: how late the earliest predicted first token is (the work ahead drains by then), >= 1 s."""
+    ``target_ttft``: the TTFT budget it has left.  ``Retry-After``: how late the earliest predicted first token
+    would be for the request sent again now, with its whole budget (the work ahead drains by then), >= 1 s: the
+    budget left is spent by a wait in the gateway queue, and a Retry-After of the time waited asked a client to
+    wait for nothing."""
     if req.priority not in classes or protected or req.resumed:
         return None
     best = float(ttft.min()) if ttft.size else np.inf
     late = best - target_ttft if best < np.inf and target_ttft < np.inf else 0.0
-    what = f"first token in {best:.2f} s at best, target {target_ttft:.2f} s" if late > 0 else "TPOT or deadline"
+    whole = req.budget.ttft_s
+    again = best - whole if whole is not None and best < np.inf else late
+    what = (f"first token in {best:.2f} s at best, {max(target_ttft, 0.0):.2f} s of its {whole or 0.0:.2f} s TTFT "
+            "budget left" if late > 0 else "TPOT or deadline")
     return Reject(f"no replica is predicted to meet its SLO ({what}); {req.priority.name.lower()} requests are "
-                  "refused early then (scheduler.shed_infeasible)", max(1.0, late), "slo_infeasible")
+                  "refused early then (scheduler.shed_infeasible)", max(1.0, again), "slo_infeasible")
 
 
 def hold(req, protected: bool, ttft_alone: np.ndarray, left: float, holder: bool = False) -> Queue | None:

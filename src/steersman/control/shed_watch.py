@@ -1,0 +1,50 @@
+"""Early rejection for requests that wait in the gateway queue (``SchedulerSettings.shed_infeasible``).
+
+The policy refuses a request of an early-rejection class that no replica is predicted to serve within its SLO
+(Mooncake's early rejection, ``policy/model_based.py`` ``shed``), but it is asked only when a request is routed:
+one that arrived while others waited for its model went into the queue unasked, below every more important band,
+and was refused on its turn, after its TTFT budget had long run out (an audit with 40 standard clients on two
+replicas: sheddable requests waited 17-22 s for their 503; the README says "refused at once").  So such a request
+is asked at arrival all the same (:meth:`ControlPlane.arrive`: refused then if the policy refuses it, else queued
+as before), and asked again when its TTFT budget runs out while it waits (:class:`ShedWatch`, from the plane's
+expiry pass every 50 ms): a profile that sheds (steersman's) refuses it then; one that does not keeps it queued.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any
+
+from steersman.policy.request import PriorityClass, SchedRequest
+
+__all__ = ["ShedWatch"]
+
+
+class ShedWatch:
+    """The queued requests of the early-rejection classes, by when their TTFT budget runs out."""
+
+    def __init__(self, classes: tuple[str, ...]) -> None:
+        self.classes = frozenset(PriorityClass.parse(c) for c in classes)
+        self._due: list[tuple[float, int, Any]] = []
+        self._seq = itertools.count()
+
+    def applies(self, req: SchedRequest) -> bool:
+        """``req`` may be refused early: its class is one of them, it is not protected (critical, sunk cost) and
+        not a stream under way (the policy's own conditions), and it has a TTFT budget."""
+        return (req.priority in self.classes and req.protection <= 0 and not req.resumed
+                and req.budget.ttft_s is not None)
+
+    def watch(self, item: Any, req: SchedRequest) -> None:
+        """``item`` (``req``, which :meth:`applies`) waits in the queue from now."""
+        heapq.heappush(self._due, (req.arrival + req.budget.ttft_s, next(self._seq), item))
+
+    def due(self, now: float) -> list[Any]:
+        """The watched items whose TTFT budget has run out by ``now`` (each once; some may have left the queue)."""
+        out = []
+        while self._due and self._due[0][0] <= now:
+            out.append(heapq.heappop(self._due)[2])
+        return out
+
+    def __len__(self) -> int:
+        return len(self._due)
