@@ -1,6 +1,7 @@
 """The fleet's outcome hooks feed the guard; snapshots carry what the reliability filter applies; the guard's
 sweep judges stalls from the fleet's ``stalled_since`` row (the one place that tracks them)."""
 
+import asyncio
 from dataclasses import replace
 
 import numpy as np
@@ -264,3 +265,24 @@ def test_a_scrape_sweeps_too_with_no_traffic():
     clock._now = 10.5
     fleet.update_metrics(2, EngineMetrics(1, 0, 0.1))
     assert fleet.guard.outliers.is_ejected(2, clock._now)
+
+
+def test_a_replica_whose_checks_failed_and_pass_again_leaves_its_ejection_a_passive_failure_does_not():
+    """A restart: the scraper's checks failed while the engine was dead and pass once it serves again; the
+    failures that ejected it were the dead process's (a twin drill's restored replica waited out its 30 s
+    ejection idle).  A connection refused on the request path (passive) followed by a good check is not a
+    restart: the ejection stands (a replica refusing some connections would leave every ejection)."""
+    for active in (True, False):
+        fleet, clock = _fleet()
+        for _ in range(5):
+            _attempt(fleet, 1, ok=False)
+        assert fleet.guard.outliers.is_ejected(1, clock.now())
+        fleet.set_healthy(1, False, active=active)
+        asyncio.run(clock.advance(1.0))
+        fleet.set_healthy(1, True)
+        assert fleet.guard.outliers.is_ejected(1, clock.now()) is (not active), active
+    fleet, clock = _fleet()  # a good check of a replica never down lifts nothing (uneject_on_active_health: off)
+    for _ in range(5):
+        _attempt(fleet, 1, ok=False)
+    fleet.set_healthy(1, True)
+    assert fleet.guard.outliers.is_ejected(1, clock.now())

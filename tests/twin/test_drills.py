@@ -1,5 +1,7 @@
 """Failure drills from the workload spec's ``drills:`` list: kill, slow, errors, restore (and their validation)."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,32 @@ def test_a_killed_replica_restarts_cold_and_takes_traffic_again(shared_dir):
     # nothing went there while it was down (after the one dispatch that detected it)
     down = (c["replica"] == 0) & (c["dispatch"] > 20) & (c["dispatch"] < first_back)
     assert down.sum() <= 1
+
+
+def test_a_restored_replica_takes_traffic_once_warm_not_after_its_ejection(shared_dir):
+    """A drill audit (examples/twin-fleet.yaml, the conversation trace 8x): the kill's failures ejected replica 0
+    for 30 s (outlier detection), and restored at 15 s it took no traffic in the whole 33 s run, its weights warm
+    at 23 s.  The scraper's checks failed while it was dead and pass once it serves again: a restart, which lifts
+    the ejection (``ReplicaGuard.health``), as the live gateway's scraper does."""
+    from steersman.fleet.config import load_fleet
+    fleet = load_fleet(Path(__file__).resolve().parents[2] / "examples" / "twin-fleet.yaml")
+    spec = {"model": "llama-3.1-8b", "sources": [
+        {"kind": "trace", "path": str(shared_dir / "traces" / "azure-llm-2023-conv.csv"), "slo": "standard",
+         "speed": 8, "limit": 1000}], "drills": [{"at": 5, "kill": 0}, {"at": 15, "restore": 0}]}
+    exp = Experiment(fleet, spec)
+    exp.run("steersman")
+    c = exp.last.arrays()
+    back = (c["replica"] == 0) & (c["dispatch"] > 15)
+    assert back.sum() > 20 and (c["status"][back] == OK).all()
+    assert 15.5 < c["dispatch"][back].min() < 25  # weights loaded, then routable: not at 35 s
+
+
+def test_the_run_lasts_until_its_last_request_ended_not_its_last_event(shared_dir):
+    """``duration_s`` (and with it cost, throughput, goodput): a drill step long after the trace's last request
+    billed the fleet until then (a kill at 5,000 s in a 34 s replay: 5,000 s), and the workload's 1 s pull cadence
+    rounded every run up to the next second."""
+    s, c = _run(shared_dir, None)
+    last = float(np.max(c["finish"]))
+    assert s["duration_s"] == pytest.approx(last)
+    late, _ = _run(shared_dir, [{"at": 5000, "kill": 1}])
+    assert late["duration_s"] == pytest.approx(last) and late["cost_usd"] == pytest.approx(s["cost_usd"])

@@ -347,12 +347,14 @@ class Fleet(Awaited, FleetLearning):
             out &= self.guard.blocked_until(now, self.live[S.STALLED_SINCE]) <= now
         return out
 
-    def set_healthy(self, index: int, healthy: bool) -> None:
+    def set_healthy(self, index: int, healthy: bool, active: bool = True) -> None:
+        """``active``: an active health check's verdict (the scraper's); False for passive detection (a failed
+        connection), which the scraper's next good check restores."""
         self._own()
         self.healthy[index] = healthy
         self._route(index)
         if self.guard is not None:
-            self.guard.health(index, healthy, self.clock.now())
+            self.guard.health(index, healthy, self.clock.now(), active)
 
     def _route(self, index: int) -> None:
         self.routable[index] = self.healthy[index] and self.live[S.WEIGHTS, index] == _WARM

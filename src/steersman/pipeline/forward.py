@@ -292,7 +292,7 @@ class Forward:
             except UpstreamError as e:
                 self.metrics.upstream_error(rep.name, "send" if e.connected else "connect")
                 if not e.connected:
-                    self.fleet.set_healthy(index, False)  # passive detection; the scraper restores it
+                    self.fleet.set_healthy(index, False, active=False)  # passive detection; the scraper restores it
                 retry = Retry.CONTINUE_ONLY if resuming else Retry.SAFE
                 return Fail(upstream_failed(f"Engine {rep.name} is unreachable: {e}", 502), retry)
             if ex.status != 200:

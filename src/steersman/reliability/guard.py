@@ -36,6 +36,7 @@ class ReplicaGuard:
         self.limiters = [GradientLimiter(settings) for _ in range(n)]
         self.limits = np.array([lim.limit for lim in self.limiters])
         self._probation = np.zeros(n, dtype=bool)  # back from an ejection, not yet shown progress
+        self._down = np.zeros(n, dtype=bool)  # its last active health check failed (the scraper: dead, or restarting)
         self._breaker_until = np.full(n, -np.inf)
         self._blocked: np.ndarray | None = None  # blocked_until's answer, kept while its inputs are unchanged
         self._blocked_key = -1  # the outliers' ``changes`` it was computed at
@@ -141,9 +142,20 @@ class ReplicaGuard:
             self.breakers[i].release_probe()
             self._sync_breaker(i, now)
 
-    def health(self, i: int, ok: bool, now: float) -> None:
-        """An active health check's result (the metrics scraper)."""
-        if ok and self.s.uneject_on_active_health:
+    def health(self, i: int, ok: bool, now: float, active: bool = True) -> None:
+        """An active health check's result (the metrics scraper).  A replica whose checks failed and now pass
+        (its engine died, or restarted, and serves again: a restart) leaves an ejection at once, whatever
+        ``uneject_on_active_health`` says: the failures that ejected it were the dead process's, and a hung engine,
+        which that setting guards against, still answers its checks, so it never passes this way.  Before, a
+        replica restored after a kill waited out the rest of its 30 s ejection idle (a twin drill audit: a
+        restore at 15 s took traffic at 35 s, weights warm at 23 s).  Passive detection (``active`` False: a failed
+        connection) does not count as a failed check: a replica refusing some connections while its checks pass
+        would leave every ejection at the next check."""
+        if not active:
+            return
+        back = ok and self._down[i]
+        self._down[i] = not ok
+        if ok and (back or self.s.uneject_on_active_health):
             self.outliers.uneject(i, now)
 
     def probe_timed_out(self, i: int, now: float, reason: str) -> bool:

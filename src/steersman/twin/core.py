@@ -191,7 +191,7 @@ class Twin(DrillActions, Handoff):
                 self._expire()
             else:
                 data(self)
-        self.rec.close(self.clock.t, self.fleet)
+        self.rec.close(self.clock.t, self.fleet, stop)
         return self.rec
 
     def _pull(self, t: float) -> None:
@@ -265,7 +265,7 @@ class Twin(DrillActions, Handoff):
         if rep.dead or (rep.error_rate and self._rng.random() < rep.error_rate):
             self._failed(r)  # the engine refused or the connection failed: a 502 at the gateway
             if rep.dead:
-                self.fleet.set_healthy(i, False)  # passive detection, as the live gateway on connect failure
+                self.fleet.set_healthy(i, False, active=False)  # passive detection, as the live gateway on connect failure
             return
         if self.cfg.gateway_latency_s > 0:
             self._push(now + self.cfg.gateway_latency_s, _DELIVER, r)
