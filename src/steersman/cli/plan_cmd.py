@@ -32,10 +32,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Find the cheapest fleet (replicas per GPU type) meeting the SLO with headroom; show it per hour."""
         from rich.console import Console
+        from rich.markup import escape
         from rich.table import Table
 
         from steersman.cli._workload import check_duration, workload_spec
-        from steersman.twin.plan import plan_capacity
+        from steersman.twin.plan import day_curve_text, plan_capacity
         from steersman.twin.plan_mix import label
         from steersman.twin.run import check_workload
         from steersman.twin.workload import WorkloadSpecError, load_workload
@@ -53,14 +54,16 @@ def register(app: typer.Typer) -> None:
             if duration is not None:  # every source's default end, as in simulate (and the offered load's window)
                 spec = {**spec, "duration_s": duration}
             # what every trial would run wrongly or forever (plan_capacity would call it infeasible): refused now
-            check_workload(load_workload(spec, seed, base_dir=base), spec.get("duration_s"))
+            wl = load_workload(spec, seed, base_dir=base)
+            check_workload(wl, spec.get("duration_s"))
+            _check_plannable(spec, wl)
             base_fleet = _fleet_file(fleet) if fleet else None
             p = plan_capacity(spec, [g.strip() for g in gpus.split(",") if g.strip()], target=slo, headroom=headroom,
                               policy=policy, tp=tp, seed=seed, base_dir=base, duration_s=duration, base_fleet=base_fleet,
                               workers=workers,
-                              progress=lambda msg: con.print(f"  [dim]{msg}[/]"))
+                              progress=lambda msg: con.print(f"  [dim]{escape(msg)}[/]"))
         except (WorkloadSpecError, OSError, KeyError, ValueError) as e:
-            con.print(f"[red]steersman plan:[/] {e.args[0] if isinstance(e, KeyError) and e.args else e}")
+            con.print(f"[red]steersman plan:[/] {escape(str(e.args[0] if isinstance(e, KeyError) and e.args else e))}")
             raise typer.Exit(2) from None
         t = Table(title=f"plan for {p.model}: {p.offered_rps:.2f} req/s offered, SLO {100 * slo:g}% at +{100 * headroom:g}% load")
         for col in ("fleet", "replicas", "$ / hour", "SLO met", "$ / successful task", "req/s per replica"):
@@ -71,17 +74,18 @@ def register(app: typer.Typer) -> None:
                       f"{o.cost_per_successful_task:.5f}" if o.cost_per_successful_task else "-", f"{o.per_replica_rps:.2f}")
         con.print(t)
         for gpu, why in p.infeasible.items():
-            con.print(f"[yellow]{gpu}[/]: {why}")
+            con.print(f"[yellow]{gpu}[/]: {escape(why)}")
         short = [f"{label(f)} ({100 * a:.1f}%)" for f, a in p.mixed_tried if not any(o.fleet == f for o in p.options)]
         if short:
             con.print(f"[dim]cheaper mixes simulated that fell short: {', '.join(short)}[/]")
         if p.best is None:
-            con.print(f"[red]steersman plan:[/] no fleet of {gpus} meets the SLO (the reasons per GPU type are above)")
+            con.print(f"[red]steersman plan:[/] no fleet of {escape(gpus)} meets the SLO (the reasons per GPU type are above)")
             raise typer.Exit(1)
         b = p.best
         con.print(f"cheapest: [bold]{label(b.fleet)}[/] at ${b.cost_per_hour:.2f}/h"
                   f"  ({p.trials} twin runs)")
-        h = Table(title="elasticity over a day (the cheapest fleet covering each hour)")
+        h = Table(title=f"elasticity over a day (the cheapest fleet covering each hour; the day's load: "
+                        f"{day_curve_text()})")
         h.add_column("hour")
         h.add_column("offered req/s", justify="right")
         h.add_column("fleet")
@@ -93,6 +97,21 @@ def register(app: typer.Typer) -> None:
         con.print(f"a day elastic: ${day:.2f}  vs  static peak fleet: ${24 * b.cost_per_hour:.2f}")
 
 
+def _check_plannable(spec: dict, wl) -> None:
+    """ValueError for a workload plan cannot size: sources asking for another model than the spec's (plan builds
+    fleets of that one model, so every such request was refused and each GPU type read "out of reach"), or
+    failure drills (they name a fleet's replicas, and plan tries fleets of its own: each GPU type read infeasible
+    for the drill's replica name)."""
+    model = spec.get("model")
+    for src in getattr(wl, "leaves", ()):
+        if src.model != model:
+            raise ValueError(f"workload source {src.name!r} asks for model {src.model!r}: plan sizes a fleet of one "
+                             f"model (the spec's, {model!r}); plan each model's workload on its own")
+    if spec.get("drills"):
+        raise ValueError("the workload has drills: plan sizes fleets without failures (run drills with "
+                         "steersman simulate on the planned fleet)")
+
+
 def _fleet_file(path: Path) -> dict:
     """The ``--fleet`` file's mapping (its scheduler, admission and tenants apply to every fleet tried; plan_capacity
     checks them); ValueError naming the file if it is not YAML of a mapping."""
@@ -102,6 +121,8 @@ def _fleet_file(path: Path) -> dict:
 
     try:
         data = load_yaml(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise ValueError(f"cannot read fleet file {path}: {e.strerror or e}") from None
     except UnicodeDecodeError:
         raise ValueError(f"cannot read {path}: not UTF-8 text") from None
     except yaml.YAMLError as e:

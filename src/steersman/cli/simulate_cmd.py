@@ -44,7 +44,9 @@ def register(app: typer.Typer) -> None:
             cfg = load_fleet(fleet)
             spec, base = workload_spec(workload, trace, speed, limit, model)
             exp = Experiment(cfg, spec, base, seed, duration)
+            policy = list(dict.fromkeys(policy))  # a policy named twice runs (and is listed) once
             exp.check(policy)  # before the progress bars: what would fail a run fails now, naming its field
+            out.mkdir(parents=True, exist_ok=True)  # before the runs: an --out that cannot be a directory lost them
         except (FleetConfigError, WorkloadSpecError, OSError, KeyError, ValueError) as e:
             con.print(f"[red]steersman simulate:[/] {_message(e)}")
             raise typer.Exit(2) from None
@@ -81,5 +83,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _message(e: Exception) -> str:
-    """The error's text (a KeyError's str() is its message in quotes)."""
-    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+    """The error's text (a KeyError's str() is its message in quotes), escaped for rich's markup: a value in it
+    such as ``[/]`` (a spec's slo, a path) crashed the print with a MarkupError, and ``[min, max]`` vanished."""
+    from rich.markup import escape
+
+    return escape(str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e))

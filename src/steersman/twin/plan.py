@@ -33,7 +33,7 @@ from steersman.twin.plan_mix import Fleet, TypeFit, candidates, cover, fleet_cos
 from steersman.twin.run import Experiment, policy_for, scale_spec
 from steersman.twin.workload import DailyCurve, load_workload
 
-__all__ = ["Option", "Plan", "plan_capacity"]
+__all__ = ["Option", "Plan", "plan_capacity", "DAY_CURVE", "day_curve_text"]
 
 #: Doubling the fleet must raise SLO attainment by more than this, or the GPU type cannot meet the target.
 _PLATEAU = 0.002
@@ -87,6 +87,15 @@ def _fleet_doc(fleet: Fleet, model: str, tp: int, base: Mapping[str, Any]) -> di
 
 
 _T = DEFAULTS.twin
+#: the day's load for the elasticity table: a sinusoid (low share of the peak, high share, the peak's hour)
+DAY_CURVE = (0.25, 1.0, 14.0)
+
+
+def day_curve_text(curve: tuple[float, float, float] = DAY_CURVE) -> str:
+    """:data:`DAY_CURVE` in words (the plan's elasticity table names the day it assumed)."""
+    low, high, peak = curve
+    return (f"a sinusoid from {low:.0%} of the peak at {(peak + 12) % 24:02.0f}:00 to {high:.0%} at "
+            f"{peak:02.0f}:00")
 
 
 def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float = _T.plan_slo,
@@ -146,7 +155,7 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
                 break
     best = plan.best
     if best is not None:
-        means = (curve or DailyCurve.sinusoid(0.25, 1.0, 14.0)).hour_means()
+        means = (curve or DailyCurve.sinusoid(*DAY_CURVE)).hour_means()
         top = max(means)
         for h, m in enumerate(means):
             fleet, cost = cover(fits, m / top)

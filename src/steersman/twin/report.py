@@ -15,6 +15,8 @@ _COLUMNS = (
     ("TPOT p50", ("tpot_s", "p50")), ("e2e p99", ("e2e_s", "p99")), ("prefix hit", "prefix_cache_hit_rate"),
     ("GPU util", "gpu_utilisation"), ("mem-bound", "memory_bound_share"), ("cap. used", "capacity_used"),
     ("$", "cost_usd"), ("$/task ok", "cost_per_successful_task_usd"), ("tasks ok", "task_success_rate"),
+    # the tasks still under way when the run stopped: never successes (a short run reads "tasks ok" low for them)
+    ("unfinished", "tasks_unfinished"),
 )
 
 
@@ -34,6 +36,8 @@ def _fmt(name: str, v) -> str:
         return f"{1000 * v:.1f} ms"
     if name in ("$", "$/task ok"):
         return f"{v:.4f}"
+    if name == "unfinished":
+        return f"{v:,}"
     return f"{v:.2f}"
 
 
@@ -106,8 +110,12 @@ def plot(out: Path, runs: dict[str, dict[float, dict]], samples: dict[str, dict[
     vals = []
     for p in names:
         s = runs[p][1.0] if 1.0 in runs[p] else runs[p][min(runs[p])]
-        vals.append(s.get("cost_per_successful_task_usd") or 0.0)
-    ax.bar(names, vals)
+        vals.append(s.get("cost_per_successful_task_usd"))
+    # a policy with no successful task has no cost per one: no bar and a note, not a $0.00 bar (the cheapest-looking)
+    ax.bar(names, [v if v is not None else 0.0 for v in vals])
+    for k, v in enumerate(vals):
+        if v is None:
+            ax.text(k, 0, "no task\nsucceeded", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("$ per successful task")
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()

@@ -14,6 +14,7 @@ timeline, at the same simulated times whatever the load.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,8 +61,9 @@ def scale_spec(spec: Mapping[str, Any], k: float) -> dict:
         else:
             if "tasks_per_s" in s:
                 s["tasks_per_s"] = _scaled(s["tasks_per_s"], k)
-            if isinstance(s.get("users"), int) and not isinstance(s["users"], bool):  # else the parser names it
-                s["users"] = max(1, round(s["users"] * k))
+            users = s.get("users")
+            if isinstance(users, int) and not isinstance(users, bool) and users >= 1:  # else the parser names it
+                s["users"] = max(1, math.floor(users * k + 0.5))  # half up: 10 users at 0.25x are 3 (round(): 2)
     return out
 
 

@@ -349,7 +349,7 @@ def _trace(sf: _Fields, body, field, base_dir, common, err) -> TraceSource:
         mx = sf.integer("max_tokens", minimum=1)
     return TraceSource(
         data, speed=sf.number("speed", positive=True, optional=True) or 1.0,
-        limit=sf.integer("limit", minimum=0, optional=True),
+        limit=sf.integer("limit", minimum=1, optional=True),
         offset_s=sf.number("offset_s", positive=False, optional=True) or 0.0,
         repeat=sf.integer("repeat", minimum=1, default=1), max_tokens=mx, **common,
     )

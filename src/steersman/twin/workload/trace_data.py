@@ -82,6 +82,14 @@ class TraceData:
         return out
 
 
+def _count(v, name: str) -> int:
+    """A token count of a trace record: an integer >= 0 (a negative one was simulated as one token)."""
+    n = int(v)
+    if n < 0:
+        raise ValueError(f"{name} must be >= 0, got {n}")
+    return n
+
+
 def _azure_seconds(stamp: str, day0: int) -> float:
     d, _, tm = stamp.strip().partition(" ")
     h, m, s = tm.split(":")
@@ -101,11 +109,13 @@ def _load_azure(path: Path) -> TraceData:
             if not r or (len(r) == 1 and not r[0].strip()):  # a blank or whitespace-only line
                 continue
             try:
+                if len(r) < 3:
+                    raise ValueError(f"{len(r)} column(s), expected 3 ({', '.join(want)})")
                 if day0 is None:
                     day0 = date.fromisoformat(r[0].strip().partition(" ")[0]).toordinal()
                 ts.append(_azure_seconds(r[0], day0))
-                pr.append(int(r[1]))
-                out.append(int(r[2]))
+                pr.append(_count(r[1], "ContextTokens"))
+                out.append(_count(r[2], "GeneratedTokens"))
             except (ValueError, IndexError) as e:
                 raise TraceError(f"{path}:{n}: bad row {r!r}: {e}") from None
     if not ts:
@@ -128,7 +138,14 @@ def _load_mooncake(path: Path) -> TraceData:
                 continue
             try:
                 r = orjson.loads(line)
-                t, p, o, ids = float(r["timestamp"]), int(r["input_length"]), int(r["output_length"]), r["hash_ids"]
+                if not isinstance(r, dict):
+                    raise ValueError(f"a record is a JSON object (timestamp, input_length, output_length, hash_ids), "
+                                     f"got {type(r).__name__}")
+                missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in r]
+                if missing:
+                    raise ValueError(f"missing field(s) {', '.join(missing)}")
+                t, ids = float(r["timestamp"]), r["hash_ids"]
+                p, o = _count(r["input_length"], "input_length"), _count(r["output_length"], "output_length")
                 if not isinstance(ids, list):
                     raise ValueError("hash_ids must be a list")
                 for j, x in enumerate(ids):
@@ -181,7 +198,8 @@ def load_trace(path: str | os.PathLike, format: str = "auto") -> TraceData:
         suffix = p.suffix.lower()
         format = {".csv": "azure", ".jsonl": "mooncake", ".json": "mooncake"}.get(suffix, "")
         if not format:
-            raise TraceError(f"{p}: cannot tell the trace format from the extension; give format: azure | mooncake")
+            raise TraceError(f"{p}: cannot tell the trace format from the extension: name it .csv (Azure) or .jsonl "
+                             "(Mooncake), or replay it from a workload spec with format: azure | mooncake")
     if format not in ("azure", "mooncake"):
         raise TraceError(f"trace format must be azure, mooncake or auto, got {format!r}")
     try:

@@ -80,8 +80,8 @@ class TraceSource(Source):
         super().__init__(name or Path(data.path).stem, self._tenants[0], model)
         if not (isinstance(speed, (int, float)) and speed > 0 and math.isfinite(speed)):
             raise TraceError(f"speed must be > 0, got {speed!r}")
-        if limit is not None and (not isinstance(limit, int) or limit < 0):
-            raise TraceError(f"limit must be an integer >= 0, got {limit!r}")
+        if limit is not None and (not isinstance(limit, int) or limit < 1):  # (0: a run of nothing)
+            raise TraceError(f"limit must be an integer >= 1, got {limit!r}")
         if not isinstance(repeat, int) or repeat < 1:
             raise TraceError(f"repeat must be an integer >= 1, got {repeat!r}")
         if not (max_tokens is None or max_tokens == "exact" or (isinstance(max_tokens, int) and max_tokens >= 1)):

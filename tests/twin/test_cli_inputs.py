@@ -1,0 +1,113 @@
+"""What `steersman simulate` and `steersman plan` refuse, and how they say it (an audit of the twin's commands as
+a capacity planner uses them, thirty-fourth session): each a one-line error naming the problem, before any run,
+never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from steersman.cli import app
+from steersman.twin.report import table
+from steersman.twin.workload.trace_data import TraceError, load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+FLEET = str(ROOT / "examples" / "twin-fleet.yaml")
+
+
+def _invoke(argv):
+    return CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+
+
+def _refused(argv, says):
+    r = _invoke(argv)
+    assert r.exit_code == 2 and says in r.output.replace("\n", " "), r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r
+
+
+def test_markup_in_a_value_is_printed_as_it_is_not_a_rich_traceback(tmp_path):
+    wl = tmp_path / "w.yaml"
+    wl.write_text("model: llama-3.1-8b\nduration_s: 5\nsources: [{kind: chatbot, tasks_per_s: 1, slo: '[/]'}]\n")
+    _refused(["simulate", "--fleet", FLEET, "--workload", str(wl), "--out", str(tmp_path / "o")], "[/]")
+    wl.write_text("model: llama-3.1-8b\nduration_s: 5\nsources: [{kind: copilot, tasks_per_s: 1, calls: [20, 10]}]\n")
+    _refused(["simulate", "--fleet", FLEET, "--workload", str(wl), "--out", str(tmp_path / "o")], "[min, max]")
+
+
+@pytest.mark.parametrize("users", [0, -5])
+def test_a_population_of_no_users_is_named_whatever_the_load(tmp_path, users):
+    wl = tmp_path / "w.yaml"
+    wl.write_text(f"model: llama-3.1-8b\nduration_s: 5\nsources: [{{kind: chatbot, users: {users}}}]\n")
+    _refused(["simulate", "--fleet", FLEET, "--workload", str(wl), "--out", str(tmp_path / "o")], "users must be >= 1")
+
+
+def test_an_out_that_cannot_be_a_directory_is_refused_before_the_runs(tmp_path):
+    wl = tmp_path / "w.yaml"
+    wl.write_text("model: llama-3.1-8b\nduration_s: 5\nsources: [{kind: chatbot, tasks_per_s: 1}]\n")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = _refused(["simulate", "--fleet", FLEET, "--workload", str(wl), "--out", str(afile)], "steersman simulate:")
+    assert "File exists" in r.output and "%" not in r.output  # no progress bar: nothing ran
+
+
+def test_a_trace_limit_of_zero_is_refused_not_run_as_nothing(tmp_path, shared_dir):
+    trace = str(shared_dir / "traces" / "azure-llm-2023-conv.csv")
+    _refused(["simulate", "--fleet", FLEET, "--trace", trace, "--limit", "0", "--out", str(tmp_path / "o")],
+             "limit must be >= 1")
+
+
+@pytest.mark.parametrize("text, says", [
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,-5,3\n", "ContextTokens must be >= 0"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,5,-3\n", "GeneratedTokens must be >= 0"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,5\n", "2 column(s), expected 3"),
+])
+def test_azure_rows_a_trace_cannot_hold_are_named(tmp_path, text, says):
+    p = tmp_path / "t.csv"
+    p.write_text(text)
+    with pytest.raises(TraceError, match=r"t\.csv:2: bad row") as e:
+        load_trace(p)
+    assert says in str(e.value)
+
+
+@pytest.mark.parametrize("line, says", [
+    ('[1, 2]', "a record is a JSON object"),
+    ('{"timestamp": 0, "output_length": 3, "hash_ids": []}', "missing field(s) input_length"),
+    ('{"timestamp": 0, "input_length": -1, "output_length": 3, "hash_ids": []}', "input_length must be >= 0"),
+])
+def test_mooncake_records_a_trace_cannot_hold_are_named(tmp_path, line, says):
+    p = tmp_path / "t.jsonl"
+    p.write_text(line + "\n")
+    with pytest.raises(TraceError, match=r"t\.jsonl:1: bad record") as e:
+        load_trace(p)
+    assert says in str(e.value)
+
+
+def test_a_trace_of_another_extension_says_how_to_name_its_format(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("x")
+    with pytest.raises(TraceError, match="name it .csv"):
+        load_trace(p)
+
+
+def test_plan_refuses_what_it_cannot_size_with_the_reason(tmp_path):
+    wl = tmp_path / "w.yaml"
+    wl.write_text("model: llama-3.1-70b\nduration_s: 5\nsources: [{kind: chatbot, tasks_per_s: 1},"
+                  " {kind: chatbot, tasks_per_s: 1, model: llama-3.1-8b}]\n")
+    _refused(["plan", "--workload", str(wl), "--gpus", "H100", "--tp", "4"], "plan sizes a fleet of one model")
+    wl.write_text("model: llama-3.1-8b\nduration_s: 5\nsources: [{kind: chatbot, tasks_per_s: 1}]\n"
+                  "drills: [{at: 2, kill: 0}]\n")
+    _refused(["plan", "--workload", str(wl), "--gpus", "H100"], "the workload has drills")
+    wl.write_text("model: llama-3.1-8b\nduration_s: 5\nsources: [{kind: chatbot, tasks_per_s: 1}]\n")
+    _refused(["plan", "--workload", str(wl), "--fleet", str(tmp_path / "nope.yaml")],
+             "cannot read fleet file")
+
+
+def test_the_table_shows_the_unfinished_tasks_beside_the_tasks_ok():
+    from rich.console import Console
+
+    con = Console(width=300, record=True)
+    con.print(table({"steersman": {1.0: {"task_success_rate": 0.5, "tasks_unfinished": 129}}}))
+    text = con.export_text()
+    assert "unfinished" in text and "129" in text
