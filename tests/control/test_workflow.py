@@ -27,12 +27,12 @@ def test_headers_parse():
 @pytest.mark.parametrize(
     "headers, header, message",
     [
-        ({ID: "w", STEP: "0"}, STEP, "must be an integer >= 1"),
-        ({ID: "w", STEP: "-1"}, STEP, "must be an integer >= 1"),
-        ({ID: "w", STEP: "two"}, STEP, "must be an integer >= 1"),
-        ({ID: "w", STEP: "1.5"}, STEP, "must be an integer >= 1"),
-        ({ID: "w", STEPS: "0"}, STEPS, "must be an integer >= 1"),
-        ({ID: "w", STEP: "²"}, STEP, "must be an integer >= 1"),
+        ({ID: "w", STEP: "0"}, STEP, "must be an integer from 1 to 999999999"),
+        ({ID: "w", STEP: "-1"}, STEP, "must be an integer from 1 to 999999999"),
+        ({ID: "w", STEP: "two"}, STEP, "must be an integer from 1 to 999999999"),
+        ({ID: "w", STEP: "1.5"}, STEP, "must be an integer from 1 to 999999999"),
+        ({ID: "w", STEPS: "0"}, STEPS, "must be an integer from 1 to 999999999"),
+        ({ID: "w", STEP: "²"}, STEP, "must be an integer from 1 to 999999999"),
         ({ID: "w", STEP: "4", STEPS: "3"}, STEP, r"\(4\) must be <= x-steersman-workflow-steps \(3\)"),
         ({STEP: "1"}, STEP, "needs x-steersman-workflow-id"),
         ({STEPS: "4"}, STEPS, "needs x-steersman-workflow-id"),

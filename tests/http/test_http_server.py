@@ -14,7 +14,8 @@ async def _server(max_body: int = 1000, idle: float = 75.0) -> HttpServer:
     srv.cancelled = 0
 
     async def echo(req):
-        req.respond(200, orjson.dumps({"len": len(req.body), "path": req.path, "query": req.query}))
+        req.respond(200, orjson.dumps({"len": len(req.body), "path": req.path, "query": req.query,
+                                       "deadline": req.headers.get("x-steersman-deadline-ms")}))
 
     async def stream(req):
         req.start_stream()
@@ -115,6 +116,19 @@ async def test_errors_are_openai_json(raw, status):
         assert head.startswith(b"HTTP/1.1 %d" % status), out[:200]
         err = orjson.loads(body)["error"]
         assert set(err) == {"message", "type", "param", "code"} and "Traceback" not in err["message"]
+    finally:
+        await srv.stop()
+
+
+async def test_a_steersman_header_sent_twice_reaches_the_handler_as_both_values():
+    """Each of steersman's headers takes one value: two lines are read as one list (RFC 9110 5.3), which its parser
+    refuses naming the header (scheduling audit, thirty-fourth session: the last line won, a deadline of 5000 then
+    1 ms read as 1 ms; ``tests/api/test_headers.py`` has the 400)."""
+    srv = await _server()
+    try:
+        out = await _exchange(srv.port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                              b"X-Steersman-Deadline-Ms: 5000\r\nx-steersman-deadline-ms: 1\r\n\r\n", until=b"}")
+        assert orjson.loads(out.partition(b"\r\n\r\n")[2])["deadline"] == "5000, 1"
     finally:
         await srv.stop()
 

@@ -50,7 +50,8 @@ def parse_budget(headers: Mapping[str, str], now: float, settings: SchedulerSett
         except ValueError:
             raise _header_error(DEADLINE, f"must be a number of milliseconds, got {raw[:40]!r}.") from None
         if not math.isfinite(ms) or ms <= 0 or ms > _MAX_DEADLINE_MS:
-            raise _header_error(DEADLINE, f"must be between 0 and {_MAX_DEADLINE_MS:.0f} ms, got {raw[:40]!r}.")
+            raise _header_error(DEADLINE, f"must be more than 0 and at most {_MAX_DEADLINE_MS:.0f} ms (7 days), "
+                                          f"got {raw[:40]!r}.")
         deadline = now + ms / 1000.0
     return LatencyBudget(
         ttft_s=cls.ttft_s if cls else None,

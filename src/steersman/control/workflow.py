@@ -89,7 +89,7 @@ def _positive_int(headers: Mapping[str, str], name: str) -> int | None:
         return None
     s = raw.strip()
     if not s.isascii() or not s.isdigit() or len(s) > 9 or int(s) < 1:
-        raise WorkflowHeaderError(name, f"{name} must be an integer >= 1, got {raw!r}")
+        raise WorkflowHeaderError(name, f"{name} must be an integer from 1 to 999999999, got {raw[:40]!r}")
     return int(s)
 
 
