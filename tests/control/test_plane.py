@@ -297,3 +297,21 @@ def test_requests_that_went_through_the_queue_are_not_kept_alive_by_it():
         assert len(p.dispatch(lambda: FREE, now + 0.1)) == 2
     gc.collect()
     assert p.waiting == 0 and sum(r() is not None for r in refs) <= 2 * 64 + 2
+
+
+def test_a_correction_learnt_under_overload_does_not_make_a_request_alone_infeasible():
+    """A scheduling audit: corrections learnt while the engines' slots were full held their queueing (ratios ~2), and
+    on the idle fleet a request of 0.81 s read 1.53 s "alone": every deadline up to 1.5 s was a final 400 telling
+    the client to allow more time.  The request alone misses its window only if the uncorrected model says so too;
+    between the two it is a 503 to retry (where the correction is right, a retry is refused again)."""
+    p, t = plane()
+    idle = fleet_snapshot(1)
+    inflated = replace(fleet_snapshot(1, ttft_ratio=[2.0], tpot_ratio=[2.0]), ttft_prior=2.0, tpot_prior=2.0)
+    req = sched_request(prompt_tokens=200, expected_output=100, max_tokens=100)
+    model = _alone(idle, req)
+    assert _alone(inflated, req) == pytest.approx(model)  # the lesser: the uncorrected model's
+    assert _earliest_finish(inflated, req) > 1.5 * model  # what the learnt ratios predict
+    out, _ = p.arrive("x", replace(req, budget=LatencyBudget(deadline=model * 1.2)), t, inflated, 0.0)
+    assert isinstance(out, Refuse) and out.status == 503, out
+    out, _ = p.arrive("y", replace(req, seq=1, budget=LatencyBudget(deadline=model * 0.8)), t, inflated, 0.0)
+    assert isinstance(out, Refuse) and out.status == 400, out
