@@ -315,3 +315,26 @@ def test_a_correction_learnt_under_overload_does_not_make_a_request_alone_infeas
     assert isinstance(out, Refuse) and out.status == 503, out
     out, _ = p.arrive("y", replace(req, seq=1, budget=LatencyBudget(deadline=model * 0.8)), t, inflated, 0.0)
     assert isinstance(out, Refuse) and out.status == 400, out
+
+
+def test_tenants_keep_their_weighted_shares_when_one_tenants_requests_ran_out_of_ttft_budget():
+    """A scheduling audit (12 clients of a weight-2 tenant against 40 of a weight-1 one): the first pass served
+    any tenant's requests with TTFT budget left before the stale ones of the tenant whose turn it was, so the
+    backlogged weight-2 tenant got 0.35x the other's rate, its requests waiting up to 33 s.  The fair share picks
+    the tenant; the first pass orders that tenant's own requests."""
+    p, _ = plane()
+    a, b = TenantConfig("a", PriorityClass.STANDARD, weight=2.0), TenantConfig("b", PriorityClass.STANDARD)
+    budget = LatencyBudget(ttft_s=2.0, tpot_s=0.2)
+    for k in range(30):  # a's requests came first and ran out of budget while they waited
+        p.arrive(f"a{k}", sched_request(k, tenant="a", budget=budget, arrival=0.0), a, FULL, 0.0)
+    for k in range(30):  # b's arrive later: budget left at t = 10
+        p.arrive(f"b{k}", sched_request(100 + k, tenant="b", budget=budget, arrival=9.5), b, FULL, 9.5)
+    served = [item for item, d in p.dispatch(lambda: FREE, 10.0, limit=30) if isinstance(d, Dispatch)]
+    share = sum(x.startswith("a") for x in served) / len(served)
+    assert len(served) == 30 and abs(share - 2 / 3) <= 0.05, served
+    # inside a tenant, its requests with budget left still go first
+    p, _ = plane()
+    for k in range(3):
+        p.arrive(f"old{k}", sched_request(k, tenant="a", budget=budget, arrival=0.0), a, FULL, 0.0)
+    p.arrive("new", sched_request(9, tenant="a", budget=budget, arrival=9.5), a, FULL, 9.5)
+    assert [item for item, _ in p.dispatch(lambda: FREE, 10.0, limit=1)] == ["new"]

@@ -287,10 +287,13 @@ class ControlPlane:
         before the next snapshot is taken; ``snapshot_fn`` is called once per pop.
 
         Order: the queue's (band, fair share, value, deadline, arrival), but inside the
-        most important band waiting, first the requests whose TTFT budget has time left
-        (or that are protected, or that the policy made wait for a slot holding their prompt:
-        ``Queue.keeps_place``); those whose budget ran out go when none of the former
-        can use the capacity.  A request the policy holds back (``Queue``: no replica can
+        most important band waiting, the tenant whose turn it is (fair share) is served first
+        the requests whose TTFT budget has time left (or that are protected, or that the
+        policy made wait for a slot holding their prompt: ``Queue.keeps_place``); its requests
+        whose budget ran out go when none of the former can use the capacity.  The tenants'
+        shares hold either way: a scheduling audit found the first pass across tenants
+        (fresh requests of any tenant before stale ones of the tenant whose turn it was) served
+        a weight-2 tenant at 0.35x a weight-1 tenant's rate, its requests waiting up to 33 s.  A request the policy holds back (``Queue``: no replica can
         meet its SLO now, see ``SchedulerSettings.hold_late``) keeps its place and is not
         asked again at this ``now``; one it refuses (its SLO can no longer be met, see
         ``shed_infeasible``) comes back as a :class:`Refuse`, its admission released.  At most
@@ -330,14 +333,14 @@ class ControlPlane:
         waiters: dict[int, int] = {}  # a prompt's first block -> requests met so far that wait for its slots
         counted: set[int] = set()
 
-        def serve(item: Any, first_pass: bool) -> bool | None:
-            """Take ``item`` now?  :data:`STOP` once no later entry can be taken in this pass either (the walk
+        def serve(item: Any) -> bool | None:
+            """Take ``item`` now?  :data:`STOP` once no later entry can be taken in this pop either (the walk
             ends: before, a pop out of decisions walked the whole queue, ~5 us an entry, at every dispatch pass
-            of an overload).  Only a walk that still counts slot waiters (``kept``) goes on to the end."""
-            nonlocal picks, looks, decision
+            of an overload)."""
+            nonlocal picks, decision
             key = id(item)
             if picks >= DISPATCH_PICKS:
-                return STOP  # (the second pass asks nothing either once the picks are spent)
+                return STOP
             if key in held:
                 if key in kept and key not in counted:
                     counted.add(key)
@@ -346,12 +349,6 @@ class ControlPlane:
                         waiters[req.block_hashes[0]] = waiters.get(req.block_hashes[0], 0) + 1
                 return False
             req = self._waiting[item].req
-            if first_pass:
-                looks += 1
-                if looks > DISPATCH_FIRST_LOOKS or req.priority != top:  # (bands are walked in order)
-                    return False if kept else STOP
-                if not (_first(req, now) or key in kept):
-                    return False
             picks += 1
             first = req.block_hashes[0] if req.block_hashes else None
             ahead = waiters.get(first, 0) if first is not None else 0
@@ -369,11 +366,20 @@ class ControlPlane:
             decision = d
             return True
 
-        item = None
-        if kept or self._any_first(int(top), now):  # (with none that can be, the first pass would walk for nothing)
-            item = self.queue.pop(now, lambda it: serve(it, True), models=models)
-        if item is None:
-            item = self.queue.pop(now, lambda it: serve(it, False), models=models)
+        def fresh(item: Any) -> bool | None:
+            """The first pass: asked first inside the tenant whose turn it is (its TTFT budget has time left, it is
+            protected, or it waits for a slot holding its prompt); :data:`STOP` once DISPATCH_FIRST_LOOKS entries
+            were looked at (the oldest, which a long overload makes stale, come first: this bounds the walk)."""
+            nonlocal looks
+            looks += 1
+            if looks > DISPATCH_FIRST_LOOKS:
+                return STOP
+            req = self._waiting[item].req
+            return req.priority == top and (_first(req, now) or id(item) in kept)
+
+        # (with none that can be preferred, the first pass would look for nothing)
+        prefer = fresh if kept or self._any_first(int(top), now) else None
+        item = self.queue.pop(now, serve, models=models, prefer=prefer)
         return None if item is None else (item, decision)
 
     def expire(self, snapshot: FleetSnapshot, now: float) -> list[tuple[Any, Refuse]]:

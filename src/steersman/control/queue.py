@@ -228,7 +228,7 @@ class GatewayQueue:
 
     def pop(
         self, now: float, can_serve: Callable[[Any], bool | None] | None = None, *,
-        models: Collection[str] | None = None
+        models: Collection[str] | None = None, prefer: Callable[[Any], bool | None] | None = None
     ) -> Any | None:
         """The most important item the caller can serve now, or None.
 
@@ -236,7 +236,12 @@ class GatewayQueue:
         those with a free replica) -- the fast way to filter.  ``can_serve``:
         only items it accepts, asked in queue order (costs a call per rejected
         entry); :data:`STOP` (None) ends the walk: nothing after that entry can
-        be served either.  Skipped entries keep their place.  Ordering does not
+        be served either.  ``prefer``: inside the tenant whose turn it is, the
+        entries it prefers are asked first, then the tenant's others (:data:`STOP`
+        from ``prefer``: no more preferred entries to look for in this pop); the
+        tenants' shares stay as they are (the control plane's first pass: a tenant
+        whose requests all ran out of TTFT budget is served its share all the same).
+        Skipped entries keep their place.  Ordering does not
         depend on ``now``; it is taken for the uniform control-plane signature.
         """
         if isinstance(models, str):
@@ -257,8 +262,25 @@ class GatewayQueue:
             for _, _, version, flow in _in_order(band.heap):
                 if version != flow.version:
                     continue
+                asked: set[int] = set()
+                if prefer is not None:  # the tenant's preferred entries first (STOP from prefer: look no further)
+                    for e in self._candidates(flow, models):
+                        if not e.alive:
+                            continue
+                        wanted = prefer(e.item)
+                        if wanted is STOP:
+                            break
+                        if not wanted:
+                            continue
+                        asked.add(id(e))
+                        ok = True if can_serve is None else can_serve(e.item)
+                        if ok:
+                            self._serve(band, flow, e)
+                            return e.item
+                        if ok is STOP:
+                            return None
                 for e in self._candidates(flow, models):
-                    if not e.alive:
+                    if not e.alive or id(e) in asked:
                         continue
                     ok = True if can_serve is None else can_serve(e.item)
                     if ok:
