@@ -177,3 +177,13 @@ def test_the_run_lasts_until_its_last_request_ended_not_its_last_event(shared_di
     assert s["duration_s"] == pytest.approx(last)
     late, _ = _run(shared_dir, [{"at": 5000, "kill": 1}])
     assert late["duration_s"] == pytest.approx(last) and late["cost_usd"] == pytest.approx(s["cost_usd"])
+
+
+def test_per_replica_counts_every_attempt_where_it_went(shared_dir):
+    """A drill audit: an error drill's 35 retries showed nowhere (replica 1 read requests 70, failed 0: a request's
+    row names its last replica only).  Each replica now counts the attempts sent there and those that failed."""
+    s, _ = _run(shared_dir, [{"at": 20, "errors": {"replica": 1, "rate": 0.5}}, {"at": 40, "restore": 1}])
+    r0, r1 = s["per_replica"]
+    assert r1["failed_attempts"] > 5 and r0["failed_attempts"] == 0
+    assert r1["attempts"] == r1["requests"] + r1["failed_attempts"]  # each failure there was retried on replica 0
+    assert r0["attempts"] + r1["attempts"] == s["retries"]["attempts"]

@@ -13,6 +13,7 @@ from steersman.policy import make_policy
 from steersman.sim import model_profile
 from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
+from steersman.twin.metrics import per_replica
 from steersman.twin.results import OK
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -94,6 +95,10 @@ def test_disaggregation_improves_tpot_on_long_prompts_and_outputs():
     assert states[2].generation_tokens_total + states[3].generation_tokens_total == outs - 300
     assert min(states[2].generation_tokens_total, states[3].generation_tokens_total) > 0.3 * (outs - 300)
     assert (twin.fleet.in_flight == 0).all()  # every request settled, its hand-off to a decode replica included
+    # results.json's per_replica: the decode replicas' part shows as attempts (their `requests`: none are last there)
+    reps = per_replica(rp)
+    assert reps[0]["attempts"] + reps[1]["attempts"] == 300 == reps[2]["attempts"] + reps[3]["attempts"]
+    assert reps[2]["requests"] == reps[3]["requests"] == 0 and min(reps[2]["attempts"], reps[3]["attempts"]) > 50
 
 
 def _single(link_gbit_s: float, prompt: int = 8000, out: int = 50):

@@ -45,6 +45,7 @@ class Handoff:
             self._fail(r)
             return
         r.started = self.accounting.handed_off(r.started, t, r.cached)
+        self.rec.attempted(j)  # the decode replica's part of the request
         a = r.arrival
         if a.output_tokens <= 1:
             self.rec.first_token(r.idx, now)

@@ -255,13 +255,14 @@ class Twin(DrillActions, Handoff):
         r.started = self.accounting.dispatched(r.sched, d, earlier=r.started)  # a retry carries its failed attempt
         i = r.started.replica
         rep = self.tf.replicas[i]
-        self.rec.dispatched(r.idx, now, i, d.route.slo_prediction)
         if self.retries is not None and not self.retries.attempt(r):  # the adaptive throttle refused it
             self.accounting.ended(r.started, 0, False)
             self.retries.ended(r, None)
-            self.rec.refused(r.idx, now, 503)
+            self.rec.refused(r.idx, now, 503)  # refused by the gateway: sent to no replica
             self._follow_up(r, ok=False)
             return
+        self.rec.dispatched(r.idx, now, i, d.route.slo_prediction)
+        self.rec.attempted(i)
         if rep.dead or (rep.error_rate and self._rng.random() < rep.error_rate):
             self._failed(r)  # the engine refused or the connection failed: a 502 at the gateway
             if rep.dead:
@@ -353,6 +354,7 @@ class Twin(DrillActions, Handoff):
         the request is retried or continued as live (:mod:`steersman.twin.retries`); else it fails."""
         if r.started is not None:  # after a hand-off, its ticket is at the decode replica: the failure is its
             self.fleet.report(r.started.ticket, False)
+            self.rec.attempt_failed(r.started.replica)
             if self.retries is not None and retryable and self.pd is None:
                 delay = self.retries.failed(r, continue_only)  # counts the attempt's end
                 if delay is None:

@@ -158,7 +158,9 @@ def timeline(rec: Recorder, window_s: float | None = None) -> dict:
 
 
 def per_replica(rec: Recorder) -> list[dict]:
-    """Per replica: its name, requests dispatched there, how they ended, TTFT percentiles, busy share."""
+    """Per replica: its name, requests whose last attempt went there and how they ended, every attempt sent there
+    (retries, continued streams and disaggregated decodes included) and those that failed there, TTFT percentiles,
+    busy share."""
     c = rec.arrays()
     status, rep = c["status"], c["replica"]
     ttft = c["first"] - c["arrival"]
@@ -170,6 +172,7 @@ def per_replica(rec: Recorder) -> list[dict]:
         tt = ttft[ok]
         out.append({"name": plan.name, "gpu": plan.gpu, "requests": int(mine.sum()), "completed": int(ok.sum()),
                     "failed": int((mine & (status == FAILED)).sum()),
+                    "attempts": int(rec.attempts[i]), "failed_attempts": int(rec.attempt_failures[i]),
                     "ttft_p50_s": float(np.percentile(tt, 50)) if tt.size else None,
                     "ttft_p99_s": float(np.percentile(tt, 99)) if tt.size else None,
                     "gpu_utilisation": float(rec.busy[i] / dur)})

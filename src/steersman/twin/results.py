@@ -52,7 +52,7 @@ class Recorder:
     columns once, by :meth:`arrays`."""
 
     __slots__ = ("fleet", "busy", "compute_bound", "_rows", "_by_idx", "duration", "engine_states", "_arrays",
-                 "cut_short")
+                 "cut_short", "attempts", "attempt_failures")
 
     def __init__(self, fleet) -> None:
         self.fleet = fleet
@@ -65,6 +65,10 @@ class Recorder:
         self.engine_states: list = []
         self._arrays: dict[str, np.ndarray] | None = None
         self.cut_short: set[str] = set()  # workflows whose next call came after the run stopped (not sent)
+        # per replica: attempts sent there (retries, continuations and a disaggregated request's decode included),
+        # and those that failed there (a request's row names only its last replica)
+        self.attempts = np.zeros(n, dtype=np.int64)
+        self.attempt_failures = np.zeros(n, dtype=np.int64)
 
     def arrived(self, idx: int, a, s: SchedRequest) -> None:
         b = s.budget
@@ -81,6 +85,12 @@ class Recorder:
         row[_REPLICA] = replica
         row[_PREDICTED] = predicted
         self._arrays = None
+
+    def attempted(self, replica: int) -> None:
+        self.attempts[replica] += 1
+
+    def attempt_failed(self, replica: int) -> None:
+        self.attempt_failures[replica] += 1
 
     def first_token(self, idx: int, t: float) -> None:
         self._by_idx[idx][_FIRST] = t
