@@ -54,7 +54,9 @@ cache does with the most free now), not among all of them, so that it no longer 
 enough to hold a long prompt (10 changed, all of the steersman profile, with 33 to 465 candidates at the
 shortlist: the 1 to 5 places that had gone to replicas whose free KV did not hold the request, which fits-kv then
 dropped, went to replicas that do: 8 routes to another replica, 2 early refusals of sheddable requests quoting a
-lower least TTFT); the plugin-by-plugin path gives every recorded decision::
+lower least TTFT); and when an early refusal's reason came to say the TTFT budget left instead of "target" (48
+changed, the reason's text only: the same decisions, Retry-After and predictions); the plugin-by-plugin path
+gives every recorded decision::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 
