@@ -60,6 +60,9 @@ def test_openai_format_passes_unchanged_and_anything_else_is_wrapped():
 LLAMACPP_IMAGE = (b'{"error":{"code":500,"message":"image input is not supported - hint: if this is unexpected, you may '
                   b'need to provide the mmproj","type":"server_error"}}')
 LLAMACPP_TOOLS = b'{"error":{"code":500,"message":"tools param requires --jinja flag","type":"server_error"}}'
+# recorded by a llama.cpp audit (thirty-fourth session): /v1/embeddings on a llama-server without --embeddings
+LLAMACPP_501 = (b'{"error":{"code":501,"message":"This server does not support embeddings. Start it with '
+                b'`--embeddings`","type":"not_supported_error"}}')
 
 
 def test_a_5xx_that_refuses_the_request_itself_becomes_a_400_naming_the_field():
@@ -70,5 +73,8 @@ def test_a_5xx_that_refuses_the_request_itself_becomes_a_400_naming_the_field():
         e = _err(engine_error_body(500, body, "messages"))
         assert (e["type"], e["code"], e["param"]) == ("invalid_request_error", "unsupported_value", "messages")
         assert e["message"] == orjson.loads(body)["error"]["message"]
+    assert refused_with_5xx(501, LLAMACPP_501)  # Not Implemented: what it asks for, whatever the body says
+    e = _err(engine_error_body(501, LLAMACPP_501, "input"))
+    assert (e["code"], e["param"]) == ("unsupported_value", "input") and "--embeddings" in e["message"]
     assert not refused_with_5xx(503, LLAMACPP_IMAGE)
     assert not refused_with_5xx(500, b'{"error":{"code":500,"message":"failed to decode the batch","type":"server_error"}}')

@@ -78,6 +78,29 @@ def test_an_engine_failure_is_retried_on_another_replica():
                 assert len(c.embeddings.create(model=MODEL, input="hello").data[0].embedding) == 4096
 
 
+def test_an_engine_that_does_not_implement_the_request_is_a_400_not_a_replica_failure():
+    """A llama.cpp audit: llama-server without ``--embeddings`` answers /v1/embeddings 501; the gateway retried it
+    on the other replica and counted each as the replica's failure, so 14 such calls ejected both healthy replicas.
+    A 501 refuses what the request asks for: relayed as a 400 ``unsupported_value``, not retried, not counted."""
+    with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0) for _ in range(2)], policy="round-robin") as lf:
+        async def unimplemented():
+            from steersman.enginesim.faults import FaultSpec
+
+            for sim in lf.sims:
+                sim.faults.apply(FaultSpec(error_rate=1.0, error_status=501))
+
+        lf.call(unimplemented)
+        with openai.OpenAI(base_url=lf.url + "/v1", api_key="x", max_retries=0, timeout=30) as c:
+            for _ in range(14):
+                with pytest.raises(openai.BadRequestError) as e:
+                    c.embeddings.create(model=MODEL, input="hello")
+                assert e.value.status_code == 400  # engine-sim's fault names its own code (injected_fault)
+        assert not lf.gateway.fleet.guard.outliers.is_ejected(0, lf.gateway.clock.now())
+        assert not lf.gateway.fleet.guard.outliers.is_ejected(1, lf.gateway.clock.now())
+        metrics = httpx.get(lf.url + "/metrics").text
+        assert "http_501" not in metrics  # not an upstream error
+
+
 def test_a_batch_whose_inputs_each_fit_is_served_though_together_they_pass_the_kv_cache():
     """The engine runs a batch's inputs as sequences of their own: whether a replica can ever hold the request is
     judged by the longest input, not the sum (100 inputs of ~1,000 tokens against a 45,920-token cache was a 400

@@ -103,8 +103,11 @@ _REFUSED_5XX = (b"input is not supported", b"requires --jinja")
 
 
 def refused_with_5xx(status: int, body: bytes) -> bool:
-    """An engine's 5xx that refuses the request itself (what it asks for, not the replica's health)."""
-    return status == 500 and any(w in body for w in _REFUSED_5XX)
+    """An engine's 5xx that refuses the request itself (what it asks for, not the replica's health): a 501 Not
+    Implemented (llama-server's ``not_supported_error``: embeddings without ``--embeddings``; a llama.cpp audit:
+    14 such calls ejected both healthy replicas, each 501 counted as a failure and retried), or one of
+    llama-server's 500s for input it cannot take."""
+    return status == 501 or (status == 500 and any(w in body for w in _REFUSED_5XX))
 
 
 def engine_error_body(status: int, body: bytes, field: str | None) -> bytes:
