@@ -67,6 +67,19 @@ def test_larger_than_every_replicas_cache_is_a_400_naming_the_prompt(kind, field
     assert isinstance(d, Reject) and d.status == 400 and "`max_tokens`" in d.reason
 
 
+def test_max_tokens_past_every_cache_is_a_400_though_the_expected_output_fits():
+    """A llama.cpp audit: a 10-token prompt with ``max_tokens`` 100,000 (an 8,192-token cache) was routed on its
+    expected output, which fit the free KV, and ran ~80 s to the context's end; ``fits-kv`` now also asks each
+    replica's whole cache for the prompt and ``max_tokens`` (vLLM refuses it too)."""
+    snap = _snap([1000.0, 2000.0], [0.0, 0.0])  # 16,000 and 32,000 tokens, idle
+    d = _both(snap, _req(10, 100, max_tokens=100_000))
+    assert isinstance(d, Reject) and (d.status, d.code) == (400, "context_length_exceeded") and "`max_tokens`" in d.reason
+    # one only the larger cache holds whole goes there, though the smaller has the room for its expected output
+    for _ in range(4):
+        d = _both(snap, _req(10, 100, max_tokens=20_000))
+        assert isinstance(d, Route) and d.replica == 1
+
+
 def test_a_request_only_a_busy_replica_could_hold_goes_where_most_kv_is_free():
     # free: 4,800, 12,800 and 8,000 tokens (below saturation); the request needs 20,500; the third's cache is too small
     snap = _snap([1000.0, 2000.0, 1000.0, 3000.0], [0.7, 0.6, 0.5, np.nan])

@@ -102,11 +102,11 @@ def shortlist_pass(idx, n, live, held, compute_price, kv_blocks, need, least, bl
 
 
 @njit(cache=True, nogil=True)
-def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need):
+def fits_pass(idx, n, kv_blocks_total, kv_blocks, kv_usage, need, least):
     kept = 0
     for j in range(n):
         i = idx[j]
-        if P.fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need):
+        if P.fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need, least):
             idx[kept] = i
             kept += 1
     return kept
@@ -254,7 +254,7 @@ class _Fused:
                                        np.empty(n, dtype=np.bool_))
             else:
                 m = fits_pass(idx, n, snap.live[S.KV_BLOCKS_TOTAL], snap.statics.kv_blocks, snap.live[S.KV_USAGE],
-                              need)
+                              need, sequence_tokens(req) / snap.statics.block_size)
                 if not m:  # idx[:n] untouched (nothing kept): the filter's own answer (FitsKv.when_empty)
                     verdict = kv_shortfall(snap, req, idx[:n])
                     if not isinstance(verdict, np.ndarray):

@@ -63,10 +63,12 @@ def _capacity(reported, modelled_blocks):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def fits_kv(reported, modelled_blocks, kv_usage, need):
-    """A replica's free KV blocks hold ``need`` (or its capacity is unknown)."""
+def fits_kv(reported, modelled_blocks, kv_usage, need, least):
+    """A replica's free KV blocks hold ``need`` and its whole cache ``least`` blocks, one sequence at its longest
+    (the prompt and ``max_tokens``: a request over every replica's cache was let through on its expected output
+    and ran to the context's end, a llama.cpp audit's ``max_tokens`` 100,000; or its capacity is unknown)."""
     cap = _capacity(reported, modelled_blocks)
-    return cap != cap or (1.0 - kv_usage) * cap >= need
+    return cap != cap or (cap >= least and (1.0 - kv_usage) * cap >= need)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -81,13 +83,14 @@ def kv_headroom(reported, modelled_blocks, kv_usage, need):
 
 
 @njit(cache=True, nogil=True)
-def fits_kv_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, out):
-    """``out[j]`` = replica ``idx[j]``'s free KV blocks ``(1 - usage) x capacity`` hold ``need`` blocks, or its
-    capacity is unknown (reported, else modelled, else NaN).  Returns how many pass."""
+def fits_kv_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, least, out):
+    """``out[j]`` = replica ``idx[j]``'s free KV blocks ``(1 - usage) x capacity`` hold ``need`` blocks and its
+    whole cache ``least`` (:func:`fits_kv`), or its capacity is unknown (reported, else modelled, else NaN).
+    Returns how many pass."""
     kept = 0
     for j in range(idx.size):
         i = idx[j]
-        ok = fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        ok = fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need, least)
         out[j] = ok
         kept += ok
     return kept
@@ -115,7 +118,7 @@ def kv_keep_kernel(idx, kv_blocks_total, kv_blocks, kv_usage, need, least, block
     best = -np.inf
     for j in range(idx.size):
         i = idx[j]
-        ok = fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need)
+        ok = fits_kv(kv_blocks_total[i], kv_blocks[i], kv_usage[i], need, least / block_size)
         out[j] = ok
         fitting += ok
         if not fitting:  # none fits so far: the most free among the whole caches that hold it
@@ -258,7 +261,7 @@ def warm_up() -> None:
     for blocked, limits in ((none, none), (one, one)):
         reliability_kernel(idx, np.ones(1, dtype=np.bool_), blocked, 0.0, one, limits, np.zeros(0, dtype=np.intp),
                            np.empty(1, dtype=np.bool_))
-    fits_kv_kernel(idx, one, one, one, 1.0, np.empty(1, dtype=np.bool_))
+    fits_kv_kernel(idx, one, one, one, 1.0, 1.0, np.empty(1, dtype=np.bool_))
     kv_keep_kernel(idx, one, one, one, 1.0, 1.0, 16.0, np.empty(1, dtype=np.bool_))
     # as scorers.kv_shortfall calls it from Python: the snapshot's rows and the statics are read-only (a type of
     # their own to numba), the candidates a buffer's slice or the context's read-only array

@@ -61,7 +61,8 @@ def sequence_tokens(req: SchedRequest) -> int:
 
 @FILTERS.register("fits-kv")
 class FitsKv:
-    """Drop replicas whose free KV cache cannot hold the request (unknown capacity passes).
+    """Drop replicas whose free KV cache cannot hold the request, or whose whole cache cannot hold one sequence at
+    its longest (:func:`sequence_tokens`; unknown capacity passes).
 
     Capacity is the engine-reported block count, else the modelled one; free = (1 − usage) × capacity."""
 
@@ -70,7 +71,8 @@ class FitsKv:
     def filter(self, ctx: DecisionContext) -> np.ndarray:
         snap, idx = ctx.snapshot, ctx.candidates
         out = np.empty(idx.size, dtype=np.bool_)
-        fits_kv_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, _need_blocks(ctx), out)
+        fits_kv_kernel(idx, snap.kv_blocks_total, snap.statics.kv_blocks, snap.kv_usage, _need_blocks(ctx),
+                       sequence_tokens(ctx.request) / snap.statics.block_size, out)
         return out
 
     def when_empty(self, ctx: DecisionContext) -> Decision | np.ndarray:

@@ -39,7 +39,7 @@ def _insert(buf_key, buf_pos, m, key, pos):
 def shortlist_kernel(idx, live, held, compute_price, k, keep):
     """Mark in ``keep`` (over positions of ``idx``) the k/2 least loaded candidates, the k/4 holding
     the longest prefix and the k/4 with the cheapest compute: one pass, small sorted buffers."""
-    _shortlist(idx, live, held, compute_price, k, keep, _ALL, live[0], 0.0)
+    _shortlist(idx, live, held, compute_price, k, keep, _ALL, live[0], 0.0, 0.0)
     return keep
 
 
@@ -47,9 +47,10 @@ _ALL, _FITTING, _MARKED = 0, 1, 2  # the candidates _shortlist ranks
 
 
 @njit(cache=True, nogil=True)
-def _shortlist(idx, live, held, compute_price, k, keep, among, kv_blocks, need):
+def _shortlist(idx, live, held, compute_price, k, keep, among, kv_blocks, need, least):
     """:func:`shortlist_kernel` among the candidates: ``_ALL``; ``_FITTING``, those whose free KV cache holds
-    ``need`` blocks (:func:`~steersman.policy.plugin_kernels.fits_kv`, ``kv_blocks`` the modelled capacity);
+    ``need`` blocks and whole cache ``least`` (:func:`~steersman.policy.plugin_kernels.fits_kv`, ``kv_blocks`` the
+    modelled capacity);
     ``_MARKED``, those ``keep`` marks.  Returns how many there were: when ``among`` is not ``_ALL`` and they are
     ``k`` or fewer, ``keep`` marks them all (ranked, a few of them would be left out)."""
     if held.size and held.size != live.shape[1]:
@@ -67,7 +68,7 @@ def _shortlist(idx, live, held, compute_price, k, keep, among, kv_blocks, need):
     for j in range(idx.size):
         i = idx[j]
         if among == _FITTING:
-            ok = plugin_kernels.fits_kv(live[_KV_TOTAL, i], kv_blocks[i], live[_KV_USAGE, i], need)
+            ok = plugin_kernels.fits_kv(live[_KV_TOTAL, i], kv_blocks[i], live[_KV_USAGE, i], need, least)
             keep[j] = ok
             if not ok:
                 continue
@@ -111,9 +112,9 @@ def shortlist_fitting_kernel(idx, live, held, compute_price, kv_blocks, need, le
     among them all, a long prompt lost the few replicas large enough to hold it (a fleet of many small-HBM
     replicas and a large one) to smaller ones that load, prefix or price put first, and got a 503 where the large
     one would take it.  The common case is one pass: some candidate's free KV holds the request."""
-    if _shortlist(idx, live, held, compute_price, k, keep, _FITTING, kv_blocks, need):
+    if _shortlist(idx, live, held, compute_price, k, keep, _FITTING, kv_blocks, need, least / block_size):
         return keep
     kept = plugin_kernels.kv_keep_kernel(idx, live[_KV_TOTAL], kv_blocks, live[_KV_USAGE], need, least, block_size,
                                          keep)[1]
-    _shortlist(idx, live, held, compute_price, k, keep, _MARKED if kept else _ALL, kv_blocks, need)
+    _shortlist(idx, live, held, compute_price, k, keep, _MARKED if kept else _ALL, kv_blocks, need, least / block_size)
     return keep
