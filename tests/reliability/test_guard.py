@@ -286,3 +286,18 @@ def test_a_replica_whose_checks_failed_and_pass_again_leaves_its_ejection_a_pass
         _attempt(fleet, 1, ok=False)
     fleet.set_healthy(1, True)
     assert fleet.guard.outliers.is_ejected(1, clock.now())
+
+
+def test_admin_fleet_shows_an_ejected_replica_out_of_rotation_with_its_engine_load():
+    """An observability audit: /admin/fleet showed an ejected replica ``routable: true`` (it read health and warm
+    weights only), and no engine load at all."""
+    from steersman.api.admin import fleet_view
+
+    fleet, clock = _fleet()
+    fleet.update_metrics(0, EngineMetrics(num_running=3, num_waiting=2, kv_usage=0.25))
+    for _ in range(5):
+        _attempt(fleet, 1, ok=False)
+    reps = fleet_view(fleet)["replicas"]
+    assert (reps[1]["healthy"], reps[1]["routable"], reps[1]["ejected"]) == (True, False, True)
+    assert (reps[0]["routable"], reps[0]["ejected"]) == (True, False)
+    assert (reps[0]["running"], reps[0]["waiting"], reps[0]["kv_cache_usage"]) == (3.0, 2.0, 0.25)

@@ -57,15 +57,24 @@ def _finite(x: float) -> float | None:
 
 
 def fleet_view(fleet) -> dict:
-    """What ``GET /admin/fleet`` shows: every replica's address, engine, models, health and load."""
+    """What ``GET /admin/fleet`` shows: every replica's address, engine, models, health and load.
+
+    ``routable``: it gets new requests now (healthy, weights warm, not ejected, breaker not open; an observability
+    audit found an ejected replica shown routable: the page read health and warmth only), ``ejected`` the latter two
+    alone; the engine's own load as last scraped (running, waiting, KV cache usage: NaN, unknown, is null)."""
     reps = []
+    rotation = fleet.in_rotation()
     for r in fleet.replicas:
+        i = r.index
         reps.append({
             "name": r.name, "url": r.url, "engine": r.engine, "gpu": r.gpu, "models": list(r.models), "pool": r.pool,
-            "healthy": bool(fleet.healthy[r.index]), "routable": bool(fleet.routable[r.index]),
-            "in_flight": float(fleet.in_flight[r.index]),
+            "healthy": bool(fleet.healthy[i]), "routable": bool(rotation[i]),
+            "ejected": bool(fleet.routable[i] and not rotation[i]),
+            "in_flight": float(fleet.in_flight[i]),
+            "running": _finite(fleet.live[S.RUNNING, i]), "waiting": _finite(fleet.live[S.WAITING, i]),
+            "kv_cache_usage": _finite(fleet.live[S.KV_USAGE, i]),
             # the engine's own timing of its work where it reports it (llama.cpp), what the scheduler predicts with
-            "prefill_s_per_token": _finite(fleet.live[S.PREFILL_S_TOKEN, r.index]),
-            "decode_s_per_token": _finite(fleet.live[S.DECODE_S_TOKEN, r.index]),
+            "prefill_s_per_token": _finite(fleet.live[S.PREFILL_S_TOKEN, i]),
+            "decode_s_per_token": _finite(fleet.live[S.DECODE_S_TOKEN, i]),
         })
     return {"replicas": reps}
