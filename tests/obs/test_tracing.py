@@ -286,4 +286,34 @@ def test_shutdown_is_bounded_when_the_otlp_endpoint_is_down():
         tracer.end(ctx)
     t0 = time.monotonic()
     tracer.shutdown()
-    assert time.monotonic() - t0 < 5.0  # gateway.otlp_shutdown_timeout_s: 2 s, then as long again for the SDK's thread
+    assert time.monotonic() - t0 < 3.0  # gateway.otlp_shutdown_timeout_s: 2 s in all
+
+
+def test_shutdown_is_bounded_when_the_collector_accepts_and_never_answers():
+    """An observability audit: a collector that accepts connections and never answers held the shutdown 4 s (the
+    export's 2 s, then as long again for the SDK's thread inside its POST), the setting says 2."""
+    import socket
+    import time
+    import types
+
+    from steersman.config import DEFAULTS
+    from steersman.obs.tracing import OtlpTracer
+
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(16)  # accepted by the kernel, never read or answered
+    try:
+        timeout = DEFAULTS.gateway.otlp_shutdown_timeout_s
+        tracer = OtlpTracer(f"http://127.0.0.1:{mute.getsockname()[1]}/v1/traces", 1.0, timeout)
+        for i in range(600):
+            ctx = types.SimpleNamespace(request_id=f"r{i}", trace=None, attempt_span=None, attempts=1, status=200,
+                                        model="m", requested_model="m", kind="chat", output_tokens=3, sched=None,
+                                        tenant=None, cached_tokens=None, input_tokens=None, continuation=None,
+                                        failed=False, http=None)
+            tracer.begin(ctx, {}, "POST", "/v1/chat/completions")
+            tracer.end(ctx)
+        t0 = time.monotonic()
+        tracer.shutdown()
+        assert time.monotonic() - t0 < timeout + 0.5
+    finally:
+        mute.close()
