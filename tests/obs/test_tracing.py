@@ -113,9 +113,14 @@ def test_one_trace_runs_from_the_client_through_the_gateway_to_every_engine_it_t
         assert [a["attrs"]["steersman.outcome"] for a in mine][-1] == "ok"
     retried = [a for a in attempts.values() if a["attrs"]["steersman.outcome"] != "ok"]
     assert retried and all(a["attrs"]["steersman.replica"] == "sim-1" and a["error"] for a in retried)
+    # and why it left that replica: the engine's own answer (an audit found every failure read "upstream_error")
+    assert all("answered 500" in a["attrs"]["steersman.error"] for a in retried), [a["attrs"] for a in retried]
     # every attempt reached an engine, which traced it under the attempt's own span (its traceparent)
     assert sorted(e["parent"] for e in engines) == sorted(attempts)
     assert all(e["trace"] == TRACE and e["name"] == "llm_request" for e in engines)
+    # each names the response it made from the request's id (chatcmpl-<X-Request-Id>), as vLLM's span does
+    named = {e["attrs"]["gen_ai.request.id"] for e in engines if not e["error"]}
+    assert named == {f"chatcmpl-req-{i}" for i in range(4)}
     assert sum(e["error"] for e in engines) == len(retried)  # the failing engine's spans say so
 
 

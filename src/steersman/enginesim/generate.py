@@ -147,7 +147,7 @@ class Generator:
         if self.spans is not None:
             span = self.spans.tracer.start_span("llm_request", context=self.spans.parent(request.headers),
                                                 kind=self.spans.kind.SERVER)
-        req = None
+        req = rid = None
         try:
             limit = DEFAULTS.gateway.max_tokens_limit
             req = decode_chat(request.body, limit) if chat else decode_completion(request.body, limit)
@@ -188,14 +188,16 @@ class Generator:
                 if not job.done:
                     self.runner.cancel(job)
             if span is not None:
-                self._end_span(span, req, jobs)
+                self._end_span(span, req, jobs, rid)
 
-    def _end_span(self, span, req, jobs: list[Job]) -> None:
-        """vLLM's ``llm_request`` span attributes (vllm/tracing.py SpanAttributes), in engine time."""
+    def _end_span(self, span, req, jobs: list[Job], rid: str | None) -> None:
+        """vLLM's ``llm_request`` span attributes (vllm/tracing.py SpanAttributes), in engine time;
+        ``gen_ai.request.id`` the response's id (``chatcmpl-<X-Request-Id>``), as vLLM's, which joins the engine's
+        span to the request (it read the engine's internal id)."""
         attrs: dict = {"gen_ai.response.model": self.model_name}
         if jobs:
             produced = sum(j.produced for j in jobs)
-            attrs.update({"gen_ai.request.id": jobs[0].sim.req_id,
+            attrs.update({"gen_ai.request.id": rid or jobs[0].sim.req_id,
                           "gen_ai.usage.prompt_tokens": _usage(jobs, produced)["prompt_tokens"],
                           "gen_ai.usage.completion_tokens": produced,
                           "gen_ai.request.n": req.n if req is not None else len(jobs)})

@@ -77,7 +77,7 @@ class PassThrough:
         """Header lines for an upstream attempt (each ending in CRLF)."""
         return ctx.trace or b""
 
-    def attempt_ended(self, ctx: Any, outcome: str) -> None:
+    def attempt_ended(self, ctx: Any, outcome: str, why: str | None = None) -> None:
         pass
 
     def end(self, ctx: Any) -> None:
@@ -184,12 +184,18 @@ class OtlpTracer:
         self._propagator.inject(carrier, context=self._trace.set_span_in_context(span))
         return "".join(f"{k}: {v}\r\n" for k, v in carrier.items()).encode()
 
-    def attempt_ended(self, ctx: Any, outcome: str) -> None:
+    def attempt_ended(self, ctx: Any, outcome: str, why: str | None = None) -> None:
+        """``outcome``: ``ok``, ``failed: <code>``, ``abandoned``; ``why``: a failure's own words (the engine's
+        status and answer, a refused or broken connection), on the span as ``steersman.error`` and its status
+        (an observability audit: a 503, a reset mid-stream and an unreachable engine all read ``failed:
+        upstream_error``, no reason why the request left the replica)."""
         span, ctx.attempt_span = ctx.attempt_span, None
         if span is not None:
             span.set_attribute("steersman.outcome", outcome)
+            if why:
+                span.set_attribute("steersman.error", why)
             if outcome != "ok":
-                self.spans.error(span, outcome)
+                self.spans.error(span, f"{outcome}: {why}" if why else outcome)
             span.end()
 
     def end(self, ctx: Any) -> None:

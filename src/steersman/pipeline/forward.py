@@ -277,8 +277,10 @@ class Forward:
         except BaseException:  # cancelled: the client left, the deadline passed, the replica was taken out
             tracer.attempt_ended(ctx, "abandoned")
             raise
+        failed = isinstance(out, Fail)
         tracer.attempt_ended(ctx, "ok" if isinstance(out, Respond) else
-                                  f"failed: {out.error.code or out.error.status}" if isinstance(out, Fail) else "other")
+                             f"failed: {out.error.code or out.error.status}" if failed else "other",
+                             out.error.message[:300] if failed else None)
         return out
 
     async def _exchange(self, ctx: RequestContext, rep, index: int, body: bytes, resuming: bool,
