@@ -322,3 +322,23 @@ def test_shutdown_is_bounded_when_the_collector_accepts_and_never_answers():
         assert time.monotonic() - t0 < timeout + 0.5
     finally:
         mute.close()
+
+
+def test_a_tool_call_streams_output_tokens_are_the_engines_usage(otlp):
+    """An observability audit: a streamed tool call's SERVER span said 16 output tokens where the engine's usage
+    (and the response's) said 15: the relay counted the call's first event (its id and name) as a token, and the
+    same count went to the tenant's token refund."""
+    from openai import OpenAI
+
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    with LiveFleet(sims=_engines(otlp.url, faulty=False)[:1], gateway={"otlp_traces_endpoint": otlp.url}) as lf:
+        with OpenAI(base_url=lf.url + "/v1", api_key="unused", max_retries=0) as client:
+            usage = None
+            for chunk in client.chat.completions.create(model="llama-3.1-8b", messages=MSGS, tools=tools,
+                                                        tool_choice="required", stream=True,
+                                                        stream_options={"include_usage": True}):
+                usage = chunk.usage or usage
+    server = [s for s in otlp.spans if s["service"] == "steersman" and s["kind"] == 2]
+    assert usage is not None and len(server) == 1
+    assert server[0]["attrs"]["gen_ai.usage.output_tokens"] == usage.completion_tokens
