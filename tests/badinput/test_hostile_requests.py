@@ -282,3 +282,31 @@ def test_gateway_stays_healthy_after_all_that(fleet):
         assert r.choices[0].message.content
     m = httpx.get(fleet.url + "/metrics", timeout=5).text
     assert 'status="500"' not in m and 'status="502"' not in m
+
+
+def test_answers_the_http_server_gives_itself_carry_a_request_id_and_are_counted(fleet):
+    """An observability audit: a 404 route, a 405, a 413 body, a malformed request and a repeated Authorization
+    were answered without X-Request-Id and missing from steersman:requests_total."""
+    def requests_total(status: int) -> float:
+        text = httpx.get(fleet.url + "/metrics", timeout=5).text
+        line = next((x for x in text.splitlines()
+                     if x.startswith("steersman:requests_total{") and 'model="_unknown"' in x and f'status="{status}"' in x),
+                    None)
+        return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+    before = {s: requests_total(s) for s in (404, 405, 413, 400)}
+    r = httpx.post(fleet.url + "/v1/nosuch", content=b"{}", headers={**JSON, "X-Request-Id": "mine-1"}, timeout=10)
+    assert r.status_code == 404 and r.headers["x-request-id"] == "mine-1"
+    r = httpx.put(fleet.url + CHAT, content=b"{}", headers=JSON, timeout=10)
+    assert r.status_code == 405 and len(r.headers["x-request-id"]) == 32
+    r = httpx.post(fleet.url + CHAT, content=b"x" * (LIMIT + 10), headers=JSON, timeout=10)
+    assert r.status_code == 413 and len(r.headers["x-request-id"]) == 32
+    port = int(fleet.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n")
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += s.recv(4096)
+    assert head.startswith(b"HTTP/1.1 400") and b"X-Request-Id: " in head
+    after = {s: requests_total(s) for s in (404, 405, 413, 400)}
+    assert all(after[s] == before[s] + 1 for s in after), (before, after)

@@ -40,7 +40,7 @@ from steersman.fleet.state import Fleet, Replica
 from steersman.http.busypoll import BusyPoll
 from steersman.http.server import HttpRequest, HttpServer, http_url
 from steersman.obs.metrics import GatewayMetrics
-from steersman.obs.tracing import make_tracer
+from steersman.obs.tracing import make_tracer, request_id
 from steersman.pipeline.admit import Authenticate, Describe, Schedule
 from steersman.pipeline.context import RequestContext
 from steersman.pipeline.forward import Forward
@@ -114,6 +114,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                               ("/health", self.health), ("/metrics", self.metrics_handler),
                               ("/openapi.json", self.openapi), ("/admin/fleet", self.admin_fleet)):
             self.http.route("GET", path, _with_request_id(handler))
+        self.http.on_error = self._protocol_answer
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None
 
@@ -320,6 +321,14 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
 
     def _busy(self) -> int:
         return self._serving
+
+    def _protocol_answer(self, status: int, headers) -> bytes:
+        """An answer the HTTP server gives itself (a malformed, oversized or slow request, no such route): counted
+        in ``steersman:requests_total`` under ``_unknown`` and named with an X-Request-Id (the client's when valid),
+        as every other answer (an observability audit found 400/404/405/408/413/431 answers uncounted and unnamed)."""
+        self.metrics.count("_unknown", status)
+        rid = request_id(headers.get("x-request-id") if headers else None)
+        return b"X-Request-Id: %b\r\n" % rid.encode()
 
     def _salt(self, request: HttpRequest) -> None:
         """Each tenant's prompts share the engines' prefix caches only with its own (vLLM ``cache_salt``)."""

@@ -350,7 +350,9 @@ class _Connection(asyncio.Protocol):
             t.pause_reading()
             return
         body = self.server.error_body(status, message, code)
-        t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (_status_line(status), len(body), body))
+        extra = self.server.error_extra(status, self._headers)
+        t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close\r\n\r\n%b"
+                % (_status_line(status), len(body), extra, body))
         if t.can_write_eof():
             t.write_eof()
         self.loop.call_later(_REJECT_GRACE_S, t.close)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from steersman.config import DEFAULTS
 from steersman.http._connection import _Connection
@@ -51,6 +51,14 @@ class HttpServer:
         self._server: asyncio.AbstractServer | None = None
         self._refusing = False  # close_listener(idle_too=True) until start: every response closes its connection
         self.port = 0
+        #: optional ``on_error(status, headers) -> header lines``: told of every answer the server gives itself (a
+        #: malformed or oversized request, no such route, an internal error), before any handler; what it returns is
+        #: sent with the answer (the gateway counts it and names it with an X-Request-Id, as its other answers)
+        self.on_error: Callable[[int, Mapping[str, str] | None], bytes] | None = None
+
+    def error_extra(self, status: int, headers: Mapping[str, str] | None) -> bytes:
+        """The header lines :attr:`on_error` gives an answer the server makes itself (none without it)."""
+        return b"" if self.on_error is None else self.on_error(status, headers)
 
     def route(self, method: str, path: str, handler: Handler) -> None:
         """``path`` exactly, or, ending in ``/``, every path under it (the handler reads the rest)."""
@@ -86,9 +94,10 @@ class HttpServer:
                 allowed = self._allowed(req.path)
                 if allowed:
                     req.respond(405, self.error_body(405, f"Method {req.method} is not allowed on {req.path}.", "method_not_allowed"),
-                                extra=b"Allow: %b\r\n" % ", ".join(allowed).encode())
+                                extra=b"Allow: %b\r\n%b" % (", ".join(allowed).encode(), self.error_extra(405, req.headers)))
                 else:
-                    req.respond(404, self.error_body(404, f"No such endpoint: {req.path}.", "not_found"))
+                    req.respond(404, self.error_body(404, f"No such endpoint: {req.path}.", "not_found"),
+                                extra=self.error_extra(404, req.headers))
                 return
             await handler(req)
             if not req.started:
@@ -100,7 +109,8 @@ class HttpServer:
         except Exception:
             log.exception("internal error on %s %s", req.method, req.path)
             if not req.started:
-                req.respond(500, self.error_body(500, "Internal server error.", "internal_error"))
+                req.respond(500, self.error_body(500, "Internal server error.", "internal_error"),
+                            extra=self.error_extra(500, req.headers))
             elif req.conn.transport is not None:
                 req.conn.transport.close()
 
