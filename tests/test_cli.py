@@ -238,6 +238,9 @@ def _invoke(argv: list[str], **env: str):
 
 @pytest.mark.parametrize("argv, says", [
     (["engine-sim", "--tp", "0"], "--tp must be >= 1, got 0"),  # each a traceback
+    (["engine-sim", "--block-size", "0"], "--block-size must be >= 1, got 0"),
+    (["engine-sim", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be > 0, <= 1, got 1.5"),
+    (["engine-sim", "--max-model-len", "0"], "--max-model-len must be >= 1, got 0"),
     (["engine-sim", "--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0"),
     (["engine-sim", "--max-num-batched-tokens", "-5"], "--max-num-batched-tokens must be >= 1, got -5"),
     (["engine-sim", "--mean-output-tokens", "nan"], "--mean-output-tokens must be a finite number > 0"),  # accepted
@@ -355,3 +358,20 @@ def test_the_banners_examples_work_as_pasted_when_api_keys_are_configured():
         _, open_py = examples(lf.url, "llama-3.1-8b", keyed=False)  # what the banner printed before
         ran = subprocess.run([sys.executable, "-c", open_py], capture_output=True, text=True, timeout=60, env=env)
         assert ran.returncode != 0 and "401" in ran.stderr
+
+
+def test_engine_sim_takes_vllms_sizing_flags():
+    """An engine-sim audit: 70B on 2 H100s exited "lower max_model_len" (its KV cache holds ~30k tokens of the
+    model's 131k context), with no --max-model-len to lower it, as vLLM needs there too."""
+    proc = subprocess.Popen(STEERSMAN + ["engine-sim", "--model", "llama-3.1-70b", "--tp", "2", "--port", "0",
+                                         "--max-model-len", "8192", "--gpu-memory-utilization", "0.95",
+                                         "--no-enable-prefix-caching"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = _wait_line(proc, "engine-sim ready").split()[2]
+        import httpx
+
+        assert httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["max_model_len"] == 8192
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -29,6 +29,14 @@ def register(app: typer.Typer) -> None:
                      "read; repeat for more): listed in /v1/models with the model as parent, its KV its own."),
         max_num_seqs: int | None = typer.Option(None),
         max_num_batched_tokens: int | None = typer.Option(None),
+        max_model_len: int | None = typer.Option(
+            None, help="The context length (vLLM's flag; default: the model's). A cache smaller than the model's "
+                       "context (70B on 2 GPUs) needs it, as vLLM does."),
+        gpu_memory_utilization: float = typer.Option(DEFAULTS.engine.gpu_memory_utilization,
+                                                     help="Share of HBM for weights and KV cache (vLLM's flag)."),
+        block_size: int = typer.Option(DEFAULTS.engine.block_size, help="Tokens per KV block (vLLM's flag)."),
+        enable_prefix_caching: bool = typer.Option(DEFAULTS.engine.enable_prefix_caching,
+                                                   help="vLLM's --enable-prefix-caching / --no-enable-prefix-caching."),
         scheduling_policy: str = typer.Option(DEFAULTS.engine.scheduling_policy,
                                               help="fcfs, or priority: requests' `priority` orders the queue "
                                                    "(lower first), as vLLM --scheduling-policy."),
@@ -87,7 +95,9 @@ def register(app: typer.Typer) -> None:
         try:  # the settings objects check the values (bounds, finite): an error naming the flag, not a traceback
             replace(_S, host=host, port=port, speedup=speedup, mean_output_tokens=mean_output_tokens)
             engine = replace(EngineSettings(), tensor_parallel=tp, max_num_seqs=max_num_seqs,
-                             max_num_batched_tokens=max_num_batched_tokens, scheduling_policy=scheduling_policy)
+                             max_num_batched_tokens=max_num_batched_tokens, scheduling_policy=scheduling_policy,
+                             max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
+                             block_size=block_size, enable_prefix_caching=enable_prefix_caching)
         except ValueError as e:
             raise typer.BadParameter(_as_flag(str(e))) from None
         cfg = SimServerConfig(
