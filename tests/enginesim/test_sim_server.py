@@ -237,3 +237,26 @@ def test_priority_is_refused_without_priority_scheduling_and_orders_the_queue_wi
         for t in (first, late):
             t.join()
         assert done == ["running", "high", "low"]
+
+
+def test_a_request_of_the_whole_context_does_not_hold_the_replica(sim):
+    """An engine-sim audit: ``ignore_eos`` without ``max_tokens`` (what the context leaves, ~131k tokens) with
+    ``n`` 8 was generated whole on the event loop before its first step: every other stream and /health waited
+    2.1 s.  A long budget is generated in a worker thread."""
+    import time
+
+    url = sim.sims[0].url
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as c:
+            big = asyncio.create_task(c.post(url + "/v1/chat/completions",
+                                             json=dict(CHAT, stream=True, ignore_eos=True, n=8)))
+            worst = 0.0  # (the probes below run while it is generated: ~2 s of it)
+            for _ in range(10):
+                t0 = time.perf_counter()
+                assert (await c.get(url + "/health")).status_code == 200
+                worst = max(worst, time.perf_counter() - t0)
+            big.cancel()
+            return worst
+
+    assert asyncio.run(run()) < 0.5
