@@ -260,3 +260,15 @@ def test_a_request_of_the_whole_context_does_not_hold_the_replica(sim):
             return worst
 
     assert asyncio.run(run()) < 0.5
+
+
+def test_time_per_output_token_is_observed_at_every_token_as_vllm_v1_does(sim):
+    """An engine-sim audit: vllm:time_per_output_token_seconds took one sample per request (its mean), vLLM v1 one
+    per output token (its inter-token latency); the request's mean is vllm:request_time_per_output_token_seconds."""
+    url = sim.sims[0].url
+    for _ in range(3):
+        httpx.post(url + "/v1/chat/completions", json=dict(CHAT, max_tokens=20, ignore_eos=True), timeout=30)
+    v = read_samples(httpx.get(url + "/metrics").text, {
+        "vllm:time_per_output_token_seconds_count": "tpot", "vllm:inter_token_latency_seconds_count": "itl",
+        "vllm:request_time_per_output_token_seconds_count": "per_request"})
+    assert v["tpot"] == v["itl"] == 3 * 19 and v["per_request"] == 3

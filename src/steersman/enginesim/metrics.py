@@ -103,7 +103,12 @@ class SimMetrics:
         self._hists: list[_Hist] = []
         self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", _TTFT)
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", _ITL)
+        # vLLM v1 observes its time per output token at every token (iteration_stats.time_per_output_tokens_iter),
+        # the inter-token latency under its older name (0.11 keeps it as a deprecated alias); the request's mean
+        # is vllm:request_time_per_output_token_seconds (an engine-sim audit: it was the request's mean, once a request)
         self.tpot = hist("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", _ITL)
+        self.request_tpot = hist("vllm:request_time_per_output_token_seconds",
+                                 "Histogram of time_per_output_token_seconds per request.", _ITL)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", _REQ)
         self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", _REQ)
         self.prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", _REQ)

@@ -194,6 +194,7 @@ class EngineRunner:
                 m.ttft.observe(end - job.arrival)
             elif job.last_at is not None:
                 m.itl.observe(end - job.last_at)
+                m.tpot.observe(end - job.last_at)
             job.last_at = end
             job.produced = n
             job._wake()
@@ -217,6 +218,6 @@ class EngineRunner:
             m.prefill.observe(max(0.0, first - sched))
         m.decode.observe(max(0.0, end - first))
         if job.produced > 1:
-            m.tpot.observe((end - first) / (job.produced - 1))
+            m.request_tpot.observe((end - first) / (job.produced - 1))
         m.prompt_tokens.observe(job.sim.prompt_len)
         m.generation_tokens.observe(job.produced)
