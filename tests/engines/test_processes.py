@@ -54,3 +54,30 @@ def test_chat_template_is_the_shipped_file_by_name_or_a_path_as_given():
     assert chat_template_path() == Path(processes.__file__).with_name("gemma3-chat.jinja")
     assert chat_template_path(replace(DEFAULTS.llamacpp, chat_template="/x/t.jinja")) == Path("/x/t.jinja")
     assert chat_template_path(replace(DEFAULTS.llamacpp, chat_template="absent.jinja")) == Path("absent.jinja")
+
+
+def test_a_replica_that_exits_while_serving_is_reaped_and_named_once(tmp_path, caplog):
+    """A llama.cpp audit: a killed llama-server stayed a zombie of steersman's, unnamed, until steersman stopped."""
+    import logging
+
+    from steersman.fleet.processes import EngineProcess
+    from steersman.testing import FakeClock
+
+    log = tmp_path / "engine.log"
+    log.write_text("ggml: out of memory")
+    proc = subprocess.Popen(["/bin/sh", "-c", "exit 3"])
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # it exited and is not reaped yet: a zombie
+    fleet = LlamaServerFleet(1, binary=Path("/x/llama-server"), model=Path("/m.gguf"), clock=FakeClock())
+    fleet.procs = [EngineProcess("llamacpp-0", "127.0.0.1", 1, proc, log)]
+
+    async def run():
+        task = asyncio.create_task(fleet.watch())
+        await asyncio.sleep(0)  # its first pass
+        await fleet.clock.advance(3.0)  # three more: it is named once
+        task.cancel()
+
+    with caplog.at_level(logging.WARNING, logger="steersman.engines"):
+        asyncio.run(run())
+    assert proc.returncode == 3  # reaped
+    told = [r.getMessage() for r in caplog.records if "exited with code 3" in r.getMessage()]
+    assert len(told) == 1 and "llamacpp-0" in told[0] and "out of memory" in told[0]

@@ -99,9 +99,15 @@ def _run(cfg, command: str, engines: tuple[str, int] | None = None) -> None:
             cfg = msgspec.structs.replace(cfg, endpoints=endpoints, simulated=None)  # the real engines replace the sims
         gw = holder["gw"] = Gateway(cfg)
         await gw.start()
+        if procs is not None:
+            import asyncio
+
+            holder["watch"] = asyncio.get_running_loop().create_task(procs.watch())
         _banner(gw)
 
     async def stop() -> None:
+        if "watch" in holder:
+            holder["watch"].cancel()
         try:
             if "gw" in holder:
                 await holder["gw"].stop()

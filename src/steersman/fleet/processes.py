@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ __all__ = ["DIE_WITH_PARENT", "EngineStartError", "EngineProcess", "LlamaServerF
            "find_gguf", "free_port"]
 
 _PR_SET_PDEATHSIG = 1
+_log = logging.getLogger("steersman.engines")
 _BUILD_HINT = "build it with `make llama` (scripts/build-llama-server.sh; ~15 min once per machine)"
 
 
@@ -258,6 +260,19 @@ class LlamaServerFleet:
              "kv_unified": self.kv_unified}
             for p in self.procs
         ]
+
+    async def watch(self, every_s: float = 1.0) -> None:
+        """Reap a replica that exits while the gateway runs and say so, once (a llama.cpp audit: a killed
+        llama-server stayed a zombie, unnamed, until steersman stopped).  The gateway takes it out of rotation on
+        its own (failed connections, failed scrapes); steersman does not restart it.  Runs until cancelled."""
+        told: set[int] = set()
+        while True:
+            for i, p in enumerate(self.procs):
+                if i not in told and not p.alive():  # poll() reaps it
+                    told.add(i)
+                    _log.warning("llama-server %s (pid %d) exited with code %s; it is not restarted. Its log's end:\n%s",
+                                 p.name, p.pid, p.proc.returncode, p.log_tail(800))
+            await self.clock.sleep(every_s)
 
     def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to one replica (fault injection in tests)."""
