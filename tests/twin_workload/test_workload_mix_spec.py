@@ -157,7 +157,7 @@ def test_spec_validation_names_the_field(spec, message):
 
 
 def test_trace_knob_validation(trace):
-    for knob, value, message in [("speed", -1, r"speed must be > 0"), ("limit", -1, r"limit must be >= 0"),
+    for knob, value, message in [("speed", -1, r"speed must be > 0"), ("limit", -1, r"limit must be >= 1"), ("limit", 0, r"limit must be >= 1"),
                                  ("repeat", 0, r"repeat must be >= 1"), ("max_tokens", "lots", r"max_tokens must be an integer"),
                                  ("slo", {"batch": -1}, r"slo\.batch: weight must be a number >= 0"),
                                  ("format", "parquet", r"path: trace format must be")]:
