@@ -96,3 +96,27 @@ def test_opting_standard_in_sheds_queued_standard_requests_too():
     out, _ = p.arrive("a", sched_request(0, prompt_tokens=8000, budget=STANDARD, tenant="s"), STD, FULL, 0.0)
     assert isinstance(out, Wait)
     assert [item for item, _ in p.expire(at(2.1), 2.1)] == ["a"]
+
+
+def test_replicas_at_their_concurrency_limit_are_still_predicted_over():
+    """A review: early rejection went through the reliability gate, which drops a replica at its adaptive
+    concurrency limit, so with every replica there it saw none and the request waited for its turn."""
+    import numpy as np
+
+    p = plane()
+    _queue_one_standard(p)
+    out, _ = p.arrive("x", _shed_req(1, STANDARD, 0.0), SHED, FULL, 0.0)
+    assert isinstance(out, Wait)
+    at_limit = replace(fleet_snapshot(2, waiting=[DEPTH + 1] * 2, in_flight=[5, 5], time=2.05), limits=np.full(2, 5.0))
+    assert [item for item, _ in p.expire(at_limit, 2.05)] == ["x"]
+
+
+def test_a_request_due_with_no_replica_to_predict_over_is_asked_again():
+    import numpy as np
+
+    p = plane()
+    _queue_one_standard(p)
+    p.arrive("x", _shed_req(1, STANDARD, 0.0), SHED, FULL, 0.0)
+    down = replace(at(2.05), routable=np.zeros(2, dtype=bool))
+    assert p.expire(down, 2.05) == [] and p.waiting == 2  # none routable: nothing to predict over
+    assert [item for item, _ in p.expire(at(3.1), 3.1)] == ["x"]  # asked again a second later

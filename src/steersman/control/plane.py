@@ -34,7 +34,7 @@ import numpy as np
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.control.admission import Admit, Admitter, check_deadline
 from steersman.control.queue import STOP, Enqueued, GatewayQueue
-from steersman.control.shed_watch import ShedWatch
+from steersman.control.shed_watch import REASK_S, ShedWatch
 from steersman.control.tenants import TenantConfig
 from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import FleetSnapshot
@@ -400,13 +400,16 @@ class ControlPlane:
                     continue
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
                 out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
-        for item in self._shed_watch.due(now):  # its TTFT budget ran out while it waited: refused if the policy sheds
+        # its TTFT budget ran out while it waited: refused if the policy sheds (a prediction each: bounded per pass)
+        for item in self._shed_watch.due(now, EXPIRE_CHECKS):
             q = self._waiting.get(item)
             if q is not None and self._early is not None:
                 asked = self._early(snapshot, q.req)
                 if asked is not None:
                     self.abandon(item, now)
                     out.append((item, _refusal(asked)))
+                elif self._shed_watch.applies(q.req):  # no replica to predict over now (all ejected or down):
+                    self._shed_watch.again(item, now + REASK_S)  # asked again, not left to its turn
         for model in self._orphaned(snapshot, now):
             gone = Refuse(503, "no_capacity", f"no replica of model {model!r} has been in rotation for "
                           f"{self.settings.queue_without_replica_s:g} s", 1.0)

@@ -18,7 +18,11 @@ from typing import Any
 
 from steersman.policy.request import PriorityClass, SchedRequest
 
-__all__ = ["ShedWatch"]
+__all__ = ["ShedWatch", "REASK_S"]
+
+#: a queued request whose budget ran out with no replica to predict over (all ejected or down) is asked again this
+#: much later (design: the scrape cadence x 20; a replica back from a blip, or the queue's own expiry, answers first)
+REASK_S = 1.0
 
 
 class ShedWatch:
@@ -39,12 +43,17 @@ class ShedWatch:
         """``item`` (``req``, which :meth:`applies`) waits in the queue from now."""
         heapq.heappush(self._due, (req.arrival + req.budget.ttft_s, next(self._seq), item))
 
-    def due(self, now: float) -> list[Any]:
-        """The watched items whose TTFT budget has run out by ``now`` (each once; some may have left the queue)."""
+    def due(self, now: float, most: int) -> list[Any]:
+        """At most ``most`` of the watched items whose TTFT budget has run out by ``now``, earliest first (each once;
+        some may have left the queue); the others stay due for the next pass (each asks the policy a prediction)."""
         out = []
-        while self._due and self._due[0][0] <= now:
+        while self._due and self._due[0][0] <= now and len(out) < most:
             out.append(heapq.heappop(self._due)[2])
         return out
+
+    def again(self, item: Any, at: float) -> None:
+        """Ask about ``item`` again at ``at`` (the policy had no replica to predict over: all ejected or down)."""
+        heapq.heappush(self._due, (at, next(self._seq), item))
 
     def __len__(self) -> int:
         return len(self._due)

@@ -231,7 +231,8 @@ class Profile:
 
     def early_reject(self, snapshot: FleetSnapshot, request: SchedRequest) -> Reject | None:
         """The picker's early rejection of ``request`` (its optional ``early_reject(ctx)``: Mooncake's, in the
-        steersman picker) over the candidates the reliability gate keeps, saturated ones included: asked of a
+        steersman picker) over the candidates the reliability gate keeps, saturated ones and those at their
+        concurrency limit included: asked of a
         request that waits in the gateway queue, which :meth:`pick` would only answer "saturated" (see
         ``control/shed_watch.py``).  None when the picker has none or refuses nothing."""
         judge = getattr(self.picker, "early_reject", None)
@@ -240,8 +241,8 @@ class Profile:
         ctx = self.context(snapshot, request)
         if ctx.candidates.size == 0:
             return None
-        keep = self.gate.filter(ctx)
-        kept = np.count_nonzero(keep)
+        keep = self.gate.available(ctx)  # at the concurrency limit is saturated too: kept (a review found every
+        kept = np.count_nonzero(keep)  # replica at its limit left none, and the request waited for its turn)
         if not kept:
             return None
         if kept < keep.size:

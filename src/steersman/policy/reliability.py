@@ -78,6 +78,14 @@ class ReliabilityFilter:
             keep = _keep(ctx, limits, blocked=False)  # panic (nothing to wait for but the guard): see the module doc
         return keep
 
+    def available(self, ctx: DecisionContext) -> np.ndarray:
+        """:meth:`filter` with the concurrency limits left out: the replicas that would take the request once
+        capacity frees (what early rejection predicts over for a request that waits: at the limit is saturated)."""
+        keep = _keep(ctx, limits=False)
+        if ctx.snapshot.blocked_until is not None and not keep.any():
+            keep = _keep(ctx, limits=False, blocked=False)  # panic, as filter()
+        return keep
+
     def empty(self, ctx: DecisionContext) -> Decision:
         """The decision when no candidate passed :meth:`filter`."""
         if _keep(ctx, limits=False).any():
