@@ -129,6 +129,7 @@ PINNED = {
     "reliability.latency_min_samples": 5,
     "reliability.outlier_sweep_s": 0.1,
     "reliability.uneject_on_active_health": False,
+    "reliability.restart_down_s": 1.0,
     "reliability.idle_probe_s": 5.0,
     "reliability.idle_probe_timeout_s": 4.0,
     "reliability.failure_routing": True,

@@ -107,3 +107,40 @@ def test_an_unexpected_scrape_error_does_not_end_the_loop(caplog):
         asyncio.run(run())
     logged = [r for r in caplog.records if "failed unexpectedly" in r.getMessage()]
     assert len(logged) == 2 and all(r.exc_info[0] is ValueError for r in logged)  # 5 errors, one log a minute
+
+
+class _Dying(_Engine):
+    """Scrapes fail while ``down``."""
+
+    down = False
+
+    async def scrape(self, replica) -> EngineMetrics:
+        if self.down:
+            raise UpstreamError(f"{replica.name}: connection refused", connected=False)
+        return EngineMetrics(1, 0, 0.0)
+
+
+def test_a_restart_a_request_found_first_lifts_the_ejection_through_the_scraper():
+    """A review: a request's failed connection marks the replica unhealthy first (passively), the scraper then
+    skipped its own verdict (already unhealthy), so the guard never saw the checks fail and a restarted replica
+    sat out its whole ejection live, where the twin lifted it."""
+    from steersman.reliability import ReplicaGuard
+
+    async def run():
+        engine = _Dying()
+        fleet = _fleet(engine, ("llama-3.1-8b",))
+        fleet.guard = ReplicaGuard(1, DEFAULTS.reliability, 0.2)
+        rep, clock = fleet.replicas[0], fleet.clock
+        scraper = Scraper(fleet, DEFAULTS.gateway, clock)
+        assert fleet.guard.outliers.eject(0, clock.now(), "5 consecutive failures")
+        engine.down = True
+        fleet.set_healthy(0, False, active=False)  # a request's connection refused
+        for _ in range(DEFAULTS.gateway.unhealthy_after_failures + 2):
+            assert not await scraper.scrape_once(rep)
+            await clock.advance(DEFAULTS.gateway.metrics_interval_s)
+        await clock.advance(DEFAULTS.reliability.restart_down_s)  # the engine restarts
+        engine.down = False
+        assert await scraper.scrape_once(rep) and fleet.healthy[0]
+        assert not fleet.guard.outliers.is_ejected(0, clock.now())
+
+    asyncio.run(run())

@@ -281,6 +281,13 @@ def test_a_replica_whose_checks_failed_and_pass_again_leaves_its_ejection_a_pass
         asyncio.run(clock.advance(1.0))
         fleet.set_healthy(1, True)
         assert fleet.guard.outliers.is_ejected(1, clock.now()) is (not active), active
+    fleet, clock = _fleet()  # checks down for less than restart_down_s: a blip, no restart (no flapping ejection)
+    for _ in range(5):
+        _attempt(fleet, 1, ok=False)
+    fleet.set_healthy(1, False)
+    asyncio.run(clock.advance(0.2))
+    fleet.set_healthy(1, True)
+    assert fleet.guard.outliers.is_ejected(1, clock.now())
     fleet, clock = _fleet()  # a good check of a replica never down lifts nothing (uneject_on_active_health: off)
     for _ in range(5):
         _attempt(fleet, 1, ok=False)

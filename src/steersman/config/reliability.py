@@ -59,6 +59,11 @@ class ReliabilitySettings:
         "Envoy successful_active_health_check_uneject_host defaults true; false here: a hung GPU's engine "
         "still answers /metrics and /health, so a good scrape says nothing about serving",
     )
+    restart_down_s: float = setting(
+        1.0, "design: a replica whose health checks failed for at least 1 s and pass again restarted (an engine "
+        "process comes back in seconds: its weights load), and leaves an ejection its death caused; a blip of a few "
+        "failed checks (3 at the 50 ms scrape cadence) is no restart and lifts nothing", gt=0,
+    )
     idle_probe_s: float = setting(
         5.0, "Envoy active health checking (health_check interval; 5 s is its documented examples' interval), asked "
         "only where the passive signals are silent: a replica with nothing of ours in flight that has shown no sign "

@@ -69,8 +69,13 @@ class Scraper:
             m = await rep.adapter.scrape(rep.address)
         except UpstreamError as e:
             self._failures[rep.index] += 1
-            if self._failures[rep.index] >= self.settings.unhealthy_after_failures and self.fleet.healthy[rep.index]:
-                log.warning("replica %s unhealthy: %s", rep.name, e)
+            n, after = self._failures[rep.index], self.settings.unhealthy_after_failures
+            # the checks' own verdict, once a streak, also when a failed connection marked it first (passively):
+            # a restart is told by failed checks then good ones (ReplicaGuard.health; a review found a replica a
+            # request found dead first kept its ejection after its restart, live, where the twin lifted it)
+            if n >= after and (self.fleet.healthy[rep.index] or n == after):
+                if self.fleet.healthy[rep.index]:
+                    log.warning("replica %s unhealthy: %s", rep.name, e)
                 self.fleet.set_healthy(rep.index, False)
             if not rep.models:
                 self._unlisted[rep.index] = -math.inf  # listed at the recovery, whatever failed before

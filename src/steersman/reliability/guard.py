@@ -36,7 +36,7 @@ class ReplicaGuard:
         self.limiters = [GradientLimiter(settings) for _ in range(n)]
         self.limits = np.array([lim.limit for lim in self.limiters])
         self._probation = np.zeros(n, dtype=bool)  # back from an ejection, not yet shown progress
-        self._down = np.zeros(n, dtype=bool)  # its last active health check failed (the scraper: dead, or restarting)
+        self._down_since = np.full(n, np.nan)  # since when its active health checks fail (NaN: they pass)
         self._breaker_until = np.full(n, -np.inf)
         self._blocked: np.ndarray | None = None  # blocked_until's answer, kept while its inputs are unchanged
         self._blocked_key = -1  # the outliers' ``changes`` it was computed at
@@ -146,17 +146,22 @@ class ReplicaGuard:
         """An active health check's result (the metrics scraper).  A replica whose checks failed and now pass
         (its engine died, or restarted, and serves again: a restart) leaves an ejection at once, whatever
         ``uneject_on_active_health`` says: the failures that ejected it were the dead process's, and a hung engine,
-        which that setting guards against, still answers its checks, so it never passes this way.  Before, a
+        which that setting guards against, still answers its checks, so it never passes this way; checks down for
+        less than ``reliability.restart_down_s`` are a blip, not a restart (no flapping ejection).  Before, a
         replica restored after a kill waited out the rest of its 30 s ejection idle (a twin drill audit: a
         restore at 15 s took traffic at 35 s, weights warm at 23 s).  Passive detection (``active`` False: a failed
         connection) does not count as a failed check: a replica refusing some connections while its checks pass
         would leave every ejection at the next check."""
         if not active:
             return
-        back = ok and self._down[i]
-        self._down[i] = not ok
-        if ok and (back or self.s.uneject_on_active_health):
-            self.outliers.uneject(i, now)
+        since = self._down_since[i]
+        if not ok:
+            if since != since:  # NaN: the first failed check of a streak
+                self._down_since[i] = now
+            return
+        self._down_since[i] = np.nan
+        if (since == since and now - since >= self.s.restart_down_s) or self.s.uneject_on_active_health:
+            self.outliers.uneject(i, now)  # (a blip of a few failed checks is no restart: reliability.restart_down_s)
 
     def probe_timed_out(self, i: int, now: float, reason: str) -> bool:
         """An idle probe got no answer in time and the replica showed no work meanwhile (a hang, see
