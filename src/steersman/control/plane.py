@@ -375,7 +375,9 @@ class ControlPlane:
             if looks > DISPATCH_FIRST_LOOKS:
                 return STOP
             req = self._waiting[item].req
-            return req.priority == top and (_first(req, now) or id(item) in kept)
+            if req.priority != top:  # bands are walked in order: none after it is in the top band either
+                return STOP
+            return _first(req, now) or id(item) in kept
 
         # (with none that can be preferred, the first pass would look for nothing)
         prefer = fresh if kept or self._any_first(int(top), now) else None

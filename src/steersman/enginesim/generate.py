@@ -143,7 +143,9 @@ class Generator:
                     # a long budget (no max_tokens: what the context leaves, ~131k tokens) is generated off the event
                     # loop: made whole before its first step, it held every other stream and /health for seconds
                     # (an engine-sim audit: 2.1 s with ignore_eos and n=8); the GIL still yields every 5 ms
-                    gen = generate(*args) if (want or room) <= _INLINE_TOKENS else await asyncio.to_thread(generate, *args)
+                    # (only where the output can be that long: without ignore_eos, EOS ends it after ~mean_output_tokens)
+                    long = (want or room) > _INLINE_TOKENS and (req.ignore_eos or extras.min_tokens > _INLINE_TOKENS)
+                    gen = await asyncio.to_thread(generate, *args) if long else generate(*args)
                 sim = SimRequest(req_id=f"{sid}-{k * req.n + i}" if many else sid, prompt_len=len(pr.ids),
                                  max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)
                 job = Job(sim=sim, gen=gen, arrival=now, tool=call[0] if call is not None else None, prompt=k)

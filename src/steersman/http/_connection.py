@@ -202,12 +202,14 @@ class _Connection(asyncio.Protocol):
         if key == "host":
             self._hosts += 1
         elif key in self._headers:
-            if key == "transfer-encoding" or key.startswith("x-steersman-"):  # one list over its lines (RFC 9110
-                # 5.3): steersman's headers each take one value, so two lines are a 400 naming the header (the last
-                # line won: a deadline of 5000 then 1 ms read as 1 ms)
+            if key == "transfer-encoding":  # one list over its lines (RFC 9110 5.3)
                 v = self._headers[key] + ", " + v
             elif key == "authorization":  # a singleton (RFC 9110 11.6.2): which line a front proxy read is unknown
                 self._reject(400, "A request must have one Authorization header, not several.", "invalid_authorization")
+                return
+            elif key.startswith("x-steersman-"):  # each takes one value (the last line won: a deadline of 5000 then
+                # 1 ms read as 1 ms; a workflow id given twice, joined, would be a new workflow's)
+                self._reject(400, f"A request must have one {key} header, not several.", "invalid_header")
                 return
         self._headers[key] = v
 

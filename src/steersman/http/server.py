@@ -109,8 +109,9 @@ class HttpServer:
         except Exception:
             log.exception("internal error on %s %s", req.method, req.path)
             if not req.started:
+                extra = self.error_extra(500, req.headers)
                 req.respond(500, self.error_body(500, "Internal server error.", "internal_error"),
-                            extra=self.error_extra(500, req.headers))
+                            extra=b"" if req.extra_headers else extra)  # (a handler that named it already: one id)
             elif req.conn.transport is not None:
                 req.conn.transport.close()
 

@@ -37,6 +37,8 @@ class Handoff:
         rep = self.tf.replicas[j]
         t, r.transfer = r.transfer, None
         if rep.dead:
+            self.rec.attempted(j)  # the decode replica's part, failed there
+            self.rec.attempt_failed(j)
             self.fleet.set_healthy(j, False, active=False)  # passive detection: the transfer found no one, as a failed connection
             self.fleet.report(t, False)  # the decode replica's failure; the prefill replica did its part
             s = r.started  # the decode ticket's share of its replica's time is the request's cost too
