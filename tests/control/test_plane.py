@@ -87,16 +87,17 @@ def test_a_queued_request_the_policy_now_refuses_leaves_the_queue_refused_not_st
     p = ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s))
     spare = TenantConfig("s", PriorityClass.SHEDDABLE, requests_per_minute=1)
     std = TenantConfig("t", PriorityClass.STANDARD)
+    # (a budget a replica could meet at its arrival: one none could is refused then, control/shed_watch.py)
     doomed = sched_request(prompt_tokens=8000, expected_output=10, priority=PriorityClass.SHEDDABLE, tenant="s",
-                           budget=LatencyBudget(ttft_s=0.05, tpot_s=0.2))
+                           budget=LatencyBudget(ttft_s=2.0, tpot_s=0.2))
     assert isinstance(p.arrive("doomed", doomed, spare, FULL, 0.0)[0], Wait)
     assert isinstance(p.arrive("next", sched_request(seq=1), std, FULL, 0.0)[0], Wait)
-    got = dict(p.dispatch(lambda: FREE, 0.1))
+    got = dict(p.dispatch(lambda: replace(FREE, time=2.5), 2.5))  # its budget ran out while it waited
     assert isinstance(got["doomed"], Refuse) and got["doomed"].code == "slo_infeasible" and got["doomed"].status == 503
     assert isinstance(got["next"], Dispatch) and p.waiting == 0
     # released: the sheddable tenant's one request per minute is free again
     assert isinstance(p.arrive("again", sched_request(seq=2, priority=PriorityClass.SHEDDABLE, tenant="s"), spare,
-                               FREE, 0.2)[0], Dispatch)
+                               FREE, 2.6)[0], Dispatch)
 
 
 def test_a_retry_no_replica_can_take_now_waits_in_the_queue_already_admitted():

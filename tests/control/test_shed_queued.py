@@ -120,3 +120,11 @@ def test_a_request_due_with_no_replica_to_predict_over_is_asked_again():
     down = replace(at(2.05), routable=np.zeros(2, dtype=bool))
     assert p.expire(down, 2.05) == [] and p.waiting == 2  # none routable: nothing to predict over
     assert [item for item, _ in p.expire(at(3.1), 3.1)] == ["x"]  # asked again a second later
+
+
+def test_a_sheddable_arrival_the_saturated_fleet_would_queue_is_asked_too():
+    """A review: with the queue empty but every replica saturated, the policy answers "queue" and the request went
+    into the queue unasked until its budget ran out."""
+    p = plane()
+    out, _ = p.arrive("late", _shed_req(1, TIGHT, 0.0), SHED, FULL, 0.0)
+    assert isinstance(out, Refuse) and out.code == "slo_infeasible" and p.waiting == 0

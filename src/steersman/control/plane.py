@@ -189,13 +189,13 @@ class ControlPlane:
             # fairness, value, deadline), not to whoever arrives at that moment (issue #5: a critical request
             # queued behind a stream of new standard arrivals missed its SLO)
             decision = Queue("requests for this model are already waiting")
-            if self._early is not None and self._shed_watch.applies(req):  # early rejection: asked all the
-                asked = self._early(snapshot, req)  # same (control/shed_watch.py)
-                if asked is not None:
-                    self.admitter.release(a, now)
-                    return _refusal(asked), []
         else:
             decision = self.policy.pick(snapshot, req)
+        if isinstance(decision, Queue) and self._early is not None and self._shed_watch.applies(req):
+            asked = self._early(snapshot, req)  # early rejection of what would wait: asked all the same, over the
+            if asked is not None:  # saturated replicas too (control/shed_watch.py)
+                self.admitter.release(a, now)
+                return _refusal(asked), []
         if isinstance(decision, Route):
             return Dispatch(decision, a), []
         if isinstance(decision, Reject):
