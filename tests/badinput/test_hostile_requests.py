@@ -310,3 +310,19 @@ def test_answers_the_http_server_gives_itself_carry_a_request_id_and_are_counted
     assert head.startswith(b"HTTP/1.1 400") and b"X-Request-Id: " in head
     after = {s: requests_total(s) for s in (404, 405, 413, 400)}
     assert all(after[s] == before[s] + 1 for s in after), (before, after)
+
+
+def test_refusals_are_not_latencies(fleet):
+    """An observability audit: instant 4xx answers went into steersman:e2e_request_latency_seconds and pulled the
+    model's latency down; it holds the requests answered (200), as vLLM's finished requests."""
+    def e2e_count() -> float:
+        text = httpx.get(fleet.url + "/metrics", timeout=5).text
+        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                   if x.startswith("steersman:e2e_request_latency_seconds_count{") and "llama-3.1-8b" in x)
+
+    before = e2e_count()
+    # (a bad header: refused after the body named the model, so counted under it)
+    r = httpx.post(fleet.url + CHAT, content=_j(G, max_tokens=2), headers={**JSON, "x-steersman-slo": "nope"}, timeout=10)
+    assert r.status_code == 400 and e2e_count() == before
+    assert httpx.post(fleet.url + CHAT, content=_j(G, max_tokens=2), headers=JSON, timeout=30).status_code == 200
+    assert e2e_count() == before + 1

@@ -317,7 +317,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                 # shorter: not an answer the client saw)
                 label = ctx.model if self.fleet.has_model(ctx.model) else "_unknown"
                 m.count(label, ctx.status)
-                m.model(label).e2e.observe(self.clock.now() - ctx.started)
+                if ctx.status == 200:  # answers, as vLLM's finished requests: an instant 4xx or a client gone is no
+                    m.model(label).e2e.observe(self.clock.now() - ctx.started)  # latency (it pulled the model's down)
 
     def _busy(self) -> int:
         return self._serving
