@@ -312,6 +312,12 @@ def test_answers_the_http_server_gives_itself_carry_a_request_id_and_are_counted
     assert all(after[s] == before[s] + 1 for s in after), (before, after)
 
 
+def test_a_steersman_header_sent_twice_is_named(fleet):
+    for name, a, b in (("x-steersman-deadline-ms", "5000", "1"), ("x-steersman-slo", "batch", "interactive")):
+        r = httpx.post(fleet.url + CHAT, content=_j(G), headers=[*JSON.items(), (name, a), (name, b)], timeout=10)
+        assert r.status_code == 400 and name in check(r, 400, None)["message"]
+
+
 def test_refusals_are_not_latencies(fleet):
     """An observability audit: instant 4xx answers went into steersman:e2e_request_latency_seconds and pulled the
     model's latency down; it holds the requests answered (200), as vLLM's finished requests."""

@@ -128,3 +128,25 @@ def test_a_sheddable_arrival_the_saturated_fleet_would_queue_is_asked_too():
     p = plane()
     out, _ = p.arrive("late", _shed_req(1, TIGHT, 0.0), SHED, FULL, 0.0)
     assert isinstance(out, Refuse) and out.code == "slo_infeasible" and p.waiting == 0
+
+
+def test_requests_that_left_the_queue_do_not_fill_a_passs_bound():
+    """A review: every queued sheddable request stayed in the watch until its due time, dispatched or not, and the
+    departed counted towards the 64 a pass: one that had truly waited its budget out waited more passes."""
+    from steersman.control.plane import EXPIRE_CHECKS
+
+    p = plane()
+    n = EXPIRE_CHECKS + 36
+    for k in range(n):
+        assert isinstance(p.arrive(f"gone{k}", _shed_req(k, STANDARD, 0.0), SHED, FULL, 0.0)[0], Wait)
+    assert isinstance(p.arrive("x", _shed_req(n, STANDARD, 0.5), SHED, FULL, 0.5)[0], Wait)
+    for k in range(n):
+        p.abandon(f"gone{k}", 1.0)  # (they left: dispatched, or their clients went away)
+    assert [item for item, _ in p.expire(at(2.6), 2.6)] == ["x"]
+
+
+def test_a_profile_whose_picker_has_no_early_rejection_watches_nothing():
+    """A review: under the baselines every queued sheddable request was asked again every second it waited."""
+    s = AdmissionSettings(queue_max_entries=1024)
+    p = ControlPlane(make_policy("round-robin"), DefaultAdmitter(s), GatewayQueue(s))
+    assert p._early is None

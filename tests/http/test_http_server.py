@@ -128,6 +128,10 @@ async def test_a_steersman_header_sent_twice_is_a_400_naming_it():
                               b"X-Steersman-Workflow-Id: a\r\nx-steersman-workflow-id: b\r\n\r\n", until=b"}}")
         head, _, body = out.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400") and b"x-steersman-workflow-id" in orjson.loads(body)["error"]["message"].encode()
+        # the same value twice is the same request
+        out = await _exchange(srv.port, b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+                              b"X-Steersman-Slo: batch\r\nx-steersman-slo: batch\r\n\r\n", until=b"}")
+        assert out.startswith(b"HTTP/1.1 200")
     finally:
         await srv.stop()
 

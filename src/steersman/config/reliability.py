@@ -60,9 +60,10 @@ class ReliabilitySettings:
         "still answers /metrics and /health, so a good scrape says nothing about serving",
     )
     restart_down_s: float = setting(
-        1.0, "design: a replica whose health checks failed for at least 1 s and pass again restarted (an engine "
-        "process comes back in seconds: its weights load), and leaves an ejection its death caused; a blip of a few "
-        "failed checks (3 at the 50 ms scrape cadence) is no restart and lifts nothing", gt=0,
+        1.0, "design: a replica whose health checks failed for at least 1 s (counted from the check that marked it "
+        "down, gateway.unhealthy_after_failures) and pass again restarted (an engine process comes back in seconds: "
+        "its weights load), and leaves an ejection its death caused; a blip of a few failed checks is no restart and "
+        "lifts nothing", gt=0,
     )
     idle_probe_s: float = setting(
         5.0, "Envoy active health checking (health_check interval; 5 s is its documented examples' interval), asked "

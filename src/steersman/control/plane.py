@@ -165,7 +165,9 @@ class ControlPlane:
         self._fresh: dict[int, list[tuple[float, int, Any]]] = {}
         self._fresh_seq = itertools.count()
         self._shed_watch = ShedWatch(settings.shed_infeasible)  # early rejection of what waits (control/shed_watch.py)
-        self._early = getattr(policy, "early_reject", None)  # the profile's (policy/framework.py Profile)
+        # the profile's early rejection (policy/framework.py Profile), when its picker has one (the baselines' none)
+        picker = getattr(policy, "picker", None)
+        self._early = getattr(policy, "early_reject", None) if getattr(picker, "early_reject", None) else None
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,
@@ -403,7 +405,7 @@ class ControlPlane:
                 # Retry-After: a retry (with a fresh deadline) can succeed once the queue has drained (issue #5)
                 out.append((item, Refuse(503, "deadline_infeasible", "its deadline can no longer be met", 1.0)))
         # its TTFT budget ran out while it waited: refused if the policy sheds (a prediction each: bounded per pass)
-        for item in self._shed_watch.due(now, EXPIRE_CHECKS):
+        for item in self._shed_watch.due(now, EXPIRE_CHECKS, self._waiting.__contains__):
             q = self._waiting.get(item)
             if q is not None and self._early is not None:
                 asked = self._early(snapshot, q.req)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 from steersman.policy.request import PriorityClass, SchedRequest
@@ -21,7 +22,7 @@ from steersman.policy.request import PriorityClass, SchedRequest
 __all__ = ["ShedWatch", "REASK_S"]
 
 #: a queued request whose budget ran out with no replica to predict over (all ejected or down) is asked again this
-#: much later (design: the scrape cadence x 20; a replica back from a blip, or the queue's own expiry, answers first)
+#: much later (design: once a second; a replica back from a blip, or the queue's own expiry, answers first)
 REASK_S = 1.0
 
 
@@ -43,12 +44,17 @@ class ShedWatch:
         """``item`` (``req``, which :meth:`applies`) waits in the queue from now."""
         heapq.heappush(self._due, (req.arrival + req.budget.ttft_s, next(self._seq), item))
 
-    def due(self, now: float, most: int) -> list[Any]:
-        """At most ``most`` of the watched items whose TTFT budget has run out by ``now``, earliest first (each once;
-        some may have left the queue); the others stay due for the next pass (each asks the policy a prediction)."""
+    def due(self, now: float, most: int, waiting: Callable[[Any], bool]) -> list[Any]:
+        """At most ``most`` of the watched items still ``waiting`` whose TTFT budget has run out by ``now``, earliest
+        first (each once); the others stay due for the next pass (each asks the policy a prediction).  Items that left
+        the queue are dropped as they come up, not counted (a review: dispatched ones filled the bound, and one that
+        had waited its budget out waited more passes for its 503)."""
         out = []
-        while self._due and self._due[0][0] <= now and len(out) < most:
-            out.append(heapq.heappop(self._due)[2])
+        heap = self._due
+        while heap and heap[0][0] <= now and len(out) < most:
+            item = heapq.heappop(heap)[2]
+            if waiting(item):
+                out.append(item)
         return out
 
     def again(self, item: Any, at: float) -> None:

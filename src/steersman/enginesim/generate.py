@@ -144,7 +144,8 @@ class Generator:
                     # loop: made whole before its first step, it held every other stream and /health for seconds
                     # (an engine-sim audit: 2.1 s with ignore_eos and n=8); the GIL still yields every 5 ms
                     # (only where the output can be that long: without ignore_eos, EOS ends it after ~mean_output_tokens)
-                    long = (want or room) > _INLINE_TOKENS and (req.ignore_eos or extras.min_tokens > _INLINE_TOKENS)
+                    long = (want or room) > _INLINE_TOKENS and (req.ignore_eos or extras.min_tokens > _INLINE_TOKENS
+                                                                or self.mean_output_tokens > _INLINE_TOKENS / 8)
                     gen = await asyncio.to_thread(generate, *args) if long else generate(*args)
                 sim = SimRequest(req_id=f"{sid}-{k * req.n + i}" if many else sid, prompt_len=len(pr.ids),
                                  max_output=len(gen.pieces), block_hashes=hashes, priority=req.priority, arrival=now)

@@ -207,8 +207,9 @@ class _Connection(asyncio.Protocol):
             elif key == "authorization":  # a singleton (RFC 9110 11.6.2): which line a front proxy read is unknown
                 self._reject(400, "A request must have one Authorization header, not several.", "invalid_authorization")
                 return
-            elif key.startswith("x-steersman-"):  # each takes one value (the last line won: a deadline of 5000 then
-                # 1 ms read as 1 ms; a workflow id given twice, joined, would be a new workflow's)
+            elif key.startswith("x-steersman-") and v != self._headers[key]:  # each takes one value (the last line
+                # won: a deadline of 5000 then 1 ms read as 1 ms; a workflow id given twice, joined, would be a new
+                # workflow's); the same value twice is the same request
                 self._reject(400, f"A request must have one {key} header, not several.", "invalid_header")
                 return
         self._headers[key] = v

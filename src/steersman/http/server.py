@@ -111,7 +111,7 @@ class HttpServer:
             if not req.started:
                 extra = self.error_extra(500, req.headers)
                 req.respond(500, self.error_body(500, "Internal server error.", "internal_error"),
-                            extra=b"" if req.extra_headers else extra)  # (a handler that named it already: one id)
+                            extra=b"" if b"X-Request-Id:" in req.extra_headers else extra)  # (named already: one id)
             elif req.conn.transport is not None:
                 req.conn.transport.close()
 

@@ -54,7 +54,7 @@ class GatewayMetrics:
         self.upstream_errors = CounterFamily("steersman:upstream_errors", "Failures talking to engines, by replica and kind.", ["replica", "kind"])
         self._ttft = HistogramFamily("steersman:time_to_first_token_seconds", "Gateway-observed time to first streamed byte.", ["model"], _TTFT)
         self._itl = HistogramFamily("steersman:inter_token_latency_seconds", "Gap between streamed chunks as relayed.", ["model"], _ITL)
-        self._e2e = HistogramFamily("steersman:e2e_request_latency_seconds", "Request latency end to end at the gateway.", ["model"], _E2E)
+        self._e2e = HistogramFamily("steersman:e2e_request_latency_seconds", "Request latency end to end at the gateway (requests answered 200).", ["model"], _E2E)
         self.routes = CounterFamily(
             "steersman:routes", "Dispatches to a replica, by model and what the route predicted of the request's SLO: "
             "met, missed (no replica was predicted to meet it: an overload signal), none (the profile does not predict).",
