@@ -262,26 +262,7 @@ class GatewayQueue:
             for _, _, version, flow in _in_order(band.heap):
                 if version != flow.version:
                     continue
-                asked: set[int] = set()
-                if prefer is not None:  # the tenant's preferred entries first (STOP from prefer: look no further)
-                    for e in self._candidates(flow, models):
-                        if not e.alive:
-                            continue
-                        wanted = prefer(e.item)
-                        if wanted is STOP:
-                            break
-                        if not wanted:
-                            continue
-                        asked.add(id(e))
-                        ok = True if can_serve is None else can_serve(e.item)
-                        if ok:
-                            self._serve(band, flow, e)
-                            return e.item
-                        if ok is STOP:
-                            return None
-                for e in self._candidates(flow, models):
-                    if not e.alive or id(e) in asked:
-                        continue
+                for e in self._in_turn(flow, models, prefer):
                     ok = True if can_serve is None else can_serve(e.item)
                     if ok:
                         self._serve(band, flow, e)
@@ -289,6 +270,25 @@ class GatewayQueue:
                     if ok is STOP:
                         return None
         return None
+
+    def _in_turn(self, flow: _Flow, models: Collection[str] | None,
+                 prefer: Callable[[Any], bool | None] | None) -> Iterator[_Entry]:
+        """A flow's live entries in the order they are asked: those ``prefer`` prefers first (until it answers
+        :data:`STOP`), then the others, each once."""
+        asked: set[int] = set()
+        if prefer is not None:
+            for e in self._candidates(flow, models):
+                if not e.alive:
+                    continue
+                wanted = prefer(e.item)
+                if wanted is STOP:
+                    break
+                if wanted:
+                    asked.add(id(e))
+                    yield e
+        for e in self._candidates(flow, models):
+            if e.alive and id(e) not in asked:
+                yield e
 
     def _candidates(self, flow: _Flow, models: Collection[str] | None) -> Iterator[_Entry]:
         """A flow's entries in order, optionally only those of ``models`` (merging per-model heaps)."""
