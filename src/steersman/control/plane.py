@@ -29,17 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
 
 from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.control.admission import Admit, Admitter, check_deadline
+from steersman.control.deadlines import alone as _alone, earliest_finish as _earliest_finish
 from steersman.control.queue import STOP, Enqueued, GatewayQueue
 from steersman.control.shed_watch import REASK_S, ShedWatch
 from steersman.control.tenants import TenantConfig
-from steersman.fleet import snapshot as S
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.policy.base import Queue, Reject, Route, RoutingPolicy
-from steersman.policy.framework import DecisionContext
 from steersman.policy.request import PriorityClass, SchedRequest
 from steersman.policy.saturation import saturated
 
@@ -105,47 +103,6 @@ class _Queued:
     req: SchedRequest
     admit: Admit
     ran: bool = False  # a retry waiting again (requeue): its admission is settled when the request ends, not here
-
-
-def _earliest_finish(snapshot: FleetSnapshot, req: SchedRequest) -> float:
-    """Best predicted completion time over every candidate, ignoring saturation (a lower bound)."""
-    idx = snapshot.candidates(req.model)
-    if idx.size == 0:
-        return np.inf
-    pred = DecisionContext(snapshot, req, idx).feature("prediction")
-    return snapshot.time + float(np.min(pred.e2e))
-
-
-#: the live rows that are load (engine-reported and the gateway's own), zero on an idle replica
-_LOAD_ROWS = [S.IN_FLIGHT, S.RUNNING, S.WAITING, S.KV_USAGE, S.PENDING_PREFILL, S.DECODING, S.ACTIVE_BLOCKS,
-              S.RECENT_TOKENS, S.SINCE_SCRAPE, S.RESIDENT_TPOT, S.FAIL_SHARE, S.PENDING_PAIRS, S.AWAITING]
-
-
-def _alone(snapshot: FleetSnapshot, req: SchedRequest) -> float:
-    """The request's predicted run time on its best candidate were every replica idle: each keeps its speed
-    (learnt corrections, engine timing) and its cached prefixes, and loses its load.  A deadline window shorter
-    than this is one no retry with the same window meets, however much the fleet drains: asked only of a
-    request already refused (the refusal then says so, not "retry later")."""
-    idx = snapshot.candidates(req.model)
-    if idx.size == 0:
-        return np.inf
-    live = snapshot.live.copy()
-    live[_LOAD_ROWS] = 0.0
-    live[S.STALLED_SINCE] = np.nan
-    # a trace of a running request keeps each replica's learnt TPOT ratio: the kernel gives a replica with nothing
-    # running the fleet's prior, slower than a fast replica's own (its "alone" read 3.2 s where loaded it read 1.9 s)
-    live[S.RUNNING] = np.where(np.isfinite(snapshot.live[S.TPOT_RATIO]), 1e-9, 0.0)
-    idle = replace(snapshot, live=live, recent_at=None)
-    learnt = float(np.min(DecisionContext(idle, req, idx).feature("prediction").e2e))
-    # and as the model has it, uncorrected: a correction learnt under overload can hold the engine's own queueing
-    # (its slots full), which an idle replica does not have; the 400 it gave was final and wrong (a scheduling
-    # audit: 0.81 s requests read 1.53 s "alone" on an idle fleet, every deadline up to 1.5 s refused for good).
-    # The lesser of the two: the request alone misses its window only if both say so (else a retryable 503)
-    raw = live.copy()
-    raw[[S.TTFT_RATIO, S.TPOT_RATIO]] = 1.0
-    raw[S.RUNNING] = 1e-9
-    model = float(np.min(DecisionContext(replace(idle, live=raw), req, idx).feature("prediction").e2e))
-    return min(learnt, model)
 
 
 class ControlPlane:

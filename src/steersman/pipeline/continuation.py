@@ -136,6 +136,15 @@ class Continuation(Legs):
     def remaining(self) -> int | None:
         return None if self.limit is None else self.limit - self.tokens
 
+    def output_tokens(self) -> int:
+        """The stream's output tokens: the engine's own ``usage`` where it reported one on a stream served by one
+        replica, else the token events relayed (a tool call's first event, its id and name, carries no token: an
+        observability audit found tool-call streams counted one token over the engine's usage, in the span and in
+        the tenant's token refund)."""
+        u = self.usage
+        n = u.get("completion_tokens") if isinstance(u, dict) and self.legs <= 1 else None
+        return n if type(n) is int and n >= 0 else self.tokens
+
     def observe(self, payload: bytes) -> None:
         """Validate and record one event of the first leg (relayed unchanged)."""
         self.observe_many((payload,))

@@ -314,7 +314,7 @@ class Forward:
             try:
                 out = await self._relay(ctx, ex, relay, rep.name)
             finally:
-                ctx.output_tokens = _engine_count(cont)
+                ctx.output_tokens = cont.output_tokens()
                 if relay.last is not None:
                     cont.last_sent = relay.last  # a next leg's first event times its gap from it
             # a broken or malformed end after the stream's last token: closed here, not continued elsewhere
@@ -447,13 +447,3 @@ def with_model(body: bytes, model: str) -> bytes:
     """The JSON object ``body`` with ``"model": model`` as its last member (brown-out's move to a cheaper model:
     the engines' parsers, vLLM's and msgspec's, take the last of duplicate keys, as for :func:`with_priority`)."""
     return with_member(body, b"model", msgspec.json.encode(model))
-
-
-def _engine_count(cont: Continuation) -> int:
-    """The stream's output tokens: the engine's own ``usage`` where it reported one on a stream served by one
-    replica, else the token events relayed (a tool call's first event, its id and name, carries no token: an
-    observability audit found tool-call streams counted one token over the engine's usage, in the span and in the
-    tenant's token refund)."""
-    u = cont.usage
-    n = u.get("completion_tokens") if isinstance(u, dict) and cont.legs <= 1 else None
-    return n if type(n) is int and n >= 0 else cont.tokens
