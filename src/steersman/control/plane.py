@@ -252,7 +252,8 @@ class ControlPlane:
         whose budget ran out go when none of the former can use the capacity.  The tenants'
         shares hold either way: a scheduling audit found the first pass across tenants
         (fresh requests of any tenant before stale ones of the tenant whose turn it was) served
-        a weight-2 tenant at 0.35x a weight-1 tenant's rate, its requests waiting up to 33 s.  A request the policy holds back (``Queue``: no replica can
+        a weight-2 tenant at 0.35x a weight-1 tenant's rate, its requests waiting up to 33 s.
+        A request the policy holds back (``Queue``: no replica can
         meet its SLO now, see ``SchedulerSettings.hold_late``) keeps its place and is not
         asked again at this ``now``; one it refuses (its SLO can no longer be met, see
         ``shed_infeasible``) comes back as a :class:`Refuse`, its admission released.  At most
