@@ -272,3 +272,13 @@ def test_time_per_output_token_is_observed_at_every_token_as_vllm_v1_does(sim):
         "vllm:time_per_output_token_seconds_count": "tpot", "vllm:inter_token_latency_seconds_count": "itl",
         "vllm:request_time_per_output_token_seconds_count": "per_request"})
     assert v["tpot"] == v["itl"] == 3 * 19 and v["per_request"] == 3
+
+
+def test_greedy_samples_are_one_answer_as_vllms(sim):
+    """An engine-sim audit: ``n`` 3 at temperature 0 gave three answers; vLLM's greedy sampling gives one, n times."""
+    url = sim.sims[0].url
+    texts = lambda **kw: [c["message"]["content"] for c in httpx.post(  # noqa: E731
+        url + "/v1/chat/completions", json=dict(CHAT, n=3, max_tokens=8, **kw), timeout=30).json()["choices"]]
+    greedy = texts(temperature=0)
+    assert len(greedy) == 3 and len(set(greedy)) == 1
+    assert len(set(texts())) == 3  # sampled (the default temperature): each its own

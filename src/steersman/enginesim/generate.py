@@ -132,13 +132,15 @@ class Generator:
         for k, (pr, room) in enumerate(zip(prompts, rooms)):
             hashes = self.hashes(pr.ids, req.cache_salt, req.model)
             for i in range(req.n):  # vLLM runs a request's samples as sequences of their own, sharing the prompt's blocks
-                call = plan_tool_call(req, pr.context, want or room, i) if chat else None
+                # greedy (temperature 0) samples are one answer n times, as vLLM's; otherwise each its own
+                v = 0 if req.temperature == 0 else i
+                call = plan_tool_call(req, pr.context, want or room, v) if chat else None
                 if call is not None:
                     gen = call[1]
                 elif shape is not None:
-                    gen = structured(pr.context, *shape, want or room, variant=i)
+                    gen = structured(pr.context, *shape, want or room, variant=v)
                 else:
-                    args = (pr.context, pr.tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, i,
+                    args = (pr.context, pr.tail, want or room, self.mean_output_tokens, req.ignore_eos, stop, v,
                             extras.min_tokens, extras.include_stop_str_in_output)
                     # a long budget (no max_tokens: what the context leaves, ~131k tokens) is generated off the event
                     # loop: made whole before its first step, it held every other stream and /health for seconds
