@@ -121,10 +121,11 @@ class ControlPlane:
         #: with one (see _queued); entries that left or whose budget ran out are dropped as they surface
         self._fresh: dict[int, list[tuple[float, int, Any]]] = {}
         self._fresh_seq = itertools.count()
-        self._shed_watch = ShedWatch(settings.shed_infeasible)  # early rejection of what waits (control/shed_watch.py)
-        # the profile's early rejection (policy/framework.py Profile), when its picker has one (the baselines' none)
+        # the profile's early rejection (policy/framework.py Profile), when its picker has one (the baselines' none),
+        # and the classes it sheds, the picker's own (control/shed_watch.py)
         picker = getattr(policy, "picker", None)
         self._early = getattr(policy, "early_reject", None) if getattr(picker, "early_reject", None) else None
+        self._shed_watch = ShedWatch(getattr(picker, "shed", frozenset()) if self._early is not None else frozenset())
 
     # ---- arrivals ------------------------------------------------------------------
     def arrive(self, item: Any, req: SchedRequest, tenant: TenantConfig, snapshot: FleetSnapshot,

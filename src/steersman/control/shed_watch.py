@@ -29,8 +29,8 @@ REASK_S = 1.0
 class ShedWatch:
     """The queued requests of the early-rejection classes, by when their TTFT budget runs out."""
 
-    def __init__(self, classes: tuple[str, ...]) -> None:
-        self.classes = frozenset(PriorityClass.parse(c) for c in classes)
+    def __init__(self, classes: frozenset[PriorityClass]) -> None:
+        self.classes = classes  # the picker's (SloCheapest.shed, from scheduler.shed_infeasible): not parsed twice
         self._due: list[tuple[float, int, Any]] = []
         self._seq = itertools.count()
 
@@ -60,6 +60,3 @@ class ShedWatch:
     def again(self, item: Any, at: float) -> None:
         """Ask about ``item`` again at ``at`` (the policy had no replica to predict over: all ejected or down)."""
         heapq.heappush(self._due, (at, next(self._seq), item))
-
-    def __len__(self) -> int:
-        return len(self._due)
