@@ -47,7 +47,8 @@ GC_SETTINGS = {  # Twin.run's own tuning; the process's settings kept (Twin.run'
 }
 
 
-def _simulate(tmp: Path, name: str, hashseed: int) -> dict:
+def _simulate(tmp: Path, name: str, hashseed: int) -> subprocess.Popen:
+    """Start one run (the three run side by side: they are separate interpreters)."""
     out = tmp / name
     code = (f"import gc, sys; {GC_SETTINGS[name]}\n"
             "from steersman.cli import main\n"
@@ -55,8 +56,16 @@ def _simulate(tmp: Path, name: str, hashseed: int) -> dict:
             f"{str(tmp / 'wl.yaml')!r}, '--policy', 'steersman', '--seed', '5', '--out', {str(out)!r}]\n"
             "main()\n")
     env = {**os.environ, "PYTHONHASHSEED": str(hashseed), "MPLBACKEND": "Agg"}
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=240, capture_output=True)
-    res = json.loads((out / "results.json").read_text())
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _results(tmp: Path, name: str, proc: subprocess.Popen) -> dict:
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
+    res = json.loads((tmp / name / "results.json").read_text())
     res["meta"].pop("wall_s")
     return res
 
@@ -64,7 +73,8 @@ def _simulate(tmp: Path, name: str, hashseed: int) -> dict:
 def test_same_seed_same_results_whatever_gc_and_hash_seed(tmp_path):
     (tmp_path / "fleet.yaml").write_text(FLEET)
     (tmp_path / "wl.yaml").write_text(WORKLOAD)
-    runs = {name: _simulate(tmp_path, name, seed) for name, seed in zip(GC_SETTINGS, (1, 2, 3))}
+    procs = {name: _simulate(tmp_path, name, seed) for name, seed in zip(GC_SETTINGS, (1, 2, 3))}
+    runs = {name: _results(tmp_path, name, proc) for name, proc in procs.items()}
     base = runs["default"]
     run = base["policies"]["steersman"]["1"]
     assert run["requests"] > 1000 and run["completed"] > 0  # a real run, not an empty one
