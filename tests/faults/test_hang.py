@@ -59,8 +59,13 @@ async def _state(gw, replica: int):
 # How far past the healthy p99 a request may land after the ejection.  Wall-clock latencies on a 2-core
 # machine running the gateway, three engines and the load generator jump by tens of ms (CI once read a TTFT
 # p99 of 72 ms against 20 ms before the fault); a request that met the fault takes far longer: the hung
-# replica stalls its first token >= 0.5 s before it is moved, the slow one streams 24 tokens at ~12 ms each.
+# replica stalls its first token >= 0.2 s before it is moved, the slow one streams 24 tokens at ~12 ms each.
 NOISE_S = 0.1
+# The hung replica's drill: a request that met the hang waits at least the stall floor (latency_floor_ttft_s,
+# 0.2 s at this speedup) before it moves, so the bound can take 0.15 s of noise and still tell one (a full run
+# once read a TTFT p99 of 144 ms after the ejection against the 124 ms bound, 24 ms before the fault; 3 of 3
+# passed alone).
+HANG_NOISE_S = 0.15
 
 
 def _p99s(done) -> tuple[float, float]:
@@ -68,7 +73,7 @@ def _p99s(done) -> tuple[float, float]:
     return percentile([d.ttft for d in done], 99), percentile([d.end - d.start for d in done], 99)
 
 
-def _check(done, t_fault, t_out, speedup: float = SPEEDUP, ejected_for: float = float("inf")):
+def _check(done, t_fault, t_out, speedup: float = SPEEDUP, ejected_for: float = float("inf"), noise: float = NOISE_S):
     assert t_out - t_fault < 10.0 / speedup, f"ejected after {t_out - t_fault:.2f}s"
     failed = [d for d in done if not d.ok]
     assert not failed, failed[:3]
@@ -79,7 +84,7 @@ def _check(done, t_fault, t_out, speedup: float = SPEEDUP, ejected_for: float = 
     assert len(before) > 20 and len(after) > 20
     p99_before, p99_after = _p99s(before), _p99s(after)
     for b, a in zip(p99_before, p99_after):
-        assert a <= max(2.0 * b, b + NOISE_S), (p99_before, p99_after)
+        assert a <= max(2.0 * b, b + noise), (p99_before, p99_after)
     return p99_before, p99_after
 
 
@@ -87,7 +92,7 @@ def test_hung_replica_is_ejected_and_its_waiting_requests_move():
     # a hang shows as a stalled first token: 3x the peers' TTFT, over the standard TTFT target scaled (2 s / SPEEDUP)
     done, t_fault, t_out, (st, counts) = _drill({"hang": True}, scaled(latency_floor_ttft_s=2.0 / SPEEDUP))
     assert "no first token" in st["reason"], st
-    _check(done, t_fault, t_out, ejected_for=scaled()["base_ejection_time_s"])
+    _check(done, t_fault, t_out, ejected_for=scaled()["base_ejection_time_s"], noise=HANG_NOISE_S)
     assert counts.get(("evicted",), 0) >= 1  # requests stuck on the hung engine were re-sent elsewhere
 
 
