@@ -188,3 +188,45 @@ def test_the_gap_a_failover_costs_the_client_is_an_inter_token_latency():
         assert moved.get("scripted") > before
         span = seen[-1] - seen[0]
         assert itl.sum - sum0 >= 0.9 * span, (itl.sum - sum0, span)  # was ~0.85: the failover's ~0.25 s missing
+
+
+class _Stream:
+    """A streamed attempt: waits for its engine; a resumed one (bytes already sent) answers at once."""
+
+    name = "forward"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, bool]] = []
+        self.ready: dict[int, asyncio.Future] = {}
+
+    async def run(self, ctx):
+        self.calls.append((ctx.replica, bool(ctx.bytes_sent)))
+        if not ctx.bytes_sent:
+            fut = self.ready[ctx.replica] = asyncio.get_running_loop().create_future()
+            await fut
+        ctx.http.respond(200, b"{}")
+        return RESPONDED
+
+
+async def test_an_eviction_that_lands_after_the_first_bytes_went_out_continues_the_stream():
+    """The eviction checks that nothing reached the client and cancels the attempt; the relay's callback may still
+    write the engine's first chunk in that loop turn, before the cancel lands.  The attempt's failure was then a
+    safe retry: a retry token, a backoff mid-stream, ``attempts_exhausted``/``budget_exhausted`` could end a
+    stream whose continuation was allowed (architecture audit, thirty-fifth session)."""
+    clock = FakeClock()
+    fwd = _Stream()
+    r = Retrier(DEFAULTS.reliability, clock, random.Random(0))
+    p = Pipeline([_Schedule(), fwd], r)
+    ctx = _ctx(deadline=None)
+    ctx.continuation = type("C", (), {"allowed": True})()
+    task = asyncio.ensure_future(p.handle(ctx))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert p.evict(0) == (1, 0)  # nothing sent yet: cancelled, to be retried elsewhere ...
+    ctx.bytes_sent = True  # ... and in the same loop turn the relay wrote the engine's first chunk
+    for _ in range(10):  # no clock advance: a continuation does not sleep a backoff
+        await asyncio.sleep(0)
+    assert task.done(), r.counts.values
+    await task
+    assert fwd.calls == [(0, False), (1, True)] and ctx.http.answers == [200]
+    assert r.counts.get("continued") == 1 and r.counts.get("evicted") == 0, r.counts.values

@@ -152,6 +152,10 @@ class Pipeline:
                     # (a deadline that passed, an engine's refusal: no verdict on the engines for the throttle,
                     # which counted 20 tight-deadline 504s as a failing fleet and refused healthy requests)
                     return out
+                if out.retry is Retry.SAFE and ctx.bytes_sent:
+                    # cancelled by an eviction or the stall rule after checking that nothing was sent, the relay's
+                    # callback wrote the engine's first bytes in that loop turn: only a continuation is left
+                    out = Fail(out.error, Retry.CONTINUE_ONLY)
                 r.attempt_ended(False)
                 evicted = ctx in self._evicted
                 self._evicted.discard(ctx)
