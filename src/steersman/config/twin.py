@@ -23,7 +23,7 @@ class TwinSettings:
     plan_max_replicas: int = setting(512, "steersman plan: the exponential search gives up on a GPU type past 512 replicas", ge=1)
     plan_mixed_trials: int = setting(
         6, "steersman plan: two-type fleets simulated after the single-type searches, cheapest first "
-        "(examples/copilot-peak.yaml: the first, 7 x A100 + 1 x L40S, met)")
+        "(examples/copilot-peak.yaml: the cheaper mixes tried, 6 x A100 + 1 x L40S among them, fell short of the 99%)")
     plan_workers: int = setting(
         1, "steersman plan --workers: GPU types searched in that many processes at once (design: one by default, "
         "so a plan uses one core like a simulation; each search is a chain of runs that depend on each other)", ge=1)
