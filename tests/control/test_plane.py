@@ -7,7 +7,8 @@ import pytest
 from steersman.config import DEFAULTS
 from steersman.config.admission import AdmissionSettings
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig
-from steersman.control.plane import DISPATCH_PICKS, ControlPlane, _alone, _earliest_finish, Dispatch, Refuse, Wait
+from steersman.control.deadlines import alone, earliest_finish
+from steersman.control.plane import DISPATCH_PICKS, ControlPlane, Dispatch, Refuse, Wait
 from steersman.policy.base import Queue
 from steersman.policy import make_policy
 from steersman.policy.request import LatencyBudget, PriorityClass
@@ -18,9 +19,18 @@ FREE = fleet_snapshot(2)
 FULL = fleet_snapshot(2, waiting=[DEPTH + 1, DEPTH + 1])  # saturated: more than the depth waits
 
 
-def plane(max_entries=1024, **tenant):
+def plane(max_entries=1024, scheduler=DEFAULTS.scheduler, **tenant):
     s = AdmissionSettings(queue_max_entries=max_entries)
-    return ControlPlane(make_policy("steersman"), DefaultAdmitter(s), GatewayQueue(s)), TenantConfig("t", PriorityClass.STANDARD, **tenant)
+    return (ControlPlane(make_policy("steersman", scheduler), DefaultAdmitter(s), GatewayQueue(s), scheduler),
+            TenantConfig("t", PriorityClass.STANDARD, **tenant))
+
+
+def _alone(snap, req, settings=DEFAULTS.scheduler):
+    return alone(snap, req, settings)
+
+
+def _earliest_finish(snap, req, settings=DEFAULTS.scheduler):
+    return earliest_finish(snap, req, settings)
 
 
 def test_dispatch_now_when_there_is_room():
@@ -184,9 +194,9 @@ def test_an_expiry_pass_predicts_a_bounded_number_of_deadlines():
     asked = []
     real = plane_mod._earliest_finish
 
-    def counted(snapshot, req):
+    def counted(snapshot, req, settings):
         asked.append(req.budget.deadline)
-        return real(snapshot, req)
+        return real(snapshot, req, settings)
 
     plane_mod._earliest_finish = counted
     try:
@@ -339,3 +349,23 @@ def test_tenants_keep_their_weighted_shares_when_one_tenants_requests_ran_out_of
         p.arrive(f"old{k}", sched_request(k, tenant="a", budget=budget, arrival=0.0), a, FULL, 0.0)
     p.arrive("new", sched_request(9, tenant="a", budget=budget, arrival=9.5), a, FULL, 9.5)
     assert [item for item, _ in p.dispatch(lambda: FREE, 10.0, limit=1)] == ["new"]
+
+
+def test_deadline_checks_predict_unprofiled_replicas_with_the_fleets_priors():
+    """The deadline checks built their predictions without the scheduler settings: a replica with no hardware profile
+    (llama.cpp, a generic OpenAI endpoint) was predicted from the default priors while routing used the fleet file's,
+    so a request the configured priors say fits its deadline was refused (architecture audit, thirty-fifth
+    session)."""
+    from steersman.fleet.statics import ReplicaSpec, build_statics
+
+    fast = replace(DEFAULTS.scheduler, unprofiled_prefill_s_per_token=1e-4, unprofiled_decode_step_s=0.005)
+    snap = replace(fleet_snapshot(1), statics=build_statics([ReplicaSpec(None, "llama-3.1-8b", 1, 0.0)]))
+    req = sched_request(prompt_tokens=200, expected_output=100, max_tokens=100)
+    configured, default = _earliest_finish(snap, req, fast), _earliest_finish(snap, req)
+    assert configured < 0.5 * default and _alone(snap, req, fast) < 0.5 * _alone(snap, req)
+    p, t = plane(scheduler=fast)
+    out, _ = p.arrive("x", replace(req, budget=LatencyBudget(deadline=2 * configured)), t, snap, 0.0)
+    assert isinstance(out, Dispatch), out  # was a 400: "alone" with the default priors missed the deadline
+    p, t = plane()  # the default priors: the same deadline is one the request alone cannot meet
+    out, _ = p.arrive("x", replace(req, budget=LatencyBudget(deadline=2 * configured)), t, snap, 0.0)
+    assert isinstance(out, Refuse) and out.status == 400, out

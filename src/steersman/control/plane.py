@@ -135,12 +135,12 @@ class ControlPlane:
             return Refuse(a.status, a.code, a.reason, a.retry_after), []
         if req.budget.deadline is not None and snapshot.candidates(req.model).size:  # (none: the policy's 503 says
             # when to retry; refused at once, not queued or sent to time out)
-            finish = _earliest_finish(snapshot, req)
+            finish = _earliest_finish(snapshot, req, self.settings)
             late = check_deadline(req.budget.deadline, finish, now)
             if late is not None and late.retry_after is not None:  # late because of the load ahead, or always?
                 # (at most the loaded prediction: both are predictions, and "alone" must not read longer)
                 late = check_deadline(req.budget.deadline, finish, now,
-                                      min_service_s=min(_alone(snapshot, req), finish - now))
+                                      min_service_s=min(_alone(snapshot, req, self.settings), finish - now))
             if late is not None:
                 self.admitter.release(a, now)
                 return Refuse(late.status, late.code, late.reason, late.retry_after), []
@@ -349,7 +349,8 @@ class ControlPlane:
         """Queued requests whose deadline passed or can no longer be met."""
         def feasible(item: Any, t: float) -> bool:
             q = self._waiting.get(item)
-            return q is None or check_deadline(q.req.budget.deadline, _earliest_finish(snapshot, q.req), t) is None
+            return q is None or check_deadline(q.req.budget.deadline, _earliest_finish(snapshot, q.req, self.settings),
+                                               t) is None
 
         out = []
         for item in self.queue.expire(now, feasible, EXPIRE_CHECKS):
