@@ -106,3 +106,38 @@ def test_the_table_shows_the_unfinished_tasks_beside_the_tasks_ok():
     con.print(table({"steersman": {1.0: {"task_success_rate": 0.5, "tasks_unfinished": 129}}}))
     text = con.export_text()
     assert "unfinished" in text and "129" in text
+
+
+def test_without_policy_the_fleet_files_own_routing_profile_runs(tmp_path, monkeypatch):
+    """`simulate --fleet F` ran `steersman` whatever F's `policy:` named, and `plan --fleet F` planned with it: the
+    twin answered "what if" about another control plane than the one the file configures (architecture audit,
+    thirty-fifth session)."""
+    import json
+
+    import yaml
+
+    from steersman.twin import plan as plan_mod
+
+    doc = yaml.safe_load(Path(FLEET).read_text())
+    doc["policy"] = "least-request"
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump(doc))
+    wl = tmp_path / "w.yaml"
+    wl.write_text("model: llama-3.1-8b\nduration_s: 2\nsources: [{kind: chatbot, tasks_per_s: 1}]\n")
+    r = _invoke(["simulate", "--fleet", str(fleet), "--workload", str(wl), "--out", str(tmp_path / "o"), "--no-plots"])
+    assert r.exit_code == 0, r.output
+    assert list(json.loads((tmp_path / "o" / "results.json").read_text())["policies"]) == ["least-request"]
+    r = _invoke(["simulate", "--fleet", str(fleet), "--workload", str(wl), "--out", str(tmp_path / "p"), "--no-plots",
+                 "--policy", "round-robin"])
+    assert r.exit_code == 0 and list(json.loads((tmp_path / "p" / "results.json").read_text())["policies"]) == \
+        ["round-robin"], r.output
+    used = []
+    real = plan_mod._Twin
+
+    def spy(*a):
+        used.append(a[-1])  # the policy every trial runs
+        return real(*a)
+
+    monkeypatch.setattr(plan_mod, "_Twin", spy)
+    r = _invoke(["plan", "--workload", str(wl), "--gpus", "A100", "--fleet", str(fleet)])
+    assert used == ["least-request"], (used, r.output)

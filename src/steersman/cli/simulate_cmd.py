@@ -18,7 +18,8 @@ def register(app: typer.Typer) -> None:
         speed: float = typer.Option(1.0, help="--trace: replay this many times faster."),
         limit: int | None = typer.Option(None, help="--trace: at most this many requests."),
         model: str = typer.Option("llama-3.1-8b", help="--trace: the model its requests ask for."),
-        policy: list[str] = typer.Option(["steersman"], "--policy", help="A routing profile; repeat to compare."),
+        policy: list[str] = typer.Option([], "--policy", show_default=False,
+                                         help="A routing profile; repeat to compare.  [default: the fleet file's policy]"),
         load: str = typer.Option("1", help="Offered-load multipliers, comma separated (e.g. 0.5,1,1.5)."),
         duration: float | None = typer.Option(None, help="Simulated seconds of arrivals (default: the workload's duration_s)."),
         seed: int | None = typer.Option(None, help="Seed of every random draw (default: the workload's seed, else 0)."),
@@ -44,7 +45,8 @@ def register(app: typer.Typer) -> None:
             cfg = load_fleet(fleet)
             spec, base = workload_spec(workload, trace, speed, limit, model)
             exp = Experiment(cfg, spec, base, seed, duration)
-            policy = list(dict.fromkeys(policy))  # a policy named twice runs (and is listed) once
+            # the fleet file's own routing profile unless others are asked for; named twice, one runs (and is listed)
+            policy = list(dict.fromkeys(policy or [cfg.policy]))
             exp.check(policy)  # before the progress bars: what would fail a run fails now, naming its field
             out.mkdir(parents=True, exist_ok=True)  # before the runs: an --out that cannot be a directory lost them
         except (FleetConfigError, WorkloadSpecError, OSError, KeyError, ValueError) as e:

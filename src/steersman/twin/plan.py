@@ -99,7 +99,7 @@ def day_curve_text(curve: tuple[float, float, float] = DAY_CURVE) -> str:
 
 
 def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float = _T.plan_slo,
-                  headroom: float = _T.plan_headroom, policy: str = DEFAULTS.scheduler.profile, tp: int = 1,
+                  headroom: float = _T.plan_headroom, policy: str | None = None, tp: int = 1,
                   seed: int = 0, base_dir: Path | None = None, duration_s: float | None = None,
                   max_replicas: int = _T.plan_max_replicas, base_fleet: Mapping[str, Any] | None = None,
                   curve: DailyCurve | None = None, max_mixed_trials: int = _T.plan_mixed_trials,
@@ -107,11 +107,14 @@ def plan_capacity(spec: Mapping[str, Any], gpus: Sequence[str], *, target: float
                   workers: int = _T.plan_workers) -> Plan:
     """``trial``: runs one fleet and returns its summary (``slo_attainment``, ``requests``, ``refused``,
     ``failed``, ``cost_per_successful_task_usd``); default: the twin at the stressed load.  ``workers`` > 1:
-    the GPU types are searched in that many processes at once (twin-backed trials only; the same plan)."""
+    the GPU types are searched in that many processes at once (twin-backed trials only; the same plan).
+    ``policy``: the routing profile of every trial; None: ``base_fleet``'s ``policy`` (its default, steersman)."""
     model = spec.get("model") or DEFAULTS.sim_server.model
     check_tensor_parallel(model_profile(model), tp)
     # the base fleet's settings and the policy, checked once: a typo there is an error, not an infeasible GPU type
-    policy_for(policy, parse_fleet(_fleet_doc((), model, tp, base_fleet or {}), "--fleet"))
+    base_cfg = parse_fleet(_fleet_doc((), model, tp, base_fleet or {}), "--fleet")
+    policy = policy or base_cfg.policy
+    policy_for(policy, base_cfg)
     probe = load_workload(spec, seed, base_dir=base_dir)
     offered = probe.offered_load().requests_per_s
     plan = Plan(model, target, headroom, offered)
