@@ -179,3 +179,34 @@ def test_simulate_and_plan_refuse_bad_flags_and_specs_and_record_the_seed(tmp_pa
         r = subprocess.run(STEERSMAN + ["plan", "--workload", str(wl), "--gpus", "L40S"], capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 2 and said in r.stdout and "Traceback" not in r.stderr, (r.stdout, r.stderr)
+
+
+def test_the_twin_runs_with_the_fleet_files_gateway_and_admission_settings(monkeypatch):
+    """The twin scraped at the default cadence, detected a dead replica after the default count of failed checks and
+    gave a tenant that names no class `standard`, whatever the fleet file set (architecture audit, thirty-fifth
+    session): a fleet whose open traffic is `sheddable` was never shed in the twin."""
+    from steersman.policy.request import PriorityClass
+    from steersman.twin import run as run_mod
+
+    made = []
+
+    class Spy(run_mod.Twin):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(run_mod, "Twin", Spy)
+    doc = {**FLEET, "gateway": {"metrics_interval_s": 0.2, "unhealthy_after_failures": 7},
+           "admission": {"default_priority": "sheddable"}}
+    spec = _spec(tenant="plain")
+    spec["sources"].append({"kind": "chatbot", "tasks_per_s": 1, "tenant": "vip"})
+    spec["tenants"] = {"vip": {"priority": "critical"}, "plain": {}}
+    Experiment(parse_fleet(doc), spec).run("steersman")
+    (tw,) = made
+    assert (tw.cfg.metrics_interval_s, tw.cfg.unhealthy_after_failures) == (0.2, 7)
+    prio = {name: t.priority for name, t in tw.tenants.items()}
+    assert prio == {"vip": PriorityClass.CRITICAL, "plain": PriorityClass.SHEDDABLE}
+    assert tw._tenant("stranger").priority is PriorityClass.SHEDDABLE
+    made.clear()
+    Experiment(parse_fleet(doc), _spec(tenant="web")).run("steersman")  # no tenants listed: the source's own
+    assert made[0].tenants["web"].priority is PriorityClass.SHEDDABLE

@@ -61,7 +61,8 @@ _EXPIRE_EVERY_S = 0.05  # as the gateway: queued deadlines re-checked at the scr
 class TwinConfig:
     duration_s: float | None = None  # stop pulling arrivals after this (None: until the workload is done)
     drain: bool = True  # let requests in flight finish after the last arrival
-    metrics_interval_s: float = DEFAULTS.gateway.metrics_interval_s
+    metrics_interval_s: float = DEFAULTS.gateway.metrics_interval_s  # the fleet file's gateway settings, as live
+    unhealthy_after_failures: int = DEFAULTS.gateway.unhealthy_after_failures
     #: time from a request's arrival at the gateway to its arrival at the engine: the gateway's own
     #: added latency, measured by bench/overhead at one stream (+0.64-0.80 ms TTFT over loopback)
     gateway_latency_s: float = 0.0007
@@ -207,7 +208,8 @@ class Twin(DrillActions, Handoff):
     def _tenant(self, name: str) -> TenantConfig:
         t = self.tenants.get(name)
         if t is None:
-            t = self.tenants[name] = TenantConfig(name, PriorityClass.STANDARD)
+            # a tenant the fleet file and the workload do not list: the fleet's default class, as the gateway gives it
+            t = self.tenants[name] = TenantConfig(name, PriorityClass.parse(self.tf.admission.default_priority))
         return t
 
     def _arrive(self, a: Arrival) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-from steersman.config import DEFAULTS
 
 __all__ = ["DrillActions"]
 
@@ -44,7 +43,7 @@ class DrillActions:
                 sent = r.sim.num_output - unsent if not r.pd else 0  # tokens its client already has
                 r.delivered += sent
                 self._failed(r, continue_only=r.delivered > 0)
-        detect = DEFAULTS.gateway.unhealthy_after_failures * self.cfg.metrics_interval_s
+        detect = self.cfg.unhealthy_after_failures * self.cfg.metrics_interval_s
         self.schedule_drill(self.clock.t + detect, lambda tw: tw.tf.replicas[i].dead and tw.fleet.set_healthy(i, False))
 
     def slow(self, i: int, factor: float) -> None:

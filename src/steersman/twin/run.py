@@ -128,7 +128,8 @@ class Experiment:
         spec = scale_spec(self.spec, load)
         if self.duration_s is not None:  # every source's default end_s, so --duration can lengthen a run too
             spec["duration_s"] = self.duration_s
-        return load_workload(spec, self.used_seed, base_dir=self.base_dir, slo_classes=self.fleet.scheduler.slo_classes)
+        return load_workload(spec, self.used_seed, base_dir=self.base_dir, slo_classes=self.fleet.scheduler.slo_classes,
+                             admission=self.fleet.admission)
 
     def check(self, policies: Sequence[str] = ()) -> None:
         """Raise what a run would fail on, before any runs: the fleet's replicas (FleetConfigError), the workload
@@ -163,7 +164,9 @@ class Experiment:
             tenants.update(self.fleet.tenants.tenants)
         drills = parse_drills(self.spec.get("drills"))
         on = bool(drills) if self.reliability is None else self.reliability
-        cfg = TwinConfig(duration_s=duration, seed=self.used_seed, reliability=self.fleet.reliability if on else None)
+        gw = self.fleet.gateway
+        cfg = TwinConfig(duration_s=duration, seed=self.used_seed, reliability=self.fleet.reliability if on else None,
+                         metrics_interval_s=gw.metrics_interval_s, unhealthy_after_failures=gw.unhealthy_after_failures)
         twin = Twin(tf, wl, policy_for(policy, self.fleet), tenants, cfg, progress)
         schedule_drills(twin, drills)
         rec = twin.run()

@@ -75,6 +75,7 @@ import numpy as np
 import yaml
 
 from steersman.config import DEFAULTS
+from steersman.config.admission import AdmissionSettings
 from steersman.config.scheduler import SchedulerSettings
 from steersman.control.tenants import TenantConfigError, TenantDirectory
 from steersman.twin.drills import DrillError, parse_drills
@@ -103,14 +104,17 @@ _KINDS = sorted([*PRESETS, "agent", "trace"])
 
 
 def load_workload(spec: str | os.PathLike | Mapping[str, Any], seed: int | None = None, *,
-                  slo_classes: Iterable[str] | None = None, base_dir: str | os.PathLike | None = None) -> Mix:
+                  slo_classes: Iterable[str] | None = None, base_dir: str | os.PathLike | None = None,
+                  admission: AdmissionSettings | None = None) -> Mix:
     """Build the workload a spec describes: a YAML file path, or its parsed mapping.
 
     ``seed`` (default: the spec's ``seed``, else 0) fixes every random draw; each
     source gets its own stream (by its position in ``sources``).  ``slo_classes``
     are the class names a source may use (default: the scheduler's interactive,
     standard, batch).  Relative trace paths are looked up in ``base_dir`` (default:
-    the spec file's directory) and then the working directory.
+    the spec file's directory) and then the working directory.  ``admission``: the fleet's admission settings
+    (a tenant that names no priority class, listed or only named by a source, gets its ``default_priority``, as
+    the gateway gives it); default: the defaults.
     """
     where = "workload spec"
     if isinstance(spec, Mapping):
@@ -126,11 +130,14 @@ def load_workload(spec: str | os.PathLike | Mapping[str, Any], seed: int | None 
             raise WorkloadSpecError(f"{p}: invalid YAML: {e}") from None
         if base_dir is None:
             base_dir = p.parent
-    return parse_workload(data, seed, slo_classes=slo_classes, base_dir=base_dir, where=where)
+    return parse_workload(data, seed, slo_classes=slo_classes, base_dir=base_dir, where=where, admission=admission)
 
 
 def parse_workload(data: Any, seed: int | None = None, *, slo_classes: Iterable[str] | None = None,
-                   base_dir: str | os.PathLike | None = None, where: str = "workload spec") -> Mix:
+                   base_dir: str | os.PathLike | None = None, where: str = "workload spec",
+                   admission: AdmissionSettings | None = None) -> Mix:
+    admission = admission or AdmissionSettings()
+
     def err(msg: str) -> WorkloadSpecError:
         return WorkloadSpecError(f"{where}: {msg}")
 
@@ -157,7 +164,7 @@ def parse_workload(data: Any, seed: int | None = None, *, slo_classes: Iterable[
     tenants = None
     if tenants_raw is not None:
         try:
-            tenants = TenantDirectory.from_data({"tenants": tenants_raw}, where).tenants
+            tenants = TenantDirectory.from_data({"tenants": tenants_raw}, where, admission).tenants
         except TenantConfigError as e:
             raise WorkloadSpecError(str(e)) from None
 
@@ -239,7 +246,7 @@ def parse_workload(data: Any, seed: int | None = None, *, slo_classes: Iterable[
                 raise
             raise err(f"{field}: {e}") from None
     try:
-        return Mix(sources, tenants)
+        return Mix(sources, tenants, default_priority=admission.default_priority)
     except ValueError as e:
         raise err(str(e)) from None
 
