@@ -128,7 +128,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             price = gpu_profile(ep.gpu).price_per_hour * ep.tp if ep.gpu else 0.0
         return Replica(i, ep.name or f"replica-{i}", ep.url.rstrip("/"), ep.engine, ep.gpu,
                        (*ep.models, *ep.lora_modules), ep.pool, price, ep.tp, adapter,
-                       ep.scheduling == "priority", kv_unified=ep.kv_unified, loras=tuple(ep.lora_modules))
+                       ep.scheduling == "priority", kv_unified=ep.kv_unified, loras=tuple(ep.lora_modules),
+                       model_profile=ep.model_profile)
 
     async def start(self) -> None:
         warm_up()  # compile (or load cached) scheduling kernels before the first request

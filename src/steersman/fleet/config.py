@@ -88,6 +88,9 @@ class EndpointConfig(msgspec.Struct, forbid_unknown_fields=True):
     #: into every block), so the prefix index keys their prompts apart (steersman.text.lora).  Found in ``/v1/models``
     #: (an entry with a ``parent``) when ``models`` is not given.  A name is an adapter on every endpoint serving it.
     lora_modules: list[str] = msgspec.field(default_factory=list)
+    #: the model profile (``steersman.sim``) the latency model sizes this replica with, where the engine serves it
+    #: under another name (vLLM --served-model-name); None: ``models[0]``
+    model_profile: str | None = None
 
 
 class SimReplicaConfig(msgspec.Struct, forbid_unknown_fields=True):
@@ -252,6 +255,11 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
             raise FleetConfigError(f"{at}.kv_events_replay needs endpoints[{i}].kv_events (the events it replays)")
         if ep.scheduling not in _SCHEDULING:
             raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {ep.scheduling!r}")
+        if ep.model_profile is not None:
+            try:
+                model_profile(ep.model_profile)
+            except KeyError as e:
+                raise FleetConfigError(f"{at}.model_profile: {e.args[0]}") from None
         if ep.kv_unified is not None and ep.engine != "llamacpp":
             raise FleetConfigError(f"{at}.kv_unified is for llama-server's slots (engine: llamacpp), not {ep.engine}")
         if ep.tp < 1:

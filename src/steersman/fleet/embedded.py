@@ -110,6 +110,7 @@ class SimulatedFleet:
             url=url, name=name, engine="engine-sim", gpu=gpu.name, pool=spec.pool, tp=spec.tp,
             models=[spec.served_model_name or spec.model], price_per_hour=gpu.price_per_hour * spec.tp,
             scheduling=spec.scheduling, kv_events=events, kv_events_replay=replay, lora_modules=list(spec.lora_modules),
+            model_profile=spec.model,  # (under a served_model_name, the model it simulates)
         )
 
     async def stop(self, grace_s: float = 5.0) -> None:

@@ -37,6 +37,9 @@ class Replica:
     handoff_s_per_token: float = 0.0  # a prefill replica of a disaggregated fleet (the twin): see ReplicaSpec
     kv_unified: bool | None = None  # llama.cpp: its slots share one KV pool (see ReplicaAddress.kv_unified)
     loras: tuple[str, ...] = ()  # of ``models``, the LoRA adapters (their KV apart: see EndpointConfig.lora_modules)
+    #: the model profile its latency is predicted with, where ``models`` name it otherwise (a served model name);
+    #: None: ``models[0]``
+    model_profile: str | None = None
     address: ReplicaAddress = field(init=False)
 
     def __post_init__(self) -> None:

@@ -142,7 +142,8 @@ class Fleet(Awaited, FleetLearning):
         #: replicas whose engine can reuse a prompt only once its request ended (the index learns it then)
         self.caches_after_prefill = tuple(r.adapter is not None and not r.adapter.shares_prefill_in_flight
                                           for r in reps)
-        self.statics = build_statics([ReplicaSpec(r.gpu, r.models[0] if r.models else None, r.tp, r.price_per_hour,
+        self.statics = build_statics([ReplicaSpec(r.gpu, r.model_profile or (r.models[0] if r.models else None), r.tp,
+                                                  r.price_per_hour,
                                                   r.handoff_s_per_token, r.engine, r.pool) for r in reps])
         self._price_s = [p / 3600.0 for p in self.statics.price_per_hour.tolist()]  # $ a second, per replica
         masks: dict[str, np.ndarray] = {}

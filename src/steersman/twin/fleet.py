@@ -92,7 +92,8 @@ class TwinFleet:
                         p.pool, p.price_per_hour, p.tp, adapter=None,
                         priority_scheduling=p.engine.scheduling_policy == "priority",
                         handoff_s_per_token=handoff_s_per_token(p.model, p.tp, self.kv_link_gbit_s)
-                        if p.role == "prefill" else 0.0)
+                        if p.role == "prefill" else 0.0,
+                        model_profile=p.model)  # (listed under a served name, or as a decode replica)
                 for i, p in enumerate(self.plans)]
         fleet = Fleet(reps, clock, self.scheduler)
         fleet.prefix = PrefixIndex(len(reps), self.scheduler.prefix_index_max_mib * 2**20)
