@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from steersman.fleet import snapshot as S
 from steersman.policy import make_policy
 from steersman.testing import ReplayWorkload
 from steersman.twin import ReplicaPlan, Twin, TwinConfig, TwinFleet, summarize
@@ -83,3 +84,28 @@ def test_the_columns_are_made_with_collection_paused_and_its_state_restored():
             seen.clear()
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_a_dispatched_requests_deadline_cancels_it_on_its_engine_as_live():
+    """The live retry loop races each attempt against its deadline and cancels the engine request when the deadline
+    wins (a 504, or a stream ended with an error event); the twin let it run to its end and only scored it late,
+    its slot and KV held for the others (architecture audit, thirty-fifth session)."""
+    from steersman.twin.results import FAILED, OK
+
+    rng = random.Random(3)
+    t, items = 0.0, []
+    for i in range(300):
+        t += rng.expovariate(60.0)  # an overloaded H100: answers take 6-10 s
+        items.append(A(t, i, block_hashes=tuple(hash((i, j)) for j in range(40)), prompt_tokens=645,
+                       output_tokens=300, max_tokens=300, deadline_s=8.0 if i % 2 else None))
+    fleet = TwinFleet([ReplicaPlan("h0", "H100", "llama-3.1-8b")])
+    twin = Twin(fleet, ReplayWorkload(items), make_policy("least-request"), cfg=TwinConfig())
+    c = twin.run().arrays()
+    timed = np.isfinite(c["deadline"])
+    assert timed.sum() == 150
+    assert not (timed & (c["status"] == OK) & (c["finish"] > c["deadline"] + 1e-9)).any()  # none served late
+    cut = timed & (c["status"] == FAILED)
+    assert cut.sum() > 10 and np.allclose(c["finish"][cut], c["deadline"][cut])  # failed at their deadline
+    assert ((c["status"] == OK) & timed).sum() > 10  # some made it
+    assert (c["status"][~timed] == OK).all()  # the rest ran, on what the cut ones no longer held
+    assert not twin.fleet.live[S.IN_FLIGHT].any()  # every cut request's accounting settled

@@ -39,7 +39,8 @@ from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
-from steersman.twin._events import _ARRIVAL, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _WAKE
+from steersman.twin._deadlines import Deadlines
+from steersman.twin._events import _ARRIVAL, _DEADLINE, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _WAKE
 from steersman.twin._gctune import GcTuned
 from steersman.twin.drill_actions import DrillActions
 from steersman.twin._handoff import Handoff
@@ -98,7 +99,7 @@ class _Req:
     delivered: int = 0
 
 
-class Twin(DrillActions, Handoff):
+class Twin(DrillActions, Handoff, Deadlines):
     def __init__(self, fleet: TwinFleet, workload, policy, tenants: dict[str, TenantConfig] | None = None,
                  cfg: TwinConfig = TwinConfig(), progress: Callable[[float, int], None] | None = None) -> None:
         self.cfg = cfg
@@ -190,6 +191,8 @@ class Twin(DrillActions, Handoff):
                 self._retry(data)
             elif kind == _EXPIRE:
                 self._expire()
+            elif kind == _DEADLINE:
+                self._deadline(*data)
             else:
                 data(self)
         self.rec.close(self.clock.t, self.fleet, stop)
@@ -291,6 +294,8 @@ class Twin(DrillActions, Handoff):
         r.sim = SimRequest(req_id=rid, prompt_len=max(a.prompt_tokens, 1) + sent,
                            max_output=1 if prefill else max(a.output_tokens - sent, 1),
                            block_hashes=a.block_hashes, priority=r.started.engine_priority, arrival=now)
+        if not self._watch_deadline(r):
+            return
         self._reqs[rid] = r
         try:
             wake = rep.submit(r.sim, now)
