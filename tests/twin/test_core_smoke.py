@@ -109,3 +109,14 @@ def test_a_dispatched_requests_deadline_cancels_it_on_its_engine_as_live():
     assert ((c["status"] == OK) & timed).sum() > 10  # some made it
     assert (c["status"][~timed] == OK).all()  # the rest ran, on what the cut ones no longer held
     assert not twin.fleet.live[S.IN_FLIGHT].any()  # every cut request's accounting settled
+
+
+def test_an_engine_that_went_idle_just_after_a_scrape_is_read_idle_within_a_scrape_interval():
+    """The twin read a replica's metrics only when it woke, at most once a scrape interval: one that finished its
+    last request within 50 ms of a read kept reading busy (running 1) until it next changed; the live scraper
+    reads every interval (architecture audit, thirty-fifth session)."""
+    fleet = TwinFleet([ReplicaPlan("h0", "H100", "llama-3.1-8b")])
+    twin = Twin(fleet, ReplayWorkload([A(0.0, 0, output_tokens=3, max_tokens=3)]), make_policy("least-request"),
+                cfg=TwinConfig())
+    twin.run()
+    assert twin.fleet.live[S.RUNNING][0] == 0 and twin.fleet.live[S.KV_USAGE][0] == 0

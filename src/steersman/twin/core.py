@@ -40,7 +40,8 @@ from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
 from steersman.twin._deadlines import Deadlines
-from steersman.twin._events import _ARRIVAL, _DEADLINE, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _WAKE
+from steersman.twin._events import (_ARRIVAL, _DEADLINE, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _SCRAPE,
+                                    _WAKE)
 from steersman.twin._gctune import GcTuned
 from steersman.twin.drill_actions import DrillActions
 from steersman.twin._handoff import Handoff
@@ -130,6 +131,7 @@ class Twin(DrillActions, Handoff, Deadlines):
         self._n = 0
         self._rng = random.Random(cfg.seed)
         self._scraped = [-math.inf] * len(fleet.replicas)
+        self._scrape_due = [False] * len(fleet.replicas)  # a deferred read is scheduled
         self._expiring = False
         self._pulled_until = 0.0
 
@@ -193,6 +195,9 @@ class Twin(DrillActions, Handoff, Deadlines):
                 self._expire()
             elif kind == _DEADLINE:
                 self._deadline(*data)
+            elif kind == _SCRAPE:
+                self._scrape_due[data] = False
+                self._scrape(data, force=True)
             else:
                 data(self)
         self.rec.close(self.clock.t, self.fleet, stop)
@@ -336,9 +341,15 @@ class Twin(DrillActions, Handoff, Deadlines):
             # capacity freed (late work held in the gateway waits for the prefill queued ahead to drain)
             self._dispatch_queued()
 
-    def _scrape(self, i: int) -> None:
+    def _scrape(self, i: int, force: bool = False) -> None:
+        """Read replica ``i``'s engine state into the fleet, at most once a scrape interval; a change within the
+        interval is read at its end (the live scraper reads every interval: an engine that went idle just after
+        a read was otherwise seen busy until it next changed)."""
         now = self.clock.t
-        if now - self._scraped[i] < self.cfg.metrics_interval_s:
+        if not force and now - self._scraped[i] < self.cfg.metrics_interval_s:
+            if not self._scrape_due[i]:
+                self._scrape_due[i] = True
+                self._push(self._scraped[i] + self.cfg.metrics_interval_s, _SCRAPE, i)
             return
         self._scraped[i] = now
         s = self.tf.replicas[i].engine.state(now)  # as live: waiting as of the running step's schedule
