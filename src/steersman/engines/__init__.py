@@ -19,11 +19,11 @@ __all__ = [
 
 #: Engine kinds by name; each factory takes the kind name (and the keywords settings=GatewaySettings, now=the
 #: gateway clock's now) and returns an adapter.
-ADAPTERS: Registry = Registry("engine adapter")
+ADAPTERS: Registry = Registry("engine adapter", EngineAdapter)
 for _kind in ("openai", "vllm", "sglang", "engine-sim"):
     ADAPTERS.register(_kind, OpenAIHttpAdapter)  # metric names per kind: steersman.engines.metric_names
 ADAPTERS.register("llamacpp", LlamaCppAdapter)  # llama-server: llamacpp:* metrics + /slots
 
 
 def adapter_for(kind: str, **kwargs) -> EngineAdapter:
-    return ADAPTERS.get(kind)(kind, **kwargs)
+    return ADAPTERS.build(kind, kind, **kwargs)

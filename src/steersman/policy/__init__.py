@@ -24,4 +24,4 @@ __all__ = [
 
 
 def make_policy(name: str, settings: SchedulerSettings = DEFAULTS.scheduler) -> RoutingPolicy:
-    return POLICIES.get(name)(settings)
+    return POLICIES.build(name, settings)

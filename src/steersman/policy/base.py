@@ -83,4 +83,4 @@ class RoutingPolicy(Protocol):
 
 
 #: Routing policies (named profiles) by name: ``factory(settings) -> RoutingPolicy``.
-POLICIES: Registry = Registry("routing policy")
+POLICIES: Registry = Registry("routing policy", RoutingPolicy)

@@ -47,7 +47,7 @@ class DecodePicker(Protocol):
 
 
 #: Decode pickers by name: ``factory() -> DecodePicker``.
-DECODE_PICKERS: Registry = Registry("decode picker")
+DECODE_PICKERS: Registry = Registry("decode picker", DecodePicker)
 
 
 def _available(snap: FleetSnapshot, model: str) -> np.ndarray:
@@ -87,4 +87,4 @@ class LeastLoadedDecode:
 
 def make_decode_picker(name: str) -> DecodePicker:
     """The registered decode picker ``name`` (:class:`~steersman.plugins.UnknownPlugin` listing the known ones)."""
-    return DECODE_PICKERS.get(name)()
+    return DECODE_PICKERS.build(name)

@@ -161,9 +161,9 @@ class Picker(Protocol):
         ...
 
 
-FILTERS: Registry = Registry("scheduling filter")
-SCORERS: Registry = Registry("scheduling scorer")
-PICKERS: Registry = Registry("scheduling picker")
+FILTERS: Registry = Registry("scheduling filter", Filter)
+SCORERS: Registry = Registry("scheduling scorer", Scorer)
+PICKERS: Registry = Registry("scheduling picker", Picker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,9 +345,13 @@ def make_plugin(reg: Registry, item: Any, settings: SchedulerSettings):
         raise ValueError(f"{reg.what} {kind!r}: params must be a mapping, got {params!r}")
     from_config = getattr(factory, "from_config", None)
     try:
-        return from_config(dict(params), settings) if from_config is not None else factory(**params)
+        plugin = from_config(dict(params), settings) if from_config is not None else factory(**params)
     except Exception as e:  # a plugin's own check, or a param it does not take: name the plugin
         raise ValueError(f"{reg.what} {kind!r}: {e}") from None
+    try:
+        return reg.check(plugin, kind)
+    except TypeError as e:  # registered as the wrong extension point: said where the file names it
+        raise ValueError(str(e)) from None
 
 
 def _weight(item: Any) -> float:
