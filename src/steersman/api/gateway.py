@@ -158,6 +158,10 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open")
         if self.tenants.open:
             log.warning("no API keys configured: the gateway is OPEN, every request runs as tenant %r", self.tenants.open_tenant.name)
+            unused = sorted(set(self.tenants.tenants) - {self.tenants.open_tenant.name})
+            if unused:  # (a file with tenants and their limits but no api_keys ran with none of them, silently)
+                log.warning("tenants %s are configured but no api_keys name them: their limits and priorities apply to "
+                            "no request (add api_keys: `steersman keys create --tenant NAME`)", ", ".join(unused))
         check = getattr(self.response_store, "check", None)  # a store with IO says at start whether it answers
         await self._discover_models()
         if check is not None:

@@ -1,0 +1,17 @@
+"""A fleet file with tenants (their limits, priorities, budgets) but no api_keys runs open: every request is the
+open tenant, and the configured tenants apply to nothing.  The gateway said only that it was OPEN (config audit,
+thirty-fifth session); it now names the tenants left unused."""
+
+import logging
+
+from steersman.enginesim.app import SimServerConfig
+from steersman.testing import LiveFleet
+
+
+def test_tenants_no_api_key_names_are_said_unused_at_start(caplog):
+    caplog.set_level(logging.WARNING, logger="steersman")
+    extra = {"tenants": {"acme": {"requests_per_minute": 5}, "default": {"priority": "critical"}}}
+    with LiveFleet(sims=[SimServerConfig(speedup=50.0, port=0)], extra=extra):
+        pass
+    said = [r.getMessage() for r in caplog.records if "no api_keys name them" in r.getMessage()]
+    assert len(said) == 1 and "acme" in said[0] and "default" not in said[0].split("are configured")[0], said
