@@ -120,3 +120,34 @@ def test_an_engine_that_went_idle_just_after_a_scrape_is_read_idle_within_a_scra
                 cfg=TwinConfig())
     twin.run()
     assert twin.fleet.live[S.RUNNING][0] == 0 and twin.fleet.live[S.KV_USAGE][0] == 0
+
+
+def test_brown_out_moves_and_sheds_sheddable_traffic_in_the_twin_as_live():
+    """The live gateway's brownout stage moved sheddable requests of a saturated model to its cheaper model, or shed
+    them; the twin never asked it, so `reliability.brownout_*` changed nothing a simulation showed (architecture
+    audit, thirty-fifth session).  Both now ask one BrownoutGate."""
+    from dataclasses import replace
+
+    from steersman.config import DEFAULTS
+    from steersman.control import TenantConfig
+    from steersman.policy.request import PriorityClass
+
+    def run(models):
+        rel = replace(DEFAULTS.reliability, brownout_models=models, brownout_queue_depth=8)
+        fleet = TwinFleet([ReplicaPlan("big", "H100", "llama-3.1-8b"), ReplicaPlan("small", "H100", "qwen2.5-7b")])
+        rng = random.Random(1)
+        t, items = 0.0, []
+        for i in range(600):
+            t += rng.expovariate(120.0)  # far past one replica's capacity
+            items.append(A(t, i, tenant="bulk", block_hashes=tuple(hash((i, j)) for j in range(40)),
+                           prompt_tokens=645, output_tokens=200, max_tokens=200))
+        twin = Twin(fleet, ReplayWorkload(items), make_policy("steersman"),
+                    {"bulk": TenantConfig("bulk", PriorityClass.SHEDDABLE)}, TwinConfig(reliability=rel))
+        return twin, twin.run().arrays()
+
+    twin, c = run({"llama-3.1-8b": "qwen2.5-7b"})
+    assert twin.brownout_counts["moved"] > 50, twin.brownout_counts
+    assert (c["replica"] == 1).sum() >= twin.brownout_counts["moved"] // 2  # the cheaper model's replica served them
+    twin, c = run({})  # no cheaper model: shed (503 with Retry-After) before taking a queue place
+    assert twin.brownout_counts["shed"] > 50 and twin.brownout_counts["moved"] == 0
+    assert (c["http"] == 503).sum() >= twin.brownout_counts["shed"]

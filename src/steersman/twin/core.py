@@ -39,6 +39,8 @@ from steersman.policy.request import LatencyBudget, PriorityClass, SchedRequest
 from steersman.reliability import ReplicaGuard
 from steersman.sim import SimRequest
 from steersman.twin.clock import VirtualClock
+from steersman.reliability.brownout_gate import BrownoutGate
+from steersman.twin._brownout import TwinBrownout
 from steersman.twin._deadlines import Deadlines
 from steersman.twin._events import (_ARRIVAL, _DEADLINE, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _SCRAPE,
                                     _WAKE)
@@ -100,7 +102,7 @@ class _Req:
     delivered: int = 0
 
 
-class Twin(DrillActions, Handoff, Deadlines):
+class Twin(DrillActions, Handoff, Deadlines, TwinBrownout):
     def __init__(self, fleet: TwinFleet, workload, policy, tenants: dict[str, TenantConfig] | None = None,
                  cfg: TwinConfig = TwinConfig(), progress: Callable[[float, int], None] | None = None) -> None:
         self.cfg = cfg
@@ -124,6 +126,9 @@ class Twin(DrillActions, Handoff, Deadlines):
         self.pd = Disaggregation(fleet) if fleet.disaggregated else None
         self.decode_picker = make_decode_picker(fleet.scheduler.decode_picker) if fleet.disaggregated else None
         self.retries = TwinRetries(self, cfg.reliability, cfg.seed + 1) if cfg.reliability is not None else None
+        # brown-out, with the reliability mechanisms (the live gateway's stage: steersman.twin._brownout)
+        self.brownout_gate = BrownoutGate(cfg.reliability, fleet.scheduler) if cfg.reliability is not None else None
+        self.brownout_counts = {"moved": 0, "shed": 0}
         self.progress = progress
         self._heap: list = []
         self._seq = itertools.count()
@@ -239,6 +244,9 @@ class Twin(DrillActions, Handoff, Deadlines):
                              budget=budget, workflow=wf)
         r = _Req(self._n, a, sched, tenant)
         self.rec.arrived(r.idx, a, sched)
+        if not self._brownout(r):
+            return
+        sched = r.sched  # (moved to a cheaper model by brown-out)
         out, shed = self.plane.arrive(r, sched, tenant, self.fleet.snapshot(), now)
         for victim, refusal in shed:
             self._refused(victim, refusal)
