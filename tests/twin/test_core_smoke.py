@@ -151,3 +151,26 @@ def test_brown_out_moves_and_sheds_sheddable_traffic_in_the_twin_as_live():
     twin, c = run({})  # no cheaper model: shed (503 with Retry-After) before taking a queue place
     assert twin.brownout_counts["shed"] > 50 and twin.brownout_counts["moved"] == 0
     assert (c["http"] == 503).sum() >= twin.brownout_counts["shed"]
+
+
+def test_a_replica_ejected_for_its_latency_has_its_requests_moved_as_live():
+    """The live retry loop moves an ejected replica's attempts elsewhere (cancelled before their first token,
+    continued after it); the twin never set the guard's callback, and a slowed replica kept every request it held
+    to its end (architecture audit, thirty-fifth session)."""
+    from dataclasses import replace
+
+    from steersman.config import DEFAULTS
+    from steersman.twin.results import OK
+
+    rel = replace(DEFAULTS.reliability, latency_floor_ttft_s=0.0, latency_floor_tpot_s=0.0)
+    fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(3)])
+    twin = Twin(fleet, Poisson(40.0, 800), make_policy("least-request"), cfg=TwinConfig(reliability=rel))
+    twin.schedule_drill(4.0, lambda tw: tw.slow(0, 20.0))
+    c = twin.run().arrays()
+    assert twin.fleet.guard.outliers.reasons[0], "the slowed replica was ejected"
+    e2e = c["finish"] - c["arrival"]
+    assert e2e.max() < 5.0, e2e.max()  # was 17 s: what the slowed replica held finished there, 20x slower
+    assert twin.evicted > 0
+    counts = twin.retries.retrier.counts
+    assert counts.get("evicted") + counts.get("continued") >= twin.evicted
+    assert (c["status"] == OK).all()  # every moved request was served elsewhere

@@ -42,6 +42,7 @@ from steersman.twin.clock import VirtualClock
 from steersman.reliability.brownout_gate import BrownoutGate
 from steersman.twin._brownout import TwinBrownout
 from steersman.twin._deadlines import Deadlines
+from steersman.twin._eviction import Eviction
 from steersman.twin._events import (_ARRIVAL, _DEADLINE, _DELIVER, _DRILL, _EXPIRE, _KV, _PULL, _RETRY, _SCRAPE,
                                     _WAKE)
 from steersman.twin._gctune import GcTuned
@@ -102,7 +103,7 @@ class _Req:
     delivered: int = 0
 
 
-class Twin(DrillActions, Handoff, Deadlines, TwinBrownout):
+class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
     def __init__(self, fleet: TwinFleet, workload, policy, tenants: dict[str, TenantConfig] | None = None,
                  cfg: TwinConfig = TwinConfig(), progress: Callable[[float, int], None] | None = None) -> None:
         self.cfg = cfg
@@ -115,6 +116,8 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout):
             self.fleet.guard = ReplicaGuard(len(fleet.replicas), cfg.reliability, fleet.scheduler.latency_ewma_alpha)
             # the twin's engines emit no per-token events: the stall rule reads their last token off the model
             self.fleet.guard.outliers.last_output = self._last_output
+            self.fleet.guard.on_eject = self._on_eject  # its attempts move, as live (steersman.twin._eviction)
+        self.evicted = 0
         self.workload = workload
         admission = fleet.admission
         self.plane = ControlPlane(policy, DefaultAdmitter(admission), GatewayQueue(admission), fleet.scheduler)
@@ -375,14 +378,16 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout):
         self.rec.finished(r.idx, self.clock.t, r.delivered + sim.num_output, cached, cost)
         self._follow_up(r, ok=True)
 
-    def _failed(self, r: _Req, continue_only: bool = False, retryable: bool = True) -> None:
-        """An attempt failed (``continue_only``: after its stream began).  With the reliability mechanisms on,
-        the request is retried or continued as live (:mod:`steersman.twin.retries`); else it fails."""
+    def _failed(self, r: _Req, continue_only: bool = False, retryable: bool = True, evicted: bool = False) -> None:
+        """An attempt failed (``continue_only``: after its stream began; ``evicted``: the gateway abandoned it on
+        an ejected replica, no verdict on that replica).  With the reliability mechanisms on, the request is
+        retried or continued as live (:mod:`steersman.twin.retries`); else it fails."""
         if r.started is not None:  # after a hand-off, its ticket is at the decode replica: the failure is its
-            self.fleet.report(r.started.ticket, False)
+            if not evicted:
+                self.fleet.report(r.started.ticket, False)
             self.rec.attempt_failed(r.started.replica)
             if self.retries is not None and retryable and self.pd is None:
-                delay = self.retries.failed(r, continue_only)  # counts the attempt's end
+                delay = self.retries.failed(r, continue_only, evicted)  # counts the attempt's end
                 if delay is None:
                     self._fail(r)
                 else:

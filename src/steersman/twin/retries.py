@@ -78,16 +78,17 @@ class TwinRetries:
             self.retrier.end(r.holding)
             r.began = r.holding = False
 
-    def failed(self, r, continue_only: bool) -> float | None:
+    def failed(self, r, continue_only: bool, evicted: bool = False) -> float | None:
         """Attempt ``r.started`` failed on its replica: seconds until the request is routed again, or None
-        (the request fails).  ``continue_only``: its stream had begun."""
+        (the request fails).  ``continue_only``: its stream had begun; ``evicted``: the gateway abandoned it on an
+        ejected replica (as live: no retry-budget token)."""
         rt = self.retrier
         rt.attempt_ended(False)
         i = r.started.replica
         r.excluded.add(i)
         fleet = self.tw.fleet
-        d = rt.after_failure(continue_only, r.attempts, True, rt.remaining(r.sched), lambda: fleet.out_of_rotation(i), False,
-                             r.holding, rt.share(r.sched))
+        d = rt.after_failure(continue_only, r.attempts, True, rt.remaining(r.sched),
+                             lambda: evicted or fleet.out_of_rotation(i), evicted, r.holding, rt.share(r.sched))
         r.holding = d.holding
         return d.delay_s if d.again else None
 
