@@ -60,7 +60,7 @@ def test_a_replica_or_setting_that_cannot_run_is_refused_naming_its_field(doc, f
 
 def test_what_can_run_still_loads():
     parse_fleet(_ep(gpu="RTX-4090", price_per_hour=0.7))  # a GPU without a profile, priced by hand
-    parse_fleet(_ep(url="https://engine.example:8443/v1/", engine="vllm"))
+    parse_fleet(_ep(url="https://engine.example:8443/vllm/", engine="vllm"))  # a base path behind a proxy
     parse_fleet({**_ep(name="h100-sxm-2"), **_sim(count=2)})  # not one of h100-sxm-0, h100-sxm-1
     parse_fleet(_ep(gpu="h100"))  # priced from the profile (aliases as ever)
     parse_fleet(_sim(model="llama-3.1-70b", gpu="H200", tp=2, count=3))
@@ -110,11 +110,13 @@ def test_every_numeric_default_is_inside_its_bounds_and_every_bound_is_enforced(
             numeric = f.type in ("int", "float", "int | None", "float | None")
             if not numeric or isinstance(v, bool):
                 continue
-            ge, gt, le = _bounds(f)
+            ge, gt, le, lt = (None if isinstance(b, str) else b for b in _bounds(f))  # another field's: apart
             integer = f.type.startswith("int")
-            bad = [gt if gt is not None else ge - 1]
+            bad = [gt if gt is not None else ge - 1] if (ge, gt) != (None, None) else []
             if le is not None:
                 bad.append(le + 1)
+            if lt is not None:
+                bad.append(lt)
             if not integer:
                 bad.append(math.nan)
             for b in bad:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steersman.config._base import check_bounds, setting
+from steersman.config._base import check_bounds, setting, shown
 
 __all__ = ["AdmissionSettings", "PRIORITY_CLASSES"]
 
@@ -15,7 +15,9 @@ PRIORITY_CLASSES = ("critical", "standard", "sheddable", "batch")
 @dataclass(frozen=True, slots=True)
 class AdmissionSettings:
     queue_max_entries: int = setting(
-        1024, "Envoy cluster circuit breaker max_pending_requests default 1024: requests waiting for capacity"
+        1024, "Envoy cluster circuit breaker max_pending_requests default 1024: requests waiting for capacity.  At "
+        "least 1: what the gateway queue takes (steersman.control.queue.GatewayQueue; 0 would be no queue, which "
+        "it does not implement)", ge=1
     )
     rate_burst_s: float = setting(
         60.0,
@@ -50,4 +52,4 @@ class AdmissionSettings:
         check_bounds(self)
         if self.default_priority.lower() not in PRIORITY_CLASSES:  # what PriorityClass.parse takes
             raise ValueError(f"default_priority must be a priority class, one of {', '.join(PRIORITY_CLASSES)}; "
-                             f"got {self.default_priority!r}")
+                             f"got {shown(self.default_priority)}")

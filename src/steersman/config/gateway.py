@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steersman.config._base import check_bounds, setting
+from steersman.config._base import check_bounds, setting, shown
+from steersman.config._urls import http_url_problem, redis_url_problem
 
 _TEN_YEARS_S = 10 * 365 * 24 * 3600.0
 
@@ -175,8 +176,10 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         check_bounds(self)
         url = self.otlp_traces_endpoint
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise ValueError(f"otlp_traces_endpoint must be an http(s) URL (OTLP/HTTP), got {url!r}")
+        problem = None if url is None else http_url_problem(url)
+        if problem is not None:
+            raise ValueError(f"otlp_traces_endpoint {problem}{' (OTLP/HTTP)' if problem.startswith('must') else ''}, "
+                             f"got {shown(url)}")
         _check_host_and_keys(self)
 
 
@@ -191,8 +194,9 @@ def _check_host_and_keys(s: GatewaySettings) -> None:
                          "not the key itself")
     for name in ("response_store_url", "limits_url"):
         url = getattr(s, name)
-        if url and not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"{name} must be a redis://, rediss:// or unix:// URL, got {url!r}")
+        problem = redis_url_problem(url) if url else None
+        if problem is not None:
+            raise ValueError(f"{name} {problem}, got {shown(url)}")
 
 
 def _is_sha256_hex(s: str) -> bool:

@@ -18,7 +18,8 @@ class ReliabilitySettings:
         5, "Envoy outlier detection consecutive_5xx default 5 (5xx, connect failures, broken streams, timeouts)", ge=1
     )
     base_ejection_time_s: float = setting(
-        30.0, "Envoy outlier detection base_ejection_time 30 s; the real time is base x number of ejections", gt=0
+        30.0, "Envoy outlier detection base_ejection_time 30 s; the real time is base x number of ejections, at most "
+        "max_ejection_time_s", gt=0, le="max_ejection_time_s"
     )
     max_ejection_time_s: float = setting(300.0, "Envoy outlier detection max_ejection_time default 300 s", gt=0)
     ejection_decay_s: float = setting(
@@ -81,7 +82,10 @@ class ReliabilitySettings:
     )
     # ---- circuit breaker ---------------------------------------------------------------------
     breaker_window_s: float = setting(10.0, "Hystrix metrics.rollingStats.timeInMilliseconds 10000", gt=0)
-    breaker_buckets: int = setting(10, "Hystrix metrics.rollingStats.numBuckets 10", ge=1)
+    breaker_buckets: int = setting(
+        10, "Hystrix metrics.rollingStats.numBuckets 10.  At most 1,000 (design: a replica's window is a list of "
+        "buckets, and an advance clears the ones passed on the event loop; 2,000,000 stalled the loop 0.2 s an "
+        "advance, 1e9 ran out of memory; 1,000 buckets are 10 ms each of the default window)", ge=1, le=1000)
     breaker_min_requests: int = setting(20, "Hystrix circuitBreaker.requestVolumeThreshold 20", ge=1)
     breaker_error_percent: float = setting(50.0, "Hystrix circuitBreaker.errorThresholdPercentage 50", gt=0, le=100)
     breaker_open_s: float = setting(5.0, "Hystrix circuitBreaker.sleepWindowInMilliseconds 5000", gt=0)
@@ -101,7 +105,9 @@ class ReliabilitySettings:
     retry_max_attempts: int = setting(
         3, "design: 3 upstream attempts in all, between Envoy num_retries default 1 (2 attempts) and gRPC's cap of maxAttempts 5", ge=1
     )
-    retry_base_backoff_s: float = setting(0.025, "Envoy retry_policy base_interval default 25 ms")
+    retry_base_backoff_s: float = setting(
+        0.025, "Envoy retry_policy base_interval default 25 ms (Envoy: max_interval must be >= base_interval)",
+        le="retry_max_backoff_s")
     retry_max_backoff_s: float = setting(0.25, "Envoy retry_policy max_interval default 10 x base_interval")
     workflow_retry_share: float = setting(
         2.0,
@@ -113,7 +119,8 @@ class ReliabilitySettings:
         30.0, "Envoy admission control (its client-side throttling from the SRE book) sampling_window default 30 s "
         "(the SRE book's 2 minutes kept a 0.2 s burst of failures refusing attempts for 2 minutes after the engines "
         "had recovered)", gt=0)
-    throttle_buckets: int = setting(12, "design: the 30 s window kept as 12 buckets of 2.5 s", ge=1)
+    throttle_buckets: int = setting(
+        12, "design: the 30 s window kept as 12 buckets of 2.5 s; at most 1,000, as breaker_buckets", ge=1, le=1000)
     throttle_max_reject: float = setting(
         0.8, "Envoy admission control max_rejection_probability default 80%: a failing fleet still gets a fifth of "
         "the attempts, whose answers show its recovery", gt=0, le=1)
@@ -128,8 +135,10 @@ class ReliabilitySettings:
         1.0, "Hystrix circuit breaker half-open: a single trial request; here a replica back from an ejection "
         "takes 1 request at a time until it shows progress (a first token or a whole answer)", ge=1
     )
-    limit_initial: float = setting(20.0, "Netflix concurrency-limits Gradient2Limit initialLimit 20", ge=1)
-    limit_min: float = setting(3.0, "Envoy adaptive concurrency min_concurrency default 3", ge=1)
+    limit_initial: float = setting(
+        20.0, "Netflix concurrency-limits Gradient2Limit initialLimit 20 (the limit moves within [limit_min, "
+        "limit_max])", ge="limit_min", le="limit_max")
+    limit_min: float = setting(3.0, "Envoy adaptive concurrency min_concurrency default 3", ge=1, le="limit_max")
     limit_max: float = setting(200.0, "Netflix concurrency-limits Gradient2Limit maxConcurrency 200", ge=1)
     limit_smoothing: float = setting(0.2, "Netflix concurrency-limits Gradient2Limit smoothing 0.2", gt=0, le=1)
     limit_rtt_tolerance: float = setting(1.5, "Netflix concurrency-limits Gradient2Limit rttTolerance 1.5", ge=1)

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from steersman.config._base import finite_number
+from steersman.config._base import finite_number, shown
 from steersman.config.admission import AdmissionSettings
 from steersman.policy.request import PriorityClass
 
@@ -193,7 +193,7 @@ def _parse_tenants(raw: Any, where: str, settings: AdmissionSettings) -> dict[st
     for name, body in raw.items():
         if not isinstance(name, str) or not TENANT_NAME.fullmatch(name):
             raise TenantConfigError(
-                f"{where}: tenant name {name!r} must be a string of letters, digits, '_', '.', '-' (at most 64; "
+                f"{where}: tenant name {shown(name)} must be a string of letters, digits, '_', '.', '-' (at most 64; "
                 "quote names YAML reads as numbers or booleans)"
             )
         field = f"tenants.{name}"
@@ -205,7 +205,7 @@ def _parse_tenants(raw: Any, where: str, settings: AdmissionSettings) -> dict[st
             raise TenantConfigError(f"{where}: {field}: unknown field(s) {unknown}; known: {sorted(_TENANT_FIELDS)}")
         prio = body.get("priority", settings.default_priority)
         if not isinstance(prio, str):
-            raise TenantConfigError(f"{where}: {field}.priority must be a string, got {prio!r}")
+            raise TenantConfigError(f"{where}: {field}.priority must be a string, got {shown(prio)}")
         try:
             priority = PriorityClass.parse(prio)
         except ValueError as e:
@@ -225,10 +225,9 @@ def _number(body: Mapping, key: str, field: str, where: str, *, positive: bool) 
     if v is None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not finite_number(v):
-        shown = repr(v) if not isinstance(v, int) or v.bit_length() < 64 else f"an integer of {v.bit_length()} bits"
-        raise TenantConfigError(f"{where}: {field}.{key} must be a finite number, got {shown}")
+        raise TenantConfigError(f"{where}: {field}.{key} must be a finite number, got {shown(v)}")
     if (positive and v <= 0) or v < 0:
-        raise TenantConfigError(f"{where}: {field}.{key} must be {'> 0' if positive else '>= 0'}, got {v!r}")
+        raise TenantConfigError(f"{where}: {field}.{key} must be {'> 0' if positive else '>= 0'}, got {shown(v)}")
     return float(v)
 
 
@@ -251,10 +250,10 @@ def _parse_keys(raw: Any, tenants: Mapping[str, TenantConfig], where: str) -> di
         if not isinstance(digest, str) or not _HEX64.fullmatch(digest):
             raise TenantConfigError(f"{where}: {field}.sha256 must be 64 hex characters (the SHA-256 of the key, not the key)")
         if not isinstance(tenant, str):
-            raise TenantConfigError(f"{where}: {field}.tenant must be a tenant name, got {tenant!r}")
+            raise TenantConfigError(f"{where}: {field}.tenant must be a tenant name, got {shown(tenant)}")
         if tenant not in tenants:
             raise TenantConfigError(
-                f"{where}: {field}.tenant {tenant!r} is not a configured tenant; known: {sorted(tenants) or 'none'}"
+                f"{where}: {field}.tenant {shown(tenant)} is not a configured tenant; known: {sorted(tenants) or 'none'}"
             )
         digest = digest.lower()
         if digest in first:

@@ -1,15 +1,19 @@
-"""The fleet file's plumbing: its error, YAML without duplicate keys, and the custom scheduling profiles' checks
-(each profile item's shape, each plugin built alone as the profile builds it), apart from
-:mod:`steersman.fleet.config` so each stays small."""
+"""The fleet file's plumbing: its error, YAML without duplicate keys, the custom scheduling profiles' checks
+(each profile item's shape, each plugin built alone as the profile builds it), and the checks across endpoints and
+sections (an engine listed twice, replica names that collide once generated, an endpoint's URL and tensor
+parallelism, the queue against brown-out), apart from :mod:`steersman.fleet.config` so each stays small."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
-from steersman.config import SchedulerSettings
-from steersman.config._base import finite_number
+from steersman.config import DEFAULTS, AdmissionSettings, ReliabilitySettings, SchedulerSettings
+from steersman.config._base import finite_number, shown
+from steersman.config._urls import http_url_problem
 
 __all__ = ["FleetConfigError", "load_yaml", "make_profile"]
 
@@ -52,7 +56,7 @@ def _profiles(data: Any, where: str) -> dict[str, dict]:
             _plugin_item(spec["picker"], f"{at}.picker", weighted=False)
         if not isinstance(spec.get("queue_when_saturated", False), bool):
             raise FleetConfigError(f"{at}.queue_when_saturated must be true or false, got "
-                                   f"{spec['queue_when_saturated']!r}")
+                                   f"{shown(spec['queue_when_saturated'])}")
     return {str(k): v for k, v in data.items()}
 
 
@@ -70,7 +74,7 @@ def _plugin_item(item: Any, at: str, weighted: bool) -> None:
         raise FleetConfigError(f"{at}.type must name the plugin, got {_kind(item.get('type'))}")
     w = item.get("weight", 1.0)
     if isinstance(w, bool) or not isinstance(w, (int, float)) or not (finite_number(w) and w >= 0):
-        raise FleetConfigError(f"{at}.weight must be a finite number >= 0, got {w!r}")
+        raise FleetConfigError(f"{at}.weight must be a finite number >= 0, got {shown(w)}")
     params = item.get("params")
     if params is not None and not (isinstance(params, dict) and all(isinstance(k, str) for k in params)):
         raise FleetConfigError(f"{at}.params must map the plugin's parameter names to values, got {_kind(params)}")
@@ -125,6 +129,142 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # int() refuses a string of more than 4,300 digits (sys.get_int_max_str_digits)
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a number of {len(node.value):,} characters on line {node.start_mark.line + 1}: too long "
+                "to be a setting", node.start_mark) from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
 def load_yaml(text: str) -> Any:
     """``yaml.safe_load``, but a key given twice in a mapping is an error (a ``yaml.YAMLError``) naming it."""
     return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader subclass
+
+
+# ---- checks across endpoints and sections ------------------------------------------------------------------------
+
+def endpoint_url_problem(url: str) -> str | None:
+    """Why the gateway could not use ``url`` as an engine's base URL (what :meth:`steersman.http.client.Endpoint.parse`
+    reads: scheme, host, port, and a path the adapters add ``/v1/...`` and ``/metrics`` to)."""
+    problem = http_url_problem(url)
+    if problem is not None:
+        return problem
+    u = urlsplit(url)
+    if u.username is not None or u.password is not None:
+        return ("has credentials (user:password@): the gateway sends an engine none (they would go out in its Host "
+                "header) and shows the URL in /admin/fleet")
+    if u.query or u.fragment:
+        return "has a query string or fragment: the gateway drops it (it adds its own paths to the URL's)"
+    if u.path.rstrip("/").endswith("/v1"):
+        return ("ends in /v1: give the engine's base URL, without /v1 (the gateway adds /v1/chat/completions ... "
+                "and scrapes /metrics beside it: every request and scrape would 404)")
+    return None
+
+
+def engine_key(url: str) -> tuple[str, str, int, str]:
+    """What makes two endpoint URLs (each passing :func:`endpoint_url_problem`) the same engine: scheme, host,
+    port (80 / 443 when none is given) and path without its trailing slash (``localhost`` and ``127.0.0.1`` stay
+    apart: two names may well be two engines behind a proxy)."""
+    u = urlsplit(url)
+    return u.scheme, (u.hostname or "").lower(), u.port or (443 if u.scheme == "https" else 80), u.path.rstrip("/")
+
+
+def check_same_engines(urls: list[str], where: str) -> None:
+    """FleetConfigError for an engine listed twice: its replica would be counted (routed to, priced) twice."""
+    seen: dict[tuple, int] = {}
+    for i, url in enumerate(urls):
+        first = seen.setdefault(engine_key(url), i)
+        if first != i:
+            raise FleetConfigError(f"{where}: endpoints[{i}].url: the same engine as endpoints[{first}] "
+                                   f"({shown(urls[first])}); list each engine once")
+
+
+def check_names(named: list[tuple[str, str, str, str]], where: str) -> None:
+    """FleetConfigError for two replicas under one name once the unnamed ones have theirs.  ``named``: each
+    replica's (name, the key that gives it, the replica as the error names it, how its name is made), in the
+    gateway's order.  A replica's name is its identity: metrics, logs, ejections, /admin/fleet."""
+    first: dict[str, tuple[str, str]] = {}
+    for name, key, owner, how in named:
+        if name in first:
+            owner0, how0 = first[name]
+            raise FleetConfigError(f"{where}: {key}: {shown(name)} ({how}) is already the name of {owner0} ({how0}): "
+                                   "a replica's name is its identity (metrics, logs, ejections); name one otherwise")
+        first[name] = (owner, how)
+
+
+def check_endpoint_tp(tp: int, gpu: str | None, model: str | None, at: str) -> None:
+    """An endpoint's ``tp`` within the bounds a simulated replica's engine has (``engine.tensor_parallel``: >= 1, a
+    64-bit integer), and, for a known GPU and model, one vLLM can split the model over (at most its attention heads,
+    as a simulated replica's)."""
+    from steersman.sim import gpu_profile, model_profile
+    from steersman.sim.memory import check_tensor_parallel
+
+    if tp < 1:
+        raise FleetConfigError(f"{at}.tp must be >= 1, got {tp}")
+    try:
+        replace(DEFAULTS.engine, tensor_parallel=tp)
+    except ValueError as e:  # "tensor_parallel must be >= 1, got a 20-digit integer"
+        raise FleetConfigError(f"{at}.tp {str(e).removeprefix('tensor_parallel ')}") from None
+    if not (gpu and model):
+        return
+    try:
+        gpu_profile(gpu)
+        profile = model_profile(model)
+    except KeyError:
+        return  # no profile: the gateway does not model it, nothing to split
+    try:
+        check_tensor_parallel(profile, tp)
+    except ValueError as e:
+        raise FleetConfigError(f"{at}.tp: {e} ({model} on {tp} x {gpu})") from None
+
+
+def check_queue_reaches_brownout(admission: AdmissionSettings, reliability: ReliabilitySettings, named: bool,
+                                 where: str) -> None:
+    """FleetConfigError when the fleet file configures brown-out (``named``: it gives brownout_queue_depth or
+    brownout_models) and the gateway queue is shorter than the backlog that begins it: brown-out could never
+    begin.  (With brown-out left at its defaults a short queue is accepted: what it would do, shed sheddable
+    requests first, the full queue does.)"""
+    depth, cap = reliability.brownout_queue_depth, admission.queue_max_entries
+    if named and cap < depth:
+        raise FleetConfigError(f"{where}: admission.queue_max_entries ({cap}) is below reliability.brownout_queue_depth "
+                               f"({depth}): brown-out begins at that many queued requests for a model, which the queue "
+                               "never holds; lower brownout_queue_depth or raise queue_max_entries")
+
+
+def check_prefix_budget(scheduler: SchedulerSettings, replicas: int, where: str) -> None:
+    """FleetConfigError when ``scheduler.prefix_index_max_mib`` is too small for the fleet's replicas (the index
+    would refuse it at start).  The least is the index's own: what it says when given no budget at all, before it
+    allocates anything (so a twin fleet of a million replicas costs nothing here)."""
+    import re
+
+    from steersman.fleet.prefix_index import PrefixIndex
+
+    if replicas < 1:
+        return
+    try:
+        PrefixIndex(replicas, 0.0)
+    except ValueError as e:
+        least = re.search(r"at least ([0-9.]+) MiB", str(e))
+    else:
+        least = None
+    if least is not None and scheduler.prefix_index_max_mib < float(least.group(1)):
+        raise FleetConfigError(f"{where}: scheduler.prefix_index_max_mib must be at least {least.group(1)} MiB for "
+                               f"{replicas:,} replicas, got {scheduler.prefix_index_max_mib:g}")
+
+
+def resolve_policy(policy: str | None, profile: str | None, where: str) -> tuple[str, str]:
+    """The routing profile, and the key that names it: ``policy:`` and ``scheduler.profile`` are one setting (the
+    scheduler's field the gateway reads as ``policy``): either names it; both must agree."""
+    if policy is not None and profile is not None and policy != profile:
+        raise FleetConfigError(f"{where}: scheduler.profile {shown(profile)} and policy {shown(policy)} differ: both "
+                               "name the routing profile; give one")
+    if policy is not None:
+        return policy, "policy"
+    if profile is not None:
+        return profile, "scheduler.profile"
+    return DEFAULTS.scheduler.profile, "policy"

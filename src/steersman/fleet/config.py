@@ -2,7 +2,7 @@
 
 ```yaml
 gateway: {host: 127.0.0.1, port: 8080}       # any GatewaySettings field
-policy: steersman                              # a registered routing profile
+policy: steersman                              # a registered routing profile (or scheduler.profile: the same)
 scheduler:                                     # any SchedulerSettings field, SLO classes, custom profiles
   saturation_queue_depth: 5
   slo_classes: {interactive: {ttft_s: 0.45, tpot_s: 0.04}, standard: {ttft_s: 2.0, tpot_s: 0.2}, batch: {}}
@@ -41,20 +41,23 @@ from dataclasses import replace
 from types import MappingProxyType
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 import yaml
 
 from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, ReliabilitySettings, SchedulerSettings, SloClass
-from steersman.config._base import finite_number, override
+from steersman.config._base import finite_number, override, shown
+from steersman.config._urls import http_url_problem
 from steersman.control.tenants import TenantConfigError, TenantDirectory
 from steersman.sim import gpu_profile, model_profile, replica_capacity
-from steersman.fleet._config_checks import FleetConfigError, _check_plugins, _kind, _profiles, load_yaml, make_profile
+from steersman.fleet._config_checks import (FleetConfigError, _check_plugins, _kind, _profiles, check_endpoint_tp,
+                                            check_names, check_prefix_budget, check_queue_reaches_brownout,
+                                            check_same_engines, endpoint_url_problem, load_yaml, make_profile,
+                                            resolve_policy)
 from steersman.sim.memory import check_tensor_parallel
 
 __all__ = ["EndpointConfig", "SimReplicaConfig", "SimulatedFleetConfig", "FleetConfig", "load_fleet", "parse_fleet", "FleetConfigError",
-           "sim_replica_names"]
+           "sim_replica_names", "endpoint_name"]
 
 
 _SCHEDULING = ("fcfs", "priority")  # vLLM SchedulerConfig.policy values
@@ -116,7 +119,7 @@ class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
     gateway: dict[str, Any] = msgspec.field(default_factory=dict)
-    policy: str = DEFAULTS.scheduler.profile
+    policy: str | None = None  # or scheduler.profile: one setting (None: neither, DEFAULTS.scheduler.profile)
     scheduler: dict[str, Any] = msgspec.field(default_factory=dict)
     admission: dict[str, Any] = msgspec.field(default_factory=dict)
     reliability: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -146,10 +149,12 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         slo = sched_raw.pop("slo_classes", None)
         profiles = _profiles(sched_raw.pop("profiles", None), f"{where}: scheduler.profiles")
         scheduler = override(DEFAULTS.scheduler, sched_raw, f"{where}: scheduler")
+        policy, policy_key = resolve_policy(raw.policy, scheduler.profile if "profile" in sched_raw else None, where)
+        scheduler = replace(scheduler, profile=policy)
         if slo is not None:
             scheduler = replace(scheduler, slo_classes=_slo_classes(slo, f"{where}: scheduler.slo_classes"))
         if scheduler.default_slo not in scheduler.slo_classes:
-            raise FleetConfigError(f"{where}: scheduler.default_slo {scheduler.default_slo!r} is not an SLO class")
+            raise FleetConfigError(f"{where}: scheduler.default_slo {shown(scheduler.default_slo)} is not an SLO class")
         admission = override(DEFAULTS.admission, raw.admission, f"{where}: admission")
         rel_raw = dict(raw.reliability)
         brownout_models = rel_raw.pop("brownout_models", None)
@@ -169,22 +174,27 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
     if not raw.endpoints and raw.simulated is None:
         raise FleetConfigError(f"{where}: no `endpoints` and no `simulated` fleet: nothing to route to")
     _check_replicas(raw, where)
+    check_names(_replica_names(raw), where)
+    check_queue_reaches_brownout(admission, reliability, "brownout_queue_depth" in rel_raw
+                                 or bool(reliability.brownout_models), where)
+    check_prefix_budget(scheduler, len(raw.endpoints) + sum(r.count for r in raw.simulated.replicas)
+                        if raw.simulated else len(raw.endpoints), where)
     from steersman.policy import POLICIES
     from steersman.policy.decode import DECODE_PICKERS
 
     if scheduler.decode_picker not in DECODE_PICKERS:
-        raise FleetConfigError(f"{where}: unknown scheduler.decode_picker {scheduler.decode_picker!r}; "
+        raise FleetConfigError(f"{where}: unknown scheduler.decode_picker {shown(scheduler.decode_picker)}; "
                                f"known: {', '.join(DECODE_PICKERS.names())}")
-    if raw.policy not in POLICIES and raw.policy not in profiles:
+    if policy not in POLICIES and policy not in profiles:
         known = ", ".join(sorted({*POLICIES.names(), *profiles}))
-        raise FleetConfigError(f"{where}: unknown policy {raw.policy!r}; known: {known}")
+        raise FleetConfigError(f"{where}: {policy_key}: unknown policy {shown(policy)}; known: {known}")
     for name, spec in profiles.items():  # build each once now: a typo fails at startup, naming it
         _check_plugins(spec, f"{where}: scheduler.profiles.{name}", scheduler)
         try:
             make_profile(name, spec, scheduler)
         except Exception as e:  # noqa: BLE001 -- a plugin's own checks raise what they raise
             raise FleetConfigError(f"{where}: scheduler.profiles.{name}: {e}") from None
-    return FleetConfig(gateway, raw.policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants,
+    return FleetConfig(gateway, policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants,
                        MappingProxyType(profiles), reliability)
 
 
@@ -212,20 +222,23 @@ def sim_replica_names(cfg: SimulatedFleetConfig) -> list[tuple[str, SimReplicaCo
     return out
 
 
-def _url_problem(url: str) -> str | None:
-    """Why the gateway could not connect to ``url`` (what :meth:`steersman.http.client.Endpoint.parse` reads)."""
-    if not url.startswith(("http://", "https://")):
-        return "must be an http(s) URL"
-    u = urlsplit(url.rstrip("/"))
-    try:
-        port = u.port
-    except ValueError:  # "Port out of range 0-65535", "Port could not be cast to integer value as '80a'"
-        return "has a port that is not a number 1 to 65535"
-    if not u.hostname:
-        return "has no host"
-    if port == 0:
-        return "has a port that is not a number 1 to 65535"
-    return None
+def endpoint_name(i: int, ep: EndpointConfig) -> str:
+    """The name the gateway gives endpoint ``i`` of its list (``Gateway._replica``): its own, else ``replica-<i>``."""
+    return ep.name or f"replica-{i}"
+
+
+def _replica_names(raw: _FleetFile) -> list[tuple[str, str, str, str]]:
+    """Every replica's final name in the gateway's order (the endpoints, then the engine-sims it starts), with the
+    key giving it, the replica and how the name is made (:func:`check_names`)."""
+    out = [(endpoint_name(i, ep), f"endpoints[{i}].name", f"endpoints[{i}]",
+            "its name" if ep.name else "an endpoint without a name is replica-<index>")
+           for i, ep in enumerate(raw.endpoints)]
+    groups = {id(r): g for g, r in enumerate(raw.simulated.replicas)} if raw.simulated else {}
+    for name, spec in sim_replica_names(raw.simulated) if raw.simulated else ():
+        g = groups[id(spec)]
+        out.append((name, f"simulated.replicas[{g}]", f"a replica of simulated.replicas[{g}]",
+                    "a simulated replica is <pool>-<k>" if spec.pool != "default" else "a simulated replica is <gpu>-<k>"))
+    return out
 
 
 def _check_replicas(raw: _FleetFile, where: str) -> None:
@@ -237,24 +250,24 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
     loras = {m: i for i, ep in enumerate(raw.endpoints) for m in ep.lora_modules}  # adapter -> an endpoint naming it
     for i, ep in enumerate(raw.endpoints):
         at = f"{where}: endpoints[{i}]"
-        problem = _url_problem(ep.url)
+        problem = endpoint_url_problem(ep.url)
         if problem is not None:
-            raise FleetConfigError(f"{at}.url {problem}, got {ep.url!r}")
+            raise FleetConfigError(f"{at}.url {problem}, got {shown(ep.url)}")
         if ep.engine not in ADAPTERS:
-            raise FleetConfigError(f"{at}.engine: unknown engine {ep.engine!r}; known: {', '.join(ADAPTERS.names())}")
+            raise FleetConfigError(f"{at}.engine: unknown engine {shown(ep.engine)}; known: {', '.join(ADAPTERS.names())}")
         if ep.name is not None:
             if ep.name in named:
-                raise FleetConfigError(f"{at}.name {ep.name!r} is already the name of endpoints[{named[ep.name]}]")
+                raise FleetConfigError(f"{at}.name {shown(ep.name)} is already the name of endpoints[{named[ep.name]}]")
             named[ep.name] = i
         for field in ("kv_events", "kv_events_replay"):
             value = getattr(ep, field)
             if value is not None and not _zmq_endpoint(value):
                 raise FleetConfigError(f"{at}.{field} must be a ZMQ endpoint, tcp://HOST:PORT or ipc://PATH, "
-                                       f"got {value!r}")
+                                       f"got {shown(value)}")
         if ep.kv_events_replay is not None and ep.kv_events is None:
             raise FleetConfigError(f"{at}.kv_events_replay needs endpoints[{i}].kv_events (the events it replays)")
         if ep.scheduling not in _SCHEDULING:
-            raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {ep.scheduling!r}")
+            raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {shown(ep.scheduling)}")
         if ep.model_profile is not None:
             try:
                 model_profile(ep.model_profile)
@@ -262,18 +275,17 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
                 raise FleetConfigError(f"{at}.model_profile: {e.args[0]}") from None
         if ep.kv_unified is not None and ep.engine != "llamacpp":
             raise FleetConfigError(f"{at}.kv_unified is for llama-server's slots (engine: llamacpp), not {ep.engine}")
-        if ep.tp < 1:
-            raise FleetConfigError(f"{at}.tp must be >= 1, got {ep.tp}")
+        check_endpoint_tp(ep.tp, ep.gpu, ep.model_profile or (ep.models[0] if ep.models else None), at)
         if ep.lora_modules and not ep.models:
             raise FleetConfigError(f"{at}.lora_modules needs endpoints[{i}].models (the base model they adapt); "
                                    "without both, /v1/models is asked for them")
         clash = set(ep.lora_modules) & set(ep.models)
         if clash:
-            raise FleetConfigError(f"{at}.lora_modules: {sorted(clash)[0]!r} is in models too: a name is a base "
+            raise FleetConfigError(f"{at}.lora_modules: {shown(sorted(clash)[0])} is in models too: a name is a base "
                                    "model or an adapter")
         base = next((m for m in ep.models if m in loras), None)
         if base is not None:  # its prompts are keyed fleet-wide (Fleet.lora_keys): its base model's would never match
-            raise FleetConfigError(f"{at}.models: {base!r} is a LoRA adapter of endpoints[{loras[base]}] "
+            raise FleetConfigError(f"{at}.models: {shown(base)} is a LoRA adapter of endpoints[{loras[base]}] "
                                    "(lora_modules): a name is a base model or an adapter across the fleet")
         price = ep.price_per_hour
         if price is not None and not (math.isfinite(price) and price >= 0):
@@ -283,6 +295,7 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
                 gpu_profile(ep.gpu)
             except KeyError as e:  # its price comes from the GPU's profile
                 raise FleetConfigError(f"{at}.gpu: {e.args[0]} (or give price_per_hour for a GPU without a profile)") from None
+    check_same_engines([ep.url for ep in raw.endpoints], where)
     sim = raw.simulated
     if sim is None:
         return
@@ -295,9 +308,9 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
         if r.tp < 1:
             raise FleetConfigError(f"{at}.tp must be >= 1, got {r.tp}")
         if r.scheduling not in _SCHEDULING:
-            raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {r.scheduling!r}")
+            raise FleetConfigError(f"{at}.scheduling must be fcfs or priority, got {shown(r.scheduling)}")
         if r.role not in ("both", "prefill", "decode"):
-            raise FleetConfigError(f"{at}.role must be both, prefill or decode, got {r.role!r}")
+            raise FleetConfigError(f"{at}.role must be both, prefill or decode, got {shown(r.role)}")
         for key, profile in (("gpu", gpu_profile), ("model", model_profile)):
             try:
                 profile(getattr(r, key))
@@ -309,19 +322,22 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
             replica_capacity(gpu_profile(r.gpu), model_profile(r.model), engine)
         except ValueError as e:
             raise FleetConfigError(f"{at} ({r.model} on {r.tp} x {r.gpu}): {e}") from None
+        if (r.served_model_name or r.model) in r.lora_modules:  # engine-sim refuses it at start (as the endpoints')
+            raise FleetConfigError(f"{at}.lora_modules: {shown(r.served_model_name or r.model)} is the model's own name "
+                                   "(served_model_name, else model): a name is a base model or an adapter")
     for name, spec in sim_replica_names(sim):
         if name in named:
             group = next(i for i, r in enumerate(sim.replicas) if r is spec)
-            raise FleetConfigError(f"{where}: endpoints[{named[name]}].name {name!r} is the name of a simulated replica "
+            raise FleetConfigError(f"{where}: endpoints[{named[name]}].name {shown(name)} is the name of a simulated replica "
                                    f"(simulated.replicas[{group}]); name the endpoint otherwise")
     roles = {(r.model, r.role) for r in sim.replicas}
     for model, role in sorted(roles):
         other = "decode" if role == "prefill" else "prefill"
         if role != "both" and (model, other) not in roles:
             raise FleetConfigError(f"{where}: simulated.replicas: {model} has {role} replicas but no {other} ones")
-    if sim.otlp_traces_endpoint is not None and not sim.otlp_traces_endpoint.startswith(("http://", "https://")):
-        raise FleetConfigError(f"{where}: simulated.otlp_traces_endpoint must be an http(s) URL, "
-                               f"got {sim.otlp_traces_endpoint!r}")
+    problem = None if sim.otlp_traces_endpoint is None else http_url_problem(sim.otlp_traces_endpoint)
+    if problem is not None:
+        raise FleetConfigError(f"{where}: simulated.otlp_traces_endpoint {problem}, got {shown(sim.otlp_traces_endpoint)}")
     link = sim.kv_link_gbit_s
     if link is not None and not link > 0:
         raise FleetConfigError(f"{where}: simulated.kv_link_gbit_s must be > 0, got {link}")
@@ -365,7 +381,7 @@ def _slo_classes(data: Any, where: str) -> MappingProxyType:
         for f in ("ttft_s", "tpot_s"):
             v = body.get(f)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not (finite_number(v) and v > 0)):
-                raise FleetConfigError(f"{where}.{name}.{f} must be a positive number of seconds or null, got {v!r}")
+                raise FleetConfigError(f"{where}.{name}.{f} must be a positive number of seconds or null, got {shown(v)}")
             vals.append(None if v is None else float(v))
         out[str(name)] = SloClass(*vals)
     return MappingProxyType(out)
