@@ -140,13 +140,27 @@ def test_an_endpoint_tp_that_splits_or_cannot_be_checked_loads():
 @pytest.mark.parametrize("section, values, field, says", [
     ("reliability", {"limit_min": 100, "limit_max": 10}, "reliability.limit_min", "must be <= limit_max (10), got 100"),
     ("reliability", {"limit_initial": 300}, "reliability.limit_initial", "<= limit_max (200), got 300"),
-    ("reliability", {"limit_initial": 2}, "reliability.limit_initial", ">= limit_min (3), got 2"),
+    ("reliability", {"limit_initial": 2, "limit_min": 3}, "reliability.limit_initial", ">= limit_min (3), got 2"),
     ("reliability", {"base_ejection_time_s": 400}, "reliability.base_ejection_time_s", "<= max_ejection_time_s (300)"),
     ("reliability", {"retry_base_backoff_s": 1}, "reliability.retry_base_backoff_s", "<= retry_max_backoff_s (0.25)"),
     ("admission", {"queue_max_entries": 0}, "admission.queue_max_entries", ">= 1, got 0"),
 ])
 def test_settings_outside_each_other_are_refused_naming_both(section, values, field, says):
     _refused(_eps({}, **{section: values}), field, says)
+
+
+@pytest.mark.parametrize("values, want", [
+    ({"limit_max": 16}, {"limit_initial": 16.0, "limit_min": 3.0}),  # was refused: limit_initial 20, never written
+    ({"limit_min": 30}, {"limit_initial": 30.0}),
+    ({"max_ejection_time_s": 10}, {"base_ejection_time_s": 10.0}),
+    ({"retry_max_backoff_s": 0.01}, {"retry_base_backoff_s": 0.01}),
+])
+def test_a_setting_left_at_its_default_follows_the_bound_the_file_sets(values, want):
+    """A setting bounded by another that the file sets, left at its default outside that bound, follows it (review,
+    thirty-fifth session: `limit_max: 16` alone was refused for limit_initial 20, a key the file never wrote); a
+    setting the file writes outside a bound stays an error naming it (above)."""
+    rel = parse_fleet(_eps({}, reliability=values)).reliability
+    assert {k: getattr(rel, k) for k in want} == want
 
 
 def test_a_queue_shorter_than_the_brownout_depth_is_refused_when_brownout_is_configured():

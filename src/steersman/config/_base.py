@@ -152,10 +152,33 @@ def value_ranges(obj: Any, prefix: str = "") -> dict[str, str]:
     return out
 
 
+def _follow(settings: Any, fields: dict[str, dataclasses.Field], changes: dict[str, Any]) -> None:
+    """Move the fields ``changes`` does not set to the bounds a field it sets puts on them (see :func:`override`)."""
+    given = set(changes)
+    for _ in range(len(fields)):  # a chain (limit_initial within [limit_min, limit_max]) settles in a few passes
+        moved = False
+        for f in fields.values():
+            for key, bound in zip(("ge", "gt", "le", "lt"), _bounds(f)):
+                if not isinstance(bound, str) or f.name in given or bound not in given:
+                    continue  # a number; a field written (checked as written); a bound left at its default
+                v, other = changes.get(f.name, getattr(settings, f.name)), changes.get(bound, getattr(settings, bound))
+                if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (v, other)):
+                    continue
+                if not _OUTSIDE[key][0](v, other):
+                    continue
+                changes[f.name] = type(getattr(settings, f.name))(other)  # (ge/le: to it)
+                moved = True
+        if not moved:
+            return
+
+
 def override(settings: Any, data: Any, where: str) -> Any:
     """A copy of the frozen ``settings`` with the fields in ``data`` (a mapping) replaced.
 
-    Unknown fields and wrong types raise ``ValueError`` naming ``where.field``.
+    Unknown fields and wrong types raise ``ValueError`` naming ``where.field``.  A field bounded by another
+    (``limit_initial <= limit_max``) that ``data`` leaves at its default while it sets the other follows it to the
+    bound (a file with ``limit_max: 16`` gets ``limit_initial`` 16, not an error about a key it never wrote); a field
+    ``data`` sets outside a bound is an error naming it, whether the other was written or not.
     """
     import msgspec
 
@@ -174,6 +197,7 @@ def override(settings: Any, data: Any, where: str) -> Any:
             changes[name] = msgspec.convert(value, hints.get(name, Any), strict=False)
         except msgspec.ValidationError as e:
             raise ValueError(f"{where}.{name}: {e}") from None
+    _follow(settings, fields, changes)
     try:
         return dataclasses.replace(settings, **changes)  # the class's __post_init__ checks the values
     except ValueError as e:

@@ -61,7 +61,7 @@ def _fleet(replicas: int, speedup: float, max_num_seqs: int, tenants: dict[str, 
     sims = [SimServerConfig(speedup=speedup, port=0, engine=EngineSettings(max_num_seqs=max_num_seqs)) for _ in range(replicas)]
     # the engines run max_num_seqs sequences at once, which the gateway's fleet model does not know: the
     # adaptive concurrency limit starts at twice that (an operator sets it from the engine's batch size)
-    rel = {**_reliability(speedup), "limit_initial": 2.0 * max_num_seqs}
+    rel = {**_reliability(speedup), "limit_initial": 2.0 * max_num_seqs, "limit_max": max(200.0, 2.0 * max_num_seqs)}
     extra = {"tenants": {t: {"priority": p} for t, p in tenants.items()}, "api_keys": entries,
              "scheduler": {"slo_classes": _slo(speedup), **({} if queue_depth is None else {"saturation_queue_depth": queue_depth})},
              "reliability": rel, "admission": {} if queue_max is None else {"queue_max_entries": queue_max}}
