@@ -266,7 +266,8 @@ def test_a_redis_url_redis_py_would_refuse_or_misread_is_refused_naming_its_key(
 
 def test_redis_urls_redis_py_reads_as_written_load():
     for url in ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "rediss://c:6380/2",
-                "unix:///run/redis.sock", "redis://[::1]:6379/3"):
+                "unix:///run/redis.sock", "redis://[::1]:6379/3",
+                "redis://127.0.0.1:6379/steersman?db=3", "redis://127.0.0.1:6379/%31"):  # (redis-py: db 3, db 1)
         assert parse_fleet(_eps({}, gateway={"limits_url": url})).gateway.limits_url == url
 
 
@@ -333,3 +334,23 @@ def test_reliability_bounds_between_fields_hold_for_the_defaults():
     ReliabilitySettings()  # the defaults keep them
     s = dataclasses.replace(DEFAULTS.reliability, limit_min=1, limit_initial=1, limit_max=1)  # all equal: fine
     assert s.limit_initial == 1
+
+
+def test_a_llamacpp_endpoint_splits_over_any_gpu_count():
+    """vLLM's head-count rule is vLLM's: llama.cpp splits a model over GPUs by layers or rows (review, thirty-fifth
+    session: `engine: llamacpp, tp: 3` was refused "as vLLM requires")."""
+    assert parse_fleet(_eps({"engine": "llamacpp", "gpu": "L40S", "models": ["llama-3.1-8b"], "tp": 3})).endpoints[0].tp == 3
+    _refused(_eps({"engine": "vllm", "gpu": "L40S", "models": ["llama-3.1-8b"], "tp": 3}), "endpoints[0].tp")
+
+
+def test_the_twin_simulates_an_endpoint_under_its_model_profile_and_the_gateways_name():
+    """An endpoint serving its model under another name (`model_profile`) was skipped by the twin (it looked the
+    served name up as the model), and an unnamed endpoint was named by its place among the twin's plans, not the
+    gateway's replica-<index> (review, thirty-fifth session)."""
+    from steersman.twin.fleet import TwinFleet
+
+    cfg = parse_fleet({"endpoints": [
+        {"name": "cpu", "url": "http://127.0.0.1:1", "engine": "llamacpp"},  # no GPU: not simulated
+        {"url": "http://127.0.0.1:2", "gpu": "H100", "models": ["prod-chat"], "model_profile": "llama-3.1-8b"}]})
+    (plan,) = TwinFleet.from_config(cfg).plans
+    assert (plan.name, plan.model, plan.served_model_name) == ("replica-1", "llama-3.1-8b", "prod-chat")

@@ -153,24 +153,48 @@ def test_brown_out_moves_and_sheds_sheddable_traffic_in_the_twin_as_live():
     assert (c["http"] == 503).sum() >= twin.brownout_counts["shed"]
 
 
-def test_a_replica_ejected_for_its_latency_has_its_requests_moved_as_live():
+def test_a_replica_ejected_for_its_latency_has_its_requests_moved_as_live(monkeypatch):
     """The live retry loop moves an ejected replica's attempts elsewhere (cancelled before their first token,
     continued after it); the twin never set the guard's callback, and a slowed replica kept every request it held
     to its end (architecture audit, thirty-fifth session)."""
     from dataclasses import replace
 
     from steersman.config import DEFAULTS
+    from steersman.twin.replica import SimReplica
     from steersman.twin.results import OK
 
     rel = replace(DEFAULTS.reliability, latency_floor_ttft_s=0.0, latency_floor_tpot_s=0.0)
     fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(3)])
     twin = Twin(fleet, Poisson(40.0, 800), make_policy("least-request"), cfg=TwinConfig(reliability=rel))
     twin.schedule_drill(4.0, lambda tw: tw.slow(0, 20.0))
+    crossed = []  # (replica, request) where a replica's run reported a request now on another one
+    real = SimReplica.wake
+
+    def wake(rep, now):
+        res, nxt = real(rep, now)
+        for rid in (*res.first_tokens, *res.finished):
+            r = twin._reqs.get(rid)
+            if r is not None and r.started.replica != rep.index:
+                crossed.append((rep.index, rid))
+        return res, nxt
+
+    monkeypatch.setattr(SimReplica, "wake", wake)
     c = twin.run().arrays()
     assert twin.fleet.guard.outliers.reasons[0], "the slowed replica was ejected"
     e2e = c["finish"] - c["arrival"]
     assert e2e.max() < 5.0, e2e.max()  # was 17 s: what the slowed replica held finished there, 20x slower
-    assert twin.evicted > 0
+    assert twin.evicted > 0 and not crossed, crossed[:3]  # no result of a cancelled attempt reached its next one
     counts = twin.retries.retrier.counts
     assert counts.get("evicted") + counts.get("continued") >= twin.evicted
     assert (c["status"] == OK).all()  # every moved request was served elsewhere
+
+
+def test_a_dead_replica_is_not_read_by_a_scrape_deferred_before_it_died():
+    """A read deferred to its interval's end ran on an engine killed meanwhile and stamped it idle and fresh; live,
+    a dead engine's scrapes fail and its last reading stays (review, thirty-fifth session)."""
+    for at in (2.0, 2.013, 2.029, 2.041):
+        fleet = TwinFleet([ReplicaPlan(f"h{i}", "H100", "llama-3.1-8b") for i in range(2)])
+        twin = Twin(fleet, Poisson(40.0, 200), make_policy("least-request"), cfg=TwinConfig())
+        twin.schedule_drill(at, lambda tw: tw.kill(0))
+        twin.run()
+        assert twin.fleet.live[S.SCRAPED_AT][0] <= at, at

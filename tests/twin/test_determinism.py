@@ -60,10 +60,7 @@ def _simulate(tmp: Path, name: str, hashseed: int) -> subprocess.Popen:
 
 
 def _results(tmp: Path, name: str, proc: subprocess.Popen) -> dict:
-    try:
-        _, err = proc.communicate(timeout=240)
-    finally:
-        proc.kill()
+    _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err.decode(errors="replace")[-2000:]
     res = json.loads((tmp / name / "results.json").read_text())
     res["meta"].pop("wall_s")
@@ -74,7 +71,12 @@ def test_same_seed_same_results_whatever_gc_and_hash_seed(tmp_path):
     (tmp_path / "fleet.yaml").write_text(FLEET)
     (tmp_path / "wl.yaml").write_text(WORKLOAD)
     procs = {name: _simulate(tmp_path, name, seed) for name, seed in zip(GC_SETTINGS, (1, 2, 3))}
-    runs = {name: _results(tmp_path, name, proc) for name, proc in procs.items()}
+    try:
+        runs = {name: _results(tmp_path, name, proc) for name, proc in procs.items()}
+    finally:  # one that failed or timed out leaves none of the others running
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
     base = runs["default"]
     run = base["policies"]["steersman"]["1"]
     assert run["requests"] > 1000 and run["completed"] > 0  # a real run, not an empty one

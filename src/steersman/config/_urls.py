@@ -4,7 +4,7 @@ once the gateway starts."""
 
 from __future__ import annotations
 
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, parse_qs, unquote, urlsplit
 
 __all__ = ["http_url_problem", "redis_url_problem", "split_url"]
 
@@ -45,8 +45,8 @@ def redis_url_problem(url: str) -> str | None:
     u, problem = split_url(url)
     if u is None:
         return problem
-    if u.scheme != "unix":
-        db = u.path.replace("/", "")  # as redis-py reads it, which takes database 0 for any other path
+    if u.scheme != "unix" and "db" not in parse_qs(u.query):  # (redis-py takes ?db= first, and then the path)
+        db = unquote(u.path).replace("/", "")  # as redis-py reads it, which takes database 0 for any other path
         if db and not (db.isascii() and db.isdigit()):
             return (f"has the path {u.path[:40]!r}, not a database number (redis://host:port/<db>, e.g. /0): redis-py "
                     "would use database 0")

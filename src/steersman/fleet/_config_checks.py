@@ -197,10 +197,10 @@ def check_names(named: list[tuple[str, str, str, str]], where: str) -> None:
         first[name] = (owner, how)
 
 
-def check_endpoint_tp(tp: int, gpu: str | None, model: str | None, at: str) -> None:
+def check_endpoint_tp(tp: int, gpu: str | None, model: str | None, at: str, engine: str = "vllm") -> None:
     """An endpoint's ``tp`` within the bounds a simulated replica's engine has (``engine.tensor_parallel``: >= 1, a
     64-bit integer), and, for a known GPU and model, one vLLM can split the model over (at most its attention heads,
-    as a simulated replica's)."""
+    as a simulated replica's); not for llama.cpp, which splits a model over GPUs by layers or rows."""
     from steersman.sim import gpu_profile, model_profile
     from steersman.sim.memory import check_tensor_parallel
 
@@ -210,7 +210,7 @@ def check_endpoint_tp(tp: int, gpu: str | None, model: str | None, at: str) -> N
         replace(DEFAULTS.engine, tensor_parallel=tp)
     except ValueError as e:  # "tensor_parallel must be >= 1, got a 20-digit integer"
         raise FleetConfigError(f"{at}.tp {str(e).removeprefix('tensor_parallel ')}") from None
-    if not (gpu and model):
+    if not (gpu and model) or engine == "llamacpp":
         return
     try:
         gpu_profile(gpu)

@@ -275,7 +275,7 @@ def _check_replicas(raw: _FleetFile, where: str) -> None:
                 raise FleetConfigError(f"{at}.model_profile: {e.args[0]}") from None
         if ep.kv_unified is not None and ep.engine != "llamacpp":
             raise FleetConfigError(f"{at}.kv_unified is for llama-server's slots (engine: llamacpp), not {ep.engine}")
-        check_endpoint_tp(ep.tp, ep.gpu, ep.model_profile or (ep.models[0] if ep.models else None), at)
+        check_endpoint_tp(ep.tp, ep.gpu, ep.model_profile or (ep.models[0] if ep.models else None), at, ep.engine)
         if ep.lora_modules and not ep.models:
             raise FleetConfigError(f"{at}.lora_modules needs endpoints[{i}].models (the base model they adapt); "
                                    "without both, /v1/models is asked for them")

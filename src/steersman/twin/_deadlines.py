@@ -36,10 +36,10 @@ class Deadlines:
             return  # it ended, failed or moved meanwhile (a retry watches its own)
         del self._reqs[sim.req_id]
         i = r.started.replica
-        wake = self.tf.replicas[i].abort(sim.req_id, self.clock.t)
+        wake, unsent = self.tf.replicas[i].abort(sim.req_id, self.clock.t)
         if wake is not None:
             self._wake_at(wake, i)
-        self._past_deadline(r, sim.num_output)
+        self._past_deadline(r, sim.num_output - unsent)
 
     def _past_deadline(self, r, output_tokens: int) -> None:
         cost = self.accounting.ended(r.started, output_tokens, False)  # what it generated was paid for

@@ -28,9 +28,11 @@ class Eviction:
         for r in held:
             sim = r.sim
             del self._reqs[sim.req_id]
-            wake = rep.abort(sim.req_id, now)
+            wake, unsent = rep.abort(sim.req_id, now)
             if wake is not None:
                 self._wake_at(wake, i)
-            r.delivered += sim.num_output  # tokens its client already has (the twin's requests stream)
+            r.delivered += sim.num_output - unsent  # tokens its client already has (the twin's requests stream)
             self.evicted += 1
-            self._failed(r, continue_only=r.delivered > 0, evicted=True)
+            # as live: an attempt that sent nothing is the gateway's own abandoning (no verdict on the replica); a
+            # stream it drops to continue elsewhere fails there as any broken stream (Pipeline.evict)
+            self._failed(r, continue_only=r.delivered > 0, evicted=r.delivered == 0)

@@ -205,7 +205,8 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
                 self._deadline(*data)
             elif kind == _SCRAPE:
                 self._scrape_due[data] = False
-                self._scrape(data, force=True)
+                if not self.tf.replicas[data].dead:  # (a dead engine's scrapes fail: its last reading stays, as live)
+                    self._scrape(data, force=True)
             else:
                 data(self)
         self.rec.close(self.clock.t, self.fleet, stop)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from steersman.config import DEFAULTS, AdmissionSettings, EngineSettings, SchedulerSettings
-from steersman.fleet.config import FleetConfig, FleetConfigError
+from steersman.fleet.config import FleetConfig, FleetConfigError, endpoint_name
 from steersman.fleet.kv_events import KvEventMirror
 from steersman.fleet.prefix_index import PrefixIndex
 from steersman.policy.decode import decode_model
@@ -73,14 +73,15 @@ class TwinFleet:
                     plans.append(ReplicaPlan(f"{spec.pool}-{gpu.lower()}-{len(plans)}", spec.gpu, spec.model, spec.tp,
                                              spec.pool, spec.served_model_name, role=spec.role,
                                              engine=_engine(spec.scheduling)))
-        for ep in cfg.endpoints:
+        for i, ep in enumerate(cfg.endpoints):
             if ep.gpu and ep.models:
+                model = ep.model_profile or ep.models[0]  # (served as models[0] under another name)
                 try:
-                    model_profile(ep.models[0])
+                    model_profile(model)
                 except KeyError:
                     continue
-                plans.append(ReplicaPlan(ep.name or f"replica-{len(plans)}", ep.gpu, ep.models[0], ep.tp, ep.pool,
-                                         engine=_engine(ep.scheduling)))
+                plans.append(ReplicaPlan(endpoint_name(i, ep), ep.gpu, model, ep.tp, ep.pool,
+                                         ep.models[0] if ep.model_profile else None, engine=_engine(ep.scheduling)))
         link = cfg.simulated.kv_link_gbit_s if cfg.simulated is not None else None
         return cls(plans, cfg.scheduler, cfg.admission, link if link is not None else DEFAULTS.engine.kv_link_gbit_s)
 

@@ -85,10 +85,22 @@ class SimReplica:
         self.engine.add(req)
         return self._resume(now, cut)
 
-    def abort(self, req_id: str, now: float) -> float | None:
+    def abort(self, req_id: str, now: float) -> tuple[float | None, int]:
+        """Cancel request ``req_id`` at ``now``: (a wake time to schedule or None, the tokens of the step in
+        progress in its ``num_output``, 0 or 1, which its client never got: as :meth:`kill` counts them).  Its
+        results in the run in progress (a first token, its end) are dropped: the step they belong to has not ended."""
         cut = self._cut(now)
+        run = self._run
+        unsent = 0
+        sim = next((r for r in self.engine.running() if r.req_id == req_id), None)
+        if run is not None and run.end > now and sim is not None and sim.num_output \
+                and sim.num_computed == sim.prompt_len + sim.num_output - 1:
+            unsent = 1  # (applied when its run started, as a step is: its token is still being computed)
+        if run is not None and run.end > now:
+            run.first_tokens = [r for r in run.first_tokens if r != req_id]
+            run.finished = [r for r in run.finished if r != req_id]
         self.engine.abort(req_id)
-        return self._resume(now, cut)
+        return self._resume(now, cut), unsent
 
     def set_slowdown(self, factor: float, now: float) -> float | None:
         """A degraded GPU: every step from the next boundary on lasts ``factor`` x its normal time."""
