@@ -14,7 +14,7 @@ replica of the model is full.  A moved request is rewritten to the cheaper model
 its answers carry ``x-steersman-served-model``, and it is counted in
 ``steersman:brownout_total{action="moved"}``; a refused one gets 503 with
 ``Retry-After`` (``action="shed"``).  A request the cheaper model cannot hold
-(:func:`holds`) stays on its own model.
+(:func:`steersman.reliability.brownout_gate.holds`) stays on its own model.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from steersman.pipeline.forward import with_model
 from steersman.pipeline.outcome import CONTINUE, Fail, Outcome, Retry
 from steersman.policy.request import PriorityClass
 from steersman.reliability.brownout import MoveTo, Shed
-from steersman.reliability.brownout_gate import BrownoutGate, full, holds
+from steersman.reliability.brownout_gate import BrownoutGate
 from steersman.text.lora import rekeyed
 
-__all__ = ["Brownout", "full", "holds", "SERVED_MODEL"]
+__all__ = ["Brownout", "SERVED_MODEL"]
 
 SERVED_MODEL = b"x-steersman-served-model"  # the model that answered, when brown-out moved the request
 
