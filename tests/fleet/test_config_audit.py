@@ -354,3 +354,9 @@ def test_the_twin_simulates_an_endpoint_under_its_model_profile_and_the_gateways
         {"url": "http://127.0.0.1:2", "gpu": "H100", "models": ["prod-chat"], "model_profile": "llama-3.1-8b"}]})
     (plan,) = TwinFleet.from_config(cfg).plans
     assert (plan.name, plan.model, plan.served_model_name) == ("replica-1", "llama-3.1-8b", "prod-chat")
+
+
+def test_a_model_browning_out_to_itself_is_refused():
+    """Brown-out would shed what it was meant to move (config audit, thirty-fifth session)."""
+    _refused(_eps({}, reliability={"brownout_models": {"llama-3.1-8b": "llama-3.1-8b"}}),
+             "reliability.brownout_models.llama-3.1-8b", "not to itself")

@@ -164,6 +164,10 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                             "no request (add api_keys: `steersman keys create --tenant NAME`)", ", ".join(unused))
         check = getattr(self.response_store, "check", None)  # a store with IO says at start whether it answers
         await self._discover_models()
+        for model, cheaper in self.cfg.reliability.brownout_models.items():
+            if self.fleet.has_model(model) and not self.fleet.has_model(cheaper):
+                log.warning("reliability.brownout_models maps %r to %r, which no replica serves: in brown-out %r's "
+                            "sheddable requests are shed, not moved", model, cheaper, model)
         if check is not None:
             await check()
         if self.settings.limits_url:

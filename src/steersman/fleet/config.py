@@ -362,6 +362,8 @@ def _model_map(data: Any, where: str) -> MappingProxyType:
     for k, v in data.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise FleetConfigError(f"{where}.{k}: model names are strings, got {_kind(k if not isinstance(k, str) else v)}")
+        if k == v:  # (brown-out would shed what it was meant to move)
+            raise FleetConfigError(f"{where}.{k}: a model browns out to another, cheaper model, not to itself")
     return MappingProxyType(dict(data))
 
 
