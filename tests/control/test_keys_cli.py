@@ -41,9 +41,12 @@ def test_each_call_makes_a_new_key():
 
 
 def test_tenant_names_yaml_would_misread_are_quoted():
-    r = CliRunner().invoke(_app(), ["keys", "create", "--tenant", "123"])
-    line = next(ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("- {sha256"))
-    assert yaml.safe_load(line)[0]["tenant"] == "123"
+    from steersman.fleet.config import load_yaml
+
+    for name in ("123", "1e3"):  # (1e3: a number to the fleet file's YAML 1.2 reading, a string to YAML 1.1)
+        r = CliRunner().invoke(_app(), ["keys", "create", "--tenant", name])
+        line = next(ln.strip() for ln in r.stdout.splitlines() if ln.strip().startswith("- {sha256"))
+        assert load_yaml(line)[0]["tenant"] == name
 
 
 def test_bad_or_missing_tenant_is_a_usage_error():

@@ -360,3 +360,17 @@ def test_a_model_browning_out_to_itself_is_refused():
     """Brown-out would shed what it was meant to move (config audit, thirty-fifth session)."""
     _refused(_eps({}, reliability={"brownout_models": {"llama-3.1-8b": "llama-3.1-8b"}}),
              "reliability.brownout_models.llama-3.1-8b", "not to itself")
+
+
+def test_numbers_in_a_fleet_file_are_read_as_yaml_1_2_reads_them():
+    """PyYAML reads YAML 1.1: `port: 1:30` was port 90 (base 60), `port: 010` port 8 (octal), and `1e-3` a string one
+    section took and another refused (config audit, thirty-fifth session)."""
+    from steersman.fleet._config_checks import load_yaml
+
+    got = load_yaml("a: 1:30\nb: 010\nc: 1e-3\nd: 1_000\ne: 0x1F\nf: .inf\ng: yes\nh: '010'\n")
+    assert got == {"a": "1:30", "b": 10, "c": 0.001, "d": 1000, "e": 31, "f": float("inf"), "g": True, "h": "010"}
+    with pytest.raises(FleetConfigError, match="gateway.port"):
+        parse_fleet(load_yaml("gateway: {port: 1:30}\nendpoints: [{url: 'http://127.0.0.1:1', models: [m]}]\n"))
+    cfg = parse_fleet(load_yaml("scheduler: {slo_classes: {interactive: {ttft_s: 5e-1, tpot_s: 4e-2}, batch: {}}, "
+                                "default_slo: batch}\nendpoints: [{url: 'http://127.0.0.1:1', models: [m]}]\n"))
+    assert cfg.scheduler.slo_classes["interactive"].ttft_s == 0.5

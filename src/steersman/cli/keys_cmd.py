@@ -38,10 +38,13 @@ def register(app: typer.Typer) -> None:
 
 
 def _plain_yaml_string(s: str) -> bool:
-    """True if ``s`` reads back from YAML unquoted as the same string (not a number, bool or null)."""
+    """True if ``s`` reads back unquoted as the same string (not a number, bool or null) from a fleet file, whose loader
+    reads numbers as YAML 1.2 does (``1e3`` is a number there, a string to YAML 1.1)."""
     import yaml
 
+    from steersman.fleet.config import load_yaml
+
     try:
-        return yaml.safe_load(s) == s
+        return load_yaml(s) == s
     except yaml.YAMLError:
         return False

@@ -5,6 +5,7 @@ parallelism, the queue against brown-out), apart from :mod:`steersman.fleet.conf
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
@@ -105,9 +106,21 @@ def _kind(value: Any) -> str:
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|[-+]?0o[0-7]+|[-+]?0x[0-9a-fA-F]+)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:\.[0-9]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)"
+                    r"|\.(?:nan|NaN|NAN))$")
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML's safe loader refusing a key given twice in one mapping (PyYAML keeps the last one: a second
-    ``gateway:`` section silently replaced the first)."""
+    ``gateway:`` section silently replaced the first), and reading numbers as YAML 1.2 does (PyYAML is YAML 1.1:
+    ``port: 1:30`` was 90, base 60, ``port: 010`` was 8, octal, and ``1e-3`` a string some sections took and others
+    refused).  Decimal integers (``_`` between digits allowed), ``0o`` octal, ``0x`` hex; floats with an exponent
+    with or without a dot; booleans as before."""
+
+    yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag not in (_INT_TAG, _FLOAT_TAG)]
+                               for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -130,8 +143,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
     def construct_yaml_int(self, node):
+        value = self.construct_scalar(node).replace("_", "")
         try:
-            return super().construct_yaml_int(node)
+            if value.lstrip("+-").startswith(("0o", "0x")):
+                sign = -1 if value.startswith("-") else 1
+                digits = value.lstrip("+-")
+                return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
+            return int(value, 10)
         except ValueError:  # int() refuses a string of more than 4,300 digits (sys.get_int_max_str_digits)
             raise yaml.constructor.ConstructorError(
                 None, None, f"a number of {len(node.value):,} characters on line {node.start_mark.line + 1}: too long "
@@ -139,6 +157,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+
+
+for _first in "-+0123456789":  # YAML 1.2 core schema's int and float, as a YAML 1.2 parser reads a fleet file
+    _UniqueKeyLoader.add_implicit_resolver(_INT_TAG, _INT, list(_first))
+    _UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list(_first))
+_UniqueKeyLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT, list("."))
 
 
 def load_yaml(text: str) -> Any:
