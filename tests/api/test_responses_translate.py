@@ -237,10 +237,10 @@ def test_a_whole_completion_becomes_a_response_object():
 
 
 def test_the_store_keeps_the_most_recently_used_within_its_bytes_and_per_tenant():
-    s = MemoryResponseStore(3000, 3600.0, FakeClock())
+    s = MemoryResponseStore(2500, 3600.0, FakeClock())  # two of these entries, each record and its ~440 B held
     for i in range(10):
         s.put("t", {"id": f"r{i}", "pad": "x" * 400}, [{"role": "user", "content": "y" * 100}])
-    assert 0 < s.bytes <= 3000 and s.lookup("t", "r9") is not None and s.lookup("t", "r0") is None
+    assert 0 < s.bytes <= 2500 and s.lookup("t", "r9") is not None and s.lookup("t", "r0") is None
     kept = [i for i in range(10) if s.lookup("t", f"r{i}") is not None]
     s.lookup("t", f"r{kept[0]}")  # used: the next put evicts another one
     s.put("t", {"id": "new", "pad": "x" * 400}, [])

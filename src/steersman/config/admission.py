@@ -29,7 +29,8 @@ class AdmissionSettings:
         "standard", "issue #3: a tenant (or open mode) that names no priority class gets the middle band 'standard'"
     )
     workflow_max_entries: int = setting(
-        100_000, "bounded memory: 100k tracked workflows at ~0.4 KB each is ~40 MB; the least recently used go first",
+        100_000, "bounded memory: 100k tracked workflows at ~0.65 KB each (ids of the longest allowed, 256 characters; "
+        "measured, memory audit) is ~65 MB; the least recently used go first",
         ge=1,
     )
     workflow_idle_ttl_s: float = setting(

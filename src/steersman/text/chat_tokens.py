@@ -34,7 +34,8 @@ from steersman.text.tokenizer import tokenize_array
 
 __all__ = ["MessageTokens", "tokenize_chat", "tokenize_chat_array"]
 
-_ENTRY_BYTES = 200  # dict slot, the (role, text) key tuple and the ids array's header, per entry
+_ENTRY_BYTES = 320  # per entry: the ordered dict's slot and node, the (role, text) key tuple, the ids array's header (measured:
+# tests/text/test_cache_memory.py; 200 undercounted short messages ~1.2x)
 
 
 class MessageTokens:
