@@ -19,6 +19,7 @@ PINNED = {
     "gateway.host": "127.0.0.1",
     "gateway.port": 8080,
     "gateway.max_body_bytes": 10 * 1024 * 1024,
+    "gateway.max_buffered_body_mib": 256.0,
     "gateway.max_tokens_limit": 131072,
     "gateway.max_logprobs": 20,
     "gateway.max_completion_sequences": 2048,

@@ -397,3 +397,43 @@ async def test_a_request_arriving_behind_one_being_served_keeps_its_read_deadlin
     w.close()
     assert out.count(b"HTTP/1.1 200") == 2 and b'"len":5' in out, out
     await srv.stop()
+
+
+async def test_request_bodies_arriving_at_once_are_bounded_over_every_connection():
+    """Each request body was bounded (413 past max_body_bytes) but not their sum: 16 connections stalled mid-upload
+    held 6 MiB each (+98 MB), as many as the client opened (memory audit, thirty-fifth session).  Past the server's
+    budget the body that would cross it is refused with 503; the budget is given back whatever ends a body."""
+    srv = await _server(max_body=1000)
+    srv.max_buffered_bytes = 1500
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n"
+    try:
+        held = []
+        for _ in range(3):  # three uploads stall after 600 of their 900 bytes: the third would cross 1,500
+            r, w = await asyncio.open_connection("127.0.0.1", srv.port)
+            w.write(head + b"a" * 600)
+            await w.drain()
+            held.append((r, w))
+            await asyncio.sleep(0.05)
+        third = await asyncio.wait_for(held[2][0].read(65536), 5)
+        assert b" 503 " in third.split(b"\r\n")[0] and b'"code":"overloaded"' in third
+        assert srv.buffered == 1200
+        r, w = held[0]
+        w.write(b"a" * 300)  # the first completes: its body leaves the budget (the request's now)
+        await w.drain()
+        assert b'"len":900' in await asyncio.wait_for(r.read(65536), 5)
+        assert srv.buffered == 600
+        held[1][1].close()  # the second's client leaves mid-upload
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if srv.buffered == 0:
+                break
+        assert srv.buffered == 0
+        # over the per-request limit: a 413, and nothing stays counted
+        out = await _exchange(srv.port, b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                              b"3e8\r\n" + b"b" * 1000 + b"\r\n10\r\n" + b"c" * 16 + b"\r\n0\r\n\r\n")
+        assert b" 413 " in out.split(b"\r\n")[0] and srv.buffered == 0
+        assert b'"len":900' in await _exchange(srv.port, head + b"d" * 900, until=b"}")  # room again
+        for _, w in held:
+            w.close()
+    finally:
+        await srv.stop()

@@ -17,6 +17,11 @@ class GatewaySettings:
     host: str = setting("127.0.0.1", "listen on loopback unless told otherwise (safe default)")
     port: int = setting(8080, "issue #2: 'steersman up' serves on 127.0.0.1:8080", le=65535)
     max_body_bytes: int = setting(10 * 1024 * 1024, "issue #2: body over 10 MB is refused with 413", ge=1)
+    max_buffered_body_mib: float = setting(
+        256.0, "Envoy overload manager (a global bound on buffered bytes, past which new work is refused): request "
+        "bodies still arriving, over every connection at once, at most 256 MiB (25 bodies of the 10 MiB limit); past "
+        "it the body that would cross it is refused with 503 (a memory audit: 16 stalled 6 MiB uploads took +98 MB, "
+        "and nothing bounded how many)", gt=0)
     max_tokens_limit: int = setting(
         131072, "absurd max_tokens bound: 128k, the longest context of the Llama-3.1 family (max_position_embeddings)", ge=1
     )

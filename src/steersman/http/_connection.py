@@ -26,7 +26,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "server", "loop", "transport", "parser", "_url", "_headers", "_hname", "_body", "_size", "_header_bytes",
         "_queue", "_current", "_task", "_paused_writing", "_drain", "_timer", "_timer_at", "_due", "_on_due", "_rejected",
-        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf", "_hosts",
+        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf", "_hosts", "_held",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -54,6 +54,14 @@ class _Connection(asyncio.Protocol):
         self._due: float | None = None  # loop time of the current deadline (None: a handler is running)
         self._on_due: Callable[[], None] | None = None
         self._rejected = False
+        self._held = 0  # body bytes of the message arriving, counted in the server's ``buffered``
+
+    def _release(self) -> None:
+        """The body bytes this connection holds leave the server's budget (the message is whole, refused or gone)."""
+        held = self._held
+        if held:
+            self._held = 0
+            self.server.buffered -= held
 
     def _reset_message(self) -> None:
         self._url = b""
@@ -76,6 +84,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self._release()
         self.transport = None
         self._due = None
         if self._timer is not None:
@@ -239,15 +248,23 @@ class _Connection(asyncio.Protocol):
         if self._rejected:
             return
         self._size += len(body)
-        limit = self.server.max_body_bytes
+        srv = self.server
+        limit = srv.max_body_bytes
         if self._size > limit:
             self._reject(413, f"Request body is larger than the limit of {limit} bytes.", "request_too_large")
             return
+        if srv.buffered + len(body) > srv.max_buffered_bytes:  # every connection's bodies at once: a global bound
+            self._reject(503, "The gateway is receiving too many request bodies at once; retry shortly.",
+                         "overloaded")
+            return
+        srv.buffered += len(body)
+        self._held += len(body)
         self._body.append(body)
 
     def on_message_complete(self) -> None:
         self._due = None  # the request is in: no deadline while its handler runs
         self._in_message = False
+        self._release()  # (its body is the request's now, bounded by what the gateway admits)
         if self._rejected:
             return
         p = self.parser
@@ -344,6 +361,8 @@ class _Connection(asyncio.Protocol):
         if self._rejected:
             return
         self._rejected = True
+        self._release()
+        self._body = []  # (what arrives after is discarded)
         t = self.transport
         if t is None:
             return

@@ -40,9 +40,13 @@ class HttpServer:
     """Routes ``(method, path)`` to async handlers; everything else is 404/405 in ``error_body``'s format."""
 
     def __init__(self, error_body: ErrorBody, max_body_bytes: int, idle_timeout_s: float = 75.0,
-                 request_timeout_s: float = DEFAULTS.gateway.client_request_timeout_s) -> None:
+                 request_timeout_s: float = DEFAULTS.gateway.client_request_timeout_s,
+                 max_buffered_bytes: float = DEFAULTS.gateway.max_buffered_body_mib * 2**20) -> None:
         self.error_body = error_body
         self.max_body_bytes = max_body_bytes
+        #: request body bytes still arriving, over every connection, and their bound (past it: 503)
+        self.buffered = 0
+        self.max_buffered_bytes = max_buffered_bytes
         self.idle_timeout_s = idle_timeout_s
         self.request_timeout_s = request_timeout_s  # to receive one whole request once its first byte came
         self.routes: dict[tuple[str, str], Handler] = {}
