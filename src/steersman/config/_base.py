@@ -7,7 +7,7 @@ import math
 import typing
 from typing import Any
 
-__all__ = ["setting", "sources", "check_bounds", "bounds_text", "value_ranges", "finite_number", "shown"]
+__all__ = ["setting", "sources", "check_bounds", "bounds_text", "value_ranges", "finite_number", "shown", "yaml_kind"]
 
 #: a bound: a number, or the name of another field of the same settings (``le="limit_max"``)
 Bound = float | str | None
@@ -36,7 +36,13 @@ def shown(value: Any, limit: int = 80) -> str:
         return f"an integer of {value.bit_length():,} bits"
     if isinstance(value, str):
         return repr(value) if len(value) <= limit else f"{value[:limit]!r}... ({len(value):,} characters)"
-    return {dict: "a mapping", list: "a list", tuple: "a list"}.get(type(value), type(value).__name__)
+    return yaml_kind(value)
+
+
+def yaml_kind(value: Any) -> str:
+    """How a value of the wrong type is named in an error: its YAML kind."""
+    return {type(None): "null", str: "a string", dict: "a mapping", list: "a list", tuple: "a list", bool: "a boolean",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
 def setting(default: Any, source: str, *, ge: Bound = None, gt: Bound = None, le: Bound = None,

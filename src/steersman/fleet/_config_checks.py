@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from steersman.config import DEFAULTS, AdmissionSettings, ReliabilitySettings, SchedulerSettings
-from steersman.config._base import finite_number, shown
+from steersman.config._base import finite_number, shown, yaml_kind
 from steersman.config._urls import http_url_problem
 
 __all__ = ["FleetConfigError", "load_yaml", "make_profile"]
@@ -100,10 +100,7 @@ def _check_plugins(spec: dict, where: str, settings: SchedulerSettings) -> None:
             raise FleetConfigError(f"{where}.{at} ({kind}): {str(e).split(': ', 1)[-1]}") from None
 
 
-def _kind(value: Any) -> str:
-    """How a value of the wrong type is named in an error: its YAML kind."""
-    return {type(None): "null", str: "a string", dict: "a mapping", list: "a list", bool: "a boolean",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+_kind = yaml_kind  # (the settings' own errors name kinds the same way)
 
 
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"

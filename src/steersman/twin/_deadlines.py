@@ -5,7 +5,7 @@ an error event), no verdict on its replica and no retry.  An attempt that reache
 already gone fails there and then (the live runner's ``left <= 0``).
 
 A mixin of :class:`steersman.twin.core.Twin` (its state: ``tf``, ``clock``, ``accounting``, ``rec``, ``retries``,
-``_reqs``; its ``_push``, ``_wake_at``, ``_follow_up``).  Disaggregated requests keep their deadline in the
+``_reqs``; its ``_push``, ``_wake_at``, ``_fail``).  Disaggregated requests keep their deadline in the
 results only (their two replicas' hand-off is not raced).
 """
 
@@ -24,7 +24,7 @@ class Deadlines:
         if deadline is None or self.pd is not None:
             return True
         if deadline <= self.clock.t:
-            self._past_deadline(r, 0)
+            self._fail(r)  # (no verdict on the replica: a deadline that passed says nothing of it)
             return False
         self._push(deadline, _DEADLINE, (r, r.sim))
         return True
@@ -39,11 +39,4 @@ class Deadlines:
         wake, unsent = self.tf.replicas[i].abort(sim.req_id, self.clock.t)
         if wake is not None:
             self._wake_at(wake, i)
-        self._past_deadline(r, sim.num_output - unsent)
-
-    def _past_deadline(self, r, output_tokens: int) -> None:
-        cost = self.accounting.ended(r.started, output_tokens, False)  # what it generated was paid for
-        if self.retries is not None:
-            self.retries.ended(r, None)  # a deadline that passed is no verdict on the replica
-        self.rec.failed(r.idx, self.clock.t, cost)
-        self._follow_up(r, ok=False)
+        self._fail(r, output_tokens=sim.num_output - unsent)  # (no verdict on the replica, as live)

@@ -396,9 +396,10 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
                 return
         self._fail(r, served=False if r.started is not None else None)
 
-    def _fail(self, r: _Req, served: bool | None = None) -> None:
-        """The request fails (``served``: the verdict of an attempt whose end is not counted yet)."""
-        cost = self.accounting.ended(r.started, 0, False) if r.started is not None else 0.0
+    def _fail(self, r: _Req, served: bool | None = None, output_tokens: int = 0) -> None:
+        """The request fails (``served``: the verdict of an attempt whose end is not counted yet; ``output_tokens``:
+        what its last attempt generated, paid for)."""
+        cost = self.accounting.ended(r.started, output_tokens, False) if r.started is not None else 0.0
         if self.retries is not None:
             self.retries.ended(r, served)
         self.rec.failed(r.idx, self.clock.t, cost)

@@ -43,6 +43,12 @@ class RunResult:
     emitted: bool = False  # a token came out of it (a decode, or a first token): its streams got an event
 
 
+def _token_in_flight(r) -> bool:
+    """Request ``r`` produced a token in the step being computed (its run was applied when it started): it has the
+    KV of all but that token computed (a decoder the step left out reads the same: rare, it then resends one)."""
+    return bool(r.num_output) and r.num_computed == r.prompt_len + r.num_output - 1
+
+
 class SimReplica:
     __slots__ = ("index", "engine", "dead", "error_rate", "wake_at", "generation", "macro", "emitted_at", "_run",
                  "_plan")
@@ -93,8 +99,7 @@ class SimReplica:
         run = self._run
         unsent = 0
         sim = next((r for r in self.engine.running() if r.req_id == req_id), None)
-        if run is not None and run.end > now and sim is not None and sim.num_output \
-                and sim.num_computed == sim.prompt_len + sim.num_output - 1:
+        if run is not None and run.end > now and sim is not None and _token_in_flight(sim):
             unsent = 1  # (applied when its run started, as a step is: its token is still being computed)
         if run is not None and run.end > now:
             run.first_tokens = [r for r in run.first_tokens if r != req_id]
@@ -199,10 +204,7 @@ class SimReplica:
                 busy = max(run.busy_s - (run.end - now), 0.0)
                 done.busy_s = busy
                 done.compute_bound_s = run.compute_bound_s * busy / run.busy_s if run.busy_s else 0.0  # prorated
-                # a request that produced a token in it has the KV of all but that token computed (a decoder
-                # the step left out reads the same: rare, it then resends one token)
-                unsent = {r.req_id for r in eng.running()
-                          if r.num_output and r.num_computed == r.prompt_len + r.num_output - 1}
+                unsent = {r.req_id for r in eng.running() if _token_in_flight(r)}
         lost = [r.req_id for r in (*eng.running(), *eng.waiting())]
         for rid in lost:
             eng.abort(rid)
