@@ -252,6 +252,20 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             if not rep.models:
                 await discover_models(self.fleet, rep)  # the scraper lists again those down now, once they are up
 
+    async def drain(self) -> None:
+        """A graceful shutdown's first half (SIGTERM; :meth:`stop` is the second): the listener closes (load
+        balancers see the replica gone; new connections are refused), idle keep-alive connections close, and every
+        request already received is answered to its last byte, queued ones included, each answer closing its
+        connection; for at most ``gateway.drain_timeout_s``, then :meth:`stop` cuts what is left."""
+        timeout = self.settings.drain_timeout_s
+        busy = self.http.busy_connections
+        if busy:
+            log.info("draining: no new connections; %d connection(s) with a request in flight have up to %g s to "
+                     "finish (signal again to stop now)", busy, timeout)
+        left = await self.http.drain(timeout)
+        if left:
+            log.warning("drain: %g s passed, %d connection(s) still open are cut", timeout, left)
+
     async def stop(self) -> None:
         try:
             if self.busy_poll is not None:

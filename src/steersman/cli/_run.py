@@ -14,9 +14,10 @@ __all__ = ["run_service", "exit_if_cannot_listen"]
 
 
 def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]], *, freeze: bool,
-                gc_threshold0: int | None = None) -> None:
+                gc_threshold0: int | None = None, drain: Callable[[], Awaitable[None]] | None = None) -> None:
     """Start, wait for SIGINT/SIGTERM, then stop; on uvloop.  A signal while starting cancels the start (then
-    stops, at once).  ``freeze``: once started, move every object alive then (imports, kernels, configuration)
+    stops, at once).  ``drain``: once started, the first signal runs it (a graceful shutdown: the work in flight
+    finishes) before ``stop``; a second signal cuts it short.  ``freeze``: once started, move every object alive then (imports, kernels, configuration)
     out of the garbage collector's reach (``gc.freeze``), so its full collections walk only what the service
     allocated since.  ``gc_threshold0``: once started, the young generation's collection threshold
     (``gateway.gc_threshold0``; None keeps Python's)."""
@@ -27,8 +28,14 @@ def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitab
         # a task, so that a signal during a slow start (engines loading, kernels compiling) cuts it short:
         # what start() began cleans up on the cancellation, stop() the rest
         starting = asyncio.ensure_future(start())
+        draining: asyncio.Future | None = None
+        cut = False  # a second signal cut the drain short
 
         def on_signal() -> None:
+            nonlocal cut
+            if stopping.is_set() and draining is not None and not draining.done():
+                cut = True
+                draining.cancel()  # the second signal: stop now
             stopping.set()
             starting.cancel()  # nothing once started
 
@@ -48,6 +55,13 @@ def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitab
                 _, g1, g2 = gc.get_threshold()
                 gc.set_threshold(gc_threshold0, g1, g2)
             await stopping.wait()
+            if drain is not None:
+                draining = asyncio.ensure_future(drain())
+                try:
+                    await draining
+                except asyncio.CancelledError:
+                    if not cut:
+                        raise  # not ours: main() itself was cancelled
         finally:
             await stop()
 

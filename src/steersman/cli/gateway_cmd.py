@@ -115,8 +115,12 @@ def _run(cfg, command: str, engines: tuple[str, int] | None = None) -> None:
             if procs is not None:
                 await procs.stop()
 
+    async def drain() -> None:
+        if "gw" in holder:
+            await holder["gw"].drain()
+
     try:
-        run_service(start, stop, freeze=cfg.gateway.gc_freeze, gc_threshold0=cfg.gateway.gc_threshold0)
+        run_service(start, stop, freeze=cfg.gateway.gc_freeze, gc_threshold0=cfg.gateway.gc_threshold0, drain=drain)
     except Exception as e:  # an engine that does not start, a setting start-up refuses: say why, no traceback
         exit_if_cannot_listen(command, e)
         if isinstance(e, (RuntimeError, ValueError)):  # EngineStartError; an engine-sim that exited or never got

@@ -77,6 +77,12 @@ class GatewaySettings:
         60.0, "a whole request (headers and body) must arrive within 60 s of its first byte, else 408: nginx "
         "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)", gt=0
     )
+    drain_timeout_s: float = setting(
+        25.0, "on SIGTERM/SIGINT the gateway stops listening and lets the requests and streams in flight finish "
+        "for up to 25 s (a second signal stops at once), then cuts what is left: Kubernetes sends SIGTERM and "
+        "SIGKILLs 30 s later (terminationGracePeriodSeconds), which leaves 5 s to stop; nginx's graceful quit and "
+        "uvicorn's --timeout-graceful-shutdown drain the same way.  0 cuts every stream at once", ge=0
+    )
     client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)", gt=0)
     admin_key_sha256: str | None = setting(
         None, "no admin key: /metrics and /admin/* are open, like open tenant mode (said at startup); set the SHA-256 "

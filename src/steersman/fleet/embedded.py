@@ -89,7 +89,10 @@ class SimulatedFleet:
             args += ["--kv-events-endpoint", f"tcp://{self.host}:*", "--kv-events-replay-endpoint", f"tcp://{self.host}:*"]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None,
                                                     stdin=asyncio.subprocess.DEVNULL,
-                                                    preexec_fn=DIE_WITH_PARENT)
+                                                    preexec_fn=DIE_WITH_PARENT,
+                                                    # its own session: a terminal's Ctrl-C reaches the gateway alone,
+                                                    # which drains the streams in flight before stopping the engines
+                                                    start_new_session=True)
         self.procs.append(proc)
         assert proc.stdout is not None
         try:

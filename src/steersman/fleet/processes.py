@@ -210,6 +210,7 @@ class LlamaServerFleet:
             proc = subprocess.Popen(
                 self.command(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=DIE_WITH_PARENT,
+                start_new_session=True,  # a terminal's Ctrl-C reaches steersman alone, which drains, then stops it
             )
         return EngineProcess(name, self.host, port, proc, log_path)
 

@@ -84,6 +84,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        self.server.connection_closed()
         self._release()
         self.transport = None
         self._due = None

@@ -54,6 +54,7 @@ class HttpServer:
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._refusing = False  # close_listener(idle_too=True) until start: every response closes its connection
+        self._drained: asyncio.Future | None = None  # drain(): set once the last connection has closed
         self.port = 0
         #: optional ``on_error(status, headers) -> header lines``: told of every answer the server gives itself (a
         #: malformed or oversized request, no such route, an internal error), before any handler; what it returns is
@@ -141,6 +142,32 @@ class HttpServer:
                     c._current.keep_alive = False  # closed by ``finished`` after its last byte
                 elif not c._in_message and not c._queue and c.transport is not None:
                     c.transport.close()  # idle (one being received or waiting its turn is dispatched as refusing)
+
+    async def drain(self, timeout_s: float) -> int:
+        """Graceful shutdown's first half: stop listening, close the idle keep-alive connections, and let every
+        request already received (or still arriving on an open connection) be answered to its last byte, each
+        response closing its connection (:meth:`close_listener` with ``idle_too``); wait until no connection is
+        left or ``timeout_s`` has passed.  Returns the connections still open then (:meth:`stop` cuts them)."""
+        self.close_listener(idle_too=True)
+        if self.connections and timeout_s > 0:
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drained), timeout_s)
+            except TimeoutError:
+                pass
+            finally:
+                self._drained = None
+        return len(self.connections)
+
+    @property
+    def busy_connections(self) -> int:
+        """Connections with a request being answered, received or waiting its turn (not idle keep-alive ones)."""
+        return sum(1 for c in self.connections if c._current is not None or c._in_message or c._queue)
+
+    def connection_closed(self) -> None:
+        """A connection has left :attr:`connections` (called by it): a drain waiting for the last one ends."""
+        if self._drained is not None and not self.connections and not self._drained.done():
+            self._drained.set_result(None)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop listening, close every connection; after ``grace_s`` reset the ones still open."""
