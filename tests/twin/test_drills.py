@@ -187,3 +187,23 @@ def test_per_replica_counts_every_attempt_where_it_went(shared_dir):
     assert r1["failed_attempts"] > 5 and r0["failed_attempts"] == 0
     assert r1["attempts"] == r1["requests"] + r1["failed_attempts"]  # each failure there was retried on replica 0
     assert r0["attempts"] + r1["attempts"] == s["retries"]["attempts"]
+
+
+def test_drain_takes_a_replica_out_of_rotation_its_requests_finish_and_resume_puts_it_back(shared_dir):
+    """An operator's drain (POST /admin/replicas/{name}/drain live): nothing is dispatched there until resumed, the
+    requests under way there finish (none fails), and afterwards it takes traffic again."""
+    _, c = _run(shared_dir, [{"at": 30, "drain": 0}, {"at": 55, "resume": "h-h100-sxm-0"}])
+    assert (c["status"] == OK).all()
+    on0 = c["replica"] == 0
+    assert (on0 & (c["dispatch"] < 30)).sum() > 20
+    assert not (on0 & (c["dispatch"] > 30) & (c["dispatch"] < 55)).any()
+    assert ((~on0) & (c["dispatch"] > 30) & (c["dispatch"] < 55)).sum() > 40  # the other one took them
+    assert (on0 & (c["dispatch"] < 30) & (c["finish"] > 30)).any()  # under way at the drain: finished there
+    assert (on0 & (c["dispatch"] > 55)).sum() > 20
+
+
+def test_drain_and_resume_parse_as_replica_steps():
+    assert parse_drills([{"at": 1, "drain": "a"}, {"at": 2, "resume": 3}]) == (
+        DrillStep(1.0, "drain", "a"), DrillStep(2.0, "resume", 3))
+    with pytest.raises(DrillError, match=r"drills\[0\].drain must be a replica name or index"):
+        parse_drills([{"at": 1, "drain": {"replica": 0}}])

@@ -15,12 +15,17 @@ from __future__ import annotations
 import hmac
 import math
 import re
+from urllib.parse import unquote
 
 from steersman.api.errors import ApiError
 from steersman.control.tenants import hash_key
 from steersman.fleet import snapshot as S
 
-__all__ = ["AdminGuard", "fleet_view"]
+__all__ = ["AdminGuard", "fleet_view", "replica_action", "REPLICAS_PATH"]
+
+#: ``POST /admin/replicas/{name}/drain`` and ``.../resume``: an operator takes a replica out of rotation and back
+REPLICAS_PATH = "/admin/replicas/"
+_ACTIONS = ("drain", "resume")
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
@@ -59,7 +64,8 @@ def _finite(x: float) -> float | None:
 def fleet_view(fleet) -> dict:
     """What ``GET /admin/fleet`` shows: every replica's address, engine, models, health and load.
 
-    ``routable``: it gets new requests now (healthy, weights warm, not ejected, breaker not open; an observability
+    ``routable``: it gets new requests now (healthy, weights warm, not drained by an operator (``draining``, see
+    :func:`replica_action`), not ejected, breaker not open; an observability
     audit found an ejected replica shown routable: the page read health and warmth only), ``ejected`` the latter two
     alone; the engine's own load as last scraped (running, waiting, KV cache usage: NaN, unknown, is null)."""
     reps = []
@@ -68,7 +74,7 @@ def fleet_view(fleet) -> dict:
         i = r.index
         reps.append({
             "name": r.name, "url": r.url, "engine": r.engine, "gpu": r.gpu, "models": list(r.models), "pool": r.pool,
-            "healthy": bool(fleet.healthy[i]), "routable": bool(rotation[i]),
+            "healthy": bool(fleet.healthy[i]), "routable": bool(rotation[i]), "draining": bool(fleet.draining[i]),
             "ejected": bool(fleet.routable[i] and not rotation[i]),
             "in_flight": float(fleet.in_flight[i]),
             "running": _finite(fleet.live[S.RUNNING, i]), "waiting": _finite(fleet.live[S.WAITING, i]),
@@ -78,3 +84,24 @@ def fleet_view(fleet) -> dict:
             "decode_s_per_token": _finite(fleet.live[S.DECODE_S_TOKEN, i]),
         })
     return {"replicas": reps}
+
+
+def replica_action(fleet, path: str) -> tuple[int, str]:
+    """``POST /admin/replicas/{name}/drain`` takes the replica out of rotation (its requests under way finish,
+    none is sent there: before an engine's upgrade or a node's maintenance; ``in_flight`` in ``GET /admin/fleet``
+    says when it is empty), ``.../resume`` puts it back (Envoy's and AWS load balancers' connection draining,
+    sglang-router's ``/remove_worker`` without forgetting the worker).  ``{name}`` is a replica's name as
+    ``GET /admin/fleet`` lists it, URL-encoded.  Returns (replica index, action); :class:`ApiError` 404 naming
+    what is unknown."""
+    rest = path[len(REPLICAS_PATH):]
+    name, _, action = rest.rpartition("/")
+    if not name or action not in _ACTIONS:
+        raise ApiError(404, f"No such endpoint: {path}. An operator drains a replica with POST "
+                       f"{REPLICAS_PATH}{{name}}/drain and puts it back with POST {REPLICAS_PATH}{{name}}/resume.",
+                       "invalid_request_error", None, "not_found")
+    name = unquote(name)
+    names = [r.name for r in fleet.replicas]
+    if name not in names:
+        raise ApiError(404, f"No replica named {name!r}; the fleet's replicas: {', '.join(names)}.",
+                       "invalid_request_error", "name", "replica_not_found")
+    return names.index(name), action

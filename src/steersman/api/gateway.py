@@ -20,7 +20,7 @@ from steersman.api.headers import tag_request_id
 from steersman.api.lifecycle import RequestLifecycle
 from steersman.api.responses_http import ResponsesEndpoints
 from steersman.api.calibrate import calibrate
-from steersman.api.admin import AdminGuard, fleet_view
+from steersman.api.admin import REPLICAS_PATH, AdminGuard, fleet_view, replica_action
 from steersman.api.openapi import openapi_document
 from steersman.api.prompt import with_cache_salt
 from steersman.clock import Clock, WallClock
@@ -114,6 +114,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                               ("/health", self.health), ("/metrics", self.metrics_handler),
                               ("/openapi.json", self.openapi), ("/admin/fleet", self.admin_fleet)):
             self.http.route("GET", path, _with_request_id(handler))
+        self.http.route("POST", REPLICAS_PATH, _with_request_id(self.admin_replica))
         self.http.on_error = self._protocol_answer
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None
@@ -422,6 +423,25 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
             return
         assert self.fleet is not None
         request.respond(200, orjson.dumps(fleet_view(self.fleet)))
+
+    async def admin_replica(self, request: HttpRequest) -> None:
+        if self._admin_refused(request):
+            return
+        assert self.fleet is not None
+        try:
+            index, action = replica_action(self.fleet, request.path)
+        except ApiError as e:
+            request.respond(e.status, e.body())
+            return
+        self.fleet.set_draining(index, action == "drain")
+        name = self.fleet.replicas[index].name
+        log.warning("replica %s %s by an operator (%d request(s) under way there)", name,
+                    "drained: out of rotation" if action == "drain" else "resumed: back in rotation",
+                    int(self.fleet.in_flight[index]))
+        if action == "resume":
+            self.kick()  # queued requests may go there now
+        view = next(r for r in fleet_view(self.fleet)["replicas"] if r["name"] == name)
+        request.respond(200, orjson.dumps(view))
 
     async def metrics_handler(self, request: HttpRequest) -> None:
         if self._admin_refused(request):

@@ -60,6 +60,9 @@ class Fleet(Awaited, FleetLearning):
         self._prior_at = {S.TTFT_RATIO: -math.inf, S.TPOT_RATIO: -math.inf}
         self.healthy = np.ones(n, dtype=bool)
         self.routable = np.ones(n, dtype=bool)
+        #: taken out of rotation by an operator (``POST /admin/replicas/{name}/drain``, a twin drill's ``drain``): no
+        #: new request goes there, the ones under way finish; until resumed
+        self.draining = np.zeros(n, dtype=bool)
         self._recent_at = np.zeros(n)
         # read-only views lent to every snapshot (made once: the arrays above are changed in place only)
         self._views = tuple(_frozen(a.view()) for a in (self.healthy, self.routable, self.live, self._recent_at))
@@ -357,8 +360,17 @@ class Fleet(Awaited, FleetLearning):
         if self.guard is not None:
             self.guard.health(index, healthy, self.clock.now(), active)
 
+    def set_draining(self, index: int, draining: bool) -> None:
+        """An operator takes replica ``index`` out of rotation (``draining``: before an engine's upgrade or a node's
+        maintenance; its requests under way finish, none is sent there, retries and continued streams included) or
+        puts it back."""
+        self._own()
+        self.draining[index] = draining
+        self._route(index)
+
     def _route(self, index: int) -> None:
-        self.routable[index] = self.healthy[index] and self.live[S.WEIGHTS, index] == _WARM
+        self.routable[index] = (self.healthy[index] and not self.draining[index]
+                                and self.live[S.WEIGHTS, index] == _WARM)
 
     def _own(self) -> None:
         """Before a write: a snapshot still alive that reads the fleet's arrays gets its own frozen copies

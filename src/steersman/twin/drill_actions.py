@@ -1,4 +1,5 @@
-"""The failure-drill actions of the twin: kill, slow, errors, restore (what a drill step does to a replica).
+"""The drill actions of the twin: kill, slow, errors, restore, and an operator's drain / resume (what a drill step
+does to a replica).
 
 A mixin of :class:`steersman.twin.core.Twin`: the drill steps of the workload spec
 (:mod:`steersman.twin.drills`) call these at their simulated times; the replica's
@@ -55,6 +56,13 @@ class DrillActions:
 
     def errors(self, i: int, rate: float) -> None:
         self.tf.replicas[i].error_rate = rate
+
+    def drain(self, i: int, draining: bool) -> None:
+        """An operator takes replica ``i`` out of rotation (``draining``) or puts it back, as ``POST
+        /admin/replicas/{name}/drain`` / ``resume`` on the live gateway (:meth:`Fleet.set_draining`)."""
+        self.fleet.set_draining(i, draining)
+        if not draining and self.plane.waiting:
+            self._dispatch_queued()
 
     def restore(self, i: int) -> None:
         """Replica ``i`` recovers: no slowdown, no errors; a dead one restarts cold (weights load, empty KV cache)

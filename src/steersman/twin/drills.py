@@ -8,6 +8,9 @@ drills:                                   # in the workload spec (top level), ap
   - {at: 400s, errors: {replica: a100-a100-6, rate: 0.3}}  # 30% of dispatches there answer 5xx (502 to the client)
   - {at: 500s, restore: h100-h100-sxm-0}  # back to normal: no slowdown, no errors; a killed replica restarts
                                           #   cold (weights load, empty KV cache) and takes traffic once warm
+  - {at: 600s, drain: 3}                  # an operator takes it out of rotation (POST /admin/replicas/{name}/drain):
+                                          #   its requests under way finish, no new one goes there
+  - {at: 900s, resume: 3}                 # back in rotation (POST /admin/replicas/{name}/resume)
 ```
 
 ``at`` is simulated time since the run started: seconds as a number or a string
@@ -28,7 +31,8 @@ from typing import Any
 
 __all__ = ["DrillError", "DrillStep", "parse_drills", "schedule_drills", "ACTIONS"]
 
-ACTIONS = ("kill", "slow", "errors", "restore")
+ACTIONS = ("kill", "slow", "errors", "restore", "drain", "resume")
+_BARE = ("kill", "restore", "drain", "resume")  # the actions that name a replica alone
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 
@@ -40,7 +44,7 @@ class DrillError(ValueError):
 @dataclass(frozen=True, slots=True)
 class DrillStep:
     at: float  # simulated seconds since the start
-    action: str  # kill | slow | errors | restore
+    action: str  # kill | slow | errors | restore | drain | resume
     replica: str | int  # a replica name or index
     value: float | None = None  # slow: factor; errors: rate
 
@@ -100,7 +104,7 @@ def parse_drills(data: Any, where: str = "drills") -> tuple[DrillStep, ...]:
         at = _seconds(body["at"], f"{field}.at")
         act = acts[0]
         v = body[act]
-        if act in ("kill", "restore"):
+        if act in _BARE:
             steps.append(DrillStep(at, act, _replica(v, f"{field}.{act}")))
             continue
         key, lo, hi = ("factor", 1.0, math.inf) if act == "slow" else ("rate", 0.0, 1.0)
@@ -138,5 +142,7 @@ def schedule_drills(twin, steps: Sequence[DrillStep]) -> None:
             twin.schedule_drill(s.at, lambda tw, i=i, f=s.value: tw.slow(i, f))
         elif s.action == "errors":
             twin.schedule_drill(s.at, lambda tw, i=i, r=s.value: tw.errors(i, r))
+        elif s.action in ("drain", "resume"):
+            twin.schedule_drill(s.at, lambda tw, i=i, d=s.action == "drain": tw.drain(i, d))
         else:
             twin.schedule_drill(s.at, lambda tw, i=i: tw.restore(i))
