@@ -36,6 +36,7 @@ from typing import Any, ClassVar
 import yaml
 
 from steersman.config._base import finite_number, shown
+from steersman.config._yaml import load_yaml
 from steersman.config.admission import AdmissionSettings
 from steersman.policy.request import PriorityClass
 
@@ -173,12 +174,15 @@ class TenantDirectory:
 
 
 def load_tenants(path: str | Path, settings: AdmissionSettings = AdmissionSettings()) -> TenantDirectory:
-    """Read a YAML file holding ``tenants`` and ``api_keys``."""
+    """Read a YAML file holding ``tenants`` and ``api_keys``, as the fleet file is read
+    (:func:`~steersman.config._yaml.load_yaml`: a key given twice is an error naming it, numbers as YAML 1.2)."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_bytes().decode("utf-8"))
     except OSError as e:
         raise TenantConfigError(f"cannot read {p}: {e}") from None
+    except UnicodeDecodeError:
+        raise TenantConfigError(f"cannot read {p}: not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise TenantConfigError(f"{p}: invalid YAML: {e}") from None
     return TenantDirectory.from_data(data, str(p), settings)

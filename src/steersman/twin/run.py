@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from steersman.config import DEFAULTS
+from steersman.config._yaml import load_yaml
 from steersman.fleet.config import FleetConfig, make_profile
 from steersman.policy import make_policy
 from steersman.twin.core import Twin, TwinConfig
@@ -37,10 +38,14 @@ __all__ = ["Experiment", "scale_spec", "policy_for", "read_spec", "check_workloa
 
 
 def read_spec(path: str | Path) -> tuple[dict, Path]:
-    """(the workload spec in the YAML file ``path``, its directory); OSError, or WorkloadSpecError naming the file."""
+    """(the workload spec in the YAML file ``path``, its directory); OSError, or WorkloadSpecError naming the file.
+    Read as the fleet file is (:func:`~steersman.config._yaml.load_yaml`): a key given twice is an error naming it,
+    numbers are YAML 1.2's (``1e3`` a number, ``010`` ten)."""
     p = Path(path)
     try:
-        spec = yaml.safe_load(p.read_text())
+        spec = load_yaml(p.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise WorkloadSpecError(f"cannot read {p}: not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise WorkloadSpecError(f"{p}: invalid YAML: {e}") from None
     if not isinstance(spec, dict):

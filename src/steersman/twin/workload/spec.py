@@ -75,6 +75,7 @@ import numpy as np
 import yaml
 
 from steersman.config import DEFAULTS
+from steersman.config._yaml import load_yaml
 from steersman.config.admission import AdmissionSettings
 from steersman.config.scheduler import SchedulerSettings
 from steersman.control.tenants import TenantConfigError, TenantDirectory
@@ -123,9 +124,11 @@ def load_workload(spec: str | os.PathLike | Mapping[str, Any], seed: int | None 
         p = Path(spec)
         where = str(p)
         try:
-            data = yaml.safe_load(p.read_text())
+            data = load_yaml(p.read_bytes().decode("utf-8"))  # as the fleet file: no key twice, YAML 1.2 numbers
         except OSError as e:
             raise WorkloadSpecError(f"cannot read {p}: {e.strerror or e}") from None
+        except UnicodeDecodeError:
+            raise WorkloadSpecError(f"cannot read {p}: not UTF-8 text") from None
         except yaml.YAMLError as e:
             raise WorkloadSpecError(f"{p}: invalid YAML: {e}") from None
         if base_dir is None:
@@ -259,10 +262,11 @@ def _label(body, key, field, err, allowed, *, allow_mix, allow_none):
         return None
     names = [v] if isinstance(v, str) else (list(v) if isinstance(v, Mapping) and allow_mix else None)
     if names is None:
-        raise err(f"{field}.{key} must be a name{' or a mapping name -> weight' if allow_mix else ''}, got {v!r}")
+        raise err(f"{field}.{key} must be a name{' or a mapping name -> weight' if allow_mix else ''}, got {v!r}"
+                  f"{_quote_it(v)}")
     for n in names:
         if not isinstance(n, str):
-            raise err(f"{field}.{key}: names must be strings, got {n!r}")
+            raise err(f"{field}.{key}: names must be strings, got {n!r}{_quote_it(n)}")
         if allowed is not None and n not in allowed:
             raise err(f"{field}.{key} {n!r} is not a known class; known: {sorted(allowed)}")
     if isinstance(v, Mapping):
@@ -273,6 +277,14 @@ def _label(body, key, field, err, allowed, *, allow_mix, allow_none):
             raise err(f"{field}.{key}: weights must not all be 0")
         return dict(v)
     return v
+
+
+def _quote_it(v: Any) -> str:
+    """The hint for a name YAML read as something else: a spec is read as the fleet file (``on``, ``yes`` are
+    booleans; ``1e3``, ``0x1F`` numbers), and quoting keeps it a string."""
+    if isinstance(v, (bool, int, float)):
+        return " (quote it: YAML reads on/off/yes/no/true/false as booleans and 1e3, 0x1F, 012 as numbers)"
+    return ""
 
 
 def _agent(sf: _Fields, body, field, kind, common, err) -> AgentSource:
@@ -403,7 +415,7 @@ class _Fields:
         if v is None:
             return None
         if not isinstance(v, str) or not v:
-            raise self.err(f"{self.prefix}{key} must be a non-empty string, got {v!r}")
+            raise self.err(f"{self.prefix}{key} must be a non-empty string, got {v!r}{_quote_it(v)}")
         return v
 
     def boolean(self, key: str) -> bool:
