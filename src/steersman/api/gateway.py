@@ -105,7 +105,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         self._seq = 0
         self.port = self.settings.port
         self.http = HttpServer(error_body, self.settings.max_body_bytes, self.settings.client_idle_timeout_s,
-                               self.settings.client_request_timeout_s, self.settings.max_buffered_body_mib * 2**20)
+                               self.settings.client_request_timeout_s, self.settings.max_buffered_body_mib * 2**20,
+                               self.settings.max_client_connections)
         self.http.route("POST", "/v1/chat/completions", self.chat)
         self.http.route("POST", "/v1/completions", self.completions)
         self.http.route("POST", "/v1/embeddings", self.embeddings)

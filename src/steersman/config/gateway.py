@@ -84,6 +84,15 @@ class GatewaySettings:
         "uvicorn's --timeout-graceful-shutdown drain the same way.  0 cuts every stream at once", ge=0
     )
     client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)", gt=0)
+    max_client_connections: int = setting(
+        8192, "Envoy's FAQ on file descriptor exhaustion: keep connection limits under half the process's fd limit "
+        "(each client connection being served holds a second fd, its engine connection; the rest is for engine "
+        "spares, scrapes, Redis, OTLP, logs): 8,192 under ~20,000 (`ulimit -n` of the reference machine) leaves "
+        "~3,600; Envoy's global_downstream_max_connections / nginx's worker_connections bound the same.  At the "
+        "bound a new connection first closes the keep-alive connection idle the longest (nginx does; never one with "
+        "a request in flight), else it is answered 503 `overloaded` with Retry-After and closed, unread.  Lower it "
+        "under a smaller fd limit (systemd's soft default is 1,024: the gateway warns at start)", ge=1
+    )
     admin_key_sha256: str | None = setting(
         None, "no admin key: /metrics and /admin/* are open, like open tenant mode (said at startup); set the SHA-256 "
         "hex of a key to require `Authorization: Bearer <key>` (keys are stored only as hashes, like tenant keys)"

@@ -20,6 +20,10 @@ _MAX_HEADER_BYTES = 64 * 1024
 _MAX_PIPELINED = 8
 _REJECT_GRACE_S = 5.0
 _READ_SLACK = 256 * 1024  # a read's bytes before its message's head began (the end of the one before it)
+# connections refused at the server's bound that wait (up to _REJECT_GRACE_S) for the client to read the 503 and close
+# (a socket closed with the request unread resets, and the client may see the reset, not the answer); past these a
+# refusal closes at once: a client opening connections and never closing them cannot make refusals hold fds
+_MAX_REFUSED_LINGERING = 64
 
 
 class _Connection(asyncio.Protocol):
@@ -79,12 +83,38 @@ class _Connection(asyncio.Protocol):
         # no TCP_NODELAY here: uvloop and asyncio's own loop set it on every TCP transport they make (a
         # setsockopt and a socket object per accepted connection saved; tests/http/test_http_server.py pins it)
         self.transport = transport
-        self.server.connections.add(self)
+        srv = self.server
+        conns = srv.connections
+        if len(conns) >= srv._cap and not srv.make_room():
+            self._refuse(transport)
+            return
+        conns.add(self)
         self._arm_idle()
 
+    def _refuse(self, t: asyncio.Transport) -> None:
+        """At the server's connection bound, none idle: answer 503 ``overloaded`` now, without reading the request
+        (the openai client retries a 503 after ``Retry-After``), and close: unlike :meth:`_reject` the connection
+        never counts in the server's ``connections``."""
+        srv = self.server
+        self._rejected = True  # (what the client sends is discarded)
+        body = srv.error_body(503, "The gateway has too many client connections open; retry shortly.", "overloaded")
+        t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\nRetry-After: 1\r\n%bConnection: close\r\n"
+                b"\r\n%b" % (_status_line(503), len(body), srv.error_extra(503, None), body))
+        if len(srv.refused) < _MAX_REFUSED_LINGERING and t.can_write_eof():
+            # closed when the client closes (eof_received), else after the grace (connection_lost cancels the timer)
+            srv.refused.add(self)
+            t.write_eof()
+            self._timer = self.loop.call_later(_REJECT_GRACE_S, t.close)
+        else:
+            t.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self.server.connections.discard(self)
-        self.server.connection_closed()
+        srv = self.server
+        srv.connections.discard(self)
+        srv.idle.pop(self, None)
+        if self._rejected:
+            srv.refused.discard(self)
+        srv.connection_closed()
         self._release()
         self.transport = None
         self._due = None
@@ -164,6 +194,7 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks ------------------------------------------------------------
     def on_message_begin(self) -> None:
+        self.server.idle.pop(self, None)  # (a request arriving: not idle, never closed to make room)
         self._reset_message()
         self._in_head = self._in_message = True
         # the whole request (headers and body) must arrive in time: a slow-loris client is cut off with a 408
@@ -345,6 +376,7 @@ class _Connection(asyncio.Protocol):
             self._arm_idle()
 
     def _arm_idle(self) -> None:
+        self.server.idle[self] = None  # (already in it: idle since then, its place kept)
         self._deadline(self.server.idle_timeout_s, self._idle_close)
 
     def _idle_close(self) -> None:

@@ -15,6 +15,10 @@ ignored (the request answered over HTTP/1.1), ``Allow`` on a 405, no body for HE
 chunked streaming responses (close-delimited for HTTP/1.0 clients),
 backpressure (a paused client socket pauses the registered producer), an idle
 timeout, and cancellation: a client that disconnects cancels its handler task.
+A bound on open connections (``max_connections``): at it, a new connection
+closes the keep-alive connection idle the longest, or, none being idle, is
+answered 503 ``overloaded`` (``Retry-After``, ``Connection: close``) at once,
+without reading its request, and closed.
 Protocol errors are answered through ``error_body`` (the OpenAI error format).
 """
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 
 from steersman.config import DEFAULTS
@@ -41,7 +46,8 @@ class HttpServer:
 
     def __init__(self, error_body: ErrorBody, max_body_bytes: int, idle_timeout_s: float = 75.0,
                  request_timeout_s: float = DEFAULTS.gateway.client_request_timeout_s,
-                 max_buffered_bytes: float = DEFAULTS.gateway.max_buffered_body_mib * 2**20) -> None:
+                 max_buffered_bytes: float = DEFAULTS.gateway.max_buffered_body_mib * 2**20,
+                 max_connections: int | None = None) -> None:
         self.error_body = error_body
         self.max_body_bytes = max_body_bytes
         #: request body bytes still arriving, over every connection, and their bound (past it: 503)
@@ -52,6 +58,15 @@ class HttpServer:
         self.routes: dict[tuple[str, str], Handler] = {}
         self.prefixes: list[tuple[str, str, Handler]] = []  # (method, path prefix, handler): paths with an id
         self.connections: set[_Connection] = set()
+        #: the bound on :attr:`connections` (None: only the fd limit; engine-sim's, whose only client is a gateway)
+        self.max_connections = max_connections
+        self._cap = max_connections if max_connections is not None else float("inf")
+        #: the connections idle between requests (or before their first), the one idle the longest first: the ones a
+        #: new connection may close at the bound (kept by :class:`_Connection`; nothing in flight is ever in it)
+        self.idle: OrderedDict[_Connection, None] = OrderedDict()
+        #: connections refused at the bound, answered and half-closed, waiting for the client to close (not counted
+        #: in :attr:`connections`; at most ``_MAX_REFUSED_LINGERING`` of them)
+        self.refused: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._refusing = False  # close_listener(idle_too=True) until start: every response closes its connection
         self._drained: asyncio.Future | None = None  # drain(): set once the last connection has closed
@@ -64,6 +79,19 @@ class HttpServer:
     def error_extra(self, status: int, headers: Mapping[str, str] | None) -> bytes:
         """The header lines :attr:`on_error` gives an answer the server makes itself (none without it)."""
         return b"" if self.on_error is None else self.on_error(status, headers)
+
+    def make_room(self) -> bool:
+        """At the connection bound: close the keep-alive connection idle the longest (nginx, out of
+        worker_connections, closes idle keep-alive ones too).  False when none is idle (every connection has a
+        request arriving, in flight or queued: none is cut)."""
+        idle = self.idle
+        while idle:
+            c, _ = idle.popitem(last=False)
+            t = c.transport
+            if t is not None and c._current is None and not c._in_message and not c._queue and not c._rejected:
+                t.close()  # (it leaves ``connections`` in connection_lost, its fd with it)
+                return True
+        return False
 
     def route(self, method: str, path: str, handler: Handler) -> None:
         """``path`` exactly, or, ending in ``/``, every path under it (the handler reads the rest)."""
@@ -122,6 +150,7 @@ class HttpServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
+        _check_fd_limit(self.max_connections)
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True, backlog=2048)
         self._refusing = False
         self.port = self._server.sockets[0].getsockname()[1]
@@ -175,13 +204,13 @@ class HttpServer:
             return
         server, self._server = self._server, None
         server.close()
-        for c in list(self.connections):
+        for c in [*self.connections, *self.refused]:
             if c.transport is not None:
                 c.transport.close()
         try:
             await asyncio.wait_for(server.wait_closed(), grace_s)
         except TimeoutError:
-            for c in list(self.connections):
+            for c in [*self.connections, *self.refused]:
                 if c.transport is not None:
                     c.transport.abort()
 
@@ -189,3 +218,20 @@ class HttpServer:
 def http_url(host: str, port: int) -> str:
     """The URL a server listening on ``host``:``port`` is reached at (an IPv6 literal in brackets, RFC 3986)."""
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _check_fd_limit(max_connections: int | None) -> None:
+    """Warn when the process's fd limit cannot hold ``max_connections`` client connections each with its engine
+    connection (Envoy's rule: connection limits under half the fd limit): past it the fd limit, not the bound,
+    refuses connections, and the engine connections fail with them."""
+    if max_connections is None:
+        return
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return
+    if soft != resource.RLIM_INFINITY and 2 * max_connections > soft:
+        log.warning("the open file limit (%d, `ulimit -n`) is under twice max_client_connections (%d): each client "
+                    "connection being served holds an engine connection too; raise the limit or lower the bound "
+                    "well under %d", soft, max_connections, soft // 2)
