@@ -375,3 +375,42 @@ def test_engine_sim_takes_vllms_sizing_flags():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+_DRAIN_PROBE = """
+import asyncio, os, signal, sys
+from steersman.cli._run import run_service
+
+SIGS = [getattr(signal, s) for s in sys.argv[1].split(",")]
+
+async def start():
+    def fire():
+        for s in SIGS:  # sent together: the loop handles them in one turn, before the drain begins
+            os.kill(os.getpid(), s)
+    asyncio.get_running_loop().call_later(0.05, fire)
+
+async def drain():
+    print("draining", flush=True)
+    try:
+        await asyncio.sleep(600 if len(SIGS) > 1 else 0)  # streams in flight
+    except asyncio.CancelledError:
+        print("drain cut", flush=True)
+        raise
+    print("drained", flush=True)
+
+async def stop():
+    print("stopped", flush=True)
+
+run_service(start, stop, freeze=False, drain=drain)
+"""
+
+
+@pytest.mark.parametrize("sigs, want", [
+    ("SIGTERM", ["draining", "drained", "stopped"]),
+    ("SIGHUP", ["draining", "drained", "stopped"]),  # the terminal closed: drained as a Ctrl-C is
+    ("SIGTERM,SIGINT", ["stopped"]),  # two signals before the drain began: no drain (was: it ran to its end)
+])
+def test_one_signal_drains_then_stops_and_two_stop_at_once(sigs, want):
+    r = subprocess.run([sys.executable, "-c", _DRAIN_PROBE, sigs], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == want

@@ -39,7 +39,7 @@ PINNED = {
     "gateway.upstream_preconnect": True,
     "gateway.client_idle_timeout_s": 75.0,
     "gateway.max_client_connections": 8192,
-    "gateway.drain_timeout_s": 25.0,
+    "gateway.drain_timeout_s": 20.0,
     "gateway.client_request_timeout_s": 60.0,
     "gateway.unhealthy_after_failures": 3,
     "gateway.admin_key_sha256": None,

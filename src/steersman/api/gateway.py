@@ -255,8 +255,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
                 await discover_models(self.fleet, rep)  # the scraper lists again those down now, once they are up
 
     async def drain(self) -> None:
-        """A graceful shutdown's first half (SIGTERM; :meth:`stop` is the second): the listener closes (load
-        balancers see the replica gone; new connections are refused), idle keep-alive connections close, and every
+        """A graceful shutdown's first half (SIGTERM; :meth:`stop` is the second): the listener closes (new
+        connections are refused: a load balancer still sending some retries them elsewhere; under Kubernetes a
+        ``preStop`` sleep lets its endpoints forget the pod first), idle keep-alive connections close, and every
         request already received is answered to its last byte, queued ones included, each answer closing its
         connection; for at most ``gateway.drain_timeout_s``, then :meth:`stop` cuts what is left."""
         timeout = self.settings.drain_timeout_s

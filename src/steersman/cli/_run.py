@@ -15,7 +15,7 @@ __all__ = ["run_service", "exit_if_cannot_listen"]
 
 def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]], *, freeze: bool,
                 gc_threshold0: int | None = None, drain: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Start, wait for SIGINT/SIGTERM, then stop; on uvloop.  A signal while starting cancels the start (then
+    """Start, wait for SIGINT/SIGTERM/SIGHUP, then stop; on uvloop.  A signal while starting cancels the start (then
     stops, at once).  ``drain``: once started, the first signal runs it (a graceful shutdown: the work in flight
     finishes) before ``stop``; a second signal cuts it short.  ``freeze``: once started, move every object alive then (imports, kernels, configuration)
     out of the garbage collector's reach (``gc.freeze``), so its full collections walk only what the service
@@ -29,17 +29,20 @@ def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitab
         # what start() began cleans up on the cancellation, stop() the rest
         starting = asyncio.ensure_future(start())
         draining: asyncio.Future | None = None
-        cut = False  # a second signal cut the drain short
+        signals = 0  # the second cuts the drain short (also when both came before the drain began)
+        cut = False
 
         def on_signal() -> None:
-            nonlocal cut
-            if stopping.is_set() and draining is not None and not draining.done():
+            nonlocal signals, cut
+            signals += 1
+            if signals >= 2 and draining is not None and not draining.done():
                 cut = True
                 draining.cancel()  # the second signal: stop now
             stopping.set()
             starting.cancel()  # nothing once started
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP: the terminal closed (its session's processes get it; the engines steersman starts are in their own)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, on_signal)
         try:
             try:
@@ -55,7 +58,7 @@ def run_service(start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitab
                 _, g1, g2 = gc.get_threshold()
                 gc.set_threshold(gc_threshold0, g1, g2)
             await stopping.wait()
-            if drain is not None:
+            if drain is not None and signals < 2:
                 draining = asyncio.ensure_future(drain())
                 try:
                     await draining

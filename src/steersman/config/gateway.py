@@ -78,10 +78,11 @@ class GatewaySettings:
         "client_header_timeout / client_body_timeout default 60 s (slow-loris clients cannot hold connections)", gt=0
     )
     drain_timeout_s: float = setting(
-        25.0, "on SIGTERM/SIGINT the gateway stops listening and lets the requests and streams in flight finish "
-        "for up to 25 s (a second signal stops at once), then cuts what is left: Kubernetes sends SIGTERM and "
-        "SIGKILLs 30 s later (terminationGracePeriodSeconds), which leaves 5 s to stop; nginx's graceful quit and "
-        "uvicorn's --timeout-graceful-shutdown drain the same way.  0 cuts every stream at once", ge=0
+        20.0, "on SIGTERM/SIGINT/SIGHUP the gateway stops listening and lets the requests and streams in flight "
+        "finish for up to 20 s (a second signal stops at once), then cuts what is left: Kubernetes SIGKILLs 30 s "
+        "after its SIGTERM (terminationGracePeriodSeconds), which leaves 10 s for the stop itself (embedded engines' "
+        "5 s grace, the trace export's 2 s); nginx's graceful quit and uvicorn's --timeout-graceful-shutdown drain "
+        "the same way.  A preStop sleep counts against the same 30 s.  0 cuts every stream at once", ge=0
     )
     client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)", gt=0)
     max_client_connections: int = setting(

@@ -16,7 +16,7 @@ import os
 import sys
 
 from steersman.fleet.config import EndpointConfig, SimulatedFleetConfig, check_spawnable, sim_replica_names
-from steersman.fleet.processes import DIE_WITH_PARENT
+from steersman.fleet.processes import DIE_WITH_PARENT, OWN_SESSION
 from steersman.sim import gpu_profile, model_profile
 
 __all__ = ["SimulatedFleet"]
@@ -89,10 +89,7 @@ class SimulatedFleet:
             args += ["--kv-events-endpoint", f"tcp://{self.host}:*", "--kv-events-replay-endpoint", f"tcp://{self.host}:*"]
         proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE, stderr=None,
                                                     stdin=asyncio.subprocess.DEVNULL,
-                                                    preexec_fn=DIE_WITH_PARENT,
-                                                    # its own session: a terminal's Ctrl-C reaches the gateway alone,
-                                                    # which drains the streams in flight before stopping the engines
-                                                    start_new_session=True)
+                                                    preexec_fn=DIE_WITH_PARENT, start_new_session=OWN_SESSION)
         self.procs.append(proc)
         assert proc.stdout is not None
         try:

@@ -35,7 +35,7 @@ from typing import Any
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS, LlamaCppSettings
 
-__all__ = ["DIE_WITH_PARENT", "EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "chat_template_path", "find_llama_server",
+__all__ = ["DIE_WITH_PARENT", "OWN_SESSION", "EngineStartError", "EngineProcess", "LlamaServerFleet", "cache_dir", "chat_template_path", "find_llama_server",
            "find_gguf", "free_port"]
 
 _PR_SET_PDEATHSIG = 1
@@ -113,11 +113,27 @@ except OSError:  # pragma: no cover
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     if _LIBC is not None:
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != _spawner[0]:  # the parent died between the fork and the prctl: nothing would signal us
+            os._exit(1)
 
+
+def _remember_spawner() -> None:
+    _spawner[0] = os.getpid()
+
+
+# the process about to fork, set in it before every fork that runs a preexec_fn (CPython's and uvloop's call the fork
+# hooks for those): the child's copy names its parent
+_spawner = [os.getpid()]
+os.register_at_fork(before=_remember_spawner)
 
 #: the ``preexec_fn`` of every engine child steersman starts (llama-server, engine-sim): killed when the thread that
 #: started it ends, i.e. with steersman (None where there is no prctl)
 DIE_WITH_PARENT = _die_with_parent if _LIBC is not None else None
+
+#: where the children die with steersman (DIE_WITH_PARENT), they run in their own session, so that a terminal's Ctrl-C
+#: (sent to its foreground process group) reaches steersman alone, which drains the streams in flight through them
+#: before stopping them; elsewhere they stay in steersman's group, where the terminal's signals reach them too
+OWN_SESSION = DIE_WITH_PARENT is not None
 
 
 @dataclass(slots=True)
@@ -209,8 +225,7 @@ class LlamaServerFleet:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
                 self.command(port), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=DIE_WITH_PARENT,
-                start_new_session=True,  # a terminal's Ctrl-C reaches steersman alone, which drains, then stops it
+                preexec_fn=DIE_WITH_PARENT, start_new_session=OWN_SESSION,
             )
         return EngineProcess(name, self.host, port, proc, log_path)
 

@@ -85,6 +85,11 @@ class _Connection(asyncio.Protocol):
         self.transport = transport
         srv = self.server
         conns = srv.connections
+        if srv._refusing and (srv._server is None or not srv._server.is_serving()):
+            # accepted in the loop turn the listener closed (a drain): closed before its request, as the listener
+            # would have refused it (the client retries elsewhere), not left idle to hold the drain to its timeout
+            transport.close()
+            return
         if len(conns) >= srv._cap and not srv.make_room():
             self._refuse(transport)
             return
@@ -373,6 +378,9 @@ class _Connection(asyncio.Protocol):
             self._rejected = False
             self._reject(status, message, code)
         elif not self._in_message:  # (a request being received keeps its read deadline)
+            if self.server._refusing:  # draining (close_listener(idle_too=True)): idle now, so closed
+                t.close()
+                return
             self._arm_idle()
 
     def _arm_idle(self) -> None:

@@ -120,8 +120,10 @@ class HttpServer:
             req.head_only = True
             if handler is None:
                 handler = self._find("GET", req.path)
-        if self._refusing:
-            req.keep_alive = False  # answered with Connection: close (a refusing replica keeps no connection)
+        if self._refusing and not req.conn._queue and not req.conn._in_message:
+            # answered with Connection: close (a refusing server keeps no connection), unless requests follow it on
+            # this connection (pipelined, or arriving): they are answered too, the last one closing it
+            req.keep_alive = False
         try:
             if handler is None:
                 allowed = self._allowed(req.path)
@@ -168,7 +170,9 @@ class HttpServer:
             self._refusing = True
             for c in list(self.connections):
                 if c._current is not None:
-                    c._current.keep_alive = False  # closed by ``finished`` after its last byte
+                    if not c._queue and not c._in_message:
+                        c._current.keep_alive = False  # closed by ``finished`` after its last byte
+                    # (else the requests behind it are answered, then the connection closes once idle: ``_next``)
                 elif not c._in_message and not c._queue and c.transport is not None:
                     c.transport.close()  # idle (one being received or waiting its turn is dispatched as refusing)
 
@@ -199,7 +203,8 @@ class HttpServer:
             self._drained.set_result(None)
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Stop listening, close every connection; after ``grace_s`` reset the ones still open."""
+        """Stop listening, close every connection (a handler still answering is cancelled); after ``grace_s`` reset
+        the ones still open (a close waits for what is buffered to be sent: a client not reading would hold it)."""
         if self._server is None:
             return
         server, self._server = self._server, None
@@ -207,12 +212,20 @@ class HttpServer:
         for c in [*self.connections, *self.refused]:
             if c.transport is not None:
                 c.transport.close()
-        try:
-            await asyncio.wait_for(server.wait_closed(), grace_s)
-        except TimeoutError:
-            for c in [*self.connections, *self.refused]:
-                if c.transport is not None:
-                    c.transport.abort()
+        if self.connections:  # (server.wait_closed() does not wait for them once closed: uvloop's and asyncio's)
+            self._drained = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(asyncio.shield(self._drained), grace_s)
+            except TimeoutError:
+                pass
+            finally:
+                self._drained = None
+        left = [c for c in (*self.connections, *self.refused) if c.transport is not None]
+        tasks = [c._task for c in left if c._task is not None and not c._task.done()]
+        for c in left:
+            c.transport.abort()  # its connection_lost (the loop's next turn) cancels its handler
+        if tasks:  # the handlers' cancellations run before the caller closes what they use (engine connections)
+            await asyncio.wait(tasks, timeout=grace_s)
 
 
 def http_url(host: str, port: int) -> str:
