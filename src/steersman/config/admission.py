@@ -29,8 +29,10 @@ class AdmissionSettings:
         "standard", "issue #3: a tenant (or open mode) that names no priority class gets the middle band 'standard'"
     )
     workflow_max_entries: int = setting(
-        100_000, "bounded memory: 100k tracked workflows at ~0.65 KB each (ids of the longest allowed, 256 characters; "
-        "measured, memory audit) is ~65 MB; the least recently used go first",
+        100_000, "bounded memory: 100k tracked workflows at ~0.8 KB each (ids of the longest allowed, 256 characters, "
+        "costs recorded; measured, memory audit, 0.1 KB of it the per-tenant order of fair-share eviction) is ~80 MB; "
+        "at the cap the least recently used of the tenant holding the most go first, so one tenant's flood of "
+        "workflow ids evicts its own",
         ge=1,
     )
     workflow_idle_ttl_s: float = setting(

@@ -11,9 +11,11 @@ server stores them):
   remembered from earlier calls).
 
 The tracker keeps, per workflow, the calls completed, tokens used, dollars spent
-(the *sunk cost*) and the start time, in an LRU bounded by
-``workflow_max_entries`` that also forgets workflows idle for
-``workflow_idle_ttl_s``.
+(the *sunk cost*) and the start time, at most ``workflow_max_entries`` of them
+(memory), forgetting workflows idle for ``workflow_idle_ttl_s``.  At the cap the
+entry that goes is the least recently used of the tenant holding the most (fair
+share across tenants): one tenant sending random workflow ids evicts its own
+entries, not the other tenants' sunk cost.
 
 **Protection value** (what the scheduler protects under overload)::
 
@@ -129,7 +131,14 @@ class _State:
 
 
 class WorkflowTracker:
-    """Per-(tenant, workflow) usage in a bounded LRU with an idle TTL."""
+    """Per-(tenant, workflow) usage, bounded with fair share across tenants and an idle TTL.
+
+    Expired entries (idle ``workflow_idle_ttl_s``) of any tenant go first.  Past ``workflow_max_entries`` the least
+    recently used entry of the tenant holding the most goes (ties: the one that has held that many longest), so no
+    entry of a tenant below its fair share goes while another tenant is above it: a tenant flooding random workflow
+    ids evicts its own.  O(1) per call (amortized, as the TTL sweep): entries in a global LRU (the sweep), each tenant's
+    in its own LRU, and the tenants grouped by how many entries they hold.
+    """
 
     def __init__(self, settings: AdmissionSettings = AdmissionSettings()) -> None:
         if settings.workflow_max_entries < 1:
@@ -138,30 +147,91 @@ class WorkflowTracker:
             raise ValueError(f"workflow_idle_ttl_s must be > 0, got {settings.workflow_idle_ttl_s}")
         self._max = settings.workflow_max_entries
         self._ttl = settings.workflow_idle_ttl_s
-        self._states: OrderedDict[tuple[str, str], _State] = OrderedDict()
+        self._states: OrderedDict[tuple[str, str], _State] = OrderedDict()  # all entries, least recently used first
+        self._tenants: dict[str, OrderedDict[str, None]] = {}  # a tenant's workflow ids, least recently used first
+        # the tenants holding n >= 1 entries, the one that has held n longest first (ordered: O(1) to find)
+        self._holding: dict[int, OrderedDict[str, None]] = {}
+        self._most = 0  # the most entries a tenant holds
 
     def __len__(self) -> int:
         return len(self._states)
 
+    def _held(self, tenant: str, before: int, after: int) -> None:
+        """``tenant`` went from holding ``before`` entries to ``after`` (one more or one fewer)."""
+        holding = self._holding
+        group = holding.get(after) if after else None
+        if before:
+            left = holding[before]
+            if group is None and after and len(left) == 1:  # alone at ``before``, nobody at ``after``: it moves
+                del holding[before]
+                holding[after] = left
+            else:
+                del left[tenant]
+                if not left:
+                    del holding[before]
+                before = 0
+        if after and before == 0:
+            if group is None:
+                group = holding[after] = OrderedDict()
+            group[tenant] = None
+        if after > self._most:
+            self._most = after
+        elif self._most not in holding:
+            self._most = after  # one fewer, and it held the most alone
+
     def _evict(self, now: float) -> None:
+        """Expired entries of any tenant go, then, past the cap, the least recently used of the tenant holding
+        the most."""
         states = self._states
         while states:
             key, oldest = next(iter(states.items()))
-            if len(states) <= self._max and oldest.last_seen + self._ttl > now:
+            if oldest.last_seen + self._ttl <= now:
+                tenant, workflow_id = key  # idle too long, whoever's
+            elif len(states) > self._max:
+                tenant = next(iter(self._holding[self._most]))
+                workflow_id = next(iter(self._tenants[tenant]))
+                key = (tenant, workflow_id)
+            else:
                 break
             del states[key]
+            ids = self._tenants[tenant]
+            del ids[workflow_id]
+            n = len(ids)
+            if not n:
+                del self._tenants[tenant]
+            self._held(tenant, n + 1, n)
 
-    def _touch(self, key: tuple[str, str], now: float) -> _State:
-        state = self._states.get(key)
-        if state is not None and state.last_seen + self._ttl <= now:
-            del self._states[key]  # idle too long: a new task under an old id
-            state = None
+    def _touch(self, tenant: str, workflow_id: str, now: float) -> _State:
+        key = (tenant, workflow_id)
+        states = self._states
+        state = states.get(key)
         if state is None:
-            state = self._states[key] = _State(now)
+            ids = self._tenants.get(tenant)
+            if ids is None:
+                ids = self._tenants[tenant] = OrderedDict()
+            n = len(ids)
+            if n == self._most and len(states) >= self._max and next(iter(states.values())).last_seen + self._ttl > now:
+                # at the cap, nothing idle, and this tenant holds the most: its own least recently used makes room
+                gone = next(iter(ids))
+                del ids[gone]
+                del states[(tenant, gone)]
+                ids[workflow_id] = None
+                state = states[key] = _State(now)
+            else:
+                state = states[key] = _State(now)
+                ids[workflow_id] = None
+                self._held(tenant, n, n + 1)
+                if len(states) > self._max:
+                    self._evict(now)
         else:
-            self._states.move_to_end(key)
-            state.last_seen = max(state.last_seen, now)
-        self._evict(now)
+            states.move_to_end(key)
+            self._tenants[tenant].move_to_end(workflow_id)
+            if state.last_seen + self._ttl <= now:
+                state = states[key] = _State(now)  # idle too long: a new task under an old id
+            else:
+                state.last_seen = max(state.last_seen, now)
+        if next(iter(states.values())).last_seen + self._ttl <= now:
+            self._evict(now)
         return state
 
     def track(self, tenant: str, headers: WorkflowHeaders, now: float) -> WorkflowView:
@@ -171,7 +241,7 @@ class WorkflowTracker:
 
     def peek(self, tenant: str, headers: WorkflowHeaders, now: float) -> WorkflowView:
         """The view :meth:`track` gives, changing nothing: for a request not admitted yet, which its tenant's budget
-        or rate limits may still refuse (the LRU is shared: a throttled tenant's refused requests must not evict
+        or rate limits may still refuse (the entries are shared: a throttled tenant's refused requests must not evict
         other tenants' workflows, nor keep its own alive).  :meth:`admitted` makes the entry once it is let in."""
         state = self._states.get((tenant, headers.workflow_id))
         if state is not None and state.last_seen + self._ttl <= now:
@@ -193,8 +263,8 @@ class WorkflowTracker:
 
     def admitted(self, tenant: str, workflow_id: str, steps: int | None, now: float) -> None:
         """A request of this workflow was let in (admitted; it may still wait in the queue): its entry is made or
-        refreshed in the LRU, remembering ``steps`` (n) when given."""
-        state = self._touch((tenant, workflow_id), now)
+        refreshed, remembering ``steps`` (n) when given."""
+        state = self._touch(tenant, workflow_id, now)
         if steps is not None:
             state.steps = steps
 
@@ -205,7 +275,7 @@ class WorkflowTracker:
             raise ValueError(f"tokens must be an int >= 0, got {tokens!r}")
         if not (isinstance(cost_usd, (int, float)) and math.isfinite(cost_usd) and cost_usd >= 0):
             raise ValueError(f"cost_usd must be a finite number >= 0, got {cost_usd!r}")
-        state = self._touch((tenant, workflow_id), now)
+        state = self._touch(tenant, workflow_id, now)
         state.calls += 1
         state.tokens += tokens
         state.spent_usd += float(cost_usd)
