@@ -104,6 +104,7 @@ PINNED = {
     "scheduler.exploit_slowdown": 4.0,
     "scheduler.shed_infeasible": ("sheddable",),
     "scheduler.demote_late": True,
+    "scheduler.no_replica_retry_after_s": 1.0,
     "scheduler.queue_without_replica_s": 5.0,
     "scheduler.hold_late": True,
     "scheduler.kv_events": False,

@@ -369,3 +369,12 @@ def test_deadline_checks_predict_unprofiled_replicas_with_the_fleets_priors():
     p, t = plane()  # the default priors: the same deadline is one the request alone cannot meet
     out, _ = p.arrive("x", replace(req, budget=LatencyBudget(deadline=2 * configured)), t, snap, 0.0)
     assert isinstance(out, Refuse) and out.status == 400, out
+
+
+@pytest.mark.parametrize("wait", [DEFAULTS.scheduler.no_replica_retry_after_s, 7.0])
+def test_a_refusal_that_names_no_wait_gets_the_fleet_files_retry_after(wait):
+    # no replica serves the model: the policy refuses without a wait of its own, the plane says how long to wait
+    # (scheduler.no_replica_retry_after_s; policies no longer write 1.0 each)
+    p, t = plane(scheduler=replace(DEFAULTS.scheduler, no_replica_retry_after_s=wait))
+    out, _ = p.arrive("a", sched_request(model="no-such-model"), t, FREE, 0.0)
+    assert isinstance(out, Refuse) and out.status == 503 and out.retry_after == wait

@@ -44,7 +44,7 @@ class _Gateway:
         self.scheduler_settings = DEFAULTS.scheduler
         self.metrics = SimpleNamespace(registry=CollectorRegistry())
         self.backlog = {BIG: 0, SMALL: 0}
-        self.plane = SimpleNamespace(waiting_for=lambda m: self.backlog.get(m, 0))
+        self.plane = SimpleNamespace(waiting_for=lambda m: self.backlog.get(m, 0), settings=DEFAULTS.scheduler)
 
     def big_full(self, full: bool) -> None:
         """The big model's replica saturated by its own report (a queue past the saturation depth), or not."""

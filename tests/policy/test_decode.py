@@ -51,12 +51,12 @@ def test_every_decode_replica_out_of_rotation_is_panic_not_an_outage():
     # one still in rotation: only it, however loaded
     assert _pick(_snap([0, 0, 3, 1, 9], blocked_until=[0, 0, 11.0, 11.0, 0])).replica == 4
     d = _pick(_snap([0] * 5, routable=[1, 1, 0, 0, 0], blocked_until=[0, 0, 11.0, 11.0, 11.0]))
-    assert isinstance(d, Reject) and d.retry_after == 1.0  # none routable: nothing to panic to
+    assert isinstance(d, Reject) and d.retry_after is None  # none routable: nothing to panic to (the wait: the plane's)
 
 
 def test_no_decode_replica_is_a_reject_naming_the_model():
     d = _pick(_snap([0] * 5, routable=[1, 1, 0, 0, 0]))
-    assert isinstance(d, Reject) and MODEL in d.reason and d.retry_after == 1.0
+    assert isinstance(d, Reject) and MODEL in d.reason and d.retry_after is None
     d = _pick(_snap([0] * 5), model="qwen2.5-7b")
     assert isinstance(d, Reject) and "qwen2.5-7b" in d.reason and d.code == "no_decode_replica"
 

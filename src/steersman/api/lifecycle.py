@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RequestLifecycle"]
 
-_EXPIRE_EVERY_S = 0.05  # queued deadlines are re-checked at the metrics scrape cadence
-
 
 class RequestLifecycle:
     """Async glue for :class:`~steersman.control.accounting.Accounting` (set as ``self.accounting``; the
@@ -85,7 +83,7 @@ class RequestLifecycle:
 
     async def _expire_loop(self) -> None:
         while self.plane.waiting:
-            await self.clock.sleep(_EXPIRE_EVERY_S)
+            await self.clock.sleep(self.settings.metrics_interval_s)  # queued deadlines: at the scrape cadence
             self.notify(self.plane.expire(self.fleet.snapshot(), self.clock.now()))
             self._dispatch()
 

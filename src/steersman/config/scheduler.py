@@ -155,6 +155,13 @@ class SchedulerSettings:
         "shed first (issue #3); add 'standard' for Mooncake's policy (bench/policies, whole Mooncake trace at "
         "90% load: SLO met 70.6% -> 81.8%, 7% refused)"
     )
+    no_replica_retry_after_s: float = setting(
+        1.0, "Retry-After of a 503 no replica can take now (none serving the model in rotation, none passing the "
+        "filters, a reroute with none left, sheddable traffic browned out): the gateway learns of a replica back "
+        "at its next scrape (50 ms) and a breaker half-opens in seconds, so 1 s, the least a whole-second header "
+        "says (RFC 9110 10.2.3; the OpenAI SDK waits what it says, up to 60 s); refusals that know their wait "
+        "(rate limits, budgets, an open breaker's remaining time) say that instead", gt=0,
+    )
     queue_without_replica_s: float = setting(
         5.0, "steersman (twenty-seventh session's review): requests queued for a model whose replicas all left "
         "rotation (crashed, ejected, restarting) wait this long for one to come back, then get the 503 no_capacity "

@@ -94,8 +94,13 @@ class Refuse:
     param: str | None = None  # the request field a 4xx names
 
 
-def _refusal(decision: Reject) -> Refuse:
-    return Refuse(decision.status, decision.code, decision.reason, decision.retry_after, decision.param)
+def _refusal(decision: Reject, settings: SchedulerSettings) -> Refuse:
+    """A policy's refusal as the gateway answers it: a 503 that names no wait of its own gets
+    ``scheduler.no_replica_retry_after_s``."""
+    wait = decision.retry_after
+    if wait is None and decision.status == 503:
+        wait = settings.no_replica_retry_after_s
+    return Refuse(decision.status, decision.code, decision.reason, wait, decision.param)
 
 
 @dataclass(slots=True)
@@ -155,12 +160,12 @@ class ControlPlane:
             asked = self._early(snapshot, req)  # early rejection of what would wait: asked all the same, over the
             if asked is not None:  # saturated replicas too (control/shed_watch.py)
                 self.admitter.release(a, now)
-                return _refusal(asked), []
+                return _refusal(asked, self.settings), []
         if isinstance(decision, Route):
             return Dispatch(decision, a), []
         if isinstance(decision, Reject):
             self.admitter.release(a, now)
-            return _refusal(decision), []
+            return _refusal(decision, self.settings), []
         assert isinstance(decision, Queue)
         pushed = self.queue.push(item, req, now, weight=tenant.weight)
         if decision.keeps_place:
@@ -280,7 +285,7 @@ class ControlPlane:
                 out.append((item, Dispatch(decision, q.admit)))
             else:
                 self._release(q, now)
-                out.append((item, _refusal(decision)))
+                out.append((item, _refusal(decision, self.settings)))
         return out
 
     def _next(self, snap: FleetSnapshot, models: set[str], now: float,
@@ -371,7 +376,7 @@ class ControlPlane:
                 asked = self._early(snapshot, q.req)
                 if asked is not None:
                     self.abandon(item, now)
-                    out.append((item, _refusal(asked)))
+                    out.append((item, _refusal(asked, self.settings)))
                 elif self._shed_watch.applies(q.req):  # no replica to predict over now (all ejected or down):
                     self._shed_watch.again(item, now + REASK_S)  # asked again, not left to its turn
         for model in self._orphaned(snapshot, now):

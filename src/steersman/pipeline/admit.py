@@ -155,7 +155,8 @@ class Schedule:
             return CONTINUE
         if not isinstance(decision, Queue):
             err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,
-                           decision.code if isinstance(decision, Reject) else "no_capacity", 1.0)
+                           decision.code if isinstance(decision, Reject) else "no_capacity",
+                           gw.scheduler_settings.no_replica_retry_after_s)
             return Fail(err, Retry.NEVER)
         ctx.started_at, ctx.ticket = gw.accounting.left(old), None  # not in flight there while it waits
         out, shed = gw.plane.requeue(ctx, req, old.admit, ctx.tenant.weight, gw.clock.now())

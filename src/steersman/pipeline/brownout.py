@@ -59,7 +59,7 @@ class Brownout:
         if isinstance(act, Shed):
             self.counts.inc(model, "shed")
             return Fail(ApiError(503, act.reason[:1].upper() + act.reason[1:] + ".", "server_error", None, "brownout",
-                                 act.retry_after), Retry.NEVER)
+                                 gw.plane.settings.no_replica_retry_after_s), Retry.NEVER)
         if isinstance(act, MoveTo):
             keys = gw.fleet.lora_keys
             self._move(ctx, act.model, gw.expected_output(act.model, sched.tenant, sched.max_tokens),

@@ -79,7 +79,7 @@ class LeastLoadedDecode:
             return Reject(f"no decode replica serves model {request.model!r}", code="no_decode_replica")
         cand = _available(snapshot, request.model)
         if cand.size == 0:
-            return Reject(f"no decode replica of model {request.model!r} is available", retry_after=1.0)
+            return Reject(f"no decode replica of model {request.model!r} is available")
         load = snapshot.live[S.IN_FLIGHT, cand]
         j = int(cand[int(np.argmin(load))])  # argmin: the first of the least loaded, i.e. the lowest index
         return Route(j, f"decode: fewest requests in flight ({int(load.min())})")

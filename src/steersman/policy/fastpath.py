@@ -213,7 +213,7 @@ class _Fused:
         clock = framework._clock
         mask = snap.model_masks.get(req.model)
         if mask is None:
-            return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
+            return Reject(f"no healthy replica serves model {req.model!r}")
         t0 = clock()
         idx = np.empty(mask.size, dtype=np.intp)
         candidates, n = gate_pass(mask, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until,
@@ -221,7 +221,7 @@ class _Fused:
                                   _NONE if snap.limits is None or req.resumed else snap.limits,
                                   excluded_array(req.excluded), idx)
         if not candidates:
-            return Reject(f"no healthy replica serves model {req.model!r}", retry_after=1.0)
+            return Reject(f"no healthy replica serves model {req.model!r}")
         if not n and snap.blocked_until is not None and not gate_pass(
                 mask, snap.routable, snap.blocked_until, snap.time, snap.live[S.IN_FLIGHT], _NONE,
                 excluded_array(req.excluded), idx)[1]:  # panic (the reliability filter's): the guard's blocks ignored
@@ -264,7 +264,7 @@ class _Fused:
                 n = m
             hist.observe(clock() - t0)
             if not n:
-                return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
+                return Reject(f"no replica passes filter {f.name!r}")
         t0 = clock()
         out = self._pick(snap, req, idx[:n], _held(snap, req) if held is None else held, need, clock)
         self.picker_hist.observe(clock() - t0)

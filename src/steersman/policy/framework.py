@@ -256,7 +256,7 @@ class Profile:
 
     def decide(self, ctx: DecisionContext) -> Decision:
         if ctx.candidates.size == 0:
-            return Reject(f"no healthy replica serves model {ctx.request.model!r}", retry_after=1.0)
+            return Reject(f"no healthy replica serves model {ctx.request.model!r}")
         clock, hist = _clock, self._hist
         t0 = clock()
         keep = self.gate.filter(ctx)  # reliability: ejected, breaker, limit, excluded
@@ -284,7 +284,7 @@ class Profile:
                 empty = getattr(f, "when_empty", None)  # optional: the filter's own answer when it leaves none
                 verdict = empty(ctx) if empty is not None else None
                 if verdict is None:
-                    return Reject(f"no replica passes filter {f.name!r}", retry_after=1.0)
+                    return Reject(f"no replica passes filter {f.name!r}")
                 if not isinstance(verdict, np.ndarray):
                     return verdict
                 keep, kept = verdict, np.count_nonzero(verdict)

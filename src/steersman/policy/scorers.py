@@ -125,7 +125,7 @@ def _too_long(snap, req: SchedRequest, least: int) -> Reject:
     (OpenAI's and vLLM's answer to a request over the context length), not a 503 its client would retry."""
     if model_holds(snap, req.model, least):
         return Reject(f"this request needs {least} tokens of context: no replica available now holds that many; "
-                      f"those of {req.model!r} that do are busy, out of rotation or excluded", retry_after=1.0)
+                      f"those of {req.model!r} that do are busy, out of rotation or excluded")
     field = PROMPT_FIELD.get(req.kind, "prompt")
     cap = _capacity(snap, snap.serves(req.model).nonzero()[0])
     most = int(np.max(cap)) if cap.size else 0

@@ -54,8 +54,7 @@ class MoveTo:
 
 @dataclass(frozen=True, slots=True)
 class Shed:
-    reason: str
-    retry_after: float = 1.0
+    reason: str  # (answered 503 brownout with scheduler.no_replica_retry_after_s)
 
 
 KEEP = Keep()

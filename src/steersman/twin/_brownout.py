@@ -28,7 +28,7 @@ class TwinBrownout:
                           self.clock.t)
         if isinstance(act, Shed):
             self.brownout_counts["shed"] += 1
-            self._refused(r, Refuse(503, "brownout", act.reason, act.retry_after))
+            self._refused(r, Refuse(503, "brownout", act.reason, self.plane.settings.no_replica_retry_after_s))
             return False
         if isinstance(act, MoveTo):
             self.brownout_counts["moved"] += 1

@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["Twin", "TwinConfig"]
 
 _PULL_WINDOW_S = 1.0  # open-loop arrivals are pulled from the workload one virtual second at a time
-_EXPIRE_EVERY_S = 0.05  # as the gateway: queued deadlines re-checked at the scrape cadence
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +261,7 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
             self._refused(r, out)
         elif isinstance(out, Wait) and not self._expiring:
             self._expiring = True
-            self._push(now + _EXPIRE_EVERY_S, _EXPIRE, None)
+            self._push(now + self.cfg.metrics_interval_s, _EXPIRE, None)  # as the gateway: at the scrape cadence
 
     def _refused(self, r: _Req, refusal: Refuse) -> None:
         if r.started is not None:  # a retry refused from the queue: its failed attempt is settled now
@@ -416,7 +415,7 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
             self._refused(r, got)
         elif not self._expiring:  # waits in the queue: its expiry is checked, capacity that frees dispatches it
             self._expiring = True
-            self._push(self.clock.t + _EXPIRE_EVERY_S, _EXPIRE, None)
+            self._push(self.clock.t + self.cfg.metrics_interval_s, _EXPIRE, None)
 
     def _follow_up(self, r: _Req, ok: bool) -> None:
         for a in self.workload.on_complete(r.arrival, self.clock.t, ok):
@@ -441,6 +440,6 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
             self._refused(r, refusal)
         self._dispatch_queued()
         if self.plane.waiting:
-            self._push(self.clock.t + _EXPIRE_EVERY_S, _EXPIRE, None)
+            self._push(self.clock.t + self.cfg.metrics_interval_s, _EXPIRE, None)
         else:
             self._expiring = False
