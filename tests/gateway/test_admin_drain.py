@@ -74,6 +74,7 @@ def test_a_drained_replica_finishes_its_stream_gets_nothing_new_and_resume_puts_
 
     r = _admin(lf, "POST", f"/admin/replicas/{name}/resume")
     assert r.status_code == 200 and r.json()["draining"] is False and r.json()["routable"] is True
+    assert httpx.get(lf.url + "/health", timeout=10).json()["replicas_draining"] == 0
     _six(client)
     assert _counts(lf)[busy] > after[busy]
     client.close()
@@ -86,6 +87,8 @@ def test_draining_every_replica_of_a_model_refuses_its_requests_clearly_not_a_ha
         r = httpx.post(lf.url + "/v1/chat/completions", timeout=30,
                        json={"model": "scripted", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 503 and r.json()["error"]["message"]
+        h = httpx.get(lf.url + "/health", timeout=10)  # (a load balancer's check: nothing can be served here)
+        assert h.status_code == 503 and h.json()["replicas_draining"] == 2 and h.json()["replicas_healthy"] == 0
     finally:
         for i in range(2):
             _admin(lf, "POST", f"/admin/replicas/scripted-{i}/resume")

@@ -5,6 +5,7 @@ zero.  Without the bound a client opening connections held every fd the process 
 reach its engines)."""
 
 import asyncio
+import socket
 
 import orjson
 import pytest
@@ -70,7 +71,11 @@ def _server(cap: int) -> tuple[HttpServer, dict]:
 
     srv.route("GET", "/echo", echo)
     srv.route("GET", "/gated", gated)
+    async def big(req):
+        req.respond(200, b"x" * (16 << 20))
+
     srv.route("GET", "/stream", stream)
+    srv.route("GET", "/big", big)
     srv.on_error = on_error
     return srv, state
 
@@ -147,18 +152,25 @@ async def test_at_the_bound_the_connection_idle_the_longest_is_closed_to_make_ro
         await srv.stop()
 
 
-async def test_a_connection_that_has_not_sent_its_request_yet_is_idle_and_one_closing_makes_room():
+async def test_a_connection_that_has_not_been_answered_yet_is_not_closed_to_make_room_and_one_closing_makes_room():
+    # a new connection's request may be on its way: closing it for a newcomer made a burst at the bound close its
+    # own newcomers (a review's repro: 9 of 10 clients cut, none answered 503); the newcomer is refused instead
     srv, state = _server(2)
     port = await srv.start("127.0.0.1", 0)
     try:
-        quiet = await asyncio.open_connection("127.0.0.1", port)  # connected, sends nothing
+        quiet = await asyncio.open_connection("127.0.0.1", port)  # connected, sends nothing yet
         busy = await asyncio.open_connection("127.0.0.1", port)
         busy[1].write(b"GET /gated HTTP/1.1\r\nHost: x\r\n")  # a request arriving (its head unfinished): busy
         await _until(lambda: any(c._in_message for c in srv.connections))
+        refused = await asyncio.open_connection("127.0.0.1", port)
+        got = await _read_until_closed(refused[0])
+        assert b" 503 " in got and b"overloaded" in got  # neither of the two was closed for it
+        refused[1].close()
+        assert b" 200 " in await _ask(*quiet)  # its request, sent late, is answered: now it is idle
+
         new = await asyncio.open_connection("127.0.0.1", port)
         assert b" 200 " in await _ask(*new)
-        assert await _read_until_closed(quiet[0]) == b""  # the quiet one made room, not the one being received
-
+        assert await _read_until_closed(quiet[0]) == b""  # the one answered and idle made room
         new[1].close()  # one closes: room without closing anyone
         await _until(lambda: len(srv.connections) == 1)
         later = await asyncio.open_connection("127.0.0.1", port)
@@ -167,7 +179,7 @@ async def test_a_connection_that_has_not_sent_its_request_yet_is_idle_and_one_cl
         await _until(lambda: state["entered"] == 1)
         state["gate"].set()
         assert b'{"late":true}' in await asyncio.wait_for(busy[0].readuntil(b"}"), 5)
-        assert len(srv.connections) == 2 and state["told"] == []
+        assert len(srv.connections) == 2 and len(state["told"]) == 1
         for _, w in (quiet, busy, new, later):
             w.close()
         await _until(lambda: not srv.connections and not srv.idle)
@@ -253,3 +265,57 @@ async def test_start_warns_when_the_fd_limit_cannot_hold_the_bound(monkeypatch, 
         await srv.start("127.0.0.1", 0)
         await srv.stop()
         assert any("max_client_connections (8192)" in r.getMessage() for r in caplog.records) == warned
+
+
+async def test_an_idle_connection_whose_answer_is_still_unread_is_not_closed_to_make_room():
+    # a review's repro: closing it waits for the client to read, so it never left ``connections`` while make_room
+    # said it had made room: each newcomer added one (9 open at a bound of 3); such a connection is not chosen
+    srv, state = _server(2)
+    port = await srv.start("127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.setblocking(False)
+    await loop.sock_connect(slow, ("127.0.0.1", port))
+    try:
+        await loop.sock_sendall(slow, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads
+        await _until(lambda: any(c._current is None and c.transport and c.transport.get_write_buffer_size()
+                                 for c in srv.connections))  # answered, its bytes unsent: "idle"
+        a = await asyncio.open_connection("127.0.0.1", port)
+        assert b" 200 " in await _ask(*a)  # a: answered, idle, read
+        b = await asyncio.open_connection("127.0.0.1", port)
+        assert b" 200 " in await _ask(*b)  # room made by closing a, not the slow one
+        assert await _read_until_closed(a[0]) == b""
+        c = await asyncio.open_connection("127.0.0.1", port)
+        assert b" 200 " in await _ask(*c)  # b made room
+        assert len(srv.connections) <= 2 + 1  # (b leaving in its connection_lost): the bound holds
+        await _until(lambda: len(srv.connections) == 2)
+        for _, w in (a, b, c):
+            w.close()
+    finally:
+        slow.close()
+        await srv.stop()
+
+
+async def test_a_burst_of_new_clients_at_the_bound_gets_503s_not_closed_connections():
+    srv, state = _server(2)
+    port = await srv.start("127.0.0.1", 0)
+    try:
+        busy = await asyncio.open_connection("127.0.0.1", port)
+        busy[1].write(b"GET /gated HTTP/1.1\r\nHost: x\r\n\r\n")
+        await _until(lambda: state["entered"] == 1)
+        clients = []
+        for _ in range(6):  # connect together, send a moment later (a connect-to-send gap)
+            clients.append(await asyncio.open_connection("127.0.0.1", port))
+        for _, w in clients:
+            w.write(GET)
+        answers = [await _read_until_closed(r) if i else await asyncio.wait_for(r.readuntil(b"}"), 5)
+                   for i, (r, _) in enumerate(clients)]
+        assert b" 200 " in answers[0]  # the first took the free place
+        assert all(b" 503 " in a and b"overloaded" in a for a in answers[1:])  # each told, none cut silently
+        state["gate"].set()
+        for _, w in (busy, *clients):
+            w.close()
+        await _until(lambda: not srv.connections and not srv.idle and not srv.refused)
+    finally:
+        await srv.stop()

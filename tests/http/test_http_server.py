@@ -415,7 +415,7 @@ async def test_request_bodies_arriving_at_once_are_bounded_over_every_connection
             held.append((r, w))
             await asyncio.sleep(0.05)
         third = await asyncio.wait_for(held[2][0].read(65536), 5)
-        assert b" 503 " in third.split(b"\r\n")[0] and b'"code":"overloaded"' in third
+        assert b" 503 " in third.split(b"\r\n")[0] and b'"code":"overloaded"' in third and b"Retry-After: 1\r\n" in third
         assert srv.buffered == 1200
         r, w = held[0]
         w.write(b"a" * 300)  # the first completes: its body leaves the budget (the request's now)

@@ -56,7 +56,7 @@ shortlist: the 1 to 5 places that had gone to replicas whose free KV did not hol
 dropped, went to replicas that do: 8 routes to another replica, 2 early refusals of sheddable requests quoting a
 lower least TTFT); and when an early refusal's reason came to say the TTFT budget left instead of "target" (48
 changed, the reason's text only: the same decisions, Retry-After and predictions); and when policies came to
-leave a 503's Retry-After to the control plane (``scheduler.no_replica_retry_after_s``; 765 changed, each
+leave a 503's Retry-After to the control plane (``scheduler.no_replica_retry_after_s``; 1,485 changed, each
 "|1.0" of a refusal that names no wait of its own now "|None", nothing else); the plugin-by-plugin path
 gives every recorded decision::
 

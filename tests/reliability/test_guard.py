@@ -308,3 +308,6 @@ def test_admin_fleet_shows_an_ejected_replica_out_of_rotation_with_its_engine_lo
     assert (reps[1]["healthy"], reps[1]["routable"], reps[1]["ejected"]) == (True, False, True)
     assert (reps[0]["routable"], reps[0]["ejected"]) == (True, False)
     assert (reps[0]["running"], reps[0]["waiting"], reps[0]["kv_cache_usage"]) == (3.0, 2.0, 0.25)
+    fleet.set_draining(1, True)  # drained by an operator too: its ejection still shows (a review: it read false)
+    reps = fleet_view(fleet)["replicas"]
+    assert (reps[1]["draining"], reps[1]["routable"], reps[1]["ejected"]) == (True, False, True)

@@ -75,7 +75,7 @@ def fleet_view(fleet) -> dict:
         reps.append({
             "name": r.name, "url": r.url, "engine": r.engine, "gpu": r.gpu, "models": list(r.models), "pool": r.pool,
             "healthy": bool(fleet.healthy[i]), "routable": bool(rotation[i]), "draining": bool(fleet.draining[i]),
-            "ejected": bool(fleet.routable[i] and not rotation[i]),
+            "ejected": fleet.blocked(i),  # (by the guard, whatever else keeps it out: a drained one's too)
             "in_flight": float(fleet.in_flight[i]),
             "running": _finite(fleet.live[S.RUNNING, i]), "waiting": _finite(fleet.live[S.WAITING, i]),
             "kv_cache_usage": _finite(fleet.live[S.KV_USAGE, i]),

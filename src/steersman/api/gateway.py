@@ -409,9 +409,11 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
 
     async def health(self, request: HttpRequest) -> None:
         fleet = self.fleet
-        healthy = int(fleet.healthy.sum()) if fleet is not None else 0
+        # a replica an operator drained serves nothing new: with every healthy one drained the gateway is unavailable
+        healthy = int((fleet.healthy & ~fleet.draining).sum()) if fleet is not None else 0
         total = len(fleet.replicas) if fleet is not None else 0
-        body = {"status": "ok" if healthy else "unavailable", "replicas_healthy": healthy, "replicas": total}
+        body = {"status": "ok" if healthy else "unavailable", "replicas_healthy": healthy, "replicas": total,
+                "replicas_draining": int(fleet.draining.sum()) if fleet is not None else 0}
         request.respond(200 if healthy else 503, orjson.dumps(body))
 
     def _admin_refused(self, request: HttpRequest) -> bool:

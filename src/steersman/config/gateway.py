@@ -34,7 +34,9 @@ class GatewaySettings:
         "an input array (2,048 items); past it the engine would be handed an unbounded batch from one body", ge=1
     )
     metrics_interval_s: float = setting(
-        0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval)", gt=0
+        0.05, "llm-d inference scheduler refreshes endpoint metrics every 50 ms (refreshMetricsInterval); the "
+        "deadlines of requests queued in the gateway are re-checked at the same cadence (live and in the twin): a "
+        "longer interval answers their 504s, and the 503 of a queue whose replicas all left, that much later", gt=0
     )
     metrics_timeout_s: float = setting(1.0, "a scrape slower than 1 s is treated as failed for that round", gt=0)
     sleep_poll_s: float = setting(

@@ -227,7 +227,8 @@ class ControlPlane:
         q = self._waiting.pop(victim)
         self._kept.discard(id(victim))
         self._release(q, now)
-        return victim, Refuse(503, "shed", "shed from the gateway queue for more important requests", 1.0)
+        return victim, Refuse(503, "shed", "shed from the gateway queue for more important requests",
+                              self.settings.no_replica_retry_after_s)
 
     def _release(self, q: _Queued, now: float) -> None:
         """A queued request leaves without being dispatched: its admission goes back, unless it ran before."""
@@ -381,7 +382,7 @@ class ControlPlane:
                     self._shed_watch.again(item, now + REASK_S)  # asked again, not left to its turn
         for model in self._orphaned(snapshot, now):
             gone = Refuse(503, "no_capacity", f"no replica of model {model!r} has been in rotation for "
-                          f"{self.settings.queue_without_replica_s:g} s", 1.0)
+                          f"{self.settings.queue_without_replica_s:g} s", self.settings.no_replica_retry_after_s)
             for item in [it for it, q in self._waiting.items() if q.req.model == model]:
                 self.abandon(item, now)
                 out.append((item, gone))

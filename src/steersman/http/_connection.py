@@ -24,6 +24,9 @@ _READ_SLACK = 256 * 1024  # a read's bytes before its message's head began (the 
 # (a socket closed with the request unread resets, and the client may see the reset, not the answer); past these a
 # refusal closes at once: a client opening connections and never closing them cannot make refusals hold fds
 _MAX_REFUSED_LINGERING = 64
+# the server's own 503s (at the connection bound, past the body budget) say when to come back: after a second, as
+# the gateway's other 503s by default (scheduler.no_replica_retry_after_s); the whole-second floor of the header
+_OVERLOAD_RETRY_AFTER = b"Retry-After: 1\r\n"
 
 
 class _Connection(asyncio.Protocol):
@@ -94,7 +97,9 @@ class _Connection(asyncio.Protocol):
             self._refuse(transport)
             return
         conns.add(self)
-        self._arm_idle()
+        # not in ``server.idle`` until it has been answered once: a new connection whose request is on its way is
+        # never closed to make room (a burst at the bound would close its own newcomers); it has the idle deadline
+        self._deadline(srv.idle_timeout_s, self._idle_close)
 
     def _refuse(self, t: asyncio.Transport) -> None:
         """At the server's connection bound, none idle: answer 503 ``overloaded`` now, without reading the request
@@ -103,8 +108,8 @@ class _Connection(asyncio.Protocol):
         srv = self.server
         self._rejected = True  # (what the client sends is discarded)
         body = srv.error_body(503, "The gateway has too many client connections open; retry shortly.", "overloaded")
-        t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\nRetry-After: 1\r\n%bConnection: close\r\n"
-                b"\r\n%b" % (_status_line(503), len(body), srv.error_extra(503, None), body))
+        t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\n%b%bConnection: close\r\n\r\n%b"
+                % (_status_line(503), len(body), _OVERLOAD_RETRY_AFTER, srv.error_extra(503, None), body))
         if len(srv.refused) < _MAX_REFUSED_LINGERING and t.can_write_eof():
             # closed when the client closes (eof_received), else after the grace (connection_lost cancels the timer)
             srv.refused.add(self)
@@ -388,8 +393,12 @@ class _Connection(asyncio.Protocol):
         self._deadline(self.server.idle_timeout_s, self._idle_close)
 
     def _idle_close(self) -> None:
-        if self._current is None and self.transport is not None:
-            self.transport.close()
+        t = self.transport
+        if self._current is None and t is not None:
+            if t.get_write_buffer_size():  # its last answer still unread after the idle timeout (nginx send_timeout):
+                t.abort()  # a close would wait for the client to read it, holding the connection as long
+            else:
+                t.close()
 
     def _reject(self, status: int, message: str, code: str) -> None:
         """Answer a protocol-level error, then close.
@@ -414,6 +423,8 @@ class _Connection(asyncio.Protocol):
             return
         body = self.server.error_body(status, message, code)
         extra = self.server.error_extra(status, self._headers)
+        if status == 503:  # (the body budget's overloaded: transient)
+            extra += _OVERLOAD_RETRY_AFTER
         t.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\n%bConnection: close\r\n\r\n%b"
                 % (_status_line(status), len(body), extra, body))
         if t.can_write_eof():

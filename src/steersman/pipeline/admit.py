@@ -156,7 +156,8 @@ class Schedule:
         if not isinstance(decision, Queue):
             err = ApiError(503, f"No other replica can take the request now: {decision.reason}.", "server_error", None,
                            decision.code if isinstance(decision, Reject) else "no_capacity",
-                           gw.scheduler_settings.no_replica_retry_after_s)
+                           decision.retry_after if isinstance(decision, Reject) and decision.retry_after is not None
+                           else gw.scheduler_settings.no_replica_retry_after_s)
             return Fail(err, Retry.NEVER)
         ctx.started_at, ctx.ticket = gw.accounting.left(old), None  # not in flight there while it waits
         out, shed = gw.plane.requeue(ctx, req, old.admit, ctx.tenant.weight, gw.clock.now())

@@ -91,11 +91,11 @@ class ReliabilityFilter:
         if _keep(ctx, limits=False).any():
             return Queue("every available replica is at its adaptive concurrency limit")
         snap = ctx.snapshot
-        wait = 1.0
+        wait = None  # none known: the control plane's (scheduler.no_replica_retry_after_s)
         if snap.blocked_until is not None and ctx.candidates.size:
             soonest = float(np.min(snap.blocked_until[ctx.candidates])) - snap.time
             if math.isfinite(soonest):
-                wait = max(1.0, soonest)
+                wait = max(1.0, soonest)  # (a whole second at least: the header's unit)
         return Reject(f"no available replica serves model {ctx.request.model!r} (ejected, breaker open or excluded)",
                       retry_after=wait)
 
