@@ -191,15 +191,20 @@ class HttpServer:
         response closing its connection (:meth:`close_listener` with ``idle_too``); wait until no connection is
         left or ``timeout_s`` has passed.  Returns the connections still open then (:meth:`stop` cuts them)."""
         self.close_listener(idle_too=True)
-        if self.connections and timeout_s > 0:
-            self._drained = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._drained), timeout_s)
-            except TimeoutError:
-                pass
-            finally:
-                self._drained = None
+        await self._until_closed(timeout_s)
         return len(self.connections)
+
+    async def _until_closed(self, timeout_s: float) -> None:
+        """Wait until no connection is left (each leaves in its ``connection_lost``), at most ``timeout_s``."""
+        if not self.connections or timeout_s <= 0:
+            return
+        self._drained = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._drained), timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self._drained = None
 
     @property
     def busy_connections(self) -> int:
@@ -221,14 +226,7 @@ class HttpServer:
         for c in [*self.connections, *self.refused]:
             if c.transport is not None:
                 c.transport.close()
-        if self.connections:  # (server.wait_closed() does not wait for them once closed: uvloop's and asyncio's)
-            self._drained = asyncio.get_running_loop().create_future()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._drained), grace_s)
-            except TimeoutError:
-                pass
-            finally:
-                self._drained = None
+        await self._until_closed(grace_s)  # (server.wait_closed() does not wait for them once closed: uvloop's, asyncio's)
         left = [c for c in (*self.connections, *self.refused) if c.transport is not None]
         tasks = [c._task for c in left if c._task is not None and not c._task.done()]
         for c in left:
