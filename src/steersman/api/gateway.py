@@ -20,7 +20,8 @@ from steersman.api.headers import tag_request_id
 from steersman.api.lifecycle import RequestLifecycle
 from steersman.api.responses_http import ResponsesEndpoints
 from steersman.api.calibrate import calibrate
-from steersman.api.admin import REPLICAS_PATH, AdminGuard, fleet_view, replica_action
+from steersman.api.admin import REPLICAS_PATH, AdminGuard
+from steersman.api.admin_http import AdminEndpoints
 from steersman.api.openapi import openapi_document
 from steersman.api.prompt import with_cache_salt
 from steersman.clock import Clock, WallClock
@@ -70,7 +71,7 @@ _COMPLETION = _Endpoint("completion", "/v1/completions")
 _EMBEDDING = _Endpoint("embedding", "/v1/embeddings")
 
 
-class Gateway(RequestLifecycle, ResponsesEndpoints):
+class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
     def __init__(self, cfg: FleetConfig, clock: Clock | None = None) -> None:
         self.cfg = cfg
         self.settings = cfg.gateway
@@ -415,42 +416,6 @@ class Gateway(RequestLifecycle, ResponsesEndpoints):
         body = {"status": "ok" if healthy else "unavailable", "replicas_healthy": healthy, "replicas": total,
                 "replicas_draining": int(fleet.draining.sum()) if fleet is not None else 0}
         request.respond(200 if healthy else 503, orjson.dumps(body))
-
-    def _admin_refused(self, request: HttpRequest) -> bool:
-        err = self.admin.check(request.headers.get("authorization"))
-        if err is not None:
-            request.respond(err.status, err.body())
-        return err is not None
-
-    async def admin_fleet(self, request: HttpRequest) -> None:
-        if self._admin_refused(request):
-            return
-        assert self.fleet is not None
-        request.respond(200, orjson.dumps(fleet_view(self.fleet)))
-
-    async def admin_replica(self, request: HttpRequest) -> None:
-        if self._admin_refused(request):
-            return
-        assert self.fleet is not None
-        try:
-            index, action = replica_action(self.fleet, request.path)
-        except ApiError as e:
-            request.respond(e.status, e.body())
-            return
-        self.fleet.set_draining(index, action == "drain")
-        name = self.fleet.replicas[index].name
-        log.warning("replica %s %s by an operator (%d request(s) under way there)", name,
-                    "drained: out of rotation" if action == "drain" else "resumed: back in rotation",
-                    int(self.fleet.in_flight[index]))
-        if action == "resume":
-            self.kick()  # queued requests may go there now
-        view = next(r for r in fleet_view(self.fleet)["replicas"] if r["name"] == name)
-        request.respond(200, orjson.dumps(view))
-
-    async def metrics_handler(self, request: HttpRequest) -> None:
-        if self._admin_refused(request):
-            return
-        request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
 
 
 def _with_request_id(handler):
