@@ -61,8 +61,9 @@ class HttpServer:
         #: the bound on :attr:`connections` (None: only the fd limit; engine-sim's, whose only client is a gateway)
         self.max_connections = max_connections
         self._cap = max_connections if max_connections is not None else float("inf")
-        #: the connections idle between requests (or before their first), the one idle the longest first: the ones a
-        #: new connection may close at the bound (kept by :class:`_Connection`; nothing in flight is ever in it)
+        #: the connections idle between requests (once one has been answered: a new one's request may be on its way),
+        #: the one idle the longest first: the ones a new connection may close at the bound (kept by
+        #: :class:`_Connection`; nothing in flight or arriving is ever in it)
         self.idle: OrderedDict[_Connection, None] = OrderedDict()
         #: connections refused at the bound, answered and half-closed, waiting for the client to close (not counted
         #: in :attr:`connections`; at most ``_MAX_REFUSED_LINGERING`` of them)
