@@ -57,8 +57,9 @@ dropped, went to replicas that do: 8 routes to another replica, 2 early refusals
 lower least TTFT); and when an early refusal's reason came to say the TTFT budget left instead of "target" (48
 changed, the reason's text only: the same decisions, Retry-After and predictions); and when policies came to
 leave a 503's Retry-After to the control plane (``scheduler.no_replica_retry_after_s``; 1,485 changed, each
-"|1.0" of a refusal that names no wait of its own now "|None", nothing else); the plugin-by-plugin path
-gives every recorded decision::
+"|1.0" of a refusal that names no wait of its own now "|None", nothing else), and when "no healthy replica
+serves model" came to say "no replica of model ... is in rotation (unhealthy, loading or drained)" (765 changed,
+the reason's text only: a drained replica is healthy); the plugin-by-plugin path gives every recorded decision::
 
     .venv/bin/python tests/policy/replayscenarios.py --record
 

@@ -10,7 +10,7 @@ from steersman.fleet.snapshot import FleetSnapshot
 from steersman.plugins import Registry
 from steersman.policy.request import SchedRequest
 
-__all__ = ["Route", "Queue", "Reject", "Decision", "RoutingPolicy", "POLICIES", "mix64"]
+__all__ = ["Route", "Queue", "Reject", "Decision", "RoutingPolicy", "POLICIES", "mix64", "none_in_rotation"]
 
 _M64 = (1 << 64) - 1
 
@@ -71,6 +71,12 @@ class Reject:
 
 
 Decision = Route | Queue | Reject
+
+
+def none_in_rotation(model: str) -> Reject:
+    """No replica of ``model`` can take a request now: each is unhealthy, loading its weights or drained by an
+    operator (it said "no healthy replica" of drained, healthy replicas)."""
+    return Reject(f"no replica of model {model!r} is in rotation (unhealthy, loading or drained)")
 
 
 @runtime_checkable

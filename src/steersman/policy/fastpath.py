@@ -35,7 +35,7 @@ from steersman.policy import framework
 from steersman.policy import kernels as K
 from steersman.policy import plugin_kernels as P
 from steersman.policy import unprofiled_kernels as U
-from steersman.policy.base import Decision, Queue, Reject, Route
+from steersman.policy.base import Decision, Queue, Reject, Route, none_in_rotation
 from steersman.policy.framework import Profile
 from steersman.policy.model_based import SloCheapest, _holder, _reason, corrections, hold, shed
 from steersman.policy.predict import _CTX_FALLBACK, _NO_MATCH, REFERENCE_BATCH, _unprofiled_inputs
@@ -213,7 +213,7 @@ class _Fused:
         clock = framework._clock
         mask = snap.model_masks.get(req.model)
         if mask is None:
-            return Reject(f"no healthy replica serves model {req.model!r}")
+            return none_in_rotation(req.model)
         t0 = clock()
         idx = np.empty(mask.size, dtype=np.intp)
         candidates, n = gate_pass(mask, snap.routable, _NONE if snap.blocked_until is None else snap.blocked_until,
@@ -221,7 +221,7 @@ class _Fused:
                                   _NONE if snap.limits is None or req.resumed else snap.limits,
                                   excluded_array(req.excluded), idx)
         if not candidates:
-            return Reject(f"no healthy replica serves model {req.model!r}")
+            return none_in_rotation(req.model)
         if not n and snap.blocked_until is not None and not gate_pass(
                 mask, snap.routable, snap.blocked_until, snap.time, snap.live[S.IN_FLIGHT], _NONE,
                 excluded_array(req.excluded), idx)[1]:  # panic (the reliability filter's): the guard's blocks ignored

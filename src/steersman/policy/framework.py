@@ -27,7 +27,7 @@ from steersman.config import DEFAULTS, SchedulerSettings
 from steersman.fleet.snapshot import FleetSnapshot
 from steersman.obs.histogram import HistogramFamily
 from steersman.plugins import Registry
-from steersman.policy.base import Decision, Queue, Reject, Route, mix64
+from steersman.policy.base import Decision, Queue, Reject, Route, mix64, none_in_rotation
 from steersman.policy.kernels import add_clamped
 from steersman.policy.request import SchedRequest
 
@@ -256,7 +256,7 @@ class Profile:
 
     def decide(self, ctx: DecisionContext) -> Decision:
         if ctx.candidates.size == 0:
-            return Reject(f"no healthy replica serves model {ctx.request.model!r}")
+            return none_in_rotation(ctx.request.model)
         clock, hist = _clock, self._hist
         t0 = clock()
         keep = self.gate.filter(ctx)  # reliability: ejected, breaker, limit, excluded
