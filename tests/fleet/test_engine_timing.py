@@ -37,7 +37,7 @@ def test_the_first_read_is_the_engines_lifetime_average_then_each_scrape_adds_it
     assert math.isclose(f.live[S.PREFILL_S_TOKEN, 0], 0.005) and math.isclose(f.live[S.DECODE_S_TOKEN, 0], 0.03)
     ps, pt = 3.0, 600
     for _ in range(40):  # then 100 prompt tokens in 1 s between scrapes: 10 ms a token; nothing generated
-        f.clock._now += 1.0  # (FakeClock.advance is async; no sleepers here)
+        f.clock.set(f.clock.now() + 1.0)  # (FakeClock.advance is async; no sleepers here)
         ps, pt = ps + 1.0, pt + 100
         f.update_metrics(0, _timing(ps, pt, 0.9, 30))
         assert 0.005 < f.live[S.PREFILL_S_TOKEN, 0] <= 0.01  # a learnt average (steersman.fleet.state._weight)
@@ -49,7 +49,7 @@ def test_the_first_read_is_the_engines_lifetime_average_then_each_scrape_adds_it
 def test_a_restarted_engine_counts_from_zero():
     f = _fleet()
     f.update_metrics(0, _timing(30.0, 3000, 3.0, 100))  # 10 ms a prompt token, 30 ms a generated one
-    f.clock._now += 60.0
+    f.clock.set(f.clock.now() + 60.0)
     f.update_metrics(0, _timing(0.4, 200, 0.2, 10))  # counters went back: 2 ms and 20 ms since the restart
     a = DEFAULTS.scheduler.latency_ewma_alpha
     assert math.isclose(f.live[S.PREFILL_S_TOKEN, 0], 0.01 + a * (0.002 - 0.01))

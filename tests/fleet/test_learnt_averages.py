@@ -23,7 +23,7 @@ def _observe(fleet: Fleet, clock: FakeClock, ratio: float, n: int = 1) -> None:
     tickets = []
     for _ in range(n):
         tickets.append(fleet.begin(0, 100, 10, predicted_ttft=0.1))
-    clock._now += 0.1 * ratio  # noqa: SLF001 - the tickets' TTFT
+    clock.set(clock.now() + 0.1 * ratio)  # the tickets' TTFT
     for t in tickets:
         fleet.first_token(t)
         fleet.end(t, 1)
@@ -38,7 +38,7 @@ def test_a_burst_of_observations_moves_the_average_as_one_and_time_restores_the_
     assert fleet.live[S.TTFT_RATIO, 0] == pytest.approx(1.0 + w * (2.0 - 1.0))
     assert fleet.ratio_prior[S.TTFT_RATIO] == pytest.approx(1.0 + w * (2.0 - 1.0))  # the fleet-wide prior too
     before = fleet.live[S.TTFT_RATIO, 0]
-    clock._now += 10.0  # noqa: SLF001 - a quiet spell: the next one weighs latency_ewma_alpha, no more
+    clock.set(clock.now() + 10.0)  # a quiet spell: the next one weighs latency_ewma_alpha, no more
     _observe(fleet, clock, 2.0)
     a = DEFAULTS.scheduler.latency_ewma_alpha
     assert fleet.live[S.TTFT_RATIO, 0] == pytest.approx(before + a * (2.0 - before))

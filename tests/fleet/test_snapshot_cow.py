@@ -25,7 +25,7 @@ def test_a_snapshot_keeps_what_it_saw_after_every_kind_of_write():
     assert s1.in_flight.tolist() == [0, 0, 0] and s2.in_flight.tolist() == [0, 0, 0]
     assert f.in_flight.tolist() == [1, 0, 0]
     s3 = f.snapshot()
-    f.clock._now += 0.5  # (FakeClock.advance is async; no sleepers here)
+    f.clock.set(f.clock.now() + 0.5)  # (FakeClock.advance is async; no sleepers here)
     f.first_token(t)
     f.end(t, 10)
     f.observe_prefix(1, 10, 5)

@@ -87,7 +87,7 @@ def test_the_fleet_keeps_the_failure_share_of_the_breaker_window():
     _attempt(fleet, 0, ok=True)  # a success lowers it at once
     assert _share(fleet, 0) == pytest.approx(5 / (MIN + 1))
     # no more traffic there: the failures leave the window with time, read at the next scrape
-    clock._now = DEFAULTS.reliability.breaker_window_s + 1.0
+    clock.set(DEFAULTS.reliability.breaker_window_s + 1.0)
     assert _share(fleet, 0) == pytest.approx(5 / (MIN + 1))  # nothing read it yet
     fleet.update_metrics(0, EngineMetrics(num_running=0, num_waiting=0, kv_usage=0.0))
     assert _share(fleet, 0) == 0.0

@@ -50,7 +50,7 @@ def test_half_open_admits_one_probe_and_its_success_closes_the_breaker():
     for _ in range(4):
         _attempt(fleet, 0, ok=False)  # breaker opens (4 of 4); 4 < 5 consecutive: not ejected
     assert g.state(0, 0.0)["breaker"] == "open" and not g.state(0, 0.0)["ejected"]
-    clock._now = S.breaker_open_s + 0.01
+    clock.set(S.breaker_open_s + 0.01)
     assert fleet.snapshot().blocked_until[0] <= clock.now()  # half-open: open to a probe
     t = fleet.begin(0)
     assert fleet.snapshot().blocked_until[0] == np.inf  # the probe is out: no more
@@ -64,7 +64,7 @@ def test_an_unjudged_end_frees_the_probe_slot():
     fleet, clock = _fleet()
     for _ in range(4):
         _attempt(fleet, 0, ok=False)
-    clock._now = S.breaker_open_s + 0.01
+    clock.set(S.breaker_open_s + 0.01)
     t = fleet.begin(0)
     fleet.end(t, 0)  # the client left: no verdict
     assert fleet.snapshot().blocked_until[0] <= clock.now()
@@ -77,7 +77,7 @@ def test_limits_in_snapshots_shrink_when_a_replica_slows_down():
     for k in range(60):
         for i, dt in ((0, 0.01), (1, 0.05 if k >= 30 else 0.01)):  # replica 1 degrades 5x at round 30
             ts = [fleet.begin(i) for _ in range(int(g.limits[i]))]
-            clock._now += dt
+            clock.set(clock.now() + dt)
             for t in ts:
                 fleet.first_token(t)
                 fleet.report(t, True)
@@ -93,7 +93,7 @@ def test_back_from_an_ejection_a_replica_takes_one_request_until_it_shows_progre
     for _ in range(5):
         _attempt(fleet, 1, ok=False)  # 5 consecutive failures: ejected
     assert g.state(1, clock.now())["ejected"] and g.state(1, clock.now())["probation"]
-    clock._now = S.max_ejection_time_s + 1.0  # the ejection (and the breaker's sleep) are over
+    clock.set(S.max_ejection_time_s + 1.0)  # the ejection (and the breaker's sleep) are over
     snap = fleet.snapshot()
     assert snap.blocked_until[1] <= snap.time and snap.limits[1] == S.probation_limit == 1.0
     t = fleet.begin(1)
@@ -115,7 +115,7 @@ def _stall_fleet():
     fleet.guard = ReplicaGuard(3, replace(S, latency_floor_ttft_s=0.2), 0.2)
     for _ in range(5):
         ts = [fleet.begin(i) for i in range(3)]
-        clock._now += 0.1
+        clock.set(clock.now() + 0.1)
         for t in ts:
             fleet.first_token(t)
             fleet.report(t, True)
@@ -124,13 +124,14 @@ def _stall_fleet():
 
 
 def _at(fleet, clock, t: float):
-    clock._now = t
+    clock.set(t)
     return fleet.snapshot()  # every snapshot may sweep
 
 
 def test_a_hung_replica_is_ejected_from_the_fleets_stall_row():
     fleet, clock = _stall_fleet()
-    t0 = clock._now = 10.0
+    clock.set(10.0)
+    t0 = clock.now()
     fleet.begin(2)
     fleet.first_token(fleet.begin(0))  # replica 0 answers: nothing of ours awaits there
     snap = _at(fleet, clock, t0 + 0.25)
@@ -147,7 +148,8 @@ def test_a_replica_computing_a_prompt_predicted_to_take_long_is_not_stalled_unti
     prediction too (3x the predicted TTFT of what awaits there), so it is not ejected (bench/peers traced
     one such false ejection, and the 2 streams it moved computed their prompts again elsewhere)."""
     fleet, clock = _stall_fleet()
-    t0 = clock._now = 10.0
+    clock.set(10.0)
+    t0 = clock.now()
     fleet.expect_first_token(fleet.begin(2), 1.5)  # predicted 1.5 s: 3x is 4.5 s
     fleet.first_token(fleet.begin(0))
     snap = _at(fleet, clock, t0 + 4.0)
@@ -161,10 +163,11 @@ def test_a_hung_replica_is_not_excused_by_predictions_its_stall_inflated():
     """Requests routed to a replica already stalled are predicted with the stall in (it only grows): the stall
     is judged against the oldest awaiting request's prediction, made before it."""
     fleet, clock = _stall_fleet()
-    t0 = clock._now = 10.0
+    clock.set(10.0)
+    t0 = clock.now()
     fleet.expect_first_token(fleet.begin(2), 0.1)
     fleet.first_token(fleet.begin(0))
-    clock._now = t0 + 0.25
+    clock.set(t0 + 0.25)
     fleet.expect_first_token(fleet.begin(2), 5.0)  # predicted late because the replica has stalled 0.25 s
     snap = _at(fleet, clock, t0 + 0.4)
     assert snap.blocked_until[2] > snap.time
@@ -172,12 +175,12 @@ def test_a_hung_replica_is_not_excused_by_predictions_its_stall_inflated():
 
 def test_a_busy_replica_that_keeps_producing_is_not_stalled():
     fleet, clock = _stall_fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     fleet.begin(2)  # a request queued long in the engine...
     for k in range(2, 12):
-        clock._now = 10.0 + k * 0.1
+        clock.set(10.0 + k * 0.1)
         t = fleet.begin(2)
-        clock._now += 0.05
+        clock.set(clock.now() + 0.05)
         fleet.first_token(t)  # ...while others get their first tokens
         fleet.snapshot()
     snap = _at(fleet, clock, 11.2)
@@ -188,9 +191,9 @@ def test_a_busy_replica_that_keeps_producing_is_not_stalled():
 def test_a_failed_attempt_awaits_nothing_while_its_request_waits_to_be_rerouted():
     # the guard drops a failed attempt at its verdict; the ticket itself ends at the reroute (after a backoff)
     fleet, clock = _stall_fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     t = fleet.begin(2)
-    clock._now = 10.01
+    clock.set(10.01)
     fleet.report(t, False)  # a 5xx: one failure, not five
     snap = _at(fleet, clock, 11.0)
     assert snap.stall[2] == 0.0 and snap.blocked_until[2] <= snap.time
@@ -201,17 +204,17 @@ def test_a_failed_attempt_awaits_nothing_while_its_request_waits_to_be_rerouted(
 def _stream_and_one_queued():
     """Replica 2 streams one request (first token at 10.0) and has one more awaiting a first token from 10.01."""
     fleet, clock = _stall_fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     under_way = fleet.begin(2)
     fleet.first_token(under_way)
-    clock._now = 10.01
+    clock.set(10.01)
     fleet.begin(2)
     return fleet, clock, under_way
 
 
 def test_a_stream_the_client_left_is_no_progress():
     fleet, clock, under_way = _stream_and_one_queued()  # then the engine hangs
-    clock._now = 10.35
+    clock.set(10.35)
     fleet.end(under_way, 3)  # the client gave up on the frozen stream: no verdict, and no sign of life
     snap = _at(fleet, clock, 10.42)
     assert snap.stall[2] == pytest.approx(0.41) and snap.blocked_until[2] > snap.time
@@ -219,7 +222,7 @@ def test_a_stream_the_client_left_is_no_progress():
 
 def test_a_stream_served_to_its_end_is_progress():
     fleet, clock, under_way = _stream_and_one_queued()
-    clock._now = 10.35
+    clock.set(10.35)
     fleet.report(under_way, True)
     fleet.end(under_way, 3)
     snap = _at(fleet, clock, 10.42)
@@ -232,7 +235,7 @@ def test_a_non_streamed_request_is_watched_for_its_answer_not_a_first_token():
     fleet, clock = _stall_fleet()
     for i in range(3):
         fleet._worked(i, 0.0)  # their engines report a work counter (a scrape read it)
-    clock._now = 10.0
+    clock.set(10.0)
     t = fleet.begin(2, streamed=False)  # its response comes whole: no first token to await, an answer to
     fleet.expect_answer(t, 6.0)  # predicted to take 6 s (a long answer)
     snap = _at(fleet, clock, 15.0)
@@ -251,7 +254,7 @@ def test_a_whole_response_is_not_watched_where_no_work_counter_shows_progress():
     """Review: an ``engine: openai`` endpoint (TGI, Ollama, a hosted API) reports no work counter, so a long whole
     answer there looked like a hang (and a baseline policy predicts no answer time to allow it)."""
     fleet, clock = _stall_fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     fleet.begin(2, streamed=False)
     assert np.isnan(fleet.whole_since()[2])
     snap = _at(fleet, clock, 100.0)
@@ -260,11 +263,11 @@ def test_a_whole_response_is_not_watched_where_no_work_counter_shows_progress():
 
 def test_a_scrape_sweeps_too_with_no_traffic():
     fleet, clock = _stall_fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     fleet.begin(2)  # the hung replica's last request; no snapshot is taken after it
-    clock._now = 10.5
+    clock.set(10.5)
     fleet.update_metrics(2, EngineMetrics(1, 0, 0.1))
-    assert fleet.guard.outliers.is_ejected(2, clock._now)
+    assert fleet.guard.outliers.is_ejected(2, clock.now())
 
 
 def test_a_replica_whose_checks_failed_and_pass_again_leaves_its_ejection_a_passive_failure_does_not():

@@ -141,13 +141,13 @@ def test_the_prober_asks_an_ejected_replica_only_under_the_caps_pressure():
 
     async def run():
         g.probe_timed_out(0, 100.0, "hung")
-        clock._now = 106.0
+        clock.set(106.0)
         prober.tick()
         await asyncio.sleep(0)
         first = sorted(asked)
         asked.clear()
         prober.state.sent_at[:] = math.nan  # (the first tick's probes judged)
-        clock._now = 112.0
+        clock.set(112.0)
         g.outliers.eject(1, 111.9, "stall")  # refused for the cap (each sweep while replica 1 stalls)
         prober.tick()
         await asyncio.sleep(0)

@@ -96,7 +96,7 @@ def test_a_replica_making_progress_is_not_stalled_while_its_queue_waits_then_its
     token an event; ``_scrape``: it is a whole (non-streamed) response, which shows nothing until it ends, and the
     scrapes read the engine's work counter advancing (``EngineMetrics.progress``)."""
     fleet, clock = _fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     if progress is _event:
         fleet.first_token(fleet.begin(2))  # a long decode under way...
     else:
@@ -104,15 +104,15 @@ def test_a_replica_making_progress_is_not_stalled_while_its_queue_waits_then_its
         fleet.begin(2, streamed=False)
     fleet.begin(2)  # ...and a request queued behind it, awaiting a first token
     for k in range(1, 51):  # 5 s of progress every 0.1 s: the queued request waits 25x the peers' TTFT
-        clock._now = 10.0 + k * 0.1
-        progress(fleet, k, clock._now)
+        clock.set(10.0 + k * 0.1)
+        progress(fleet, k, clock.now())
         snap = fleet.snapshot()
         assert snap.blocked_until[2] <= snap.time, fleet.guard.state(2, snap.time)
     assert snap.stall[2] == 5.0  # the policies still see how long it has waited (their queueing signal)
     # the engine hangs: no progress after 15.0; judged from then (3x the peers' 0.1 s TTFT)
-    clock._now = 15.25
-    assert fleet.snapshot().blocked_until[2] <= clock._now
-    clock._now = 15.4
+    clock.set(15.25)
+    assert fleet.snapshot().blocked_until[2] <= clock.now()
+    clock.set(15.4)
     snap = fleet.snapshot()
     assert snap.blocked_until[2] > snap.time
     assert "no first token for 0.4s" in fleet.guard.state(2, snap.time)["reason"]
@@ -120,12 +120,12 @@ def test_a_replica_making_progress_is_not_stalled_while_its_queue_waits_then_its
 
 def test_a_fleet_wide_freeze_is_still_no_outlier():
     fleet, clock = _fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     for i in range(3):
         fleet.first_token(fleet.begin(i))
         fleet.begin(i)
         fleet.streamed(i, 10.0)
-    clock._now = 12.0  # nobody sent anything for 2 s
+    clock.set(12.0)  # nobody sent anything for 2 s
     snap = fleet.snapshot()
     assert (snap.blocked_until <= snap.time).all() and fleet.guard.outliers.total.sum() == 0
 
@@ -147,12 +147,12 @@ def test_the_detector_judges_a_stall_from_the_later_of_the_stall_row_and_the_las
 
 def test_a_restarted_engines_counter_is_no_progress():
     fleet, clock = _fleet()
-    clock._now = 10.0
+    clock.set(10.0)
     fleet.update_metrics(2, EngineMetrics(progress=900.0))
     fleet.begin(2)
-    clock._now = 10.5
+    clock.set(10.5)
     fleet.update_metrics(2, EngineMetrics(progress=3.0))  # went back: a new process, not work since 10.0
-    assert fleet.last_output(clock._now)[2] == -np.inf
-    clock._now = 10.6
+    assert fleet.last_output(clock.now())[2] == -np.inf
+    clock.set(10.6)
     fleet.update_metrics(2, EngineMetrics(progress=5.0))  # counting from there on
-    assert fleet.last_output(clock._now)[2] == 10.6
+    assert fleet.last_output(clock.now())[2] == 10.6

@@ -93,3 +93,25 @@ async def test_sleep_refuses_nan():
     await asyncio.sleep(0)
     assert task.done() and isinstance(task.exception(), ValueError)  # not a NaN deadline in the heap
     assert clock.pending == 0 and clock.next_deadline() is None
+
+
+def test_set_moves_time_for_synchronous_code_but_never_back_nor_past_a_sleeper():
+    # FakeClock.set: synchronous tests (a fleet, a guard) moved time by writing the private ``_now``
+    clock = FakeClock(5.0)
+    clock.set(5.0)
+    clock.set(7.5)
+    assert clock.now() == 7.5 and clock.wall() == FakeClock(5.0).wall() + 2.5  # (the wall clock moves along)
+    for bad in (7.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="forward"):
+            clock.set(bad)
+
+    async def main():
+        sleeper = asyncio.ensure_future(clock.sleep(1.0))  # due at 8.5
+        await asyncio.sleep(0)
+        clock.set(8.0)  # before it: fine
+        with pytest.raises(ValueError, match="advance"):
+            clock.set(9.0)  # would skip it
+        await clock.advance(1.0)
+        assert sleeper.done() and clock.now() == 9.0
+
+    asyncio.run(main())

@@ -49,6 +49,16 @@ class FakeClock:
             heapq.heappop(self._sleepers)
         return self._sleepers[0][0] if self._sleepers else None
 
+    def set(self, t: float) -> None:
+        """Move time to ``t`` at once, for synchronous code (nothing sleeps on this clock: a due sleeper would be
+        skipped, so that is refused, as is time going back; :meth:`advance` wakes sleepers in order)."""
+        if not self._now <= t < math.inf:  # (NaN too)
+            raise ValueError(f"FakeClock.set: time only moves forward, from {self._now!r}; got {t!r}")
+        due = self.next_deadline()
+        if due is not None and due <= t:
+            raise ValueError(f"FakeClock.set({t!r}) would skip a sleeper due at {due!r}: use advance()")
+        self._now = float(t)
+
     async def advance(self, seconds: float) -> None:
         """Move time forward, waking each sleeper at its deadline (letting it run) in order.
 
