@@ -5,7 +5,9 @@ data and returns typed decisions, with no IO, no clock reads and no asyncio, so
 the gateway and the discrete-event digital twin drive the same code.
 """
 
-from steersman.control.admission import Admit, AdmissionDecision, Admitter, DefaultAdmitter, Infeasible, Refusal, check_deadline
+from steersman.control.admission import (
+    Admit, AdmissionDecision, Admitter, DefaultAdmitter, Infeasible, Refusal, TooManyInFlight, check_deadline,
+)
 from steersman.control.budget import BudgetLedger, OverBudget
 from steersman.control.queue import Enqueued, GatewayQueue, Shed
 from steersman.control.ratelimit import RateLimiter, Reservation, Throttle, TokenBucket, TooLarge
@@ -17,7 +19,7 @@ from steersman.control.workflow import (
 )
 
 __all__ = [
-    "Admit", "AdmissionDecision", "Admitter", "DefaultAdmitter", "Infeasible", "Refusal", "check_deadline",
+    "Admit", "AdmissionDecision", "Admitter", "DefaultAdmitter", "Infeasible", "Refusal", "TooManyInFlight", "check_deadline",
     "BudgetLedger", "OverBudget",
     "Enqueued", "GatewayQueue", "Shed",
     "RateLimiter", "Reservation", "Throttle", "TokenBucket", "TooLarge",

@@ -33,7 +33,7 @@ from steersman.policy.request import SchedRequest
 
 __all__ = [
     "Admit", "Infeasible", "AdmissionDecision", "Refusal", "Admitter", "DefaultAdmitter", "check_deadline",
-    "Throttle", "TooLarge", "OverBudget",
+    "Throttle", "TooLarge", "OverBudget", "TooManyInFlight",
 ]
 
 
@@ -62,8 +62,20 @@ class Infeasible:
     code: ClassVar[str] = "deadline_infeasible"
 
 
-Refusal = Throttle | TooLarge | OverBudget
-AdmissionDecision = Admit | Throttle | TooLarge | OverBudget
+@dataclass(frozen=True, slots=True)
+class TooManyInFlight:
+    """The tenant has ``max_concurrent_requests`` in the gateway already (queued or running): 429 until one ends
+    (no ``Retry-After``: when is not known; the OpenAI SDKs back off on their own)."""
+
+    reason: str
+    limit: int
+    retry_after: ClassVar[None] = None
+    status: ClassVar[int] = 429
+    code: ClassVar[str] = "concurrency_limit_exceeded"
+
+
+Refusal = Throttle | TooLarge | OverBudget | TooManyInFlight
+AdmissionDecision = Admit | Throttle | TooLarge | OverBudget | TooManyInFlight
 
 
 @runtime_checkable
@@ -78,7 +90,7 @@ class Admitter(Protocol):
 
 
 class DefaultAdmitter:
-    """Budget, then request and token buckets."""
+    """The tenant's requests in flight, its budget, then its request and token buckets."""
 
     def __init__(
         self,
@@ -88,10 +100,16 @@ class DefaultAdmitter:
     ) -> None:
         self.limiter = limiter if limiter is not None else RateLimiter(settings)
         self.ledger = ledger if ledger is not None else BudgetLedger()
+        #: per tenant with ``max_concurrent_requests``, its requests admitted and not yet settled or released
+        self.in_flight: dict[str, int] = {}
 
     def admit(self, req: SchedRequest, tenant: TenantConfig, now: float) -> AdmissionDecision:
         if req.tenant != tenant.name:
             raise ValueError(f"request of tenant {req.tenant!r} admitted as tenant {tenant.name!r}")
+        most = tenant.max_concurrent_requests
+        if most is not None and self.in_flight.get(tenant.name, 0) >= most:
+            return TooManyInFlight(f"tenant {tenant.name!r} has {most} requests in flight, its max_concurrent_requests",
+                                   most)
         over = self.ledger.check(tenant)
         if over is not None:
             return over
@@ -101,17 +119,30 @@ class DefaultAdmitter:
             return got
         usd = self.ledger.estimate(req.model, tokens) if tenant.budget_usd is not None else 0.0
         self.ledger.hold(tenant.name, usd)
+        if most is not None:
+            self.in_flight[tenant.name] = self.in_flight.get(tenant.name, 0) + 1
         return Admit(tenant, got, req.model, usd)
+
+    def _ended(self, ticket: Admit) -> None:
+        name = ticket.tenant.name
+        n = self.in_flight.get(name)
+        if n is not None:
+            if n <= 1:
+                del self.in_flight[name]  # (a tenant seen once holds no entry)
+            else:
+                self.in_flight[name] = n - 1
 
     def settle(self, ticket: Admit, *, used_tokens: int, cost_usd: float, now: float) -> None:
         """The request ran: refund or charge the token difference, add its cost to the budget."""
-        self.limiter.settle(ticket.reservation, used_tokens, now)
+        self.limiter.settle(ticket.reservation, used_tokens, now)  # (raises if it ended already: before the count)
+        self._ended(ticket)
         self.ledger.unhold(ticket.tenant.name, ticket.held_usd)
         self.ledger.charge(ticket.tenant.name, cost_usd, ticket.model or None, used_tokens)
 
     def release(self, ticket: Admit, now: float) -> None:
         """The request never ran: give back its request slot, tokens and the budget it held."""
         self.limiter.release(ticket.reservation, now)
+        self._ended(ticket)
         self.ledger.unhold(ticket.tenant.name, ticket.held_usd)
 
 

@@ -49,7 +49,7 @@ KEY_PREFIX = "sk-steersman-"
 #: Tenant names appear in metric labels and unquoted YAML: keep them plain.
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _HEX64 = re.compile(r"[0-9a-fA-F]{64}")
-_TENANT_FIELDS = ("priority", "requests_per_minute", "tokens_per_minute", "budget_usd", "weight")
+_TENANT_FIELDS = ("priority", "requests_per_minute", "tokens_per_minute", "budget_usd", "weight", "max_concurrent_requests")
 _KEY_FIELDS = ("sha256", "tenant")
 #: the least tenant weight: the fair queue's 1 / weight stays finite (a subnormal weight made it inf)
 MIN_WEIGHT = 1e-9
@@ -69,6 +69,9 @@ class TenantConfig:
     tokens_per_minute: float | None = None
     budget_usd: float | None = None
     weight: float = 1.0
+    #: requests of this tenant in the gateway at once (queued or running), past which a new one is a 429 (LiteLLM's
+    #: max_parallel_requests per key); per gateway process
+    max_concurrent_requests: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +223,10 @@ def _parse_tenants(raw: Any, where: str, settings: AdmissionSettings) -> dict[st
         weight = _number(body, "weight", field, where, positive=True)
         if weight is not None and weight < MIN_WEIGHT:  # the fair queue advances a tenant by 1 / weight per service
             raise TenantConfigError(f"{where}: {field}.weight must be >= {MIN_WEIGHT:g}, got {weight!r}")
-        out[name] = TenantConfig(name, priority, rpm, tpm, budget, 1.0 if weight is None else weight)
+        most = body.get("max_concurrent_requests")
+        if most is not None and (isinstance(most, bool) or not isinstance(most, int) or most < 1):
+            raise TenantConfigError(f"{where}: {field}.max_concurrent_requests must be an integer >= 1, got {shown(most)}")
+        out[name] = TenantConfig(name, priority, rpm, tpm, budget, 1.0 if weight is None else weight, most)
     return out
 
 
