@@ -5,6 +5,7 @@ the official client, and the admitter's books alone (settle and release both giv
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import openai
@@ -29,7 +30,7 @@ def test_the_admitter_counts_a_tenants_requests_until_each_ends():
     assert isinstance(a, Admit) and isinstance(b, Admit)
     third = adm.admit(sched_request(tenant="t"), capped, 0.0)
     assert isinstance(third, TooManyInFlight) and (third.status, third.code, third.retry_after) == (
-        429, "concurrency_limit_exceeded", None) and "max_concurrent_requests" in third.reason
+        429, "concurrency_limit_exceeded", 1.0) and "max_concurrent_requests" in third.reason
     assert all(isinstance(adm.admit(sched_request(tenant="u"), free, 0.0), Admit) for _ in range(5))  # not u's
     adm.release(a, 1.0)  # it never ran (shed, expired): its place is back
     c = adm.admit(sched_request(tenant="t"), capped, 1.0)
@@ -40,6 +41,20 @@ def test_the_admitter_counts_a_tenants_requests_until_each_ends():
     with pytest.raises(ValueError):
         adm.settle(c, used_tokens=10, cost_usd=0.0, now=3.0)  # once only: the count is not taken twice
     assert adm.in_flight == {}
+
+
+def test_at_its_cap_a_request_retrying_cannot_help_gets_that_refusal_not_the_concurrency_one():
+    # checked last: a request too large for the tenant's token bucket is a 429 request_too_large (no Retry-After),
+    # not a retryable concurrency_limit_exceeded its client would retry until a place freed, to be refused then
+    adm = DefaultAdmitter()
+    t = TenantConfig("t", PriorityClass.STANDARD, tokens_per_minute=1000, max_concurrent_requests=1)
+    assert isinstance(adm.admit(sched_request(tenant="t", prompt_tokens=10, max_tokens=10), t, 0.0), Admit)
+    left = adm.limiter.levels("t", 0.0)[1]
+    huge = adm.admit(sched_request(tenant="t", prompt_tokens=5000, max_tokens=10), t, 0.0)
+    assert huge.code == "request_too_large"
+    capped = adm.admit(sched_request(tenant="t", prompt_tokens=10, max_tokens=10), t, 0.0)
+    assert isinstance(capped, TooManyInFlight)
+    assert adm.limiter.levels("t", 0.0)[1] == left < 1000  # (its reservation given back)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
@@ -78,6 +93,9 @@ def test_past_its_concurrency_a_tenants_request_is_a_429_until_one_of_its_stream
         assert third.code == "concurrency_limit_exceeded" and "max_concurrent_requests" in third.message
         assert theirs.choices[0].message.content and after.choices[0].message.content
         assert texts == ["".join(f"w{i} " for i in range(20))] * 2
+        deadline = time.monotonic() + 10  # (the gateway settles a request just after its last byte: on its thread)
+        while lf.gateway.plane.admitter.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert lf.gateway.plane.admitter.in_flight == {}
 
 

@@ -319,3 +319,50 @@ async def test_a_burst_of_new_clients_at_the_bound_gets_503s_not_closed_connecti
         await _until(lambda: not srv.connections and not srv.idle and not srv.refused)
     finally:
         await srv.stop()
+
+
+@pytest.mark.parametrize("close", [False, True])
+async def test_an_answer_left_unread_past_the_idle_timeout_is_reset_one_read_slowly_is_not(close):
+    # a close waits for the client to take what is buffered: a client that stopped reading held its connection (and
+    # a place under the bound) for ever, a keep-alive one and one answered with Connection: close alike; one still
+    # reading, however slowly, gets its whole answer (the timeout runs from the last progress, as nginx's send_timeout)
+    srv = HttpServer(error_body, 1000, idle_timeout_s=2.0, max_connections=8)
+    body = b"x" * (12 << 20)
+
+    async def big(req):
+        if close:
+            req.keep_alive = False
+        req.respond(200, body)
+
+    srv.route("GET", "/big", big)
+    port = await srv.start("127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    socks = []
+    try:
+        for k in range(2):
+            s = socket.socket()
+            if k == 0:  # the stalled one takes little into its kernel buffer
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", port))
+            await loop.sock_sendall(s, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(s)
+        stalled, slow = socks
+        got = 0
+        while True:  # the slow one reads 64 KiB every 20 ms: ~4 s for 12 MiB, several idle timeouts (the kernel's
+            # send buffer, ~MBs, lets the server see progress only every few hundred ms)
+            chunk = await asyncio.wait_for(loop.sock_recv(slow, 65536), 5)
+            if not chunk:
+                break
+            got += len(chunk)
+            if got >= len(body):
+                break
+            await asyncio.sleep(0.02)
+        assert got >= len(body)  # (its head too)
+        # the stalled one is reset, not held; the slow one's stays open if kept alive (its idle timeout is later)
+        await _until(lambda: len(srv.connections) == (0 if close else 1))
+        assert all(c.transport.get_write_buffer_size() == 0 for c in srv.connections)  # (the slow one's)
+    finally:
+        for s in socks:
+            s.close()
+        await srv.stop()

@@ -157,7 +157,8 @@ class SchedulerSettings:
     )
     no_replica_retry_after_s: float = setting(
         1.0, "Retry-After of a 503 no replica can take now (none serving the model in rotation, none passing the "
-        "filters, a reroute with none left, a queued request whose replicas all left, one shed from the queue, "
+        "filters, a reroute with none left, a queued request whose replicas all left, one shed from the queue or "
+        "refused a place in it, "
         "sheddable traffic browned out): the gateway learns of a replica back "
         "at its next scrape (50 ms) and a breaker half-opens in seconds, so 1 s, the least a whole-second header "
         "says (RFC 9110 10.2.3; the OpenAI SDK waits what it says, up to 60 s); refusals that know their wait "

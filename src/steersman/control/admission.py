@@ -3,7 +3,9 @@
 :class:`DefaultAdmitter` checks, in order: the tenant's dollar budget
 (:class:`OverBudget`), then its request and token buckets, all or nothing
 (:class:`TooLarge` if the request alone exceeds the token bucket,
-:class:`Throttle` with ``retry_after`` otherwise).  An :class:`Admit` holds the
+:class:`Throttle` with ``retry_after`` otherwise), then its requests in flight
+(:class:`TooManyInFlight`, past ``max_concurrent_requests``: last, so that a
+refusal retrying cannot help is not hidden behind one that can).  An :class:`Admit` holds the
 reservation; the gateway must end every admitted request exactly once with
 :meth:`~DefaultAdmitter.settle` (it ran: real tokens and cost) or
 :meth:`~DefaultAdmitter.release` (it never ran: shed, expired, cancelled while
@@ -64,12 +66,12 @@ class Infeasible:
 
 @dataclass(frozen=True, slots=True)
 class TooManyInFlight:
-    """The tenant has ``max_concurrent_requests`` in the gateway already (queued or running): 429 until one ends
-    (no ``Retry-After``: when is not known; the OpenAI SDKs back off on their own)."""
+    """The tenant has ``max_concurrent_requests`` in the gateway already (queued or running): 429 until one ends;
+    ``Retry-After`` 1 s, as the budget's 429 for dollars held by requests in flight (when one ends is not known)."""
 
     reason: str
     limit: int
-    retry_after: ClassVar[None] = None
+    retry_after: ClassVar[float] = 1.0
     status: ClassVar[int] = 429
     code: ClassVar[str] = "concurrency_limit_exceeded"
 
@@ -106,10 +108,6 @@ class DefaultAdmitter:
     def admit(self, req: SchedRequest, tenant: TenantConfig, now: float) -> AdmissionDecision:
         if req.tenant != tenant.name:
             raise ValueError(f"request of tenant {req.tenant!r} admitted as tenant {tenant.name!r}")
-        most = tenant.max_concurrent_requests
-        if most is not None and self.in_flight.get(tenant.name, 0) >= most:
-            return TooManyInFlight(f"tenant {tenant.name!r} has {most} requests in flight, its max_concurrent_requests",
-                                   most)
         over = self.ledger.check(tenant)
         if over is not None:
             return over
@@ -117,6 +115,11 @@ class DefaultAdmitter:
         got = self.limiter.reserve(tenant, tokens, now)
         if not isinstance(got, Reservation):
             return got
+        most = tenant.max_concurrent_requests
+        if most is not None and self.in_flight.get(tenant.name, 0) >= most:
+            self.limiter.release(got, now)  # (nothing else was taken yet)
+            return TooManyInFlight(f"tenant {tenant.name!r} has {most} requests in flight, its max_concurrent_requests",
+                                   most)
         usd = self.ledger.estimate(req.model, tokens) if tenant.budget_usd is not None else 0.0
         self.ledger.hold(tenant.name, usd)
         if most is not None:

@@ -6,8 +6,8 @@ passes simulated requests and schedules events).  Every call returns typed
 outcomes saying what to do with which item:
 
 * :meth:`ControlPlane.arrive` — a new request: :class:`Dispatch` it to a replica,
-  let it :class:`Wait` in the queue, or :class:`Refuse` it (429 rate limit or
-  budget, 503 no capacity / a deadline the load ahead makes infeasible / shed, 400 a deadline the request alone
+  let it :class:`Wait` in the queue, or :class:`Refuse` it (429 rate limit, budget or
+  the tenant's concurrency, 503 no capacity / a deadline the load ahead makes infeasible / shed, 400 a deadline the request alone
   cannot meet).  Queueing may shed an
   older, less important request: it comes back as a ``(victim, Refuse)`` pair.
 * :meth:`ControlPlane.requeue` — a retry that no replica can take now waits in the
@@ -176,7 +176,8 @@ class ControlPlane:
         if pushed.newcomer:
             self._kept.discard(id(item))
             self.admitter.release(a, now)
-            return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
+            return Refuse(503, "shed", "the gateway queue is full of more important requests",
+                          self.settings.no_replica_retry_after_s), []
         self._queued(item, _Queued(req, a))
         return Wait(len(self.queue)), [self._shed(pushed.item, now)]
 
@@ -192,7 +193,8 @@ class ControlPlane:
             self._queued(item, _Queued(req, admit, ran=True))
             return Wait(pushed.depth), []
         if pushed.newcomer:
-            return Refuse(503, "shed", "the gateway queue is full of more important requests", 1.0), []
+            return Refuse(503, "shed", "the gateway queue is full of more important requests",
+                          self.settings.no_replica_retry_after_s), []
         self._queued(item, _Queued(req, admit, ran=True))
         return Wait(len(self.queue)), [self._shed(pushed.item, now)]
 

@@ -33,7 +33,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "server", "loop", "transport", "parser", "_url", "_headers", "_hname", "_body", "_size", "_header_bytes",
         "_queue", "_current", "_task", "_paused_writing", "_drain", "_timer", "_timer_at", "_due", "_on_due", "_rejected",
-        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf", "_hosts", "_held",
+        "_in_head", "_head_raw", "_in_message", "_later", "_upgrading", "_upgrade_buf", "_hosts", "_held", "_unsent",
     )
 
     def __init__(self, server: HttpServer) -> None:
@@ -61,6 +61,7 @@ class _Connection(asyncio.Protocol):
         self._due: float | None = None  # loop time of the current deadline (None: a handler is running)
         self._on_due: Callable[[], None] | None = None
         self._rejected = False
+        self._unsent = 0  # bytes answered and not yet taken by the client when its idle period began
         self._held = 0  # body bytes of the message arriving, counted in the server's ``buffered``
 
     def _release(self) -> None:
@@ -363,6 +364,8 @@ class _Connection(asyncio.Protocol):
             return
         if not keep_alive:
             t.close()
+            if t.get_write_buffer_size():  # the close waits for the client to take the rest: not forever
+                self._watch_unsent(t)
             return
         self._next()
 
@@ -373,7 +376,8 @@ class _Connection(asyncio.Protocol):
         t = self.transport
         if self._queue:
             if self._paused_writing:
-                return  # resume_writing comes back here
+                self._watch_unsent(t)  # resume_writing comes back here, or the client stopped reading
+                return
             if len(self._queue) == _MAX_PIPELINED and not self._rejected:
                 t.resume_reading()
             self._start(self._queue.popleft())
@@ -390,15 +394,27 @@ class _Connection(asyncio.Protocol):
 
     def _arm_idle(self) -> None:
         self.server.idle[self] = None  # (already in it: idle since then, its place kept)
+        self._watch_unsent(self.transport)
+
+    def _watch_unsent(self, t: asyncio.Transport) -> None:
+        """Between requests (or closing, or waiting for the client to read before the next one): after the idle
+        timeout the connection closes, or, its answer still unread, is reset unless the client took some of it
+        meanwhile (nginx's send_timeout runs between two successive writes, not over the whole transfer)."""
+        self._unsent = t.get_write_buffer_size()
         self._deadline(self.server.idle_timeout_s, self._idle_close)
 
     def _idle_close(self) -> None:
         t = self.transport
-        if self._current is None and t is not None:
-            if t.get_write_buffer_size():  # its last answer still unread after the idle timeout (nginx send_timeout):
-                t.abort()  # a close would wait for the client to read it, holding the connection as long
-            else:
+        if self._current is not None or t is None:
+            return
+        left = t.get_write_buffer_size()
+        if not left:
+            if not self._queue:
                 t.close()
+        elif left < self._unsent:  # reading, slowly: another period
+            self._watch_unsent(t)
+        else:  # nothing taken for a whole period: a close would wait for the client forever
+            t.abort()
 
     def _reject(self, status: int, message: str, code: str) -> None:
         """Answer a protocol-level error, then close.

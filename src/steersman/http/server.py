@@ -86,22 +86,19 @@ class HttpServer:
         worker_connections, closes idle keep-alive ones too).  False when none is idle (every connection has a
         request arriving, in flight or queued: none is cut)."""
         idle = self.idle
-        gone = []
-        chosen = None
-        for c in idle:
+        while idle:
+            c, _ = idle.popitem(last=False)
             t = c.transport
             if t is None or c._current is not None or c._in_message or c._queue or c._rejected:
-                gone.append(c)  # (not idle any more: dropped from the order)
-            elif not t.get_write_buffer_size():  # one whose answer is still unread is left: a close would wait for it
-                chosen = c
-                break
-        for c in gone:
-            del idle[c]
-        if chosen is None:
-            return False
-        del idle[chosen]
-        chosen.transport.close()  # (it leaves ``connections`` in connection_lost, its fd with it)
-        return True
+                continue  # (not idle any more)
+            if t.get_write_buffer_size():
+                # its answer still unread: a close would wait for the client, so it is not this one; out of the order
+                # (each scanned once), back in it once the client has read (resume_writing), else its idle timeout
+                # closes or resets it
+                continue
+            t.close()  # (it leaves ``connections`` in connection_lost, its fd with it)
+            return True
+        return False
 
     def route(self, method: str, path: str, handler: Handler) -> None:
         """``path`` exactly, or, ending in ``/``, every path under it (the handler reads the rest)."""
