@@ -366,3 +366,49 @@ async def test_an_answer_left_unread_past_the_idle_timeout_is_reset_one_read_slo
         for s in socks:
             s.close()
         await srv.stop()
+
+
+async def test_a_stream_whose_client_stops_taking_it_is_reset_one_taken_slowly_is_not():
+    # a client that stops reading a stream without closing held its handler (the engine request, its tenant's
+    # concurrency place) as long as it kept the connection: the gateway stopped reading the engine (backpressure)
+    # and nothing timed it; one still reading, however slowly, gets the whole stream
+    srv = HttpServer(error_body, 1000, idle_timeout_s=2.0)
+    cancelled = []
+
+    async def stream(req):
+        req.start_stream()
+        try:
+            for _ in range(192):  # 12 MiB of events
+                req.send(b"data: " + b"x" * 65528 + b"\n\n")
+                await req.drain()
+            req.end_stream()
+        except asyncio.CancelledError:
+            cancelled.append(req)
+            raise
+
+    srv.route("GET", "/stream", stream)
+    port = await srv.start("127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    socks = []
+    try:
+        for k in range(2):
+            s = socket.socket()
+            if k == 0:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.setblocking(False)
+            await loop.sock_connect(s, ("127.0.0.1", port))
+            await loop.sock_sendall(s, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            socks.append(s)
+        stalled, slow = socks
+        got = b""
+        while not got.endswith(b"0\r\n\r\n"):  # the slow one: 64 KiB every 20 ms, ~4 s, two idle timeouts
+            chunk = await asyncio.wait_for(loop.sock_recv(slow, 65536), 5)
+            assert chunk, "the slow reader's stream was cut"
+            got += chunk[-8:] if len(got) > 16 else chunk
+            await asyncio.sleep(0.02)
+        await _until(lambda: len(cancelled) == 1)  # the stalled one: reset, its handler cancelled
+        assert len(srv.connections) == 1
+    finally:
+        for s in socks:
+            s.close()
+        await srv.stop()

@@ -176,11 +176,17 @@ class _Connection(asyncio.Protocol):
     def pause_writing(self) -> None:
         self._paused_writing = True
         cur = self._current
-        if cur is not None and cur.producer is not None:
-            cur.producer.pause()  # type: ignore[attr-defined]
+        if cur is not None:
+            if cur.producer is not None:
+                cur.producer.pause()  # type: ignore[attr-defined]
+            if self._due is None and self.transport is not None:  # its handler answering, nothing else timed:
+                self._unsent = self.transport.get_write_buffer_size()  # the client must take some of it in time
+                self._deadline(self.server.idle_timeout_s, self._write_stalled)
 
     def resume_writing(self) -> None:
         self._paused_writing = False
+        if self._due is not None and self._on_due == self._write_stalled:
+            self._due = None  # taking again (a bound method each access: ==, not is)
         cur = self._current
         if cur is not None and cur.producer is not None:
             cur.producer.resume()  # type: ignore[attr-defined]
@@ -402,6 +408,20 @@ class _Connection(asyncio.Protocol):
         meanwhile (nginx's send_timeout runs between two successive writes, not over the whole transfer)."""
         self._unsent = t.get_write_buffer_size()
         self._deadline(self.server.idle_timeout_s, self._idle_close)
+
+    def _write_stalled(self) -> None:
+        """A response (a stream, a long answer) its client has taken nothing of for the idle timeout: reset, which
+        cancels its handler (a stream's engine request with it: a client that stops reading without closing held
+        its engine slot, and its tenant's concurrency place, as long as it kept the connection)."""
+        t = self.transport
+        if t is None or not self._paused_writing:
+            return
+        left = t.get_write_buffer_size()
+        if left < self._unsent:  # taking, slowly: another period
+            self._unsent = left
+            self._deadline(self.server.idle_timeout_s, self._write_stalled)
+        else:
+            t.abort()
 
     def _idle_close(self) -> None:
         t = self.transport
