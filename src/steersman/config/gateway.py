@@ -86,7 +86,11 @@ class GatewaySettings:
         "5 s grace, the trace export's 2 s); nginx's graceful quit and uvicorn's --timeout-graceful-shutdown drain "
         "the same way.  A preStop sleep counts against the same 30 s.  0 cuts every stream at once", ge=0
     )
-    client_idle_timeout_s: float = setting(75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout)", gt=0)
+    client_idle_timeout_s: float = setting(
+        75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout); a client that takes "
+        "nothing of its answer (a stream, a long body) for as long is reset, cancelling its request (nginx "
+        "send_timeout, 60 s, between two successive writes)", gt=0
+    )
     max_client_connections: int = setting(
         8192, "Envoy's FAQ on file descriptor exhaustion: keep connection limits under half the process's fd limit "
         "(each client connection being served holds a second fd, its engine connection; the rest is for engine "
