@@ -10,7 +10,7 @@ import socket
 import orjson
 import pytest
 
-import steersman.http._connection as connection_module
+import steersman.http._lifetime as lifetime_module
 from steersman.api.errors import error_body
 from steersman.http.server import HttpServer
 
@@ -190,7 +190,7 @@ async def test_a_connection_that_has_not_been_answered_yet_is_not_closed_to_make
 async def test_refused_connections_wait_for_their_client_to_close_only_up_to_a_bound(monkeypatch):
     """A refusal half-closes and lets the client read the 503 and close (a socket closed with the request unread
     resets); a client that never closes cannot make refusals hold fds: past the bound a refusal closes at once."""
-    monkeypatch.setattr(connection_module, "_MAX_REFUSED_LINGERING", 1)
+    monkeypatch.setattr(lifetime_module, "_MAX_REFUSED_LINGERING", 1)
     srv, state = _server(1)
     port = await srv.start("127.0.0.1", 0)
     try:
