@@ -78,9 +78,11 @@ def _deadline_error() -> ApiError:
                     "server_error", None, "deadline_exceeded")
 
 
-def _throttled_error() -> ApiError:
+def _throttled_error(settings) -> ApiError:
+    """The throttle's refusal; ``Retry-After`` is one bucket of its window (``settings``: the reliability settings):
+    the soonest its oldest counts leave the window and its rejection probability falls with no new success."""
     return ApiError(503, "The gateway is throttling requests: the engines are failing too many of them.",
-                    "server_error", None, "throttled", 1.0)
+                    "server_error", None, "throttled", settings.throttle_window_s / settings.throttle_buckets)
 
 
 class Pipeline:
@@ -138,7 +140,7 @@ class Pipeline:
                 if not isinstance(out, Continue):
                     return out
                 if not r.admit_attempt(ctx.bytes_sent):
-                    return last or Fail(_throttled_error(), Retry.NEVER)
+                    return last or Fail(_throttled_error(r.s), Retry.NEVER)
                 ticket = ctx.ticket
                 ctx.attempts += 1
                 if holding[0] and ticket is not None:
