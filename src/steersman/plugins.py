@@ -5,14 +5,25 @@ factory and gives a clear error listing the known names otherwise.  A registry
 of an extension point knows its ``typing.Protocol``: :meth:`Registry.build`
 checks what a factory made implements it, so a plugin registered in the wrong
 place fails where the configuration names it, not at the first request.
+
+Plugins outside steersman register themselves when their module is imported.
+:func:`load_plugins` imports them before a configuration is read: every entry
+point of the group ``steersman.plugins`` an installed package declares (as
+pytest's ``pytest11``), and the modules a fleet file lists under ``plugins:``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import types
+from collections.abc import Callable, Iterable
+from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Registry", "UnknownPlugin"]
+__all__ = ["ENTRY_POINT_GROUP", "PluginLoadError", "Registry", "UnknownPlugin", "load_plugins"]
+
+#: the entry-point group an installed package names its plugin modules in (``[project.entry-points."steersman.plugins"]``)
+ENTRY_POINT_GROUP = "steersman.plugins"
 
 T = TypeVar("T", bound=Callable[..., Any])
 
@@ -65,3 +76,34 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._items
+
+
+class PluginLoadError(Exception):
+    """A plugin module (an entry point or a fleet file's ``plugins:``) could not be imported: the message names it."""
+
+
+_loaded_entry_points = False
+
+
+def load_plugins(modules: Iterable[str] = ()) -> None:
+    """Imports the installed packages' ``steersman.plugins`` entry points (once a process) and then ``modules``
+    (dotted names), whose imports register their plugins.  An entry point naming a callable rather than a module
+    is called with no arguments once loaded.  :class:`PluginLoadError` names what failed."""
+    global _loaded_entry_points
+    if not _loaded_entry_points:
+        _loaded_entry_points = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                got = ep.load()
+                if callable(got) and not isinstance(got, types.ModuleType):
+                    got()
+            except Exception as e:  # noqa: BLE001 -- a third party's import raises what it raises
+                raise PluginLoadError(f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
+                                      f"failed to load: {type(e).__name__}: {e}") from None
+    for name in modules:
+        if not isinstance(name, str) or not name.strip():
+            raise PluginLoadError(f"plugins: each entry must be a module's dotted name, got {name!r}")
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001
+            raise PluginLoadError(f"plugins: module {name!r} failed to import: {type(e).__name__}: {e}") from None

@@ -27,6 +27,7 @@ from steersman.api.prompt import with_cache_salt
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
 from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
+from steersman.control.admission import make_admitter
 from steersman.control.tenants import AuthError
 from steersman.control.accounting import Accounting
 from steersman.control.plane import ControlPlane
@@ -90,7 +91,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
             self.policy = make_policy(cfg.policy, cfg.scheduler)
         self.tenants = cfg.tenants or TenantDirectory.from_data({}, "open mode", cfg.admission)
         self.workflows = WorkflowTracker(cfg.admission)
-        self.plane = ControlPlane(self.policy, DefaultAdmitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)
+        self.plane = ControlPlane(self.policy, make_admitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)
         RequestLifecycle.__init__(self)
         # engine-sims listen on loopback whatever the gateway's host: their /admin/faults is open (the gateway is
         # their only client; `up --host 0.0.0.0` exposed every one of them)

@@ -1,8 +1,9 @@
 """The gateway's store of Responses (``store: true``): what ``previous_response_id`` continues, and what
 ``GET`` / ``DELETE /v1/responses/{id}`` read.
 
-Two stores behind one small protocol, chosen by ``gateway.response_store_url``: in the gateway's memory (the
-default: least recently used out first past ``response_store_mib``), or in Redis (``redis://...``:
+Two stores behind one small protocol, registered by name (:data:`RESPONSE_STORES`) and chosen by
+``gateway.response_store`` (unset: ``redis`` when ``gateway.response_store_url`` is set, else ``memory``): in the
+gateway's memory (the default: least recently used out first past ``response_store_mib``), or in Redis (``redis://...``:
 :class:`steersman.state.RedisResponseStore`), which every gateway behind one load balancer shares, so a
 conversation continues whichever gateway its next turn reaches.  Either way a response is visible to its own
 tenant only (another tenant's id reads as unknown, as OpenAI's store answers for another project's) and expires
@@ -24,9 +25,10 @@ from typing import Any, Protocol, runtime_checkable
 import orjson
 
 from steersman.clock import Clock
+from steersman.plugins import Registry
 
 __all__ = ["ResponseStore", "MemoryResponseStore", "Stored", "StoreUnavailable", "StoredCorrupt", "encode_stored",
-           "decode_stored", "make_response_store"]
+           "decode_stored", "make_response_store", "response_store_name", "RESPONSE_STORES"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +160,32 @@ class MemoryResponseStore:
         self.bytes = 0
 
 
-def make_response_store(settings, clock: Clock, count: Callable[[str, str], None] = lambda op, outcome: None) -> ResponseStore:
-    """The store ``settings`` (GatewaySettings) name: memory, or Redis at ``response_store_url``; ``count(op,
-    outcome)`` hears of each write (``written`` / ``error`` / ``too_large``)."""
-    max_bytes = settings.response_store_mib * 2**20
-    if not settings.response_store_url:
-        return MemoryResponseStore(max_bytes, settings.response_store_ttl_s, clock, count)
+def _memory(settings, clock: Clock, count: Callable[[str, str], None]) -> MemoryResponseStore:
+    return MemoryResponseStore(settings.response_store_mib * 2**20, settings.response_store_ttl_s, clock, count)
+
+
+def _redis(settings, clock: Clock, count: Callable[[str, str], None]) -> ResponseStore:
     from steersman.state.redis_responses import RedisResponseStore
 
-    return RedisResponseStore(settings.response_store_url, settings.response_store_prefix, max_bytes,
-                              settings.response_store_ttl_s, settings.response_store_timeout_s, count)
+    if not settings.response_store_url:
+        raise ValueError("response store 'redis' needs gateway.response_store_url (redis://host:port/db)")
+    return RedisResponseStore(settings.response_store_url, settings.response_store_prefix,
+                              settings.response_store_mib * 2**20, settings.response_store_ttl_s,
+                              settings.response_store_timeout_s, count)
+
+
+#: response stores by name: a factory taking (GatewaySettings, clock, count(op, outcome)); ``gateway.response_store``
+RESPONSE_STORES: Registry = Registry("response store", ResponseStore)
+RESPONSE_STORES.register("memory", _memory)
+RESPONSE_STORES.register("redis", _redis)
+
+
+def response_store_name(settings) -> str:
+    """The store ``settings`` (GatewaySettings) name: ``response_store``, else redis with a URL, else memory."""
+    return settings.response_store or ("redis" if settings.response_store_url else "memory")
+
+
+def make_response_store(settings, clock: Clock, count: Callable[[str, str], None] = lambda op, outcome: None) -> ResponseStore:
+    """The store ``settings`` (GatewaySettings) name (:func:`response_store_name`), checked against
+    :class:`ResponseStore`; ``count(op, outcome)`` hears of each write (``written`` / ``error`` / ``too_large``)."""
+    return RESPONSE_STORES.build(response_store_name(settings), settings, clock, count)

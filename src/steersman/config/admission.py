@@ -50,6 +50,10 @@ class AdmissionSettings:
         "twenty-seventh session, tasks still under way at the end counted as unfinished; before, when they counted "
         "as successes, 2,155 -> 2,302 / 2,516); at 5x (~0.9x capacity) unchanged", le=3,
     )
+    admitter: str = setting(
+        "default", "steersman.control.admission.DefaultAdmitter: a tenant's budget, request and token buckets, then "
+        "its requests in flight; another registered name (steersman.control.admission.ADMITTERS) replaces it, live "
+        "and in the twin")
 
     def __post_init__(self) -> None:
         check_bounds(self)

@@ -137,6 +137,10 @@ class GatewaySettings:
         "kept in the gateway's memory up to 64 MiB, least recently used out first (OpenAI keeps them 30 days on "
         "its servers; a gateway keeps what a bounded heap holds: a few thousand long conversations)", ge=1
     )
+    response_store: str | None = setting(
+        None, "design: unset, stored responses are in `redis` when response_store_url is set, else in `memory`; a "
+        "registered name (steersman.api.response_store.RESPONSE_STORES) picks another store"
+    )
     response_store_url: str | None = setting(
         None, "design: stored responses stay in the gateway's memory; `redis://host:port/db` keeps them in Redis, "
         "shared by every gateway behind one load balancer (a conversation's next turn may reach another gateway)"
@@ -219,6 +223,11 @@ def _check_host_and_keys(s: GatewaySettings) -> None:
     if key is not None and not _is_sha256_hex(key.strip().lower()):  # what AdminGuard compares with
         raise ValueError("admin_key_sha256 must be the SHA-256 hex digest of the admin key (64 hex digits), "
                          "not the key itself")
+    if s.response_store == "redis" and not s.response_store_url:
+        raise ValueError("response_store 'redis' needs response_store_url (redis://host:port/db)")
+    if s.response_store == "memory" and s.response_store_url:
+        raise ValueError("response_store 'memory' keeps responses in this gateway: leave out response_store_url "
+                         "(or name the store 'redis')")
     for name in ("response_store_url", "limits_url"):
         url = getattr(s, name)
         problem = redis_url_problem(url) if url else None

@@ -31,10 +31,12 @@ from steersman.config.admission import AdmissionSettings
 from steersman.control.budget import BudgetLedger, OverBudget
 from steersman.control.ratelimit import RateLimiter, Reservation, Throttle, TooLarge
 from steersman.control.tenants import TenantConfig
+from steersman.plugins import Registry
 from steersman.policy.request import SchedRequest
 
 __all__ = [
-    "Admit", "Infeasible", "AdmissionDecision", "Refusal", "Admitter", "DefaultAdmitter", "check_deadline",
+    "ADMITTERS", "Admit", "Infeasible", "AdmissionDecision", "Refusal", "Admitter", "DefaultAdmitter", "check_deadline",
+    "make_admitter",
     "Throttle", "TooLarge", "OverBudget", "TooManyInFlight",
 ]
 
@@ -82,7 +84,10 @@ AdmissionDecision = Admit | Throttle | TooLarge | OverBudget | TooManyInFlight
 
 @runtime_checkable
 class Admitter(Protocol):
-    """Decides whether a request may enter; no IO, no clock reads."""
+    """Decides whether a request may enter; no IO, no clock reads.  ``admit`` returns an :class:`Admit` (which
+    :meth:`settle` or :meth:`release` later receives, exactly once) or a refusal: any object with ``status``,
+    ``code``, ``reason`` and ``retry_after`` (seconds, or None when retrying cannot help), answered in the OpenAI
+    error format.  Registered by name in :data:`ADMITTERS`; ``admission.admitter`` picks one."""
 
     def admit(self, req: SchedRequest, tenant: TenantConfig, now: float) -> AdmissionDecision: ...
 
@@ -147,6 +152,16 @@ class DefaultAdmitter:
         self.limiter.release(ticket.reservation, now)
         self._ended(ticket)
         self.ledger.unhold(ticket.tenant.name, ticket.held_usd)
+
+
+#: admitters by name: a factory taking the :class:`AdmissionSettings` (``admission.admitter`` names one)
+ADMITTERS: Registry = Registry("admitter", Admitter)
+ADMITTERS.register("default", DefaultAdmitter)
+
+
+def make_admitter(settings: AdmissionSettings) -> Admitter:
+    """The admitter ``settings.admitter`` names, made with ``settings`` and checked against :class:`Admitter`."""
+    return ADMITTERS.build(settings.admitter, settings)
 
 
 def check_deadline(deadline: float | None, predicted_finish: float, now: float, *, min_service_s: float | None = None) -> Infeasible | None:

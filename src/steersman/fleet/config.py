@@ -1,6 +1,7 @@
 """The fleet file (YAML): gateway settings, engine endpoints, an embedded simulated fleet.
 
 ```yaml
+plugins: [acme_routing]                        # modules imported first: their filters, scorers, admitters... register
 gateway: {host: 127.0.0.1, port: 8080}       # any GatewaySettings field
 policy: steersman                              # a registered routing profile (or scheduler.profile: the same)
 scheduler:                                     # any SchedulerSettings field, SLO classes, custom profiles
@@ -9,7 +10,7 @@ scheduler:                                     # any SchedulerSettings field, SL
   profiles:                                    # then `policy: mine`
     mine: {filters: [shortlist, fits-kv], scorers: [{type: prefix-affinity, weight: 3}, {type: load-balance, weight: 1}],
            picker: max-score, queue_when_saturated: true}
-admission: {queue_max_entries: 1024}          # any AdmissionSettings field
+admission: {queue_max_entries: 1024}          # any AdmissionSettings field (admitter: a registered name)
 reliability: {consecutive_failures: 5, brownout_models: {llama-3.1-70b: llama-3.1-8b}}   # any ReliabilitySettings field
 tenants:                                       # with no api_keys the gateway runs open
   acme: {priority: critical, requests_per_minute: 600, tokens_per_minute: 200000, budget_usd: 50}
@@ -49,6 +50,7 @@ from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, Relia
 from steersman.config._base import finite_number, override, shown
 from steersman.config._urls import http_url_problem
 from steersman.control.tenants import TenantConfigError, TenantDirectory
+from steersman.plugins import PluginLoadError, load_plugins
 from steersman.sim import gpu_profile, model_profile, replica_capacity
 from steersman.fleet._config_checks import (FleetConfigError, _check_plugins, _kind, _profiles, check_endpoint_tp,
                                             check_names, check_prefix_budget, check_queue_reaches_brownout,
@@ -118,6 +120,7 @@ class SimulatedFleetConfig(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
+    plugins: list[Any] = msgspec.field(default_factory=list)  # modules to import first: their plugins register
     gateway: dict[str, Any] = msgspec.field(default_factory=dict)
     policy: str | None = None  # or scheduler.profile: one setting (None: neither, DEFAULTS.scheduler.profile)
     scheduler: dict[str, Any] = msgspec.field(default_factory=dict)
@@ -144,6 +147,7 @@ class FleetConfig(msgspec.Struct, frozen=True):
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
     try:
         raw = msgspec.convert(data if data is not None else {}, _FleetFile)
+        load_plugins(raw.plugins)  # (the entry points' too): before any name below is looked up
         gateway = override(DEFAULTS.gateway, raw.gateway, f"{where}: gateway")
         sched_raw = dict(raw.scheduler)
         slo = sched_raw.pop("slo_classes", None)
@@ -169,7 +173,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
             )
     except msgspec.ValidationError as e:
         raise FleetConfigError(f"{where}: {e}") from None
-    except (TenantConfigError, ValueError) as e:
+    except (TenantConfigError, ValueError, PluginLoadError) as e:
         raise FleetConfigError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
     if not raw.endpoints and raw.simulated is None:
         raise FleetConfigError(f"{where}: no `endpoints` and no `simulated` fleet: nothing to route to")
@@ -179,6 +183,12 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
                                  or bool(reliability.brownout_models), where)
     check_prefix_budget(scheduler, len(raw.endpoints) + sum(r.count for r in raw.simulated.replicas)
                         if raw.simulated else len(raw.endpoints), where)
+    _check_admitter(admission, gateway, where)
+    from steersman.api.response_store import RESPONSE_STORES
+
+    if gateway.response_store is not None and gateway.response_store not in RESPONSE_STORES:
+        raise FleetConfigError(f"{where}: unknown gateway.response_store {shown(gateway.response_store)}; "
+                               f"known: {', '.join(RESPONSE_STORES.names())}")
     from steersman.policy import POLICIES
     from steersman.policy.decode import DECODE_PICKERS
 
@@ -387,6 +397,25 @@ def _slo_classes(data: Any, where: str) -> MappingProxyType:
             vals.append(None if v is None else float(v))
         out[str(name)] = SloClass(*vals)
     return MappingProxyType(out)
+
+
+def _check_admitter(admission: AdmissionSettings, gateway: GatewaySettings, where: str) -> None:
+    """``admission.admitter`` names a registered admitter that builds (made once now: a typo fails at startup); shared
+    limits (``gateway.limits_url``) need one that keeps :class:`~steersman.control.DefaultAdmitter`'s buckets."""
+    from steersman.control.admission import ADMITTERS, DefaultAdmitter, make_admitter
+
+    if admission.admitter not in ADMITTERS:
+        raise FleetConfigError(f"{where}: unknown admission.admitter {shown(admission.admitter)}; "
+                               f"known: {', '.join(ADMITTERS.names())}")
+    try:
+        made = make_admitter(admission)
+    except Exception as e:  # noqa: BLE001 -- a plugin's own checks raise what they raise
+        raise FleetConfigError(f"{where}: admission.admitter {shown(admission.admitter)}: {e}") from None
+    if gateway.limits_url and not isinstance(made, DefaultAdmitter):
+        raise FleetConfigError(
+            f"{where}: gateway.limits_url shares the default admitter's token buckets and spend through Redis, but "
+            f"admission.admitter {shown(admission.admitter)} ({type(made).__name__}) keeps none: leave out "
+            "limits_url or use an admitter derived from DefaultAdmitter")
 
 
 def load_fleet(path: str | Path) -> FleetConfig:

@@ -1,7 +1,7 @@
 """The digital twin's event loop: the real control plane against simulated replicas on a virtual clock.
 
 What runs unmodified from the live gateway: admission and rate limits
-(:class:`~steersman.control.DefaultAdmitter`), the gateway queue, the routing
+(``admission.admitter``, :class:`~steersman.control.DefaultAdmitter` by default), the gateway queue, the routing
 policy on frozen :class:`~steersman.fleet.snapshot.FleetSnapshot`\\ s, the fleet's
 accounting and prefix index (:class:`~steersman.control.accounting.Accounting`),
 workflow tracking.  What is simulated: the engines (:mod:`steersman.sim` engine
@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from steersman.config import DEFAULTS, ReliabilitySettings
-from steersman.control import DefaultAdmitter, GatewayQueue, TenantConfig, WorkflowTracker
+from steersman.control import GatewayQueue, TenantConfig, WorkflowTracker
+from steersman.control.admission import make_admitter
 from steersman.control.accounting import Accounting, Started
 from steersman.control.plane import DISPATCH_BURST, ControlPlane, Dispatch, Refuse, Wait
 from steersman.control.workflow import WorkflowHeaders, effective_priority
@@ -119,7 +120,7 @@ class Twin(DrillActions, Handoff, Deadlines, TwinBrownout, Eviction):
         self.evicted = 0
         self.workload = workload
         admission = fleet.admission
-        self.plane = ControlPlane(policy, DefaultAdmitter(admission), GatewayQueue(admission), fleet.scheduler)
+        self.plane = ControlPlane(policy, make_admitter(admission), GatewayQueue(admission), fleet.scheduler)
         self.workflows = WorkflowTracker(admission)
         self._demotion = admission.workflow_missed_demotion
         self.accounting = Accounting(self.fleet, self.plane, self.workflows, fleet.scheduler, fleet.block_size)

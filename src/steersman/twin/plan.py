@@ -81,7 +81,8 @@ class Plan:
 
 
 def _fleet_doc(fleet: Fleet, model: str, tp: int, base: Mapping[str, Any]) -> dict:
-    doc = {k: v for k, v in base.items() if k in ("scheduler", "admission", "tenants", "api_keys", "policy")}
+    doc = {k: v for k, v in base.items() if k in ("scheduler", "admission", "tenants", "api_keys", "policy",
+                                                          "plugins")}
     doc["simulated"] = {"replicas": [{"gpu": gpu, "model": model, "count": n, "tp": tp} for gpu, n in fleet]}
     return doc
 
