@@ -38,6 +38,7 @@ PINNED = {
     "gateway.connect_timeout_s": 2.0,
     "gateway.upstream_idle_timeout_s": 4.0,
     "gateway.upstream_preconnect": True,
+    "gateway.reuse_port": False,
     "gateway.client_idle_timeout_s": 75.0,
     "gateway.max_client_connections": 8192,
     "gateway.drain_timeout_s": 20.0,

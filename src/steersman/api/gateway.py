@@ -202,7 +202,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
         self._warm_decisions()
         for fam in self.pipeline.retrier.families:
             self.metrics.registry.register(fam)
-        self.port = await self.http.start(self.settings.host, self.settings.port)
+        self.port = await self.http.start(self.settings.host, self.settings.port, self.settings.reuse_port)
         if self.busy_poll is not None:
             self.busy_poll.start()
             bp = self.busy_poll

@@ -86,6 +86,13 @@ class GatewaySettings:
         "5 s grace, the trace export's 2 s); nginx's graceful quit and uvicorn's --timeout-graceful-shutdown drain "
         "the same way.  A preStop sleep counts against the same 30 s.  0 cuts every stream at once", ge=0
     )
+    reuse_port: bool = setting(
+        False, "nginx's `listen ... reuseport` (Envoy's enable_reuse_port): SO_REUSEPORT on the listener, so a second "
+        "gateway with a changed fleet file can listen on the same port while this one drains (start the new one, "
+        "then SIGTERM the old: no connection refused, no stream cut; README \"Changing the fleet without dropping "
+        "requests\").  Off: a second gateway on a port in use fails to start, which catches two deployments "
+        "colliding"
+    )
     client_idle_timeout_s: float = setting(
         75.0, "idle client keep-alive connections close after 75 s (nginx keepalive_timeout); a client that takes "
         "nothing of its answer (a stream, a long body) for as long is reset, cancelling its request (nginx "

@@ -157,10 +157,13 @@ class HttpServer:
             elif req.conn.transport is not None:
                 req.conn.transport.close()
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (0: a free port); ``reuse_port``: SO_REUSEPORT, beside other listeners that set it
+        (the kernel spreads new connections over them; ``gateway.reuse_port``)."""
         loop = asyncio.get_running_loop()
         _check_fd_limit(self.max_connections)
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True, backlog=2048)
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True, backlog=2048,
+                                                reuse_port=reuse_port or None)
         self._refusing = False
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
