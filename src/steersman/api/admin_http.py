@@ -1,15 +1,19 @@
 """The gateway's admin endpoints over HTTP (guarded by :class:`~steersman.api.admin.AdminGuard`): ``GET /metrics``,
-``GET /admin/fleet``, ``POST /admin/replicas/{name}/drain`` and ``.../resume``.  A mixin of
-:class:`~steersman.api.gateway.Gateway` (its ``admin``, ``fleet``, ``metrics``, ``kick``)."""
+``GET /admin/fleet``, ``POST /admin/replicas/{name}/drain`` and ``.../resume``, ``POST /admin/reload``.  A mixin of
+:class:`~steersman.api.gateway.Gateway` (its ``admin``, ``fleet``, ``metrics``, ``kick``, ``cfg``, ``tenants``,
+``reload_from``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import orjson
 
 from steersman.api.admin import fleet_view, replica_action
 from steersman.api.errors import ApiError
+from steersman.api.reload import reload_plan
+from steersman.fleet.config import FleetConfigError
 from steersman.http.server import HttpRequest
 
 __all__ = ["AdminEndpoints"]
@@ -53,3 +57,31 @@ class AdminEndpoints:
         if self._admin_refused(request):
             return
         request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
+
+    async def admin_reload(self, request: HttpRequest) -> None:
+        """``POST /admin/reload`` (steersman.api.reload): the fleet file read again, its tenants and keys applied."""
+        if self._admin_refused(request):
+            return
+        if self.reload_from is None:
+            err = ApiError(409, "This gateway was not started from a fleet file (`steersman up`, or built in code): "
+                           "there is nothing to read again. Start it with `steersman serve --config FILE` to reload "
+                           "its tenants and API keys.", "invalid_request_error", None, "no_fleet_file")
+            request.respond(err.status, err.body())
+            return
+        try:
+            new = await asyncio.to_thread(self.reload_from)  # (reading, parsing, importing plugins: off the loop)
+        except FleetConfigError as e:
+            err = ApiError(400, f"The fleet file was not reloaded (nothing changed): {e}", "invalid_request_error",
+                           None, "invalid_fleet_file")
+            request.respond(err.status, err.body())
+            return
+        plan = reload_plan(self.cfg, new, self.tenants)
+        if isinstance(plan, ApiError):
+            request.respond(plan.status, plan.body())
+            return
+        if plan.applies:
+            self.tenants.replace_with(plan.tenants)
+            log.warning("fleet file reloaded by an operator: tenants added %s, removed %s, changed %s; %d API key(s)%s",
+                        list(plan.added), list(plan.removed), list(plan.changed), plan.keys_after,
+                        f"; not applied (restart to apply): {', '.join(plan.not_applied)}" if plan.not_applied else "")
+        request.respond(200, orjson.dumps(plan.body()))

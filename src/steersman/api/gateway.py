@@ -13,6 +13,8 @@ import logging
 from dataclasses import dataclass, replace
 from urllib.parse import unquote
 
+from collections.abc import Callable
+
 import orjson
 
 from steersman.api.errors import ApiError, error_body, not_found_model
@@ -23,10 +25,11 @@ from steersman.api.calibrate import calibrate
 from steersman.api.admin import REPLICAS_PATH, AdminGuard
 from steersman.api.admin_http import AdminEndpoints
 from steersman.api.openapi import openapi_document
+from steersman.api.reload import directory_of
 from steersman.api.prompt import with_cache_salt
 from steersman.clock import Clock, WallClock
 from steersman.config import DEFAULTS
-from steersman.control import DefaultAdmitter, GatewayQueue, TenantDirectory, WorkflowTracker
+from steersman.control import DefaultAdmitter, GatewayQueue, WorkflowTracker
 from steersman.control.admission import make_admitter
 from steersman.control.tenants import AuthError
 from steersman.control.accounting import Accounting
@@ -89,7 +92,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
             self.policy = make_profile(cfg.policy, cfg.profiles[cfg.policy], cfg.scheduler)
         else:
             self.policy = make_policy(cfg.policy, cfg.scheduler)
-        self.tenants = cfg.tenants or TenantDirectory.from_data({}, "open mode", cfg.admission)
+        self.tenants = directory_of(cfg)
         self.workflows = WorkflowTracker(cfg.admission)
         self.plane = ControlPlane(self.policy, make_admitter(cfg.admission), GatewayQueue(cfg.admission), cfg.scheduler)
         RequestLifecycle.__init__(self)
@@ -118,6 +121,9 @@ class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
                               ("/openapi.json", self.openapi), ("/admin/fleet", self.admin_fleet)):
             self.http.route("GET", path, _with_request_id(handler))
         self.http.route("POST", REPLICAS_PATH, _with_request_id(self.admin_replica))
+        self.http.route("POST", "/admin/reload", _with_request_id(self.admin_reload))
+        #: reads the fleet file again (``steersman serve`` sets it; None: started without one): POST /admin/reload
+        self.reload_from: Callable[[], FleetConfig] | None = None
         self.http.on_error = self._protocol_answer
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None

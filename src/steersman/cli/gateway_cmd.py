@@ -72,7 +72,8 @@ def _parse_engines(spec: str) -> tuple[str, int]:
     return kind, int(n)
 
 
-def _run(cfg, command: str, engines: tuple[str, int] | None = None) -> None:
+def _run(cfg, command: str, engines: tuple[str, int] | None = None, reload=None) -> None:
+    """``reload``: reads the fleet file again (``POST /admin/reload``); None without one."""
     from steersman.api.gateway import Gateway
     from steersman.cli._run import exit_if_cannot_listen, run_service
 
@@ -98,6 +99,7 @@ def _run(cfg, command: str, engines: tuple[str, int] | None = None) -> None:
             endpoints = tuple(msgspec.convert(ep, EndpointConfig) for ep in await procs.start())
             cfg = msgspec.structs.replace(cfg, endpoints=endpoints, simulated=None)  # the real engines replace the sims
         gw = holder["gw"] = Gateway(cfg)
+        gw.reload_from = reload
         await gw.start()
         if procs is not None:
             import asyncio
@@ -172,4 +174,4 @@ def register(app: typer.Typer) -> None:
         except FleetConfigError as e:
             typer.echo(f"steersman serve: {e}", err=True)
             raise typer.Exit(2) from None
-        _run(cfg, "steersman serve")
+        _run(cfg, "steersman serve", reload=lambda: with_gateway(load_fleet(config), port=port, host=host))

@@ -101,7 +101,7 @@ def generate_key() -> tuple[str, str]:
 
 
 class TenantDirectory:
-    """Tenants by name and API-key digests; immutable once built."""
+    """Tenants by name and API-key digests; changed only whole, by :meth:`replace_with` (an operator's reload)."""
 
     __slots__ = ("_tenants", "_keys", "_open_tenant")
 
@@ -129,6 +129,16 @@ class TenantDirectory:
             settings.open_tenant, PriorityClass.parse(settings.default_priority)
         )
         return cls(tenants, keys, open_tenant)
+
+    def replace_with(self, other: TenantDirectory) -> None:
+        """Take ``other``'s tenants, keys and open tenant, in place: every holder of this directory (the
+        authentication stage, the shared limits' sync) reads the new ones from the next request on; requests under
+        way keep the :class:`TenantConfig` they were admitted with."""
+        self._tenants, self._keys, self._open_tenant = other._tenants, other._keys, other._open_tenant
+
+    def same_as(self, other: TenantDirectory) -> bool:
+        """The same tenants (every setting), keys and open tenant."""
+        return (self._tenants, self._keys, self._open_tenant) == (other._tenants, other._keys, other._open_tenant)
 
     @property
     def open(self) -> bool:

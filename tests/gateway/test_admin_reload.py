@@ -1,0 +1,159 @@
+"""``POST /admin/reload``: a running ``steersman serve`` reads its fleet file again and applies its tenants and API keys
+in place (a new key works, a removed one is a 401, a tenant's changed limit applies, a stream under way goes on); a
+file that does not parse, or that would open a keyed gateway, changes nothing; other changed sections are named as not
+applied.  Over real HTTP with the official client; the pure plan alone below."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from steersman.api.reload import directory_of, reload_plan
+from steersman.control.tenants import generate_key, hash_key
+from steersman.fleet.config import parse_fleet
+from tests.gateway.test_handover import _free_port
+
+STEERSMAN = [sys.executable, "-m", "steersman"]
+HI = [{"role": "user", "content": "hi"}]
+SIM = {"speedup": 20.0, "replicas": [{"gpu": "H100", "model": "llama-3.1-8b"}]}
+
+
+def _doc(keys: dict[str, str], tenants: dict | None = None, **more) -> dict:
+    return {"gateway": {"port": more.pop("port"), "admin_key_sha256": hash_key("admin-key")}, "simulated": SIM,
+            "tenants": tenants or {name: {} for name in keys},
+            "api_keys": [{"sha256": hash_key(k), "tenant": name} for name, k in keys.items()], **more}
+
+
+@pytest.fixture
+def served(tmp_path):
+    port = _free_port()
+    cfg = tmp_path / "fleet.yaml"
+    alice = generate_key()[0]
+    cfg.write_text(yaml.safe_dump(_doc({"alice": alice}, port=port)))
+    proc = subprocess.Popen(STEERSMAN + ["serve", "--config", str(cfg)], stdout=subprocess.PIPE,
+                            stderr=open(tmp_path / "gw.log", "w"), text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError((tmp_path / "gw.log").read_text()[-2000:])
+        if line.startswith("steersman ready"):
+            break
+    try:
+        yield f"http://127.0.0.1:{port}", cfg, port, alice, tmp_path / "gw.log"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _reload(url: str, key: str = "admin-key") -> httpx.Response:
+    return httpx.post(url + "/admin/reload", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+
+def _chat(url: str, key: str, **kw):
+    with openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=30) as c:
+        return c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=4, **kw)
+
+
+def test_a_reload_adds_and_revokes_keys_and_changes_limits_without_a_restart(served):
+    url, cfg, port, alice, log = served
+    bob = generate_key()[0]
+    with pytest.raises(openai.AuthenticationError):
+        _chat(url, bob)
+    assert _chat(url, alice).choices[0].message.content
+
+    # a stream of alice's under way across the reload that revokes her key
+    with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=30) as c:
+        stream = c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=200, stream=True,
+                                           extra_body={"ignore_eos": True})
+        first = next(iter(stream))
+        cfg.write_text(yaml.safe_dump(_doc({"bob": bob}, {"bob": {"requests_per_minute": 2}}, port=port)))
+        r = _reload(url)
+        rest = list(stream)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["applied"] == ["tenants"] and body["tenants"]["added"] == ["bob"]
+    assert body["tenants"]["removed"] == ["alice"] and body["api_keys"] == {"before": 1, "after": 1}
+    assert body["not_applied"] == [] and body["open"] is False
+    assert first is not None and rest[-1].choices[0].finish_reason == "length"  # not cut by the reload
+    assert sum(1 for c in [first, *rest] if c.choices and c.choices[0].delta.content) == 200
+
+    with pytest.raises(openai.AuthenticationError):
+        _chat(url, alice)  # revoked
+    assert _chat(url, bob).choices[0].message.content  # new, and held to its new limit: 2 a minute
+    assert _chat(url, bob).choices[0].message.content
+    with pytest.raises(openai.RateLimitError) as over:
+        _chat(url, bob)
+    assert over.value.code == "rate_limit_exceeded" and "bob" in over.value.message
+    assert "fleet file reloaded by an operator" in log.read_text()
+
+
+def test_a_bad_or_opening_file_changes_nothing_and_other_sections_are_named(served):
+    url, cfg, port, alice, _ = served
+    good = cfg.read_text()
+    assert _reload(url, "not-admin").status_code == 403
+
+    cfg.write_text(good.replace("tenants:", "tenants: [oops\n"))  # not YAML
+    r = _reload(url)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_fleet_file"
+    assert "nothing changed" in r.json()["error"]["message"]
+
+    doc = yaml.safe_load(good)
+    doc["tenants"]["alice"]["max_concurrent_requests"] = 0  # a bad value: named
+    cfg.write_text(yaml.safe_dump(doc))
+    r = _reload(url)
+    assert r.status_code == 400 and "max_concurrent_requests" in r.json()["error"]["message"]
+
+    doc = yaml.safe_load(good)
+    del doc["api_keys"]  # keys lost by mistake: the gateway would be open
+    cfg.write_text(yaml.safe_dump(doc))
+    r = _reload(url)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "reload_refused"
+    with pytest.raises(openai.AuthenticationError):
+        _chat(url, "sk-anything")  # still keyed
+    assert _chat(url, alice).choices[0].message.content  # and alice still served
+
+    doc = yaml.safe_load(good)
+    doc["simulated"]["replicas"].append({"gpu": "A100", "model": "llama-3.1-8b"})
+    doc["scheduler"] = {"saturation_queue_depth": 7}
+    cfg.write_text(yaml.safe_dump(doc))
+    r = _reload(url)
+    body = r.json()
+    assert r.status_code == 200 and body["applied"] == [] and body["not_applied"] == ["simulated", "scheduler"]
+    assert "reuse_port" in body["message"]
+
+
+def test_a_gateway_started_without_a_fleet_file_has_nothing_to_reload():
+    from steersman.testing import LiveFleet
+    from steersman.testing.scripted import Script
+
+    with LiveFleet(scripted=[Script(pieces=("ok",))], policy="least-request") as lf:
+        r = httpx.post(lf.url + "/admin/reload", timeout=10)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "no_fleet_file"
+
+
+def test_the_plan_compares_tenants_by_every_setting_and_keys_by_digest():
+    a, b = generate_key()[0], generate_key()[0]
+    base = parse_fleet(_doc({"t": a}, port=0))
+    same = parse_fleet(_doc({"t": a}, port=0))
+    plan = reload_plan(base, same, directory_of(base))
+    assert not plan.applies and plan.body()["applied"] == [] and plan.not_applied == ()
+    other_key = parse_fleet(_doc({"t": b}, port=0))  # one key for another: the same count, applied
+    plan = reload_plan(base, other_key, directory_of(base))
+    assert plan.applies and plan.keys_before == plan.keys_after == 1 and plan.changed == ()
+    weighted = parse_fleet(_doc({"t": a}, {"t": {"weight": 2}}, port=0))
+    assert reload_plan(base, weighted, directory_of(base)).changed == ("t",)
+    # an open gateway may be given keys (it stops being open); its open tenant is compared as a tenant
+    opened = parse_fleet({"gateway": {"port": 0}, "simulated": SIM})
+    plan = reload_plan(opened, base, directory_of(opened))
+    assert plan.applies and plan.added == ("t",) and plan.removed == ("default",) and not plan.tenants.open
+    json.dumps(plan.body())
