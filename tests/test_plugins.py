@@ -144,7 +144,7 @@ def test_installed_packages_entry_points_are_loaded(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-ep\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[steersman.plugins]\nacme = acme_ep:register\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(plugins, "_loaded_entry_points", False)
+    monkeypatch.setattr(plugins, "_loaded", set())
     try:
         cfg = parse_fleet({"gateway": {"response_store": "acme-counting"}, "endpoints": [ENDPOINT]})
         store = make_response_store(cfg.gateway, FakeClock())
@@ -160,7 +160,7 @@ def test_a_broken_entry_point_is_named(tmp_path, monkeypatch):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-bad\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[steersman.plugins]\nbad = acme_missing_module\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(plugins, "_loaded_entry_points", False)
+    monkeypatch.setattr(plugins, "_loaded", set())
     with pytest.raises(FleetConfigError, match=r"entry point 'bad' \(acme_missing_module\) of group 'steersman.plugins'"):
         parse_fleet({"endpoints": [ENDPOINT]})
 
@@ -197,3 +197,34 @@ def test_a_configured_admitter_answers_requests_live_and_in_the_twin(plugin_modu
     http = exp.last.arrays()["http"]
     assert (http == 429).sum() > 50 and (http == 200).sum() < 150  # (the trace's prompts: most over 40 tokens)
     assert sys.modules[plugin_module].ShortPromptsOnly.seen >= 202
+
+
+def test_a_plugin_failing_half_way_is_rolled_back_and_loads_once_fixed(tmp_path, monkeypatch):
+    mod = tmp_path / "acme_half.py"
+    mod.write_text(textwrap.dedent('''
+        from steersman.control.admission import ADMITTERS, DefaultAdmitter
+        ADMITTERS.register("acme-half-way", lambda settings: DefaultAdmitter(settings))
+        raise RuntimeError("licence server unreachable")
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    doc = {"plugins": ["acme_half"], "admission": {"admitter": "acme-half-way"}, "endpoints": [ENDPOINT]}
+    try:
+        with pytest.raises(FleetConfigError, match="licence server unreachable"):
+            parse_fleet(doc)
+        assert "acme-half-way" not in ADMITTERS  # rolled back
+        mod.write_text(mod.read_text().replace('raise RuntimeError("licence server unreachable")', ""))
+        sys.modules.pop("acme_half", None)
+        assert parse_fleet(doc).admission.admitter == "acme-half-way"  # (no "already registered")
+    finally:
+        sys.modules.pop("acme_half", None)
+        ADMITTERS._items.pop("acme-half-way", None)
+
+
+def test_a_plugin_calling_sys_exit_is_an_error_not_an_exit(tmp_path, monkeypatch):
+    (tmp_path / "acme_exits.py").write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with pytest.raises(FleetConfigError, match=r"module 'acme_exits' failed to import: SystemExit: 3"):
+            parse_fleet({"plugins": ["acme_exits"], "endpoints": [ENDPOINT]})
+    finally:
+        sys.modules.pop("acme_exits", None)

@@ -38,6 +38,7 @@ class Registry(Generic[T]):
         self.what = what
         self.protocol = protocol  # a runtime-checkable Protocol what its factories make must implement
         self._items: dict[str, T] = {}
+        _REGISTRIES.append(self)
 
     def register(self, name: str, factory: T | None = None):
         """``reg.register("name", f)`` or as a decorator ``@reg.register("name")``."""
@@ -78,32 +79,53 @@ class Registry(Generic[T]):
         return name in self._items
 
 
+_REGISTRIES: list[Registry] = []  # every registry made: a plugin that fails half-way is rolled back in all of them
+
+
 class PluginLoadError(Exception):
     """A plugin module (an entry point or a fleet file's ``plugins:``) could not be imported: the message names it."""
 
 
-_loaded_entry_points = False
+_loaded: set[tuple[str, str]] = set()  # the entry points loaded (name, value): once a process each
+
+
+def _rolled_back(load: Callable[[], Any]) -> None:
+    """Runs ``load`` (an import that registers plugins); if it raises, what it had registered is unregistered
+    first, so the module fixed and loaded again registers the same names without 'already registered'."""
+    before = [(r, set(r._items)) for r in _REGISTRIES]
+    try:
+        load()
+    except BaseException:
+        for r, names in before:
+            for name in set(r._items) - names:
+                del r._items[name]
+        raise
+
+
+def _entry_point(ep: Any) -> None:
+    got = ep.load()
+    if callable(got) and not isinstance(got, types.ModuleType):
+        got()
 
 
 def load_plugins(modules: Iterable[str] = ()) -> None:
-    """Imports the installed packages' ``steersman.plugins`` entry points (once a process) and then ``modules``
-    (dotted names), whose imports register their plugins.  An entry point naming a callable rather than a module
-    is called with no arguments once loaded.  :class:`PluginLoadError` names what failed."""
-    global _loaded_entry_points
-    if not _loaded_entry_points:
-        _loaded_entry_points = True
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                got = ep.load()
-                if callable(got) and not isinstance(got, types.ModuleType):
-                    got()
-            except Exception as e:  # noqa: BLE001 -- a third party's import raises what it raises
-                raise PluginLoadError(f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
-                                      f"failed to load: {type(e).__name__}: {e}") from None
+    """Imports the installed packages' ``steersman.plugins`` entry points (each once a process: one that failed is
+    tried again next time) and then ``modules`` (dotted names), whose imports register their plugins.  An entry point
+    naming a callable rather than a module is called with no arguments once loaded.  :class:`PluginLoadError` names
+    what failed (a module calling ``sys.exit`` included), and what it had registered is rolled back."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if (ep.name, ep.value) in _loaded:
+            continue
+        try:
+            _rolled_back(lambda: _entry_point(ep))
+        except (Exception, SystemExit) as e:  # noqa: BLE001 -- a third party's import raises what it raises
+            raise PluginLoadError(f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
+                                  f"failed to load: {type(e).__name__}: {e}") from None
+        _loaded.add((ep.name, ep.value))
     for name in modules:
         if not isinstance(name, str) or not name.strip():
             raise PluginLoadError(f"plugins: each entry must be a module's dotted name, got {name!r}")
         try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001
+            _rolled_back(lambda: importlib.import_module(name))
+        except (Exception, SystemExit) as e:  # noqa: BLE001
             raise PluginLoadError(f"plugins: module {name!r} failed to import: {type(e).__name__}: {e}") from None

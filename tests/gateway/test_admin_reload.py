@@ -21,7 +21,7 @@ from tests.gateway.test_handover import _free_port
 
 STEERSMAN = [sys.executable, "-m", "steersman"]
 HI = [{"role": "user", "content": "hi"}]
-SIM = {"speedup": 20.0, "replicas": [{"gpu": "H100", "model": "llama-3.1-8b"}]}
+SIM = {"speedup": 4.0, "replicas": [{"gpu": "H100", "model": "llama-3.1-8b"}]}
 
 
 def _doc(keys: dict[str, str], tenants: dict | None = None, **more) -> dict:
@@ -74,11 +74,14 @@ def test_a_reload_adds_and_revokes_keys_and_changes_limits_without_a_restart(ser
     # a stream of alice's under way across the reload that revokes her key
     with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=30) as c:
         stream = c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=200, stream=True,
-                                           extra_body={"ignore_eos": True})
-        first = next(iter(stream))
+                                           extra_body={"ignore_eos": True})  # ~0.5 s at 4x real time
+        chunks = iter(stream)
+        first = next(chunks)
         cfg.write_text(yaml.safe_dump(_doc({"bob": bob}, {"bob": {"requests_per_minute": 2}}, port=port)))
         r = _reload(url)
-        rest = list(stream)
+        second = next(chunks)  # (the reload answered while the stream was still going)
+        assert second.choices and second.choices[0].finish_reason is None
+        rest = [second, *chunks]
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["applied"] == ["tenants"] and body["tenants"]["added"] == ["bob"]
@@ -132,13 +135,18 @@ def test_a_bad_or_opening_file_changes_nothing_and_other_sections_are_named(serv
     assert "reuse_port" in body["message"]
 
 
-def test_a_gateway_started_without_a_fleet_file_has_nothing_to_reload():
+def test_a_gateway_started_without_a_fleet_file_has_nothing_to_reload_and_an_open_admin_surface_none_at_all():
     from steersman.testing import LiveFleet
     from steersman.testing.scripted import Script
 
-    with LiveFleet(scripted=[Script(pieces=("ok",))], policy="least-request") as lf:
-        r = httpx.post(lf.url + "/admin/reload", timeout=10)
+    with LiveFleet(scripted=[Script(pieces=("ok",))], policy="least-request",
+                   gateway={"admin_key_sha256": hash_key("admin-key")}) as lf:
+        r = _reload(lf.url)
     assert r.status_code == 409 and r.json()["error"]["code"] == "no_fleet_file"
+    with LiveFleet(scripted=[Script(pieces=("ok",))], policy="least-request") as lf:  # no admin key: /admin/* open
+        lf.gateway.reload_from = lambda: None  # (as if started from a file)
+        r = httpx.post(lf.url + "/admin/reload", timeout=10)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_key_required"
 
 
 def test_the_plan_compares_tenants_by_every_setting_and_keys_by_digest():
@@ -157,3 +165,45 @@ def test_the_plan_compares_tenants_by_every_setting_and_keys_by_digest():
     plan = reload_plan(opened, base, directory_of(opened))
     assert plan.applies and plan.added == ("t",) and plan.removed == ("default",) and not plan.tenants.open
     json.dumps(plan.body())
+
+
+def test_a_reload_caps_a_tenants_concurrency_counting_only_what_it_admits_after(served):
+    # tenant alice runs 2 streams uncapped; a reload caps her at 1: the 2 old streams were never counted, so when
+    # they end they give back no place (the cap counts from the reload on: 1 new admitted, the next a 429)
+    url, cfg, port, alice, _ = served
+    import threading
+
+    done = []
+
+    def stream(tokens=300):
+        with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=60) as c:
+            done.append(sum(1 for _ in c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=tokens,
+                                                                  stream=True, extra_body={"ignore_eos": True})))
+    old = [threading.Thread(target=stream) for _ in range(2)]
+    for t in old:
+        t.start()
+    time.sleep(0.3)
+    doc = yaml.safe_load(cfg.read_text())
+    doc["tenants"]["alice"]["max_concurrent_requests"] = 1
+    cfg.write_text(yaml.safe_dump(doc))
+    assert _reload(url).json()["tenants"]["changed"] == ["alice"]
+    new = threading.Thread(target=stream, args=(1500,))  # ~3 s: still streaming once the old ones end
+    new.start()
+    time.sleep(0.3)
+    for t in old:
+        t.join(60)
+    assert len(done) == 2  # the old ones ended; the new one still streams
+    with pytest.raises(openai.RateLimitError) as capped:
+        _chat(url, alice)
+    assert capped.value.code == "concurrency_limit_exceeded"
+    new.join(60)
+    assert _chat(url, alice).choices[0].message.content  # its place back
+
+
+def test_a_changed_admission_section_is_not_applied_to_the_reloaded_tenants():
+    a = generate_key()[0]
+    base = parse_fleet(_doc({"t": a}, port=0))
+    moved = parse_fleet(_doc({"t": a}, port=0, admission={"default_priority": "batch"}))
+    plan = reload_plan(base, moved, directory_of(base))
+    assert plan.not_applied == ("admission",) and plan.changed == () and not plan.applies
+    assert plan.tenants.get("t").priority == directory_of(base).get("t").priority  # standard, as running

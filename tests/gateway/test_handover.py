@@ -47,7 +47,7 @@ def test_a_new_gateway_takes_over_the_port_while_the_old_one_drains(tmp_path):
     old = _serve(tmp_path, "old", port, ["llama-3.1-8b"])
     new = None
     try:
-        s = _Stream(url, 1000)  # ~8 s at real speed: still streaming through the old gateway at the handover
+        s = _Stream(url, 3000)  # ~25 s at real speed: still streaming through the old gateway at the handover
         s.start()
         assert s.first.wait(30) and s.error is None
         new = _serve(tmp_path, "new", port, ["llama-3.1-8b", "qwen2.5-7b"])  # the changed fleet: one more model
@@ -70,6 +70,7 @@ def test_a_new_gateway_takes_over_the_port_while_the_old_one_drains(tmp_path):
         for t in clients:
             t.start()
         time.sleep(1.0)
+        assert s.is_alive() and s.finish is None and s.error is None  # still streaming through the old gateway
         old.send_signal(signal.SIGTERM)
         s.join(60)
         assert old.wait(30) == 0

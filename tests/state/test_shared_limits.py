@@ -344,3 +344,35 @@ async def test_a_resent_sync_gives_back_no_spend_it_had_already_handed_over(pref
         r.close()
         a.script = real
         await a.close()
+
+
+async def test_a_tenant_a_reload_removes_is_synced_until_its_requests_in_flight_have_settled(prefix):
+    # POST /admin/reload dropped tenant t (or its limits) while a request of it was in flight here: what that
+    # request then spends is still handed over, and the money this gateway held for it is cleared in Redis
+    t = TenantConfig("t", PriorityClass.STANDARD, budget_usd=10.0)
+    clock = _Clock()
+    tenants = {"t": t}
+    a = _gateway(prefix, tenants, clock)
+    b = _gateway(prefix, {"t": t}, clock)  # another gateway, not reloaded
+    try:
+        await a.sync()
+        a.ledger.hold("t", 2.0)
+        await a.sync()
+        await b.sync()
+        assert b.ledger.check(TenantConfig("t", PriorityClass.STANDARD, budget_usd=2.0)) is not None  # a's $2 held
+        tenants.pop("t")  # the reload
+        await a.sync()
+        a.ledger.unhold("t", 2.0)
+        a.ledger.charge("t", 1.5)  # the request ends, costing $1.50
+        await a.sync()
+        assert "t" not in a._leaving  # carried with nothing pending: forgotten now
+        await b.sync()
+        assert b.ledger.spent("t") == pytest.approx(1.5)  # handed over
+        assert b.ledger.check(TenantConfig("t", PriorityClass.STANDARD, budget_usd=2.0)) is None  # nothing held
+        a.ledger.charge("t", 1.0)  # (spend of a tenant no longer limited here is not sent again)
+        await a.sync()
+        await b.sync()
+        assert b.ledger.spent("t") == pytest.approx(1.5)
+    finally:
+        await a.close()
+        await b.close()

@@ -59,29 +59,43 @@ class AdminEndpoints:
         request.respond(200, self.metrics.render(), b"text/plain; version=0.0.4; charset=utf-8")
 
     async def admin_reload(self, request: HttpRequest) -> None:
-        """``POST /admin/reload`` (steersman.api.reload): the fleet file read again, its tenants and keys applied."""
+        """``POST /admin/reload`` (steersman.api.reload): the fleet file read again, its tenants and keys applied.
+        Reloads run one at a time, each reading the file when its turn comes (a later write is never overwritten by
+        an earlier read that finished last)."""
         if self._admin_refused(request):
             return
-        if self.reload_from is None:
+        err = None
+        if self.admin.open:  # it changes who may use the gateway: never on an open admin surface
+            err = ApiError(403, "POST /admin/reload changes the gateway's tenants and API keys: it needs an admin key "
+                           "(gateway.admin_key_sha256, `steersman keys create` makes one).", "permission_error", None,
+                           "admin_key_required")
+        elif self.reload_from is None:
             err = ApiError(409, "This gateway was not started from a fleet file (`steersman up`, or built in code): "
                            "there is nothing to read again. Start it with `steersman serve --config FILE` to reload "
                            "its tenants and API keys.", "invalid_request_error", None, "no_fleet_file")
+        if err is not None:
             request.respond(err.status, err.body())
             return
-        try:
-            new = await asyncio.to_thread(self.reload_from)  # (reading, parsing, importing plugins: off the loop)
-        except FleetConfigError as e:
-            err = ApiError(400, f"The fleet file was not reloaded (nothing changed): {e}", "invalid_request_error",
-                           None, "invalid_fleet_file")
-            request.respond(err.status, err.body())
-            return
-        plan = reload_plan(self.cfg, new, self.tenants)
-        if isinstance(plan, ApiError):
-            request.respond(plan.status, plan.body())
-            return
-        if plan.applies:
-            self.tenants.replace_with(plan.tenants)
-            log.warning("fleet file reloaded by an operator: tenants added %s, removed %s, changed %s; %d API key(s)%s",
-                        list(plan.added), list(plan.removed), list(plan.changed), plan.keys_after,
-                        f"; not applied (restart to apply): {', '.join(plan.not_applied)}" if plan.not_applied else "")
+        lock = self._reload_lock
+        if lock is None:
+            lock = self._reload_lock = asyncio.Lock()
+        async with lock:
+            try:
+                new = await asyncio.to_thread(self.reload_from)  # (reading, parsing, importing plugins: off the loop)
+            except (Exception, SystemExit) as e:  # noqa: BLE001 -- a file (or a plugin) may fail in any way: say so
+                why = str(e) if isinstance(e, FleetConfigError) else f"{type(e).__name__}: {e}"
+                err = ApiError(400, f"The fleet file was not reloaded (nothing changed): {why}", "invalid_request_error",
+                               None, "invalid_fleet_file")
+                request.respond(err.status, err.body())
+                return
+            plan = reload_plan(self.cfg, new, self.tenants)
+            if isinstance(plan, ApiError):
+                request.respond(plan.status, plan.body())
+                return
+            if plan.applies:
+                self.tenants.replace_with(plan.tenants)
+                log.warning("fleet file reloaded by an operator: tenants added %s, removed %s, changed %s; %d API "
+                            "key(s)%s", list(plan.added), list(plan.removed), list(plan.changed), plan.keys_after,
+                            f"; not applied (restart to apply): {', '.join(plan.not_applied)}" if plan.not_applied
+                            else "")
         request.respond(200, orjson.dumps(plan.body()))

@@ -124,6 +124,7 @@ class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
         self.http.route("POST", "/admin/reload", _with_request_id(self.admin_reload))
         #: reads the fleet file again (``steersman serve`` sets it; None: started without one): POST /admin/reload
         self.reload_from: Callable[[], FleetConfig] | None = None
+        self._reload_lock: asyncio.Lock | None = None  # (made in the loop: one reload at a time)
         self.http.on_error = self._protocol_answer
         self._serving = 0  # chat/completion requests being handled (busy polling spins while any is)
         self.busy_poll = BusyPoll(self.settings.busy_poll_s, self._busy) if self.settings.busy_poll_s > 0 else None

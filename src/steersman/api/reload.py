@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from steersman.api.errors import ApiError
-from steersman.control.tenants import TenantDirectory
+from steersman.control.tenants import TenantConfigError, TenantDirectory
 
 __all__ = ["ReloadPlan", "reload_plan", "directory_of", "SECTIONS"]
 
@@ -29,7 +29,7 @@ SECTIONS = ("endpoints", "simulated", "gateway", "scheduler", "admission", "reli
 
 
 def directory_of(cfg: Any) -> TenantDirectory:
-    """The tenants a gateway runs with for ``cfg`` (a FleetConfig): its own, or the open tenant alone."""
+    """The tenants a gateway starts with for ``cfg`` (a FleetConfig): its own, or the open tenant alone."""
     return cfg.tenants or TenantDirectory.from_data({}, "open mode", cfg.admission)
 
 
@@ -61,8 +61,14 @@ class ReloadPlan:
 
 def reload_plan(old: Any, new: Any, current: TenantDirectory) -> ReloadPlan | ApiError:
     """What reloading ``new`` (a FleetConfig read again) over a gateway started with ``old`` and running with the
-    directory ``current`` does, or the 409 refusing it."""
-    fresh = directory_of(new)
+    directory ``current`` does, or the error refusing it.  The new tenants are built with the admission settings the
+    gateway runs with (``old``'s: a changed ``admission`` section is not applied, its default priority included)."""
+    try:
+        fresh = TenantDirectory.from_data(new.tenants_doc, "the reloaded fleet file", old.admission) \
+            if new.tenants_doc is not None else TenantDirectory.from_data({}, "open mode", old.admission)
+    except TenantConfigError as e:
+        return ApiError(400, f"The fleet file was not reloaded (nothing changed): {e}", "invalid_request_error", None,
+                        "invalid_fleet_file")
     if not current.open and fresh.open:
         return ApiError(409, "The reloaded fleet file configures no api_keys: the gateway would run open, serving every "
                         "request unauthenticated as tenant " f"{fresh.open_tenant.name!r}. Not reloaded (nothing "

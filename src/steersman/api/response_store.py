@@ -167,8 +167,7 @@ def _memory(settings, clock: Clock, count: Callable[[str, str], None]) -> Memory
 def _redis(settings, clock: Clock, count: Callable[[str, str], None]) -> ResponseStore:
     from steersman.state.redis_responses import RedisResponseStore
 
-    if not settings.response_store_url:
-        raise ValueError("response store 'redis' needs gateway.response_store_url (redis://host:port/db)")
+    # (its URL is set: GatewaySettings refuses the store 'redis' without one)
     return RedisResponseStore(settings.response_store_url, settings.response_store_prefix,
                               settings.response_store_mib * 2**20, settings.response_store_ttl_s,
                               settings.response_store_timeout_s, count)

@@ -132,6 +132,8 @@ class DefaultAdmitter:
         return Admit(tenant, got, req.model, usd)
 
     def _ended(self, ticket: Admit) -> None:
+        if ticket.tenant.max_concurrent_requests is None:
+            return  # admitted uncapped, so never counted (the cap may have been set since: POST /admin/reload)
         name = ticket.tenant.name
         n = self.in_flight.get(name)
         if n is not None:

@@ -140,6 +140,10 @@ class BudgetLedger:
         if self._unsynced is None:
             self._unsynced = {}
 
+    def unsynced(self, tenant: str) -> bool:
+        """Whether the tenant spent here since the last :meth:`take_spend` (shared spend only)."""
+        return bool(self._unsynced) and tenant in self._unsynced
+
     def take_spend(self) -> dict[str, float]:
         """Dollars each tenant spent here since the last call."""
         out, self._unsynced = self._unsynced or {}, {}

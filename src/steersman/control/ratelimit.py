@@ -226,6 +226,10 @@ class RateLimiter:
         if self._delta is None:
             self._delta = {}
 
+    def unsynced(self, tenant: str) -> bool:
+        """Whether the tenant took or gave back here since the last :meth:`take_deltas` (shared limits only)."""
+        return bool(self._delta) and tenant in self._delta
+
     def take_deltas(self) -> dict[str, list[float]]:
         """Net [requests, tokens] each tenant took here since the last call (refunds and releases subtracted)."""
         out, self._delta = self._delta or {}, {}

@@ -142,6 +142,9 @@ class FleetConfig(msgspec.Struct, frozen=True):
     tenants: TenantDirectory | None = None  # None: open (every request is the default tenant)
     profiles: Any = MappingProxyType({})  # custom scheduling profiles by name (scheduler.profiles)
     reliability: ReliabilitySettings = DEFAULTS.reliability
+    #: the file's ``tenants`` and ``api_keys`` as read (None: neither): a reload builds its tenants again from them
+    #: with the admission settings the gateway runs with (steersman.api.reload)
+    tenants_doc: Any = None
 
 
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
@@ -166,11 +169,10 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         if brownout_models is not None:
             reliability = replace(reliability, brownout_models=_model_map(brownout_models,
                                                                           f"{where}: reliability.brownout_models"))
-        tenants = None
+        tenants = tenants_doc = None
         if raw.tenants is not None or raw.api_keys is not None:
-            tenants = TenantDirectory.from_data(
-                {k: v for k, v in (("tenants", raw.tenants), ("api_keys", raw.api_keys)) if v is not None}, where, admission
-            )
+            tenants_doc = {k: v for k, v in (("tenants", raw.tenants), ("api_keys", raw.api_keys)) if v is not None}
+            tenants = TenantDirectory.from_data(tenants_doc, where, admission)
     except msgspec.ValidationError as e:
         raise FleetConfigError(f"{where}: {e}") from None
     except (TenantConfigError, ValueError, PluginLoadError) as e:
@@ -205,7 +207,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
         except Exception as e:  # noqa: BLE001 -- a plugin's own checks raise what they raise
             raise FleetConfigError(f"{where}: scheduler.profiles.{name}: {e}") from None
     return FleetConfig(gateway, policy, tuple(raw.endpoints), raw.simulated, scheduler, admission, tenants,
-                       MappingProxyType(profiles), reliability)
+                       MappingProxyType(profiles), reliability, tenants_doc)
 
 
 def _zmq_endpoint(value: str) -> bool:
@@ -428,7 +430,12 @@ def load_fleet(path: str | Path) -> FleetConfig:
         raise FleetConfigError(f"cannot read {p}: not UTF-8 text") from None
     except yaml.YAMLError as e:
         raise FleetConfigError(f"{p}: invalid YAML: {e}") from None
-    cfg = parse_fleet(data, str(p))
+    except RecursionError:  # (thousands of nested brackets: the YAML reader recurses)
+        raise FleetConfigError(f"{p}: invalid YAML: nested too deeply") from None
+    try:
+        cfg = parse_fleet(data, str(p))
+    except RecursionError:
+        raise FleetConfigError(f"{p}: nested too deeply") from None
     # here, not in parse_fleet: `steersman plan` checks a base fleet's settings with no replicas (twin/plan.py)
     if cfg.simulated is not None and not cfg.simulated.replicas:
         raise FleetConfigError(f"{p}: simulated.replicas must list at least one replica (or leave out `simulated`)")

@@ -156,6 +156,10 @@ class SharedLimits:
         self._turn = 0  # the next slice of idle tenants to refresh
         self._first = True  # the first sync loads every tenant
         self._recent: dict[str, float] = {}  # tenant -> when it last took or spent here
+        self._last: dict[str, TenantConfig] = {}  # the limited tenants at the last sync
+        #: tenants that left the limited set (a reload removed them or their limits): still synced, every time, until
+        #: one sync has carried them with nothing of theirs pending here (spend settled, money held, takes)
+        self._leaving: dict[str, TenantConfig] = {}
         limiter.share()
         ledger.share()
 
@@ -163,8 +167,24 @@ class SharedLimits:
         return f"{self.prefix}limits:tenant:{tenant}"
 
     def _limited(self) -> list[TenantConfig]:
-        return [t for t in self.tenants().values()
-                if t.requests_per_minute is not None or t.tokens_per_minute is not None or t.budget_usd is not None]
+        now = {t.name: t for t in self.tenants().values()
+               if t.requests_per_minute is not None or t.tokens_per_minute is not None or t.budget_usd is not None}
+        for name, t in self._last.items():
+            if name not in now:
+                self._leaving[name] = t
+        for name in [n for n in self._leaving if n in now]:
+            del self._leaving[name]
+        self._last = now
+        return [*now.values(), *self._leaving.values()]
+
+    def _left(self, carried: list[TenantConfig]) -> None:
+        """Forget the leaving tenants this (delivered) sync carried that have nothing of theirs left to hand over:
+        no money held here (the sync set its held field to 0), no spend or takes since it was taken."""
+        for t in carried:
+            n = t.name
+            if n in self._leaving and self.ledger.held(n) <= 0.0 and not self.ledger.unsynced(n) \
+                    and not self.limiter.unsynced(n):
+                del self._leaving[n]
 
     async def start(self) -> None:
         """One sync now (the gateway serves from the shared state from its first request), then every ``sync_s``."""
@@ -189,8 +209,9 @@ class SharedLimits:
             del recent[name]
         if self._first:
             return tenants
-        busy = [t for t in tenants if t.name in recent or self.ledger.held(t.name) > 0.0]
-        idle = [t for t in tenants if not (t.name in recent or self.ledger.held(t.name) > 0.0)]
+        leaving = self._leaving
+        busy = [t for t in tenants if t.name in recent or t.name in leaving or self.ledger.held(t.name) > 0.0]
+        idle = [t for t in tenants if not (t.name in recent or t.name in leaving or self.ledger.held(t.name) > 0.0)]
         if idle:
             k = max(1, -(-len(idle) // _SLICES))
             start = (self._turn * k) % len(idle)
@@ -231,7 +252,11 @@ class SharedLimits:
         # taken only now: a cancel above (close()) leaves them where they were
         deltas, spend = self.limiter.take_deltas(), self.ledger.take_spend()
         self._seq += 1
-        return await self._send(self._seq, self._synced(limited, deltas, spend, self.now()), deltas, spend)
+        carried = self._synced(limited, deltas, spend, self.now())
+        ok = await self._send(self._seq, carried, deltas, spend)
+        if ok and self._leaving:
+            self._left(carried)
+        return ok
 
     async def _send(self, seq: int, tenants: list[TenantConfig], deltas: dict, spend: dict,
                     retry: bool = False) -> bool:
