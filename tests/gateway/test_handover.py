@@ -79,7 +79,7 @@ def test_a_new_gateway_takes_over_the_port_while_the_old_one_drains(tmp_path):
         for t in clients:
             t.join(30)
         assert s.error is None, s.error
-        assert s.finish == "length" and s.usage.completion_tokens == 1000  # the old gateway's stream: whole
+        assert s.finish == "length" and s.usage.completion_tokens == 3000  # the old gateway's stream: whole
         assert errors == [] and len(answers) > 20 and all(answers)
         with OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as c:  # the new fleet answers now
             assert {m.id for m in c.models.list().data} == {"llama-3.1-8b", "qwen2.5-7b"}
