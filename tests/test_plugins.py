@@ -228,3 +228,35 @@ def test_a_plugin_calling_sys_exit_is_an_error_not_an_exit(tmp_path, monkeypatch
             parse_fleet({"plugins": ["acme_exits"], "endpoints": [ENDPOINT]})
     finally:
         sys.modules.pop("acme_exits", None)
+
+
+def test_a_failed_plugins_helper_module_that_loaded_keeps_its_names(tmp_path, monkeypatch):
+    # acme_main imports acme_helper (registers a policy, imports fine), registers an admitter, then fails: only the
+    # admitter is rolled back (acme_helper stays imported and would not register its policy again)
+    (tmp_path / "acme_helper.py").write_text(textwrap.dedent('''
+        from steersman.policy import POLICIES
+        POLICIES.register("acme-rr", POLICIES.get("round-robin"))
+    '''))
+    main = tmp_path / "acme_main.py"
+    main.write_text(textwrap.dedent('''
+        import acme_helper
+        from steersman.control.admission import ADMITTERS, DefaultAdmitter
+        ADMITTERS.register("acme-main", lambda settings: DefaultAdmitter(settings))
+        raise RuntimeError("not yet")
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from steersman.policy import POLICIES
+    doc = {"plugins": ["acme_main"], "policy": "acme-rr", "admission": {"admitter": "acme-main"},
+           "endpoints": [ENDPOINT]}
+    try:
+        with pytest.raises(FleetConfigError, match="not yet"):
+            parse_fleet(doc)
+        assert "acme-rr" in POLICIES and "acme-main" not in ADMITTERS
+        main.write_text(main.read_text().replace('raise RuntimeError("not yet")', ""))
+        cfg = parse_fleet(doc)
+        assert cfg.policy == "acme-rr" and cfg.admission.admitter == "acme-main"
+    finally:
+        for m in ("acme_main", "acme_helper"):
+            sys.modules.pop(m, None)
+        POLICIES._items.pop("acme-rr", None)
+        ADMITTERS._items.pop("acme-main", None)

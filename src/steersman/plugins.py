@@ -15,6 +15,8 @@ pytest's ``pytest11``), and the modules a fleet file lists under ``plugins:``.
 from __future__ import annotations
 
 import importlib
+import sys
+import threading
 import types
 from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
@@ -38,14 +40,16 @@ class Registry(Generic[T]):
         self.what = what
         self.protocol = protocol  # a runtime-checkable Protocol what its factories make must implement
         self._items: dict[str, T] = {}
-        _REGISTRIES.append(self)
 
     def register(self, name: str, factory: T | None = None):
         """``reg.register("name", f)`` or as a decorator ``@reg.register("name")``."""
+        by = sys._getframe(1).f_globals.get("__name__", "")  # the module registering (a failed plugin's rolls back)
 
         def add(f: T) -> T:
             if name in self._items and self._items[name] is not f:
                 raise ValueError(f"{self.what} {name!r} is already registered")
+            if name not in self._items and _recording is not None:
+                _recording.append((self, name, by))
             self._items[name] = f
             return f
 
@@ -79,9 +83,6 @@ class Registry(Generic[T]):
         return name in self._items
 
 
-_REGISTRIES: list[Registry] = []  # every registry made: a plugin that fails half-way is rolled back in all of them
-
-
 class PluginLoadError(Exception):
     """A plugin module (an entry point or a fleet file's ``plugins:``) could not be imported: the message names it."""
 
@@ -89,17 +90,26 @@ class PluginLoadError(Exception):
 _loaded: set[tuple[str, str]] = set()  # the entry points loaded (name, value): once a process each
 
 
-def _rolled_back(load: Callable[[], Any]) -> None:
-    """Runs ``load`` (an import that registers plugins); if it raises, what it had registered is unregistered
-    first, so the module fixed and loaded again registers the same names without 'already registered'."""
-    before = [(r, set(r._items)) for r in _REGISTRIES]
+_recording: list[tuple[Registry, str, str]] | None = None  # registrations during a plugin's load: (registry, name, by)
+_LOCK = threading.Lock()  # one load at a time (a reload imports in a worker thread)
+
+
+def _rolled_back(load: Callable[[], Any], also: str | None = None) -> None:
+    """Runs ``load`` (an import that registers plugins); if it raises, the names registered meanwhile by modules the
+    failure left unimported (and by ``also``: an entry point's callable that raised) are unregistered, so the module
+    fixed and loaded again registers them without 'already registered'; a helper module it imported that loaded fine
+    keeps its names (it stays imported: it would not register them again)."""
+    global _recording
+    _recording = made = []
     try:
         load()
     except BaseException:
-        for r, names in before:
-            for name in set(r._items) - names:
-                del r._items[name]
+        for reg, name, by in made:
+            if by not in sys.modules or by == also:
+                reg._items.pop(name, None)
         raise
+    finally:
+        _recording = None
 
 
 def _entry_point(ep: Any) -> None:
@@ -108,16 +118,25 @@ def _entry_point(ep: Any) -> None:
         got()
 
 
+def _module_of(ep: Any) -> str:
+    return ep.value.partition(":")[0].strip()
+
+
 def load_plugins(modules: Iterable[str] = ()) -> None:
     """Imports the installed packages' ``steersman.plugins`` entry points (each once a process: one that failed is
     tried again next time) and then ``modules`` (dotted names), whose imports register their plugins.  An entry point
     naming a callable rather than a module is called with no arguments once loaded.  :class:`PluginLoadError` names
     what failed (a module calling ``sys.exit`` included), and what it had registered is rolled back."""
+    with _LOCK:
+        _load(modules)
+
+
+def _load(modules: Iterable[str]) -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if (ep.name, ep.value) in _loaded:
             continue
         try:
-            _rolled_back(lambda: _entry_point(ep))
+            _rolled_back(lambda: _entry_point(ep), also=_module_of(ep))
         except (Exception, SystemExit) as e:  # noqa: BLE001 -- a third party's import raises what it raises
             raise PluginLoadError(f"entry point {ep.name!r} ({ep.value}) of group {ENTRY_POINT_GROUP!r} "
                                   f"failed to load: {type(e).__name__}: {e}") from None

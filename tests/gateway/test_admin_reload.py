@@ -5,6 +5,7 @@ applied.  Over real HTTP with the official client; the pure plan alone below."""
 
 import json
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -71,24 +72,35 @@ def test_a_reload_adds_and_revokes_keys_and_changes_limits_without_a_restart(ser
         _chat(url, bob)
     assert _chat(url, alice).choices[0].message.content
 
-    # a stream of alice's under way across the reload that revokes her key
-    with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=30) as c:
-        stream = c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=200, stream=True,
-                                           extra_body={"ignore_eos": True})  # ~0.5 s at 4x real time
-        chunks = iter(stream)
-        first = next(chunks)
-        cfg.write_text(yaml.safe_dump(_doc({"bob": bob}, {"bob": {"requests_per_minute": 2}}, port=port)))
-        r = _reload(url)
-        second = next(chunks)  # (the reload answered while the stream was still going)
-        assert second.choices and second.choices[0].finish_reason is None
-        rest = [second, *chunks]
+    # a stream of alice's under way across the reload that revokes her key: its tokens keep arriving after the reload
+    # answered (timed as they arrive, in a thread: a buffered stream would read as "still going" anyway)
+    arrivals: list[float] = []
+    ended: list[str | None] = []
+
+    def stream():
+        with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=60) as c:
+            for chunk in c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=2000, stream=True,
+                                                   extra_body={"ignore_eos": True}):  # ~4 s at 4x real time
+                if chunk.choices and chunk.choices[0].delta.content:
+                    arrivals.append(time.monotonic())
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    ended.append(chunk.choices[0].finish_reason)
+    t = threading.Thread(target=stream)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not arrivals and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cfg.write_text(yaml.safe_dump(_doc({"bob": bob}, {"bob": {"requests_per_minute": 2}}, port=port)))
+    r = _reload(url)
+    reloaded = time.monotonic()
+    t.join(60)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["applied"] == ["tenants"] and body["tenants"]["added"] == ["bob"]
     assert body["tenants"]["removed"] == ["alice"] and body["api_keys"] == {"before": 1, "after": 1}
     assert body["not_applied"] == [] and body["open"] is False
-    assert first is not None and rest[-1].choices[0].finish_reason == "length"  # not cut by the reload
-    assert sum(1 for c in [first, *rest] if c.choices and c.choices[0].delta.content) == 200
+    assert ended == ["length"] and len(arrivals) == 2000  # whole
+    assert sum(a > reloaded for a in arrivals) > 500  # and much of it after the reload: not cut by it
 
     with pytest.raises(openai.AuthenticationError):
         _chat(url, alice)  # revoked
@@ -171,28 +183,36 @@ def test_a_reload_caps_a_tenants_concurrency_counting_only_what_it_admits_after(
     # tenant alice runs 2 streams uncapped; a reload caps her at 1: the 2 old streams were never counted, so when
     # they end they give back no place (the cap counts from the reload on: 1 new admitted, the next a 429)
     url, cfg, port, alice, _ = served
-    import threading
+    done, errors = [], []
 
-    done = []
-
-    def stream(tokens=300):
-        with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=60) as c:
-            done.append(sum(1 for _ in c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=tokens,
-                                                                  stream=True, extra_body={"ignore_eos": True})))
-    old = [threading.Thread(target=stream) for _ in range(2)]
+    def stream(started: threading.Event, tokens=300):
+        try:
+            with openai.OpenAI(base_url=url + "/v1", api_key=alice, max_retries=0, timeout=60) as c:
+                n = 0
+                for _ in c.chat.completions.create(model="llama-3.1-8b", messages=HI, max_tokens=tokens, stream=True,
+                                                   extra_body={"ignore_eos": True}):
+                    started.set()
+                    n += 1
+                done.append(n)
+        except Exception as e:  # noqa: BLE001 -- reported below
+            errors.append(e)
+            started.set()
+    first = [threading.Event(), threading.Event()]
+    old = [threading.Thread(target=stream, args=(e,)) for e in first]
     for t in old:
         t.start()
-    time.sleep(0.3)
+    assert all(e.wait(30) for e in first) and errors == []  # both admitted and streaming
     doc = yaml.safe_load(cfg.read_text())
     doc["tenants"]["alice"]["max_concurrent_requests"] = 1
     cfg.write_text(yaml.safe_dump(doc))
     assert _reload(url).json()["tenants"]["changed"] == ["alice"]
-    new = threading.Thread(target=stream, args=(1500,))  # ~3 s: still streaming once the old ones end
+    started = threading.Event()
+    new = threading.Thread(target=stream, args=(started, 1500))  # ~3 s: still streaming once the old ones end
     new.start()
-    time.sleep(0.3)
+    assert started.wait(30) and errors == []
     for t in old:
         t.join(60)
-    assert len(done) == 2  # the old ones ended; the new one still streams
+    assert len(done) == 2 and errors == []  # the old ones ended; the new one still streams
     with pytest.raises(openai.RateLimitError) as capped:
         _chat(url, alice)
     assert capped.value.code == "concurrency_limit_exceeded"
@@ -207,3 +227,27 @@ def test_a_changed_admission_section_is_not_applied_to_the_reloaded_tenants():
     plan = reload_plan(base, moved, directory_of(base))
     assert plan.not_applied == ("admission",) and plan.changed == () and not plan.applies
     assert plan.tenants.get("t").priority == directory_of(base).get("t").priority  # standard, as running
+
+
+def test_reloads_read_one_at_a_time_even_when_a_client_gives_up():
+    # a slow read (a plugin importing, a slow disk) whose client disconnects keeps the lock until it ends: the next
+    # reload reads after it, never beside it (two plugin loads at once could unregister each other's names)
+    from steersman.testing import LiveFleet
+    from steersman.testing.scripted import Script
+
+    reading, most = [0], [0]
+    with LiveFleet(scripted=[Script(pieces=("ok",))], policy="least-request",
+                   gateway={"admin_key_sha256": hash_key("admin-key")}) as lf:
+        cfg = lf.gateway.cfg
+
+        def slow():
+            reading[0] += 1
+            most[0] = max(most[0], reading[0])
+            time.sleep(1.0)
+            reading[0] -= 1
+            return cfg
+        lf.gateway.reload_from = slow
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(lf.url + "/admin/reload", headers={"Authorization": "Bearer admin-key"}, timeout=0.2)
+        r = _reload(lf.url)  # sent while the first read still runs
+    assert r.status_code == 200 and r.json()["applied"] == [] and most[0] == 1

@@ -7,7 +7,8 @@ Everything that reveals the fleet's internals is an admin endpoint: ``GET
 the key itself is never stored) they need ``Authorization: Bearer <admin key>``;
 a missing key is a 401, any other key (a tenant's included) a 403, both in the
 OpenAI error format.  Without it they are open, like the open tenant mode, and
-the gateway says so at startup.
+the gateway says so at startup; ``POST /admin/reload`` (it changes who may use the
+gateway) is refused then.
 """
 
 from __future__ import annotations

@@ -65,14 +65,14 @@ class AdminEndpoints:
         if self._admin_refused(request):
             return
         err = None
-        if self.admin.open:  # it changes who may use the gateway: never on an open admin surface
-            err = ApiError(403, "POST /admin/reload changes the gateway's tenants and API keys: it needs an admin key "
-                           "(gateway.admin_key_sha256, `steersman keys create` makes one).", "permission_error", None,
-                           "admin_key_required")
-        elif self.reload_from is None:
+        if self.reload_from is None:
             err = ApiError(409, "This gateway was not started from a fleet file (`steersman up`, or built in code): "
                            "there is nothing to read again. Start it with `steersman serve --config FILE` to reload "
                            "its tenants and API keys.", "invalid_request_error", None, "no_fleet_file")
+        elif self.admin.open:  # it changes who may use the gateway: never on an open admin surface
+            err = ApiError(403, "POST /admin/reload changes the gateway's tenants and API keys: it needs an admin key "
+                           "(gateway.admin_key_sha256 in the fleet file, `steersman keys create` makes one; a restart "
+                           "then applies both).", "permission_error", None, "admin_key_required")
         if err is not None:
             request.respond(err.status, err.body())
             return
@@ -80,8 +80,14 @@ class AdminEndpoints:
         if lock is None:
             lock = self._reload_lock = asyncio.Lock()
         async with lock:
+            # (reading, parsing, importing plugins: off the loop; a client gone meanwhile cancels this handler, but the
+            # lock is kept until the read has ended: the next reload reads after it)
+            read = asyncio.ensure_future(asyncio.to_thread(self.reload_from))
             try:
-                new = await asyncio.to_thread(self.reload_from)  # (reading, parsing, importing plugins: off the loop)
+                new = await asyncio.shield(read)
+            except asyncio.CancelledError:
+                await asyncio.wait([read])
+                raise
             except (Exception, SystemExit) as e:  # noqa: BLE001 -- a file (or a plugin) may fail in any way: say so
                 why = str(e) if isinstance(e, FleetConfigError) else f"{type(e).__name__}: {e}"
                 err = ApiError(400, f"The fleet file was not reloaded (nothing changed): {why}", "invalid_request_error",

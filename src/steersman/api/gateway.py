@@ -166,7 +166,8 @@ class Gateway(RequestLifecycle, ResponsesEndpoints, AdminEndpoints):
         self.metrics.loop_lag.start()
         self.metrics.track_queue(lambda: float(self.plane.waiting))
         if self.admin.open:
-            log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open")
+            log.warning("no admin key configured (gateway.admin_key_sha256): /metrics and /admin/* are open "
+                        "(POST /admin/reload refused)")
         if self.tenants.open:
             log.warning("no API keys configured: the gateway is OPEN, every request runs as tenant %r", self.tenants.open_tenant.name)
             unused = sorted(set(self.tenants.tenants) - {self.tenants.open_tenant.name})

@@ -64,8 +64,12 @@ def reload_plan(old: Any, new: Any, current: TenantDirectory) -> ReloadPlan | Ap
     directory ``current`` does, or the error refusing it.  The new tenants are built with the admission settings the
     gateway runs with (``old``'s: a changed ``admission`` section is not applied, its default priority included)."""
     try:
-        fresh = TenantDirectory.from_data(new.tenants_doc, "the reloaded fleet file", old.admission) \
-            if new.tenants_doc is not None else TenantDirectory.from_data({}, "open mode", old.admission)
+        if new.tenants is None:
+            fresh = TenantDirectory.from_data({}, "open mode", old.admission)
+        elif new.tenants_doc is not None:
+            fresh = TenantDirectory.from_data(new.tenants_doc.data, "the reloaded fleet file", old.admission)
+        else:  # (a configuration built in code: its directory as it is)
+            fresh = new.tenants
     except TenantConfigError as e:
         return ApiError(400, f"The fleet file was not reloaded (nothing changed): {e}", "invalid_request_error", None,
                         "invalid_fleet_file")

@@ -132,6 +132,25 @@ class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
     simulated: SimulatedFleetConfig | None = None
 
 
+class TenantsDoc:
+    """A fleet file's ``tenants`` and ``api_keys`` sections as read; its repr names no key digest (as
+    :class:`~steersman.control.tenants.TenantDirectory`'s)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TenantsDoc) and self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"TenantsDoc({len(self.data.get('tenants') or ())} tenants, "
+                f"{len(self.data.get('api_keys') or ())} api keys)")
+
+
 class FleetConfig(msgspec.Struct, frozen=True):
     gateway: GatewaySettings
     policy: str
@@ -144,7 +163,7 @@ class FleetConfig(msgspec.Struct, frozen=True):
     reliability: ReliabilitySettings = DEFAULTS.reliability
     #: the file's ``tenants`` and ``api_keys`` as read (None: neither): a reload builds its tenants again from them
     #: with the admission settings the gateway runs with (steersman.api.reload)
-    tenants_doc: Any = None
+    tenants_doc: TenantsDoc | None = None
 
 
 def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
@@ -171,8 +190,8 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
                                                                           f"{where}: reliability.brownout_models"))
         tenants = tenants_doc = None
         if raw.tenants is not None or raw.api_keys is not None:
-            tenants_doc = {k: v for k, v in (("tenants", raw.tenants), ("api_keys", raw.api_keys)) if v is not None}
-            tenants = TenantDirectory.from_data(tenants_doc, where, admission)
+            doc = {k: v for k, v in (("tenants", raw.tenants), ("api_keys", raw.api_keys)) if v is not None}
+            tenants, tenants_doc = TenantDirectory.from_data(doc, where, admission), TenantsDoc(doc)
     except msgspec.ValidationError as e:
         raise FleetConfigError(f"{where}: {e}") from None
     except (TenantConfigError, ValueError, PluginLoadError) as e:
