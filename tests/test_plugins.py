@@ -260,3 +260,34 @@ def test_a_failed_plugins_helper_module_that_loaded_keeps_its_names(tmp_path, mo
             sys.modules.pop(m, None)
         POLICIES._items.pop("acme-rr", None)
         ADMITTERS._items.pop("acme-main", None)
+
+
+def test_steersman_plugins_lists_every_extension_point_with_a_fleet_files_plugins(tmp_path):
+    import os
+    import subprocess
+
+    from steersman.cli.plugins_cmd import extension_points
+    from steersman.plugins import Registry
+
+    import steersman.api.gateway  # noqa: F401  (every part of the gateway and the twin imported)
+    import steersman.twin.run  # noqa: F401
+
+    listed = {id(r) for _, _, r in extension_points()}
+    made = {id(v): f"{m}.{k}" for m, mod in list(sys.modules.items()) if m.startswith("steersman")
+            for k, v in list(vars(mod).items()) if isinstance(v, Registry)}
+    assert len(made) >= 8 and set(made) <= listed, made  # a new extension point must be listed too
+
+    (tmp_path / "acme_listed.py").write_text(textwrap.dedent('''
+        from steersman.policy.framework import SCORERS
+        SCORERS.register("acme-listed", lambda params=None, settings=None: None)
+    '''))
+    cfg = tmp_path / "fleet.yaml"
+    cfg.write_text('plugins: [acme_listed]\nendpoints: [{url: "http://127.0.0.1:9", models: [m]}]\n')
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "steersman", "plugins", "--config", str(cfg)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "acme-listed" in out.stdout and "admission.admitter" in out.stdout and "memory, redis" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "steersman", "plugins", "--config", str(tmp_path / "none.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "none.yaml" in bad.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from steersman.cli import defaults_cmd, engine_sim_cmd, gateway_cmd, keys_cmd, plan_cmd, simulate_cmd
+from steersman.cli import defaults_cmd, engine_sim_cmd, gateway_cmd, keys_cmd, plan_cmd, plugins_cmd, simulate_cmd
 
 app = typer.Typer(
     name="steersman",
@@ -19,6 +19,7 @@ defaults_cmd.register(app)
 keys_cmd.register(app)
 simulate_cmd.register(app)
 plan_cmd.register(app)
+plugins_cmd.register(app)
 
 
 def main() -> None:
