@@ -130,6 +130,16 @@ def test_shared_limits_need_an_admitter_that_keeps_the_default_books(tmp_path, m
         ADMITTERS._items.pop("acme-half", None)
 
 
+def _installed(tmp_path, monkeypatch, dist_name: str, entry: str) -> None:
+    """A distribution ``dist_name`` installed (on ``sys.path``) declaring ``entry`` in group steersman.plugins."""
+    dist = tmp_path / f"{dist_name.replace('-', '_')}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[steersman.plugins]\n{entry}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(plugins, "_loaded", set())
+
+
 def test_installed_packages_entry_points_are_loaded(tmp_path, monkeypatch):
     (tmp_path / "acme_ep.py").write_text(textwrap.dedent('''
         from steersman.api.response_store import RESPONSE_STORES, MemoryResponseStore
@@ -139,12 +149,7 @@ def test_installed_packages_entry_points_are_loaded(tmp_path, monkeypatch):
             RESPONSE_STORES.register("acme-counting", lambda settings, clock, count: Counting(
                 settings.response_store_mib * 2**20, settings.response_store_ttl_s, clock, count))
     '''))
-    dist = tmp_path / "acme_ep-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-ep\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[steersman.plugins]\nacme = acme_ep:register\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(plugins, "_loaded", set())
+    _installed(tmp_path, monkeypatch, "acme-ep", "acme = acme_ep:register")
     try:
         cfg = parse_fleet({"gateway": {"response_store": "acme-counting"}, "endpoints": [ENDPOINT]})
         store = make_response_store(cfg.gateway, FakeClock())
@@ -155,12 +160,7 @@ def test_installed_packages_entry_points_are_loaded(tmp_path, monkeypatch):
 
 
 def test_a_broken_entry_point_is_named(tmp_path, monkeypatch):
-    dist = tmp_path / "acme_bad-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-bad\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[steersman.plugins]\nbad = acme_missing_module\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(plugins, "_loaded", set())
+    _installed(tmp_path, monkeypatch, "acme-bad", "bad = acme_missing_module")
     with pytest.raises(FleetConfigError, match=r"entry point 'bad' \(acme_missing_module\) of group 'steersman.plugins'"):
         parse_fleet({"endpoints": [ENDPOINT]})
 

@@ -4,10 +4,7 @@ file that does not parse, or that would open a keyed gateway, changes nothing; o
 applied.  Over real HTTP with the official client; the pure plan alone below."""
 
 import json
-import signal
 import threading
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,9 +15,9 @@ import yaml
 from steersman.api.reload import directory_of, reload_plan
 from steersman.control.tenants import generate_key, hash_key
 from steersman.fleet.config import parse_fleet
+from tests.gateway.conftest import serve_process, stop_process
 from tests.gateway.test_handover import _free_port
 
-STEERSMAN = [sys.executable, "-m", "steersman"]
 HI = [{"role": "user", "content": "hi"}]
 SIM = {"speedup": 4.0, "replicas": [{"gpu": "H100", "model": "llama-3.1-8b"}]}
 
@@ -37,23 +34,11 @@ def served(tmp_path):
     cfg = tmp_path / "fleet.yaml"
     alice = generate_key()[0]
     cfg.write_text(yaml.safe_dump(_doc({"alice": alice}, port=port)))
-    proc = subprocess.Popen(STEERSMAN + ["serve", "--config", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "gw.log", "w"), text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError((tmp_path / "gw.log").read_text()[-2000:])
-        if line.startswith("steersman ready"):
-            break
+    proc, url = serve_process(cfg, tmp_path / "gw.log")
     try:
-        yield f"http://127.0.0.1:{port}", cfg, port, alice, tmp_path / "gw.log"
+        yield url, cfg, port, alice, tmp_path / "gw.log"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
 
 
 def _reload(url: str, key: str = "admin-key") -> httpx.Response:

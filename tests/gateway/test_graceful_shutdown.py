@@ -6,29 +6,20 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-STEERSMAN = [sys.executable, "-m", "steersman"]
+from tests.gateway.conftest import serve_process
+
 
 
 def _serve(tmp_path, drain_timeout_s: float) -> tuple[subprocess.Popen, str]:
     cfg = tmp_path / "fleet.yaml"
     cfg.write_text(f"gateway: {{port: 0, drain_timeout_s: {drain_timeout_s}}}\n"
                    "simulated:\n  speedup: 1.0\n  replicas: [{gpu: H100, model: llama-3.1-8b}]\n")
-    proc = subprocess.Popen(STEERSMAN + ["serve", "--config", str(cfg)], stdout=subprocess.PIPE,
-                            stderr=open(tmp_path / "gateway.log", "w"), text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"gateway exited ({proc.poll()}): {(tmp_path / 'gateway.log').read_text()[-2000:]}")
-        if line.startswith("steersman ready"):
-            return proc, line.split()[-1]
-    raise AssertionError("gateway not ready")
+    return serve_process(cfg, tmp_path / "gateway.log")
 
 
 class _Stream(threading.Thread):

@@ -12,6 +12,7 @@ import time
 
 from openai import OpenAI
 
+from tests.gateway.conftest import serve_process, stop_process
 from tests.gateway.test_graceful_shutdown import _Stream
 
 STEERSMAN = [sys.executable, "-m", "steersman"]
@@ -28,17 +29,7 @@ def _serve(tmp_path, name: str, port: int, models: list[str], reuse_port: bool =
     replicas = "".join(f"    - {{gpu: H100, model: {m}}}\n" for m in models)
     cfg.write_text(f"gateway: {{port: {port}, reuse_port: {str(reuse_port).lower()}, drain_timeout_s: 60}}\n"
                    f"simulated:\n  speedup: 1.0\n  replicas:\n{replicas}")
-    log = open(tmp_path / f"{name}.log", "w")
-    proc = subprocess.Popen(STEERSMAN + ["serve", "--config", str(cfg)], stdout=subprocess.PIPE, stderr=log, text=True,
-                            start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"{name} exited ({proc.poll()}): {(tmp_path / f'{name}.log').read_text()[-2000:]}")
-        if line.startswith("steersman ready"):
-            return proc
-    raise AssertionError(f"{name} not ready")
+    return serve_process(cfg, tmp_path / f"{name}.log")[0]
 
 
 def test_a_new_gateway_takes_over_the_port_while_the_old_one_drains(tmp_path):
@@ -87,13 +78,8 @@ def test_a_new_gateway_takes_over_the_port_while_the_old_one_drains(tmp_path):
                                              messages=[{"role": "user", "content": "hi"}]).choices[0].message.content
         assert "still open are cut" not in (tmp_path / "old.log").read_text()
     finally:
-        for p in (old, new):
-            if p is not None and p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        stop_process(old)
+        stop_process(new)
 
 
 def test_without_reuse_port_a_second_gateway_on_a_port_in_use_fails_to_start(tmp_path):
