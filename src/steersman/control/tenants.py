@@ -41,7 +41,7 @@ from steersman.config.admission import AdmissionSettings
 from steersman.policy.request import PriorityClass
 
 __all__ = [
-    "TenantConfig", "TenantDirectory", "AuthError", "TenantConfigError",
+    "TenantConfig", "TenantDirectory", "TenantsDoc", "AuthError", "TenantConfigError",
     "generate_key", "hash_key", "load_tenants", "KEY_PREFIX", "TENANT_NAME",
 ]
 
@@ -98,6 +98,25 @@ def generate_key() -> tuple[str, str]:
     """A new API key and its SHA-256 hex: ``sk-steersman-`` + 32 random bytes, URL-safe base64."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
     return key, hash_key(key)
+
+
+class TenantsDoc:
+    """A fleet file's ``tenants`` and ``api_keys`` sections as read; its repr names no key digest (as
+    :class:`~steersman.control.tenants.TenantDirectory`'s)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TenantsDoc) and self.data == other.data
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"TenantsDoc({len(self.data.get('tenants') or ())} tenants, "
+                f"{len(self.data.get('api_keys') or ())} api keys)")
 
 
 class TenantDirectory:

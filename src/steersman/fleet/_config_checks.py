@@ -224,3 +224,28 @@ def resolve_policy(policy: str | None, profile: str | None, where: str) -> tuple
     if profile is not None:
         return profile, "scheduler.profile"
     return DEFAULTS.scheduler.profile, "policy"
+
+
+def check_named_plugins(admission: AdmissionSettings, gateway: Any, where: str) -> None:
+    """``admission.admitter`` names a registered admitter that builds (made once now: a typo fails at startup); shared
+    limits (``gateway.limits_url``) need one that keeps :class:`~steersman.control.DefaultAdmitter`'s buckets;
+    ``gateway.response_store`` (``gateway``: GatewaySettings), when set, names a registered store."""
+    from steersman.control.admission import ADMITTERS, DefaultAdmitter, make_admitter
+
+    if admission.admitter not in ADMITTERS:
+        raise FleetConfigError(f"{where}: unknown admission.admitter {shown(admission.admitter)}; "
+                               f"known: {', '.join(ADMITTERS.names())}")
+    try:
+        made = make_admitter(admission)
+    except Exception as e:  # noqa: BLE001 -- a plugin's own checks raise what they raise
+        raise FleetConfigError(f"{where}: admission.admitter {shown(admission.admitter)}: {e}") from None
+    if gateway.limits_url and not isinstance(made, DefaultAdmitter):
+        raise FleetConfigError(
+            f"{where}: gateway.limits_url shares the default admitter's token buckets and spend through Redis, but "
+            f"admission.admitter {shown(admission.admitter)} ({type(made).__name__}) keeps none: leave out "
+            "limits_url or use an admitter derived from DefaultAdmitter")
+    from steersman.api.response_store import RESPONSE_STORES
+
+    if gateway.response_store is not None and gateway.response_store not in RESPONSE_STORES:
+        raise FleetConfigError(f"{where}: unknown gateway.response_store {shown(gateway.response_store)}; "
+                               f"known: {', '.join(RESPONSE_STORES.names())}")

@@ -49,11 +49,11 @@ import yaml
 from steersman.config import DEFAULTS, AdmissionSettings, GatewaySettings, ReliabilitySettings, SchedulerSettings, SloClass
 from steersman.config._base import finite_number, override, shown
 from steersman.config._urls import http_url_problem
-from steersman.control.tenants import TenantConfigError, TenantDirectory
+from steersman.control.tenants import TenantConfigError, TenantDirectory, TenantsDoc
 from steersman.plugins import PluginLoadError, load_plugins
 from steersman.sim import gpu_profile, model_profile, replica_capacity
 from steersman.fleet._config_checks import (FleetConfigError, _check_plugins, _kind, _profiles, check_endpoint_tp,
-                                            check_names, check_prefix_budget, check_queue_reaches_brownout,
+                                            check_named_plugins, check_names, check_prefix_budget, check_queue_reaches_brownout,
                                             check_same_engines, endpoint_url_problem, load_yaml, make_profile,
                                             resolve_policy)
 from steersman.sim.memory import check_tensor_parallel
@@ -132,25 +132,6 @@ class _FleetFile(msgspec.Struct, forbid_unknown_fields=True):
     simulated: SimulatedFleetConfig | None = None
 
 
-class TenantsDoc:
-    """A fleet file's ``tenants`` and ``api_keys`` sections as read; its repr names no key digest (as
-    :class:`~steersman.control.tenants.TenantDirectory`'s)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, TenantsDoc) and self.data == other.data
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return (f"TenantsDoc({len(self.data.get('tenants') or ())} tenants, "
-                f"{len(self.data.get('api_keys') or ())} api keys)")
-
-
 class FleetConfig(msgspec.Struct, frozen=True):
     gateway: GatewaySettings
     policy: str
@@ -204,12 +185,7 @@ def parse_fleet(data: Any, where: str = "fleet config") -> FleetConfig:
                                  or bool(reliability.brownout_models), where)
     check_prefix_budget(scheduler, len(raw.endpoints) + sum(r.count for r in raw.simulated.replicas)
                         if raw.simulated else len(raw.endpoints), where)
-    _check_admitter(admission, gateway, where)
-    from steersman.api.response_store import RESPONSE_STORES
-
-    if gateway.response_store is not None and gateway.response_store not in RESPONSE_STORES:
-        raise FleetConfigError(f"{where}: unknown gateway.response_store {shown(gateway.response_store)}; "
-                               f"known: {', '.join(RESPONSE_STORES.names())}")
+    check_named_plugins(admission, gateway, where)
     from steersman.policy import POLICIES
     from steersman.policy.decode import DECODE_PICKERS
 
@@ -418,25 +394,6 @@ def _slo_classes(data: Any, where: str) -> MappingProxyType:
             vals.append(None if v is None else float(v))
         out[str(name)] = SloClass(*vals)
     return MappingProxyType(out)
-
-
-def _check_admitter(admission: AdmissionSettings, gateway: GatewaySettings, where: str) -> None:
-    """``admission.admitter`` names a registered admitter that builds (made once now: a typo fails at startup); shared
-    limits (``gateway.limits_url``) need one that keeps :class:`~steersman.control.DefaultAdmitter`'s buckets."""
-    from steersman.control.admission import ADMITTERS, DefaultAdmitter, make_admitter
-
-    if admission.admitter not in ADMITTERS:
-        raise FleetConfigError(f"{where}: unknown admission.admitter {shown(admission.admitter)}; "
-                               f"known: {', '.join(ADMITTERS.names())}")
-    try:
-        made = make_admitter(admission)
-    except Exception as e:  # noqa: BLE001 -- a plugin's own checks raise what they raise
-        raise FleetConfigError(f"{where}: admission.admitter {shown(admission.admitter)}: {e}") from None
-    if gateway.limits_url and not isinstance(made, DefaultAdmitter):
-        raise FleetConfigError(
-            f"{where}: gateway.limits_url shares the default admitter's token buckets and spend through Redis, but "
-            f"admission.admitter {shown(admission.admitter)} ({type(made).__name__}) keeps none: leave out "
-            "limits_url or use an admitter derived from DefaultAdmitter")
 
 
 def load_fleet(path: str | Path) -> FleetConfig:
