@@ -87,6 +87,8 @@ class AdminEndpoints:
                 new = await asyncio.shield(read)
             except asyncio.CancelledError:
                 await asyncio.wait([read])
+                if not read.cancelled():
+                    read.exception()  # (its outcome is nobody's now: retrieved, not logged as never retrieved)
                 raise
             except (Exception, SystemExit) as e:  # noqa: BLE001 -- a file (or a plugin) may fail in any way: say so
                 why = str(e) if isinstance(e, FleetConfigError) else f"{type(e).__name__}: {e}"
