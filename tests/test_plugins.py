@@ -138,6 +138,7 @@ def _installed(tmp_path, monkeypatch, dist_name: str, entry: str) -> None:
     (dist / "entry_points.txt").write_text(f"[steersman.plugins]\n{entry}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(plugins, "_loaded", set())
+    monkeypatch.setattr(plugins, "_scanned", False)  # (a new distribution: scanned again)
 
 
 def test_installed_packages_entry_points_are_loaded(tmp_path, monkeypatch):
